@@ -1,0 +1,31 @@
+"""Domain errors. Every message is one line that names the file, line, field or id at fault."""
+
+from __future__ import annotations
+
+
+class GpuallocError(Exception):
+    """Base class of every error gpualloc raises on purpose (the CLI prints these as one line)."""
+
+
+class CatalogError(GpuallocError):
+    """Unknown device or link type, or a malformed catalog entry."""
+
+
+class ClusterError(GpuallocError):
+    """Malformed cluster file, preset or shorthand."""
+
+
+class GraphError(GpuallocError):
+    """Invalid operator graph: cycle, dangling edge, negative size, bad JSON."""
+
+
+class CaptureError(GpuallocError):
+    """A model could not be loaded or traced."""
+
+
+class ImportFormatError(GpuallocError):
+    """A published profile or foreign graph format could not be parsed."""
+
+
+class CostModelError(GpuallocError):
+    """The cost model lacks what it needs (e.g. no peak and no measured time for a device)."""

@@ -1,0 +1,353 @@
+"""OpGraph: gpualloc's one representation of a model's computation.
+
+A directed acyclic graph of operators. Nodes carry forward FLOPs (a multiply-add counts as 2),
+bytes read and written, parameter bytes, output (activation) bytes and, optionally, measured
+forward/backward times per device type. Edges carry the bytes that flow from producer to consumer
+(the producer's activation; its gradient flows back over the same edge in the backward pass).
+
+The JSON form is ``{"format": "gpualloc-graph", "version": 1, ...}``; its JSON Schema is
+``schema/gpualloc-graph.schema.json`` and docs/graph-format.md describes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import GraphError
+
+FORMAT = "gpualloc-graph"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    """Measured time of one op on one device type, in milliseconds (for the graph's batch)."""
+
+    fwd_ms: float
+    bwd_ms: float | None = None
+
+
+@dataclass(frozen=True, eq=True)
+class OpNode:
+    """One operator (or one layer, after coarsening).
+
+    Attributes:
+        id: unique id within the graph.
+        name: human-readable name (e.g. the module path).
+        kind: operator kind, e.g. ``"conv2d"``, ``"linear"``, ``"relu"``.
+        flops: forward FLOPs for the graph's batch (multiply-add = 2).
+        bytes_read: bytes the forward pass reads (inputs + parameters).
+        bytes_written: bytes the forward pass writes (outputs).
+        param_bytes: bytes of trainable parameters owned by this op.
+        output_bytes: bytes of the op's output activation.
+        time_ms: measured times by device type name.
+        layer: the model layer (module path) this op belongs to, used for coarsening.
+        output_shape: shape of the (first) output tensor, when known.
+    """
+
+    id: str
+    name: str
+    kind: str
+    flops: float = 0.0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    param_bytes: float = 0.0
+    output_bytes: float = 0.0
+    time_ms: Mapping[str, OpTiming] = field(default_factory=dict)
+    layer: str | None = None
+    output_shape: tuple[int, ...] | None = None
+
+    __hash__ = None  # type: ignore[assignment]  # holds a mapping
+
+
+@dataclass(frozen=True)
+class OpEdge:
+    """Data flowing from ``src`` to ``dst``: ``bytes`` forward, the same bytes of gradient backward."""
+
+    src: str
+    dst: str
+    bytes: float
+
+
+_NODE_SIZES = ("flops", "bytes_read", "bytes_written", "param_bytes", "output_bytes")
+
+
+class OpGraph:
+    """A validated, immutable operator DAG.
+
+    Construction validates: unique node ids, edges between known nodes, no self loops or cycles,
+    non-negative sizes and times. Every error names the offending id.
+
+    Arrays for hot loops (``flops``, ``param_bytes``, ... indexed like ``nodes``; ``edge_src``,
+    ``edge_dst``, ``edge_bytes``) are computed once and cached.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        nodes: Iterable[OpNode],
+        edges: Iterable[OpEdge],
+        *,
+        batch_size: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.nodes: tuple[OpNode, ...] = tuple(nodes)
+        self.edges: tuple[OpEdge, ...] = tuple(edges)
+        self.batch_size = batch_size
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.index: dict[str, int] = {}
+        self._validate()
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        where = f"graph {self.name!r}"
+        if self.batch_size is not None and (int(self.batch_size) != self.batch_size or self.batch_size < 1):
+            raise GraphError(f"{where}: batch_size must be a positive integer, got {self.batch_size!r}")
+        for i, node in enumerate(self.nodes):
+            if not isinstance(node.id, str) or not node.id:
+                raise GraphError(f"{where}: node #{i} has an empty or non-string id")
+            if node.id in self.index:
+                raise GraphError(f"{where}: duplicate node id {node.id!r}")
+            self.index[node.id] = i
+            for attr in _NODE_SIZES:
+                value = getattr(node, attr)
+                if not np.isfinite(value) or value < 0:
+                    raise GraphError(f"{where}: node {node.id!r}: {attr} must be >= 0, got {value!r}")
+            for dev, t in node.time_ms.items():
+                for label, value in (("fwd", t.fwd_ms), ("bwd", t.bwd_ms)):
+                    if value is not None and (not np.isfinite(value) or value < 0):
+                        raise GraphError(
+                            f"{where}: node {node.id!r}: time_ms[{dev!r}].{label} must be >= 0, got {value!r}"
+                        )
+        for edge in self.edges:
+            for end in (edge.src, edge.dst):
+                if end not in self.index:
+                    raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r} names unknown node {end!r}")
+            if edge.src == edge.dst:
+                raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r} is a self loop")
+            if not np.isfinite(edge.bytes) or edge.bytes < 0:
+                raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes must be >= 0, got {edge.bytes!r}")
+        self.topo_order  # raises on a cycle
+
+    # ------------------------------------------------------------------ structure
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __repr__(self) -> str:
+        return f"OpGraph({self.name!r}, {len(self.nodes)} nodes, {len(self.edges)} edges)"
+
+    def node(self, node_id: str) -> OpNode:
+        try:
+            return self.nodes[self.index[node_id]]
+        except KeyError:
+            raise GraphError(f"graph {self.name!r}: no node {node_id!r}") from None
+
+    @cached_property
+    def successors(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for s, d in zip(self.edge_src, self.edge_dst):
+            out[s].append(int(d))
+        return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for s, d in zip(self.edge_src, self.edge_dst):
+            out[d].append(int(s))
+        return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def topo_order(self) -> np.ndarray:
+        """Node indices in a topological order (Kahn's algorithm, ties by index: deterministic)."""
+        import heapq
+
+        n = len(self.nodes)
+        indeg = np.zeros(n, dtype=np.int64)
+        succ: list[list[int]] = [[] for _ in range(n)]
+        for e in self.edges:
+            s, d = self.index[e.src], self.index[e.dst]
+            succ[s].append(d)
+            indeg[d] += 1
+        heap = [i for i in range(n) if indeg[i] == 0]
+        heapq.heapify(heap)
+        order: list[int] = []
+        while heap:
+            i = heapq.heappop(heap)
+            order.append(i)
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    heapq.heappush(heap, j)
+        if len(order) != n:
+            stuck = next(self.nodes[i].id for i in range(n) if indeg[i] > 0)
+            raise GraphError(f"graph {self.name!r} has a cycle through node {stuck!r}")
+        return np.asarray(order, dtype=np.int64)
+
+    # ------------------------------------------------------------------ arrays
+    def _node_array(self, attr: str) -> np.ndarray:
+        return np.fromiter((getattr(n, attr) for n in self.nodes), dtype=np.float64, count=len(self.nodes))
+
+    @cached_property
+    def flops(self) -> np.ndarray:
+        return self._node_array("flops")
+
+    @cached_property
+    def param_bytes(self) -> np.ndarray:
+        return self._node_array("param_bytes")
+
+    @cached_property
+    def output_bytes(self) -> np.ndarray:
+        return self._node_array("output_bytes")
+
+    @cached_property
+    def bytes_accessed(self) -> np.ndarray:
+        return self._node_array("bytes_read") + self._node_array("bytes_written")
+
+    @cached_property
+    def edge_src(self) -> np.ndarray:
+        return np.fromiter((self.index[e.src] for e in self.edges), dtype=np.int64, count=len(self.edges))
+
+    @cached_property
+    def edge_dst(self) -> np.ndarray:
+        return np.fromiter((self.index[e.dst] for e in self.edges), dtype=np.int64, count=len(self.edges))
+
+    @cached_property
+    def edge_bytes(self) -> np.ndarray:
+        return np.fromiter((e.bytes for e in self.edges), dtype=np.float64, count=len(self.edges))
+
+    # ------------------------------------------------------------------ summaries
+    @property
+    def total_flops(self) -> float:
+        return float(self.flops.sum())
+
+    @property
+    def total_param_bytes(self) -> float:
+        return float(self.param_bytes.sum())
+
+    @property
+    def total_activation_bytes(self) -> float:
+        return float(self.output_bytes.sum())
+
+    def critical_path(self, weights: np.ndarray | None = None) -> tuple[float, list[str]]:
+        """Longest path by per-node ``weights`` (default: forward FLOPs). Returns (length, node ids)."""
+        w = self.flops if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(self.nodes),):
+            raise GraphError(f"graph {self.name!r}: critical_path needs {len(self.nodes)} weights, got {w.shape}")
+        if not self.nodes:
+            return 0.0, []
+        dist = w.copy()
+        parent = np.full(len(self.nodes), -1, dtype=np.int64)
+        preds = self.predecessors
+        for i in self.topo_order:
+            if preds[i]:
+                p = max(preds[i], key=lambda j: dist[j])
+                dist[i] = dist[p] + w[i]
+                parent[i] = p
+        end = int(np.argmax(dist))
+        path = [end]
+        while parent[path[-1]] >= 0:
+            path.append(int(parent[path[-1]]))
+        return float(dist[end]), [self.nodes[i].id for i in reversed(path)]
+
+    def device_types_measured(self) -> set[str]:
+        """Device types that at least one node has a measured time for."""
+        return {dev for n in self.nodes for dev in n.time_ms}
+
+    def to_networkx(self):
+        """A ``networkx.DiGraph`` with node and edge attributes (for graph utilities)."""
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.name)
+        for n in self.nodes:
+            g.add_node(n.id, name=n.name, kind=n.kind, flops=n.flops, param_bytes=n.param_bytes,
+                       output_bytes=n.output_bytes)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes=e.bytes)
+        return g
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        def node_dict(n: OpNode) -> dict[str, Any]:
+            d: dict[str, Any] = {"id": n.id, "name": n.name, "kind": n.kind}
+            for attr in _NODE_SIZES:
+                d[attr] = _num(getattr(n, attr))
+            if n.time_ms:
+                d["time_ms"] = {
+                    dev: {"fwd": t.fwd_ms, **({} if t.bwd_ms is None else {"bwd": t.bwd_ms})}
+                    for dev, t in n.time_ms.items()
+                }
+            if n.layer is not None:
+                d["layer"] = n.layer
+            if n.output_shape is not None:
+                d["output_shape"] = list(n.output_shape)
+            return d
+
+        out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "name": self.name}
+        if self.batch_size is not None:
+            out["batch_size"] = self.batch_size
+        if self.meta:
+            out["meta"] = self.meta
+        out["nodes"] = [node_dict(n) for n in self.nodes]
+        out["edges"] = [{"src": e.src, "dst": e.dst, "bytes": _num(e.bytes)} for e in self.edges]
+        return out
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "graph") -> "OpGraph":
+        """Parse the JSON form; errors name ``where`` and the offending field or id."""
+        from gpualloc.graph.schema import parse_graph_document
+
+        return parse_graph_document(data, where)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "OpGraph":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise GraphError(f"{path}: cannot read: {err.strerror}") from err
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise GraphError(f"{path}:{err.lineno}: not valid JSON: {err.msg}") from err
+        return cls.from_dict(data, str(path))
+
+
+def _num(x: float) -> float | int:
+    """Integers stay integers in JSON (byte counts), other values stay floats."""
+    return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
+
+
+def summarize(graph: OpGraph) -> dict[str, Any]:
+    """Headline numbers of a graph (units in the keys), for ``gpualloc graph show``."""
+    cp_flops, cp_path = graph.critical_path()
+    kinds: dict[str, int] = {}
+    for n in graph.nodes:
+        kinds[n.kind] = kinds.get(n.kind, 0) + 1
+    out: dict[str, Any] = {
+        "name": graph.name,
+        "batch_size": graph.batch_size,
+        "nodes": len(graph.nodes),
+        "edges": len(graph.edges),
+        "total_flops": graph.total_flops,
+        "param_bytes": graph.total_param_bytes,
+        "activation_bytes": graph.total_activation_bytes,
+        "edge_bytes": float(graph.edge_bytes.sum()),
+        "critical_path_flops": cp_flops,
+        "critical_path_nodes": len(cp_path),
+        "measured_on": sorted(graph.device_types_measured()),
+        "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+    }
+    if graph.batch_size:
+        out["flops_per_sample"] = graph.total_flops / graph.batch_size
+    return out

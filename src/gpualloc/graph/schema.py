@@ -1,0 +1,128 @@
+"""The gpualloc-graph JSON document: pydantic models at the input edge, and its JSON Schema.
+
+``parse_graph_document`` turns untrusted JSON into an :class:`OpGraph` (which then checks the
+structure: ids, dangling edges, cycles). ``json_schema()`` is what docs/graph-format.md publishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpualloc.errors import GraphError
+from gpualloc.graph.ir import FORMAT, VERSION, OpEdge, OpGraph, OpNode, OpTiming
+
+NonNeg = Field(default=0.0, ge=0)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TimingDoc(_Strict):
+    """Measured time of one op on one device type, milliseconds for the graph's batch."""
+
+    fwd: float = Field(ge=0)
+    bwd: float | None = Field(default=None, ge=0)
+
+
+class NodeDoc(_Strict):
+    """One operator."""
+
+    id: str = Field(min_length=1)
+    name: str | None = None
+    kind: str = "op"
+    flops: float = Field(default=0.0, ge=0, description="forward FLOPs for the batch; multiply-add = 2")
+    bytes_read: float = Field(default=0.0, ge=0)
+    bytes_written: float = Field(default=0.0, ge=0)
+    param_bytes: float = Field(default=0.0, ge=0)
+    output_bytes: float = Field(default=0.0, ge=0)
+    time_ms: dict[str, TimingDoc] = Field(default_factory=dict, description="by device type name")
+    layer: str | None = None
+    output_shape: list[int] | None = None
+
+
+class EdgeDoc(_Strict):
+    """Data from src to dst (forward activation; the same bytes of gradient flow back)."""
+
+    src: str
+    dst: str
+    bytes: float = Field(default=0.0, ge=0)
+
+
+class GraphDoc(_Strict):
+    """A gpualloc-graph document."""
+
+    format: Literal["gpualloc-graph"]
+    version: Literal[1]
+    name: str = "graph"
+    batch_size: int | None = Field(default=None, ge=1)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[NodeDoc]
+    edges: list[EdgeDoc] = Field(default_factory=list)
+
+
+def _locate(data: Any, loc: tuple[Any, ...]) -> str:
+    """Render a pydantic error location, naming the node or edge by its id where possible."""
+    parts: list[str] = []
+    node: Any = data
+    for key in loc:
+        if isinstance(key, int):
+            label = f"[{key}]"
+            if isinstance(node, list) and 0 <= key < len(node) and isinstance(node[key], dict):
+                item = node[key]
+                if "id" in item:
+                    label = f"[{key}] (id {item['id']!r})"
+                elif "src" in item or "dst" in item:
+                    label = f"[{key}] ({item.get('src')!r} -> {item.get('dst')!r})"
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + str(key))
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return "".join(parts) or "document"
+
+
+def parse_graph_document(data: Any, where: str = "graph") -> OpGraph:
+    """Validate a decoded JSON document and build the OpGraph, or raise a one-line GraphError."""
+    if isinstance(data, dict) and data.get("format") != FORMAT:
+        raise GraphError(f"{where}: format: expected {FORMAT!r}, got {data.get('format')!r}")
+    if isinstance(data, dict) and data.get("version") != VERSION:
+        raise GraphError(f"{where}: version: this gpualloc reads version {VERSION}, got {data.get('version')!r}")
+    try:
+        doc = GraphDoc.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise GraphError(f"{where}: {_locate(data, first['loc'])}: {first['msg']}") from err
+    nodes = [
+        OpNode(
+            id=n.id,
+            name=n.name if n.name is not None else n.id,
+            kind=n.kind,
+            flops=n.flops,
+            bytes_read=n.bytes_read,
+            bytes_written=n.bytes_written,
+            param_bytes=n.param_bytes,
+            output_bytes=n.output_bytes,
+            time_ms={dev: OpTiming(t.fwd, t.bwd) for dev, t in n.time_ms.items()},
+            layer=n.layer,
+            output_shape=tuple(n.output_shape) if n.output_shape is not None else None,
+        )
+        for n in doc.nodes
+    ]
+    edges = [OpEdge(e.src, e.dst, e.bytes) for e in doc.edges]
+    try:
+        return OpGraph(doc.name, nodes, edges, batch_size=doc.batch_size, meta=doc.meta)
+    except GraphError as err:
+        raise GraphError(f"{where}: {err}") from err
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the gpualloc-graph format (version 1)."""
+    schema = GraphDoc.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://gpualloc.dev/schema/gpualloc-graph-v1.json"
+    return schema

@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny graphs, the shared data folder, the gpu marker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpualloc.graph.ir import OpEdge, OpGraph, OpNode, OpTiming
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def diamond(bytes_: float = 4e6) -> OpGraph:
+    """a -> (b, c) -> d: the smallest graph with parallel branches."""
+    nodes = [
+        OpNode("a", "a", "input", output_bytes=bytes_),
+        OpNode("b", "b", "matmul", flops=2e9, bytes_read=bytes_, bytes_written=bytes_, param_bytes=1e6,
+               output_bytes=bytes_),
+        OpNode("c", "c", "relu", flops=1e6, bytes_read=bytes_, bytes_written=bytes_, output_bytes=bytes_),
+        OpNode("d", "d", "add", flops=1e6, bytes_read=2 * bytes_, bytes_written=bytes_, output_bytes=bytes_,
+               time_ms={"V100-16GB": OpTiming(0.5, 1.0)}),
+    ]
+    edges = [OpEdge("a", "b", bytes_), OpEdge("a", "c", bytes_), OpEdge("b", "d", bytes_), OpEdge("c", "d", bytes_)]
+    return OpGraph("diamond", nodes, edges, batch_size=8)
+
+
+@pytest.fixture
+def diamond_graph() -> OpGraph:
+    return diamond()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run only where CUDA is available; elsewhere they skip with the reason."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a dependency
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
