@@ -1,0 +1,1 @@
+"""The ``gpualloc`` command line (Typer + Rich). The only place that parses configuration."""

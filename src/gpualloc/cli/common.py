@@ -1,0 +1,41 @@
+"""Helpers shared by the CLI sub-commands: consoles, number formatting, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+# Piped output (logs, CI) is not cut to 80 columns: tables keep their full width.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+
+
+def print_json(data: Any) -> None:
+    """Plain JSON on stdout (no Rich markup), for scripts."""
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+def si(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """Human-readable SI number: 8.21e9 -> '8.21 G'."""
+    if value is None:
+        return "-"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.{digits}g} {prefix}{unit}"
+    return f"{value:.{digits}g} {unit}".rstrip()
+
+
+def gib(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def num(value: float | None, scale: float = 1.0) -> str:
+    """``value / scale`` in %g form, or '-' when unknown."""
+    return "-" if value is None else f"{value / scale:g}"

@@ -1,0 +1,70 @@
+"""The ``gpualloc`` command: one sub-command group per area."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.text import Text
+
+from gpualloc import __version__
+from gpualloc.cli import cost, graph, hw
+from gpualloc.cli.common import console, err_console
+from gpualloc.errors import GpuallocError
+
+app = typer.Typer(
+    name="gpualloc",
+    help="Allocate GPU resources for deep learning: place a model's operators on heterogeneous GPUs, "
+    "and schedule jobs on a GPU cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(hw.app, name="hw")
+app.add_typer(graph.app, name="graph")
+app.add_typer(cost.app, name="cost")
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"gpualloc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """gpualloc: placement inside a training job and scheduling across jobs, on one cost model."""
+
+
+@app.command("demo")
+def demo(
+    out: Path = typer.Option(Path("out/demo"), "--out", help="Folder for the demo's files."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Batch size."),
+) -> None:
+    """Capture ResNet-50, summarise its graph, and cost one training step on A100, V100 and T4."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "resnet50.json"
+    console.rule("[bold]1. capture ResNet-50 (torch.export + FLOP counter)")
+    graph.capture_cmd("resnet50", path, batch, graph.Granularity.op)
+    console.rule("[bold]2. the graph")
+    graph.show_cmd(path, as_json=False, top=5)
+    console.rule("[bold]3. one training step on A100 vs V100 vs T4 (calibrated cost model)")
+    cost.estimate_cmd(str(path), "A100,V100,T4", batch, as_json=False)
+    console.print(f"\nNext: gpualloc graph show {path} | gpualloc hw list | gpualloc cost calibration")
+
+
+def main() -> None:
+    """Entry point: domain errors become one line on stderr and exit status 2 (usage errors stay Typer's)."""
+    try:
+        app()
+    except GpuallocError as err:
+        # Text, not markup: messages quote user input such as "nodes[0]".
+        err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

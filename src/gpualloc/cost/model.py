@@ -1,0 +1,226 @@
+"""The cost model: how long an op takes on a device, a transfer on a link, and the power drawn.
+
+Op time on device type ``d`` (forward; backward likewise with ``BWD_FACTOR`` x the work):
+
+1. measured: the graph's ``time_ms[d]`` when it has one;
+2. transferred: when the op was measured on another device type ``r`` only, the measured time
+   scaled by the roofline ratio ``roofline(d) / roofline(r)`` -- it keeps what the measurement saw
+   (kernel choice, overheads FLOP counts miss) and moves it to the new device;
+3. roofline: ``launch + max(flops / (peak * eta_compute), bytes / (bandwidth * eta_memory))``.
+
+The efficiencies ``eta`` are fitted on measured data by :mod:`gpualloc.cost.calibrate` and shipped as
+``data/calibration.json``. Peaks are FP32 (the precision of the measurements they were fitted on).
+Link time is ``latency + bytes / bandwidth``; power is ``idle + (TDP - idle) * utilisation``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import CostModelError
+from gpualloc.graph.ir import OpGraph
+from gpualloc.hardware.catalog import TERA, DeviceType, LinkType
+
+BWD_FACTOR = 2.0
+"""Backward work relative to forward: gradients w.r.t. inputs and w.r.t. weights, each ~ forward."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fraction of a device's peaks that real ops reach, and the fixed cost of launching one op.
+
+    Attributes:
+        compute: achieved / peak FP32 FLOP/s for compute-bound ops.
+        memory: achieved / peak memory bandwidth for memory-bound ops.
+        launch_s: per-op overhead (kernel launch, framework dispatch), seconds.
+        fitted_from: where the numbers come from (``"pipedream"``, ``"sia"``, ``"default"``, ...).
+    """
+
+    compute: float
+    memory: float
+    launch_s: float
+    fitted_from: str = "default"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiencies per device type name, a default for the others, and the record of the fit."""
+
+    devices: Mapping[str, Efficiency]
+    default: Efficiency
+    cpu_default: Efficiency
+    fit: Mapping[str, Any] = field(default_factory=dict)
+
+    def efficiency(self, device: DeviceType) -> Efficiency:
+        if device.name in self.devices:
+            return self.devices[device.name]
+        return self.cpu_default if device.vendor == "cpu" or device.name == "cpu" else self.default
+
+    def to_dict(self) -> dict[str, Any]:
+        def eff(e: Efficiency) -> dict[str, Any]:
+            return {"compute": e.compute, "memory": e.memory, "launch_s": e.launch_s, "fitted_from": e.fitted_from}
+
+        return {
+            "format": "gpualloc-calibration",
+            "version": 1,
+            "devices": {k: eff(v) for k, v in self.devices.items()},
+            "default": eff(self.default),
+            "cpu_default": eff(self.cpu_default),
+            "fit": dict(self.fit),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "calibration") -> "Calibration":
+        try:
+            def eff(d: Mapping[str, Any]) -> Efficiency:
+                return Efficiency(float(d["compute"]), float(d["memory"]), float(d["launch_s"]),
+                                  str(d.get("fitted_from", "default")))
+
+            return cls(
+                devices={k: eff(v) for k, v in data["devices"].items()},
+                default=eff(data["default"]),
+                cpu_default=eff(data["cpu_default"]),
+                fit=data.get("fit", {}),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CostModelError(f"{where}: malformed calibration ({type(err).__name__}: {err})") from err
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "Calibration":
+        """Load a calibration file (default: the one shipped with gpualloc)."""
+        if path is None:
+            text = resources.files("gpualloc.cost").joinpath("data/calibration.json").read_text()
+            where = "calibration.json"
+        else:
+            where = str(path)
+            try:
+                text = Path(path).read_text()
+            except OSError as err:
+                raise CostModelError(f"{where}: cannot read: {err.strerror}") from err
+        try:
+            return cls.from_dict(json.loads(text), where)
+        except json.JSONDecodeError as err:
+            raise CostModelError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
+
+
+def roofline_s(flops: np.ndarray | float, nbytes: np.ndarray | float, device: DeviceType, eff: Efficiency):
+    """Roofline time of work with ``flops`` and ``nbytes`` on ``device`` (arrays broadcast)."""
+    if device.fp32_tflops is None or device.mem_bandwidth_bytes_per_s is None:
+        raise CostModelError(
+            f"device type {device.name!r} has no FP32 peak or memory bandwidth, and the graph has no measured "
+            f"time for it: give its peaks or measured time_ms[{device.name!r}]"
+        )
+    compute = np.asarray(flops, dtype=np.float64) / (device.fp32_tflops * TERA * eff.compute)
+    memory = np.asarray(nbytes, dtype=np.float64) / (device.mem_bandwidth_bytes_per_s * eff.memory)
+    return eff.launch_s + np.maximum(compute, memory)
+
+
+class CostModel:
+    """Op, link and power costs on catalog devices, with a calibration.
+
+    Args:
+        calibration: fitted efficiencies; default: the shipped ``data/calibration.json``.
+        catalog: resolves device type names met in graphs' measured times (for transfer scaling).
+    """
+
+    def __init__(self, calibration: Calibration | None = None, catalog=None) -> None:
+        from gpualloc.hardware.catalog import default_catalog
+
+        self.calibration = calibration if calibration is not None else Calibration.load()
+        self.catalog = catalog if catalog is not None else default_catalog()
+        self._cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def efficiency(self, device: DeviceType) -> Efficiency:
+        return self.calibration.efficiency(device)
+
+    def roofline_s(self, flops, nbytes, device: DeviceType):
+        return roofline_s(flops, nbytes, device, self.efficiency(device))
+
+    def op_times_s(self, graph: OpGraph, device: DeviceType) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward time of every node of ``graph`` on ``device`` (seconds, arrays)."""
+        key = (id(graph), device.name)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0].shape == (len(graph),):
+            return hit
+        n = len(graph)
+        fwd = np.full(n, np.nan)
+        bwd = np.full(n, np.nan)
+        need_roofline = np.ones(n, dtype=bool)
+        for i, node in enumerate(graph.nodes):
+            if not node.time_ms:
+                continue
+            t = node.time_ms.get(device.name)
+            if t is not None:
+                fwd[i] = t.fwd_ms / 1e3
+                bwd[i] = (t.bwd_ms if t.bwd_ms is not None else BWD_FACTOR * t.fwd_ms) / 1e3
+                need_roofline[i] = False
+                continue
+            ref_name, ref_t = next(iter(node.time_ms.items()))
+            ref = self._resolve(ref_name)
+            if ref is None:
+                continue
+            here_f, ref_f = self._pair_roofline(graph, i, device, ref, 1.0)
+            here_b, ref_b = self._pair_roofline(graph, i, device, ref, BWD_FACTOR)
+            fwd[i] = ref_t.fwd_ms / 1e3 * here_f / ref_f
+            ref_bwd = ref_t.bwd_ms if ref_t.bwd_ms is not None else BWD_FACTOR * ref_t.fwd_ms
+            bwd[i] = ref_bwd / 1e3 * here_b / ref_b
+            need_roofline[i] = False
+        if need_roofline.any():
+            idx = np.flatnonzero(need_roofline)
+            flops, nbytes = graph.flops[idx], graph.bytes_accessed[idx]
+            fwd[idx] = self.roofline_s(flops, nbytes, device)
+            bwd[idx] = self.roofline_s(BWD_FACTOR * flops, BWD_FACTOR * nbytes, device)
+        fwd.setflags(write=False)
+        bwd.setflags(write=False)
+        self._cache[key] = (fwd, bwd)
+        return fwd, bwd
+
+    def _resolve(self, name: str) -> DeviceType | None:
+        try:
+            return self.catalog.device(name)
+        except Exception:  # a device type the catalog does not know: no transfer possible
+            return None
+
+    def _pair_roofline(self, graph: OpGraph, i: int, here: DeviceType, ref: DeviceType, factor: float):
+        f, b = factor * graph.flops[i], factor * graph.bytes_accessed[i]
+        return float(self.roofline_s(f, b, here)), float(self.roofline_s(f, b, ref))
+
+    def step_time_s(self, graph: OpGraph, device: DeviceType) -> float:
+        """Forward + backward time of the whole graph on one device, ops run one after another."""
+        fwd, bwd = self.op_times_s(graph, device)
+        return float(fwd.sum() + bwd.sum())
+
+    @staticmethod
+    def link_time_s(nbytes: float, link: LinkType | None) -> float:
+        """Time to move ``nbytes`` over ``link`` (zero on the same device, ``link`` None)."""
+        if link is None or nbytes <= 0:
+            return 0.0
+        return link.latency_s + nbytes / link.bandwidth_bytes_per_s
+
+    @staticmethod
+    def power_w(device: DeviceType, utilisation: float | np.ndarray):
+        """Board power at ``utilisation`` in [0, 1]: idle + (TDP - idle) x utilisation."""
+        u = np.clip(utilisation, 0.0, 1.0)
+        return device.idle_w + (device.tdp_w - device.idle_w) * u
+
+    def energy_j(self, device: DeviceType, busy_s: float, wall_s: float) -> float:
+        """Energy over ``wall_s`` seconds of which ``busy_s`` were busy (power linear in utilisation)."""
+        if wall_s <= 0:
+            return 0.0
+        return float(self.power_w(device, busy_s / wall_s)) * wall_s
+
+
+def training_memory_bytes(graph: OpGraph, optimizer_states: int = 2) -> float:
+    """Memory to train ``graph`` on one device: weights, gradients, optimizer states (Adam keeps 2
+    per weight) and every activation held for the backward pass."""
+    return float(graph.total_param_bytes * (2 + optimizer_states) + graph.total_activation_bytes)

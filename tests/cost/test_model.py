@@ -1,0 +1,128 @@
+"""Cost model: units and known answers for op, link and power costs; the shipped calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from gpualloc.cost.model import BWD_FACTOR, Calibration, CostModel, Efficiency, training_memory_bytes
+from gpualloc.errors import CostModelError
+from gpualloc.graph.ir import OpGraph, OpNode, OpTiming
+from gpualloc.hardware.catalog import TERA, LinkType, default_catalog
+
+EFF = Efficiency(compute=0.5, memory=0.8, launch_s=10e-6, fitted_from="test")
+
+
+@pytest.fixture
+def model() -> CostModel:
+    cal = Calibration(devices={}, default=EFF, cpu_default=EFF)
+    return CostModel(cal)
+
+
+def test_link_time_is_alpha_plus_bytes_over_beta():
+    link = LinkType("test", "pcie", bandwidth_bytes_per_s=10e9, latency_s=5e-6)
+    assert CostModel.link_time_s(1e9, link) == pytest.approx(5e-6 + 0.1)
+    assert CostModel.link_time_s(0, link) == 0.0
+    assert CostModel.link_time_s(1e9, None) == 0.0  # same device
+
+
+def test_power_is_linear_between_idle_and_tdp():
+    v100 = default_catalog().device("V100")
+    assert CostModel.power_w(v100, 0.0) == pytest.approx(v100.idle_w)
+    assert CostModel.power_w(v100, 1.0) == pytest.approx(v100.tdp_w)
+    assert CostModel.power_w(v100, 0.5) == pytest.approx((v100.idle_w + v100.tdp_w) / 2)
+    assert CostModel.power_w(v100, 3.0) == pytest.approx(v100.tdp_w)  # clipped
+
+
+def test_energy_counts_idle_time(model):
+    t4 = default_catalog().device("T4")
+    assert model.energy_j(t4, busy_s=1.0, wall_s=2.0) == pytest.approx(2 * t4.idle_w + (t4.tdp_w - t4.idle_w))
+
+
+def test_roofline_compute_and_memory_bound(model):
+    a100 = default_catalog().device("A100")
+    flops, nbytes = 1e12, 1e3
+    expected = EFF.launch_s + flops / (a100.fp32_tflops * TERA * EFF.compute)
+    assert model.roofline_s(flops, nbytes, a100) == pytest.approx(expected)
+    flops, nbytes = 1e3, 1e10
+    expected = EFF.launch_s + nbytes / (a100.mem_bandwidth_bytes_per_s * EFF.memory)
+    assert model.roofline_s(flops, nbytes, a100) == pytest.approx(expected)
+
+
+def test_measured_times_win_and_transfer_to_other_devices(model, diamond_graph):
+    cat = default_catalog()
+    v100, t4 = cat.device("V100"), cat.device("T4")
+    fwd, bwd = model.op_times_s(diamond_graph, v100)
+    d = diamond_graph.index["d"]
+    assert fwd[d] == pytest.approx(0.5e-3) and bwd[d] == pytest.approx(1.0e-3)
+    fwd_t4, bwd_t4 = model.op_times_s(diamond_graph, t4)
+    node = diamond_graph.nodes[d]
+    ratio = model.roofline_s(node.flops, node.bytes_read + node.bytes_written, t4) / model.roofline_s(
+        node.flops, node.bytes_read + node.bytes_written, v100)
+    assert fwd_t4[d] == pytest.approx(0.5e-3 * ratio)
+    b = diamond_graph.index["b"]  # not measured: roofline, backward twice the work
+    assert fwd_t4[b] == pytest.approx(model.roofline_s(2e9, 8e6, t4))
+    assert bwd_t4[b] == pytest.approx(model.roofline_s(BWD_FACTOR * 2e9, BWD_FACTOR * 8e6, t4))
+    assert model.step_time_s(diamond_graph, t4) == pytest.approx(fwd_t4.sum() + bwd_t4.sum())
+
+
+def test_faster_device_is_faster(model, diamond_graph):
+    cat = default_catalog()
+    assert model.step_time_s(diamond_graph, cat.device("H100")) < model.step_time_s(diamond_graph, cat.device("T4"))
+
+
+def test_device_without_peaks_needs_measured_times(model):
+    measured_only = dataclasses.replace(default_catalog().device("T4"), name="NPU-X", fp32_tflops=None,
+                                        tensor_tflops=None, fp64_tflops=None, mem_bandwidth_bytes_per_s=None,
+                                        aliases=())
+    g = OpGraph("g", [OpNode("a", "a", "matmul", flops=1e9)], [])
+    with pytest.raises(CostModelError, match="'NPU-X' has no FP32 peak"):
+        model.op_times_s(g, measured_only)
+    g2 = OpGraph("g", [OpNode("a", "a", "matmul", flops=1e9, time_ms={"NPU-X": OpTiming(2.0)})], [])
+    fwd, bwd = model.op_times_s(g2, measured_only)
+    assert fwd[0] == pytest.approx(2e-3) and bwd[0] == pytest.approx(BWD_FACTOR * 2e-3)
+
+
+def test_training_memory(diamond_graph):
+    assert training_memory_bytes(diamond_graph) == pytest.approx(4 * 1e6 + 4 * 4e6)
+
+
+def test_calibration_round_trip_and_errors(tmp_path):
+    cal = Calibration(devices={"T4": EFF}, default=EFF, cpu_default=EFF, fit={"note": "x"})
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    assert Calibration.load(path) == cal
+    path.write_text(json.dumps({"devices": {}}))
+    with pytest.raises(CostModelError, match="cal.json: malformed calibration"):
+        Calibration.load(path)
+    path.write_text("{")
+    with pytest.raises(CostModelError, match="cal.json:1: not valid JSON"):
+        Calibration.load(path)
+
+
+def test_shipped_calibration_is_fitted_on_measured_data():
+    cal = Calibration.load()
+    cat = default_catalog()
+    assert cal.efficiency(cat.device("V100")).fitted_from == "pipedream"
+    for name in ("T4", "A100", "RTX-2080Ti", "RTX-6000"):
+        assert cal.efficiency(cat.device(name)).fitted_from == "sia", name
+    assert cal.efficiency(cat.device("MI50")) == cal.default
+    assert cal.efficiency(cat.device("cpu")) == cal.cpu_default
+    for eff in (*cal.devices.values(), cal.default):
+        assert 0 < eff.compute < 5 and 0 < eff.memory < 2 and 0 <= eff.launch_s < 1e-3
+    assert set(cal.fit["pipedream"]["models"]) >= {"resnet50", "vgg16", "gnmt"}
+    assert "T4" in cal.fit["sia"] and "leave_one_out" in cal.fit
+
+
+def test_measured_speed_order_v100_over_t4():
+    """The calibrated model reproduces the measured fact that a V100 trains ResNet-50 faster than a T4."""
+    from tests.conftest import diamond
+
+    cat = default_catalog()
+    m = CostModel()
+    g = diamond()
+    assert m.step_time_s(g, cat.device("T4")) > m.step_time_s(g, cat.device("V100"))
+    assert np.isfinite(m.step_time_s(g, cat.device("MI50")))
