@@ -126,3 +126,38 @@ def test_measured_speed_order_v100_over_t4():
     g = diamond()
     assert m.step_time_s(g, cat.device("T4")) > m.step_time_s(g, cat.device("V100"))
     assert np.isfinite(m.step_time_s(g, cat.device("MI50")))
+
+
+def test_calibration_is_reproducible_from_the_shared_data(shared_data):
+    """The shipped calibration is exactly what `gpualloc cost calibrate` fits on ../shared/data."""
+    from gpualloc.cost.calibrate import calibrate
+
+    fresh = json.loads(json.dumps(calibrate(shared_data).to_dict()))
+    shipped = Calibration.load().to_dict()
+
+    def leaves(d, prefix=""):
+        if isinstance(d, dict):
+            for k, v in d.items():
+                yield from leaves(v, f"{prefix}/{k}")
+        else:
+            yield prefix, d
+
+    a, b = dict(leaves(fresh)), dict(leaves(shipped))
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if isinstance(value, float):
+            assert value == pytest.approx(b[key], rel=1e-6), key
+        else:
+            assert value == b[key], key
+
+
+def test_calibration_quality_is_what_the_docs_report():
+    fit = Calibration.load().fit
+    assert fit["pipedream"]["model_median_abs_error"] < 0.2
+    t4 = fit["sia"]["T4"]
+    # Measured: a V100 is 2.2-3.6x faster per sample than a T4; the model says so within 30%.
+    for app in ("bert", "cifar10", "deepspeech2", "imagenet"):
+        measured = t4["apps"][app]["speed_vs_ref"]
+        assert abs(t4["speed_vs_ref"] / measured - 1) < 0.3, app
+    for rec in fit["leave_one_out"].values():
+        assert abs(rec["error"]) < 0.3

@@ -160,7 +160,8 @@ def marginal_time(bsz: np.ndarray, step: np.ndarray) -> tuple[float, float, floa
 
 def sia_speed_ratios(root: Path, min_r2: float = 0.8) -> dict[str, Any]:
     """Measured speed of each Sia GPU relative to the reference, per application and overall (median)."""
-    fits = {key: marginal_time(*val) for key, val in read_sia_single_gpu(root).items()}
+    raw = read_sia_single_gpu(root)
+    fits = {key: marginal_time(*val) for key, val in raw.items()}
     ref_cluster = next(c for c, d in SIA_CLUSTERS.items() if d == REFERENCE_DEVICE)
     per_device: dict[str, dict[str, Any]] = {}
     for cluster, device in SIA_CLUSTERS.items():
@@ -171,11 +172,23 @@ def sia_speed_ratios(root: Path, min_r2: float = 0.8) -> dict[str, Any]:
             c_ref, _, r2_ref = fits[(app, ref_cluster)]
             usable = c > 0 and c_ref > 0 and r2 >= min_r2 and r2_ref >= min_r2
             apps[app] = {"ms_per_sample": 1e3 * c, "overhead_ms": 1e3 * t0, "r2": r2,
-                         "speed_vs_ref": c_ref / c if usable else None, "used": usable}
+                         "speed_vs_ref": c_ref / c if usable else None, "used": usable,
+                         **_whole_step_speed(raw[(app, ref_cluster)], raw[(app, cluster)])}
         speeds = [a["speed_vs_ref"] for a in apps.values() if a["used"]]
         per_device[device] = {"cluster": cluster, "apps": apps,
                               "speed_vs_ref": float(np.median(speeds)) if speeds else None}
     return per_device
+
+
+def _whole_step_speed(ref: tuple[np.ndarray, np.ndarray], dev: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+    """Measured whole-step speed (reference step time / device step time) at the largest common batch."""
+    common = sorted(set(ref[0].tolist()) & set(dev[0].tolist()))
+    if not common:
+        return {"step_speed_vs_ref": None, "step_speed_bsz": None}
+    b = common[-1]
+    t_ref = float(ref[1][ref[0] == b][0])
+    t_dev = float(dev[1][dev[0] == b][0])
+    return {"step_speed_vs_ref": t_ref / t_dev, "step_speed_bsz": int(b)}
 
 
 # --------------------------------------------------------------------------- the whole calibration
