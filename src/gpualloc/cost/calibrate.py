@@ -56,8 +56,10 @@ def layer_samples(graphs: Iterable[OpGraph], device: str = REFERENCE_DEVICE):
             t = node.time_ms.get(device)
             if t is None or node.kind == "input":
                 continue
+            # Zero times stay in: the profiler books some ops (in-place adds) at 0 ms, and a model
+            # that predicts whole steps must account for their time somewhere.
             for factor, ms in ((1.0, t.fwd_ms), (BWD_FACTOR, t.bwd_ms)):
-                if ms is None or ms <= 0:
+                if ms is None:
                     continue
                 flops.append(factor * g.flops[i])
                 nbytes.append(factor * g.bytes_accessed[i])
@@ -110,10 +112,11 @@ def pipedream_fit_report(graphs: list[OpGraph], device: DeviceType, eff: Efficie
         measured, predicted = float(secs[m].sum()), float(pred[m].sum())
         models[g.name] = {"measured_ms": 1e3 * measured, "predicted_ms": 1e3 * predicted,
                           "error": predicted / measured - 1.0}
-    rel = np.abs(pred / secs - 1.0)
+    timed = secs > 0
+    rel = np.abs(pred[timed] / secs[timed] - 1.0)
     errors = np.array([abs(v["error"]) for v in models.values()])
     return {
-        "layers": int(len(secs)),
+        "layers": int(timed.sum()),
         "layer_median_abs_error": float(np.median(rel)),
         "model_median_abs_error": float(np.median(errors)),
         "model_max_abs_error": float(errors.max()),

@@ -1,0 +1,515 @@
+"""Trace a PyTorch model into an :class:`~gpualloc.graph.ir.OpGraph`.
+
+This is the only module that traces torch. A model is exported with ``torch.export.export`` (which
+sees inside ``nn.TransformerEncoderLayer`` and other fused modules); if that fails, the model is first
+traced with ``torch.fx.symbolic_trace`` and the resulting ``GraphModule`` is exported instead. Nothing
+is computed on real data: zoo models are built on the ``meta`` device, ``torch.export`` propagates fake
+tensors, and FLOPs come from running each ATen op once on ``meta`` tensors of the traced shapes under
+``torch.utils.flop_counter.FlopCounterMode`` (results are cached per op and shape signature, so the
+12 identical blocks of a Transformer cost one evaluation).
+
+What becomes a node (``granularity="op"``):
+    every ATen call in the exported graph, except layout-only ops that alias their input (views,
+    reshapes, transposes, splits, ``getitem``, ``contiguous``, eval-mode ``dropout``). Those are folded:
+    a consumer of a view depends on the op that produced the viewed tensor. Node ids are the fx node
+    names (``conv2d_3``, ``linear_12``), unique and stable for a given model and torch version.
+
+Sizes per node:
+    ``flops``: forward FLOPs for the whole batch as ``FlopCounterMode`` counts them (matmuls,
+    convolutions and attention; elementwise ops, norms and softmax count 0, as in most published
+    figures). ``output_bytes`` / ``bytes_written``: bytes of the op's output tensors (tuples summed).
+    ``bytes_read``: bytes of the tensors it consumes (activations, inputs, parameters, buffers).
+    ``param_bytes``: each ``nn.Parameter`` is attributed in full to the *first* op (in execution order)
+    that consumes it; later consumers (e.g. a tied LM head) read it but do not own it, so the graph's
+    total equals ``sum(p.numel() * p.element_size() for p in model.parameters())``. Buffers (BatchNorm
+    statistics, masks) are read but are not parameters.
+
+Edges:
+    producer -> consumer for every activation actually consumed, carrying the bytes the consumer
+    reads from that producer (a view's size when it reads a slice; at most the producer's output).
+    An in-place op (``relu_``) becomes the producer of the tensor it mutates for later readers.
+
+``granularity="layer"`` groups ops by ``layer`` (the deepest module in ``nn_module_stack``, e.g.
+``layer1.0.conv1`` or ``encoder.layer.3.attention``); ops at the model's top level stay single.
+Sizes are summed (so totals are preserved), edges between groups are merged (bytes from one producer
+counted once per destination group), and intra-group edges are dropped. A group that would close a
+cycle (ResNet's shared ``relu`` runs after ``bn1``, ``bn2`` and the residual add) is split: an op
+joins its layer's latest group only if none of its inputs depends on that group through an op outside
+it; otherwise it starts a new group ``<layer>#<k>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import logging
+import operator
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import FlopCounterMode
+
+from gpualloc.errors import CaptureError
+from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
+from gpualloc.graph.zoo import get_model
+
+__all__ = ["ExampleInputs", "Granularity", "capture"]
+
+Granularity = Literal["op", "layer"]
+ExampleInputs = Callable[[int], Sequence[torch.Tensor]] | Sequence[torch.Tensor]
+
+# Layout-only ATen ops (by overload-packet name): they alias or re-lay out their first tensor argument.
+_ALIAS_OPS = frozenset({
+    "alias", "as_strided", "chunk", "contiguous", "detach", "expand", "expand_as", "flatten", "lift_fresh",
+    "lift_fresh_copy", "movedim", "narrow", "permute", "reshape", "select", "slice", "split",
+    "split_with_sizes", "squeeze", "swapaxes", "t", "transpose", "unbind", "unflatten", "unsqueeze",
+    "view", "view_as", "_unsafe_view", "tensor_split",
+})
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """Where a traced value comes from: an op node, a parameter, a buffer/constant, or a model input."""
+
+    kind: Literal["op", "param", "buffer", "input"]
+    key: str  # op node id, or parameter identity
+    nbytes: int  # bytes of the value as seen by its consumer (a view's size)
+
+
+@dataclass
+class _Op:
+    """A compute op while the graph is being built (mutable; frozen into an OpNode at the end)."""
+
+    id: str
+    kind: str
+    layer: str | None
+    module_type: str | None
+    flops: float
+    bytes_read: float
+    output_bytes: float
+    param_bytes: float
+    output_shape: tuple[int, ...] | None
+    in_bytes: dict[str, float]  # producer op id -> bytes read from it
+
+
+# ------------------------------------------------------------------------------------------ loading
+def _load_model(
+    model: nn.Module | str, example_inputs: ExampleInputs | None = None
+) -> tuple[nn.Module, Callable[[int], Sequence[torch.Tensor]] | Sequence[torch.Tensor], str, bool]:
+    """Resolve ``model`` to (module, example inputs, default name, built_on_meta).
+
+    ``model`` is an ``nn.Module``, a zoo name (see :data:`gpualloc.graph.zoo.ZOO`), or
+    ``"package.module:factory"``: the module is imported and ``factory()`` called with no arguments;
+    example inputs come from ``example_inputs`` or, failing that, the module's ``example_inputs(batch)``.
+    """
+    if isinstance(model, nn.Module):
+        if example_inputs is None:
+            raise CaptureError(f"cannot trace {type(model).__name__}: pass example_inputs (a tuple of tensors "
+                               "or a function batch -> tuple)")
+        return model, example_inputs, type(model).__name__, False
+    if not isinstance(model, str):
+        raise CaptureError(f"model must be an nn.Module, a zoo name or 'module:factory', got {type(model).__name__}")
+    if ":" not in model:
+        entry = get_model(model)
+        if example_inputs is not None:  # the caller's tensors are real: so must the weights be
+            return entry.factory(), example_inputs, model, False
+        with torch.device("meta"):  # no weights allocated, no initialisation computed
+            module = entry.factory()
+        return module, entry.example_inputs, model, True
+    mod_name, _, attr = model.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as err:  # noqa: BLE001 - any import failure is the user's model problem
+        raise CaptureError(f"cannot import {mod_name!r} for {model!r}: {_one_line(err)}") from err
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise CaptureError(f"{model!r}: module {mod_name!r} has no callable {attr!r}")
+    try:
+        module = factory()
+    except Exception as err:  # noqa: BLE001
+        raise CaptureError(f"{model!r}: {attr}() failed: {_one_line(err)}") from err
+    if not isinstance(module, nn.Module):
+        raise CaptureError(f"{model!r}: {attr}() returned {type(module).__name__}, not an nn.Module")
+    inputs = example_inputs if example_inputs is not None else getattr(mod, "example_inputs", None)
+    if inputs is None:
+        raise CaptureError(f"{model!r}: module {mod_name!r} defines no example_inputs(batch); "
+                           "define one or pass example_inputs")
+    return module, inputs, model, False
+
+
+# ------------------------------------------------------------------------------------------ capture
+def capture(
+    model: nn.Module | str,
+    *,
+    batch: int = 1,
+    granularity: Granularity = "op",
+    example_inputs: ExampleInputs | None = None,
+    name: str | None = None,
+) -> OpGraph:
+    """Trace ``model`` for one forward pass of ``batch`` samples into an OpGraph.
+
+    Args:
+        model: an ``nn.Module`` (needs ``example_inputs``), a zoo name such as ``"resnet50"``, or
+            ``"package.module:factory"``.
+        batch: batch size passed to ``example_inputs``; recorded as the graph's ``batch_size``.
+        granularity: ``"op"`` (one node per ATen op) or ``"layer"`` (ops grouped by module).
+        example_inputs: ``batch -> tuple of tensors``, or a tuple of tensors used as given.
+        name: graph name (default: the zoo name, the ``module:factory`` string or the class name).
+
+    Raises:
+        CaptureError: unknown model, missing example inputs, or a model torch cannot trace (one line).
+    """
+    if granularity not in ("op", "layer"):
+        raise CaptureError(f"granularity must be 'op' or 'layer', got {granularity!r}")
+    if int(batch) != batch or batch < 1:
+        raise CaptureError(f"batch must be a positive integer, got {batch!r}")
+    module, inputs, default_name, on_meta = _load_model(model, example_inputs)
+    name = name or default_name
+    args = _example_args(inputs, batch, name, on_meta)
+
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            exported, source = _export(module, args, name)
+        ops, uncounted = _build_ops(exported)
+    finally:
+        for m, training in modes:
+            m.training = training
+
+    graph_ops = ops if granularity == "op" else _coarsen_by_layer(ops)
+    nodes = [
+        OpNode(id=o.id, name=(o.layer or o.id) if granularity == "layer" else _op_name(o), kind=o.kind,
+               flops=o.flops, bytes_read=o.bytes_read, bytes_written=o.output_bytes, param_bytes=o.param_bytes,
+               output_bytes=o.output_bytes, layer=o.layer, output_shape=o.output_shape)
+        for o in graph_ops
+    ]
+    edges = [OpEdge(src, o.id, b) for o in graph_ops for src, b in o.in_bytes.items()]
+    meta: dict[str, Any] = {"source": source, "model": name, "granularity": granularity}
+    if uncounted:
+        meta["flops_unknown_ops"] = uncounted  # ops that could not run on meta tensors: counted as 0
+    return OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta)
+
+
+def _op_name(op: _Op) -> str:
+    return f"{op.layer}/{op.id}" if op.layer else op.id
+
+
+def _example_args(inputs: Any, batch: int, name: str, on_meta: bool) -> tuple[Any, ...]:
+    try:
+        if callable(inputs):
+            if on_meta:
+                with torch.device("meta"):
+                    args = inputs(batch)
+            else:
+                args = inputs(batch)
+        else:
+            args = inputs
+    except Exception as err:  # noqa: BLE001
+        raise CaptureError(f"cannot trace {name}: example_inputs({batch}) failed: {_one_line(err)}") from err
+    if isinstance(args, torch.Tensor):
+        return (args,)
+    if not isinstance(args, (tuple, list)):
+        raise CaptureError(f"cannot trace {name}: example_inputs must give a tuple of tensors, "
+                           f"got {type(args).__name__}")
+    return tuple(args)
+
+
+def _export(module: nn.Module, args: tuple[Any, ...], name: str) -> tuple[torch.export.ExportedProgram, str]:
+    """``torch.export.export``; on failure, export the ``torch.fx.symbolic_trace`` of the module."""
+    with _quiet_torch_logs():
+        try:
+            return torch.export.export(module, args, strict=False), "torch.export"
+        except Exception as export_err:  # noqa: BLE001 - every tracing failure becomes one CaptureError line
+            try:
+                traced = torch.fx.symbolic_trace(module)
+                return torch.export.export(traced, args, strict=False), "torch.fx+torch.export"
+            except Exception:  # noqa: BLE001 - the export error is the informative one
+                raise CaptureError(f"cannot trace {name}: {_one_line(export_err)}") from export_err
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Hold back what a failing trace dumps (warnings, a partial graph printed to stderr): the
+    CaptureError says it in one line. On success, whatever was printed is passed on."""
+    loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException:
+        raise
+    else:
+        sys.stderr.write(held.getvalue())
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+_NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export")
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \S+\n\s*(.+)')
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: first line of the message`` plus, when torch names it, the user code that failed."""
+    message = str(err)
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 200:
+        text = text[:197] + "..."
+    frames = _USER_FRAME.findall(message)
+    if frames:
+        path, line, code = frames[-1]
+        text += f" (at {path}:{line}: {code.strip()[:80]})"
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# ------------------------------------------------------------------------------------------ graph building
+def _tensor_bytes(value: Any) -> int:
+    leaves, _ = tree_flatten(value)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _first_shape(value: Any) -> tuple[int, ...] | None:
+    leaves, _ = tree_flatten(value)
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            return tuple(int(s) for s in t.shape)
+    return None
+
+
+def _packet_name(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
+
+
+def _is_alias(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem:
+        return True
+    op = _packet_name(node.target)
+    if op in _ALIAS_OPS:
+        return True
+    # eval-mode dropout is the identity
+    return op in ("dropout", "feature_dropout", "alpha_dropout") and len(node.args) > 2 and node.args[2] is False
+
+
+def _deepest_module(node: torch.fx.Node) -> tuple[str | None, str | None]:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None, None
+    path, mod_type = list(stack.values())[-1]
+    path = str(path)
+    if not path:  # the root module itself
+        return None, None
+    type_name = mod_type.__name__ if isinstance(mod_type, type) else str(mod_type).rsplit(".", 1)[-1]
+    return path, type_name
+
+
+class _FlopCounter:
+    """FLOPs of one ATen call on ``meta`` tensors of the traced shapes, cached by call signature."""
+
+    def __init__(self) -> None:
+        self.cache: dict[Any, int] = {}
+        self.failed: set[str] = set()
+
+    def __call__(self, node: torch.fx.Node) -> int:
+        def to_meta(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                a = a.meta.get("val")
+            if isinstance(a, torch.Tensor):
+                return torch.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="meta")
+            if isinstance(a, torch.device):
+                return torch.device("meta")
+            return a
+
+        def signature(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return ("T", tuple(a.shape), tuple(a.stride()), a.dtype)
+            return a if isinstance(a, (int, float, bool, str, type(None), torch.dtype, torch.device)) else repr(a)
+
+        args, kwargs = tree_map(to_meta, (node.args, node.kwargs))
+        try:
+            flat, _ = tree_flatten((args, kwargs))
+            key = (node.target, tuple(signature(a) for a in flat))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in self.cache:
+            return self.cache[key]
+        counter = FlopCounterMode(display=False)
+        try:
+            with counter:
+                node.target(*args, **kwargs)
+            flops = int(counter.get_total_flops())
+        except Exception:  # noqa: BLE001 - an op without a meta kernel: FLOPs unknown, recorded below
+            self.failed.add(_packet_name(node.target))
+            flops = 0
+        if key is not None:
+            self.cache[key] = flops
+        return flops
+
+
+def _build_ops(ep: torch.export.ExportedProgram) -> tuple[list[_Op], list[str]]:
+    """Compute ops of an exported program, in execution order, and the op kinds whose FLOPs are unknown."""
+    sig = ep.graph_signature
+    param_fqn = dict(sig.inputs_to_parameters)
+    buffer_fqn = {**sig.inputs_to_buffers, **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    # Tied parameters are lifted once per name; identify them by the tensor they share.
+    state = ep.state_dict
+    identity: dict[str, str] = {}
+    seen_tensors: dict[int, str] = {}
+    for fqn in param_fqn.values():
+        tensor = state.get(fqn)
+        key = fqn if tensor is None else seen_tensors.setdefault(id(tensor), fqn)
+        identity[fqn] = key
+
+    refs: dict[str, _Ref] = {}  # fx node name -> where its value comes from
+    ops: list[_Op] = []
+    op_by_id: dict[str, _Op] = {}
+    owned: set[str] = set()
+    flop_counter = _FlopCounter()
+
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            nbytes = _tensor_bytes(val)
+            if node.name in param_fqn:
+                refs[node.name] = _Ref("param", identity[param_fqn[node.name]], nbytes)
+            elif node.name in buffer_fqn:
+                refs[node.name] = _Ref("buffer", buffer_fqn[node.name], nbytes)
+            else:
+                refs[node.name] = _Ref("input", node.name, nbytes)
+            continue
+        if node.op == "get_attr":
+            refs[node.name] = _Ref("buffer", str(node.target), _tensor_bytes(val))
+            continue
+        if node.op != "call_function":
+            continue
+        inputs = [refs.get(a.name) for a in node.all_input_nodes]
+        if _is_alias(node):
+            base = next((r for r in inputs if isinstance(r, _Ref)), None)
+            if base is None:
+                continue
+            if node.target is operator.getitem and base.kind == "op":
+                nbytes = _tensor_bytes(val)  # one element of a multi-output op
+            else:
+                nbytes = min(_tensor_bytes(val), base.nbytes) if isinstance(val, torch.Tensor) else base.nbytes
+            refs[node.name] = _Ref(base.kind, base.key, nbytes)
+            continue
+        out_bytes = _tensor_bytes(val)
+        if out_bytes == 0 and _first_shape(val) is None:
+            continue  # assertions, symbolic-size helpers: no tensor produced
+        layer, module_type = _deepest_module(node)
+        op = _Op(id=node.name, kind=_packet_name(node.target).strip("_") or "op", layer=layer,
+                 module_type=module_type, flops=float(flop_counter(node)), bytes_read=0.0,
+                 output_bytes=float(out_bytes), param_bytes=0.0, output_shape=_first_shape(val), in_bytes={})
+        for ref in _consumed_refs(node, refs):
+            op.bytes_read += ref.nbytes
+            if ref.kind == "op":
+                producer = op_by_id[ref.key]
+                op.in_bytes[ref.key] = min(op.in_bytes.get(ref.key, 0.0) + ref.nbytes, producer.output_bytes)
+            elif ref.kind == "param" and ref.key not in owned:
+                owned.add(ref.key)
+                op.param_bytes += _tensor_bytes(state.get(ref.key)) if ref.key in state else ref.nbytes
+        refs[node.name] = _Ref("op", op.id, out_bytes)
+        mutated = node.args[0] if node.args else None
+        if _packet_name(node.target).endswith("_") and isinstance(mutated, torch.fx.Node) and mutated.name in refs:
+            # an in-place op: later readers of the mutated tensor depend on it
+            refs[mutated.name] = _Ref("op", op.id, refs[mutated.name].nbytes)
+        ops.append(op)
+        op_by_id[op.id] = op
+
+    return ops, sorted(flop_counter.failed)
+
+
+def _consumed_refs(node: torch.fx.Node, refs: dict[str, Any]) -> Iterable[_Ref]:
+    """The traced values a node reads, one per tensor argument occurrence (a tensor used twice counts twice)."""
+    flat, _ = tree_flatten((node.args, node.kwargs))
+    for a in flat:
+        if isinstance(a, torch.fx.Node):
+            ref = refs.get(a.name)
+            if isinstance(ref, _Ref):
+                yield ref
+
+
+# ------------------------------------------------------------------------------------------ coarsening
+def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
+    """Group ops (in execution order) by ``layer`` without creating cycles; see the module docstring."""
+    group_of: dict[str, int] = {}  # op id -> group index
+    groups: list[list[_Op]] = []
+    group_label: list[str | None] = []
+    latest: dict[str, int] = {}  # layer -> its most recent group
+    # ancestors[g] as an int bitset over groups: every group g (transitively) depends on, and g itself
+    anc_of_op: dict[str, int] = {}
+    for op in ops:
+        preds = [group_of[p] for p in op.in_bytes]
+        pred_anc = [anc_of_op[p] for p in op.in_bytes]
+        target = latest.get(op.layer) if op.layer is not None else None
+        if target is not None:
+            bit = 1 << target
+            # Joining ``target`` closes a cycle iff some input outside it already depends on it.
+            if any(g != target and a & bit for g, a in zip(preds, pred_anc)):
+                target = None
+        if target is None:
+            target = len(groups)
+            groups.append([])
+            group_label.append(op.layer)
+            if op.layer is not None:
+                latest[op.layer] = target
+        groups[target].append(op)
+        group_of[op.id] = target
+        anc = 1 << target
+        for a in pred_anc:
+            anc |= a
+        anc_of_op[op.id] = anc
+
+    if all(len(g) == 1 for g in groups) and all(label is None for label in group_label):
+        return list(ops)
+
+    # Ids: the layer path, "<layer>#k" for its later groups; ungrouped ops keep their op id.
+    taken = {op.id for g, label in zip(groups, group_label) if label is None for op in g}
+    ids: list[str] = []
+    count: dict[str, int] = {}
+    for g, label in zip(groups, group_label):
+        if label is None:
+            ids.append(g[0].id)
+            continue
+        k = count.get(label, 0)
+        count[label] = k + 1
+        gid = label if k == 0 else f"{label}#{k}"
+        while gid in taken:
+            gid += "~"
+        taken.add(gid)
+        ids.append(gid)
+
+    merged: list[_Op] = []
+    for gi, (g, label) in enumerate(zip(groups, group_label)):
+        # bytes from one producer op count once per destination group (the largest read of it)
+        from_producer: dict[str, float] = {}
+        for op in g:
+            for src, b in op.in_bytes.items():
+                if group_of[src] != gi:
+                    from_producer[src] = max(from_producer.get(src, 0.0), b)
+        in_bytes: dict[str, float] = {}
+        for src, b in from_producer.items():
+            sid = ids[group_of[src]]
+            in_bytes[sid] = in_bytes.get(sid, 0.0) + b
+        kind = g[0].kind if len(g) == 1 else (g[0].module_type or "layer").lower()
+        merged.append(_Op(
+            id=ids[gi], kind=kind, layer=label, module_type=g[0].module_type,
+            flops=sum(op.flops for op in g), bytes_read=sum(op.bytes_read for op in g),
+            output_bytes=sum(op.output_bytes for op in g), param_bytes=sum(op.param_bytes for op in g),
+            output_shape=g[-1].output_shape, in_bytes=in_bytes,
+        ))
+    return merged
+
