@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -107,3 +108,54 @@ def test_malformed_cluster_file(tmp_path):
     path.write_text('name = "x"\n[[nodes]]\ndevices = { A100 = 0 }\n')
     proc = run_main("hw", "show", str(path))
     assert proc.returncode == 2 and "c.toml" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_graph_capture_writes_batch_and_round_trips(tmp_path):
+    out = tmp_path / "bert.json"
+    invoke("graph", "capture", "bert-tiny", "--batch", "4", "-o", str(out))
+    raw = json.loads(out.read_text())
+    assert raw["format"] == "gpualloc-graph" and raw["batch_size"] == 4
+    from gpualloc.graph.ir import OpGraph
+
+    g = OpGraph.load(out)
+    assert g.to_dict() == raw
+    layer = tmp_path / "bert-layer.json"
+    invoke("graph", "capture", "bert-tiny", "--batch", "4", "--granularity", "layer", "-o", str(layer))
+    coarse = OpGraph.load(layer)
+    assert len(coarse) < len(g) and coarse.total_flops == pytest.approx(g.total_flops)
+    est = json.loads(invoke("cost", "estimate", str(out), "--devices", "A100,V100,T4", "--json").output)
+    times = {e["device"]: e["step_time_s"] for e in est["estimates"]}
+    assert times["A100-40GB"] < times["V100-16GB"] < times["T4"]
+
+
+def test_capture_user_factory_and_untraceable_model(tmp_path):
+    (tmp_path / "usermodels.py").write_text(
+        "import torch\n"
+        "class MLP(torch.nn.Sequential):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))\n"
+        "class Branchy(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if x.sum() > 0:\n"
+        "            return x * 2\n"
+        "        return x\n"
+        "def build():\n    return MLP()\n"
+        "def branchy():\n    return Branchy()\n"
+        "def example_inputs(batch):\n    return (torch.randn(batch, 16),)\n"
+    )
+    env_path = str(tmp_path)
+    out = tmp_path / "mlp.json"
+    proc = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", "graph", "capture", "usermodels:build",
+                           "--batch", "8", "-o", str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": env_path})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["batch_size"] == 8
+    assert sum(n["flops"] for n in data["nodes"]) == pytest.approx(2 * 8 * (16 * 32 + 32 * 4), rel=0.01)
+    proc = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", "graph", "capture", "usermodels:branchy",
+                           "-o", str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": env_path})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot trace" in lines[0], proc.stderr
+    assert not (tmp_path / "b.json").exists()
