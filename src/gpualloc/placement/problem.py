@@ -1,0 +1,137 @@
+"""PlacementProblem: everything a partitioner or the simulator needs, computed once as arrays.
+
+A problem is a graph, a cluster and a cost model, turned into numpy arrays indexed by node
+(``n`` nodes, in ``graph.nodes`` order) and device (``k`` devices, in ``cluster.devices`` order):
+
+* ``fwd_s[i, j]``, ``bwd_s[i, j]``: time of node ``i`` on device ``j`` for the whole batch;
+* ``mem_bytes[i]``: memory node ``i`` pins on its device for training (weights, gradients, optimizer
+  states, and its activation kept for the backward pass); ``mem_cap_bytes[j]``: device memory;
+* ``bandwidth[j, l]``, ``latency[j, l]``: the link between devices (infinite / zero on the diagonal);
+* ``speed[j]``: relative speed of device ``j`` on this graph (total work on the slowest device over
+  total work on ``j``), what speed-aware balancing divides work by.
+
+Partitioners return an assignment: an int array of length ``n`` with a device index per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from gpualloc.cost.model import CostModel
+from gpualloc.graph.ir import OpGraph
+from gpualloc.hardware.cluster import ClusterSpec
+
+OPTIMIZER_STATES = 2
+"""Adam keeps two states per weight; with the weight and its gradient, 4 copies per parameter."""
+
+
+@dataclass(frozen=True, eq=False)
+class PlacementProblem:
+    """A graph to place on a cluster, with its costs precomputed.
+
+    Args:
+        graph: the operator graph (sizes and times for ``graph.batch_size``).
+        cluster: the devices and links.
+        cost: the cost model (default: the shipped calibration).
+        microbatches: pipeline microbatches per step (1 = no pipelining).
+        optimizer_states: optimizer state copies per weight (Adam: 2).
+    """
+
+    graph: OpGraph
+    cluster: ClusterSpec
+    cost: CostModel = field(default_factory=CostModel)
+    microbatches: int = 1
+    optimizer_states: int = OPTIMIZER_STATES
+
+    def __post_init__(self) -> None:
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+
+    @property
+    def n(self) -> int:
+        return len(self.graph)
+
+    @property
+    def k(self) -> int:
+        return len(self.cluster)
+
+    @cached_property
+    def _times(self) -> tuple[np.ndarray, np.ndarray]:
+        types = self.cluster.device_types
+        by_type = {t.name: self.cost.op_times_s(self.graph, t) for t in types}
+        fwd = np.empty((self.n, self.k))
+        bwd = np.empty((self.n, self.k))
+        for j, dev in enumerate(self.cluster.devices):
+            fwd[:, j], bwd[:, j] = by_type[dev.type.name]
+        fwd.setflags(write=False)
+        bwd.setflags(write=False)
+        return fwd, bwd
+
+    @property
+    def fwd_s(self) -> np.ndarray:
+        return self._times[0]
+
+    @property
+    def bwd_s(self) -> np.ndarray:
+        return self._times[1]
+
+    @cached_property
+    def compute_s(self) -> np.ndarray:
+        """Forward + backward time of each node on each device, (n, k)."""
+        return self.fwd_s + self.bwd_s
+
+    @cached_property
+    def mem_bytes(self) -> np.ndarray:
+        """Training memory each node pins on its device, (n,)."""
+        return self.graph.param_bytes * (2 + self.optimizer_states) + self.graph.output_bytes
+
+    @cached_property
+    def mem_cap_bytes(self) -> np.ndarray:
+        return np.array([d.type.mem_bytes for d in self.cluster.devices], dtype=np.float64)
+
+    @cached_property
+    def bandwidth(self) -> np.ndarray:
+        return self.cluster.bandwidth_matrix()
+
+    @cached_property
+    def latency(self) -> np.ndarray:
+        return self.cluster.latency_matrix()
+
+    @cached_property
+    def speed(self) -> np.ndarray:
+        """Relative speed of each device on this graph (the slowest device is 1)."""
+        total = self.compute_s.sum(axis=0)
+        return total.max() / np.maximum(total, 1e-30)
+
+    def transfer_s(self, nbytes: float | np.ndarray, src: int | np.ndarray, dst: int | np.ndarray):
+        """Time to move ``nbytes`` from device ``src`` to ``dst`` (0 on the same device)."""
+        src = np.asarray(src)
+        dst = np.asarray(dst)
+        same = src == dst
+        t = self.latency[src, dst] + np.asarray(nbytes, dtype=np.float64) / self.bandwidth[src, dst]
+        return np.where(same, 0.0, t)
+
+    def edge_comm_s(self, assignment: np.ndarray) -> np.ndarray:
+        """Forward transfer time of every edge under ``assignment`` (0 where both ends share a device)."""
+        a = np.asarray(assignment)
+        return self.transfer_s(self.graph.edge_bytes, a[self.graph.edge_src], a[self.graph.edge_dst])
+
+    def device_memory(self, assignment: np.ndarray) -> np.ndarray:
+        """Memory each device needs under ``assignment``, (k,)."""
+        return np.bincount(np.asarray(assignment), weights=self.mem_bytes, minlength=self.k)
+
+    def memory_excess(self, assignment: np.ndarray) -> np.ndarray:
+        """Bytes by which each device is over its cap (0 where it fits), (k,)."""
+        return np.maximum(self.device_memory(assignment) - self.mem_cap_bytes, 0.0)
+
+    def check_assignment(self, assignment: np.ndarray) -> np.ndarray:
+        """Validate shape and range; returns the assignment as an int64 array."""
+        a = np.asarray(assignment)
+        if a.shape != (self.n,):
+            raise ValueError(f"assignment has shape {a.shape}, expected ({self.n},)")
+        if a.size and (a.min() < 0 or a.max() >= self.k):
+            raise ValueError(f"assignment names a device outside 0..{self.k - 1}")
+        return a.astype(np.int64, copy=False)
