@@ -39,3 +39,23 @@ def ms(seconds: float) -> str:
 def num(value: float | None, scale: float = 1.0) -> str:
     """``value / scale`` in %g form, or '-' when unknown."""
     return "-" if value is None else f"{value / scale:g}"
+
+
+def load_graph(source: str, batch: int = 32):
+    """A graph from a gpualloc-graph JSON file, a PipeDream profile (``.txt``), or a model to capture
+    (a zoo name or ``package.module:factory``)."""
+    from pathlib import Path
+
+    from gpualloc.graph.ir import OpGraph
+
+    path = Path(source)
+    if path.suffix == ".txt" and path.is_file():
+        from gpualloc.graph.importers import import_pipedream
+
+        return import_pipedream(path)
+    if path.suffix == ".json" or path.is_file():
+        return OpGraph.load(path)
+    from gpualloc.graph.capture import capture
+
+    with console.status(f"tracing {source} at batch {batch}..."):
+        return capture(source, batch=batch)

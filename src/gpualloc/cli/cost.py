@@ -7,22 +7,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from gpualloc.cli.common import console, gib, ms, print_json
+from gpualloc.cli.common import console, gib, load_graph, ms, print_json
 
 app = typer.Typer(help="The cost model: per-device estimates and the calibration behind them.",
                   no_args_is_help=True)
-
-
-def load_graph_arg(source: str, batch: int):
-    """A graph from a gpualloc-graph JSON file, or captured from a zoo / module:factory model."""
-    from gpualloc.graph.ir import OpGraph
-
-    if source.endswith(".json") or Path(source).is_file():
-        return OpGraph.load(source)
-    from gpualloc.graph.capture import capture
-
-    with console.status(f"tracing {source} at batch {batch}..."):
-        return capture(source, batch=batch)
 
 
 @app.command("estimate")
@@ -37,7 +25,7 @@ def estimate_cmd(
     from gpualloc.cost.model import CostModel
     from gpualloc.hardware.catalog import default_catalog
 
-    g = load_graph_arg(graph, batch)
+    g = load_graph(graph, batch)
     cat = default_catalog()
     types = [cat.device(name.strip()) for name in devices.split(",") if name.strip()]
     model = CostModel()

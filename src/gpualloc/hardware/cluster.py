@@ -3,7 +3,7 @@
 A cluster is a tuple of nodes; each node holds some devices (global indices ``0..n-1``) and one
 intra-node link; nodes are joined by one network link. :func:`load_cluster` accepts
 
-* a preset name from :data:`PRESETS` (``"8xA100"``, ``"adlro16"``, ``"mixed-gen"``, ``"gavel108"``);
+* a preset name from :data:`PRESETS` (``"8xA100"``, ``"adlro16"``, ``"mixed-gen"``, ``"hetero8"``, ``"gavel108"``);
 * shorthand ``"4xA100+4xV100"``: each ``NxTYPE`` term fills nodes of at most
   :data:`NODE_SIZE` devices of that type, joined by :data:`DEFAULT_NETWORK` or by the link named in an
   optional ``@LINK`` suffix (``"16xV100@eth-25g"``);
@@ -229,6 +229,8 @@ PRESETS: dict[str, Callable[..., ClusterSpec]] = {
     # Four generations side by side, each an 8-GPU server on its best link, HDR InfiniBand between.
     "mixed-gen": _preset("mixed-gen", [("H100-SXM", 8, 8, None), ("A100-40GB", 8, 8, None),
                                        ("V100-16GB", 8, 8, None), ("T4", 8, 8, None)], "ib-hdr"),
+    # The placement benchmark's heterogeneous server pair: 4 A100 + 4 V100, NVLink inside, HDR IB between.
+    "hetero8": _preset("hetero8", [("A100-40GB", 4, 4, None), ("V100-16GB", 4, 4, None)], "ib-hdr"),
     # Gavel's simulated cluster (Narayanan et al., OSDI 2020): 36 V100 + 36 P100 + 36 K80,
     # here as 4-GPU servers over PCIe 3 and 25 GbE (Gavel itself models no links).
     "gavel108": _preset("gavel108", [("V100-16GB", 36, 4, "pcie3"), ("P100", 36, 4, "pcie3"),
