@@ -29,3 +29,7 @@ class ImportFormatError(GpuallocError):
 
 class CostModelError(GpuallocError):
     """The cost model lacks what it needs (e.g. no peak and no measured time for a device)."""
+
+
+class PlacementError(GpuallocError):
+    """A graph cannot be placed: it does not fit in the cluster's memory, or a plan is invalid."""
