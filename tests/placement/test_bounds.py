@@ -1,0 +1,48 @@
+"""Lower bounds: known answers on tiny graphs, and never above a simulated step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound
+from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.simulate import simulate
+from tests.placement.test_simulate import chain, random_dag
+
+CLUSTERS = ["1xA100+1xT4", "1xV100+1xT4+1xA100", "2xH100+2xT4", "2xA100", "1xA100+1xV100+1xT4+1xH100"]
+
+
+def test_chain_bound_is_critical_path():
+    p = PlacementProblem(chain(3), load_cluster("2xA100"))
+    b = step_lower_bound(p)
+    assert b.binding == "critical_path"
+    assert b.value_s == pytest.approx(p.compute_s[:, 0].sum())
+    # a chain on one device meets it exactly
+    assert simulate(p, np.zeros(3, dtype=np.int64)).step_time_s == pytest.approx(b.value_s)
+
+
+def test_balanced_work_is_harmonic_on_identical_speed_ratios():
+    p = PlacementProblem(chain(3), load_cluster("2xA100"), microbatches=8)
+    b = step_lower_bound(p)
+    w = p.compute_s.sum(axis=0)
+    assert b.balanced_work_s == pytest.approx(1 / np.sum(1 / w))
+    assert b.critical_path_s == pytest.approx(w[0] / 8)
+    assert b.largest_op_s == pytest.approx(p.compute_s[:, 0].max())
+    assert pipeline_lower_bound(p).value_s >= b.value_s
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), M=st.sampled_from([1, 2, 4]), schedule=st.sampled_from(["1f1b", "gpipe"]),
+       cluster=st.sampled_from(CLUSTERS))
+def test_bounds_never_exceed_simulated_step(seed, M, schedule, cluster):
+    rng = np.random.default_rng(seed)
+    p = PlacementProblem(random_dag(rng, int(rng.integers(1, 12))), load_cluster(cluster), microbatches=M)
+    step = simulate(p, rng.integers(0, p.k, size=p.n), schedule=schedule).step_time_s
+    for bound in (step_lower_bound(p), pipeline_lower_bound(p)):
+        assert bound.value_s <= step * (1 + 1e-9)
+        assert bound.value_s == max(bound.critical_path_s, bound.balanced_work_s, bound.largest_op_s,
+                                    bound.pipeline_fill_s)
