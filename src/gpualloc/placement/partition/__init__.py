@@ -17,6 +17,8 @@ import numpy as np
 
 from gpualloc.placement.partition.baselines import params, round_robin, static
 from gpualloc.placement.partition.kernighan_lin import kl_bisect, kl_objective, kl_partition, kl_refine
+from gpualloc.placement.partition.listsched import etf_partition, sct_partition
+from gpualloc.placement.partition.metis import kahip_partition, metis_partition, metis_uniform
 from gpualloc.placement.problem import PlacementProblem
 
 Partitioner = Callable[..., np.ndarray]
@@ -27,6 +29,11 @@ PARTITIONERS: dict[str, Partitioner] = {
     "static": static,
     "params": params,
     "round-robin": round_robin,
+    "metis": metis_partition,
+    "metis-uniform": metis_uniform,
+    "kahip": kahip_partition,
+    "etf": etf_partition,
+    "sct": sct_partition,
 }
 
 __all__ = ["PARTITIONERS", "Partitioner", "PlacementProblem", "kl_bisect", "kl_objective", "kl_partition",

@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import PlacementError
+from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
 
-GIB = float(2**30)
 
-__all__ = ["check_fits", "kl_bisect", "kl_objective", "kl_partition", "kl_refine", "to_csr"]
+__all__ = ["kl_bisect", "kl_objective", "kl_partition", "kl_refine", "to_csr"]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -225,29 +224,6 @@ def _bisect_once(indptr, indices, data, rows, node_weights, target_fraction, max
 
 
 # ---------------------------------------------------------------------------------------------- k-way
-def check_fits(problem: PlacementProblem) -> None:
-    """Raise :class:`PlacementError` when no assignment can respect the memory caps.
-
-    Two necessary conditions: the graph's total memory fits the cluster's total, and every node fits
-    the largest device.
-    """
-    mem, cap = problem.mem_bytes, problem.mem_cap_bytes
-    need, have = float(mem.sum()), float(cap.sum())
-    if need > have:
-        over = need - have
-        raise PlacementError(
-            f"graph {problem.graph.name!r} needs {need / GIB:.2f} GiB but cluster {problem.cluster.name!r} "
-            f"has {have / GIB:.2f} GiB: over by {over / GIB:.2f} GiB ({over:.0f} bytes)")
-    if problem.n:
-        i = int(np.argmax(mem))
-        if mem[i] > cap.max():
-            over = float(mem[i] - cap.max())
-            raise PlacementError(
-                f"graph {problem.graph.name!r}: node {problem.graph.nodes[i].id!r} needs "
-                f"{mem[i] / GIB:.2f} GiB, more than the largest device ({cap.max() / GIB:.2f} GiB): "
-                f"over by {over / GIB:.2f} GiB ({over:.0f} bytes)")
-
-
 def kl_objective(problem: PlacementProblem, assignment: np.ndarray) -> float:
     """``max_j load_j`` plus forward+backward transfer time of every cut edge on its actual link."""
     a = problem.check_assignment(assignment)
@@ -268,30 +244,6 @@ def _incidence(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np.nd
     indptr = np.zeros(problem.n + 1, dtype=np.int64)
     np.cumsum(np.bincount(node, minlength=problem.n), out=indptr[1:])
     return indptr, other[order], nbytes[order]
-
-
-def _repair_memory(problem: PlacementProblem, a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Move nodes off over-full devices onto the device with most free memory they fit on."""
-    mem, cap = problem.mem_bytes, problem.mem_cap_bytes
-    used = problem.device_memory(a)
-    for j in np.flatnonzero(used > cap + 1e-6):
-        # Smallest compute share first would scatter the graph; move the largest nodes first (fewest moves).
-        for i in sorted(np.flatnonzero(a == j), key=lambda i: -mem[i]):
-            if used[j] <= cap[j] + 1e-6:
-                break
-            free = cap - used
-            free[j] = -np.inf
-            t = int(np.argmax(free))
-            if free[t] + 1e-6 >= mem[i]:
-                a[i] = t
-                used[j] -= mem[i]
-                used[t] += mem[i]
-    if (used > cap + 1e-6).any():
-        over = float((used - cap).clip(min=0).sum())
-        raise PlacementError(
-            f"graph {problem.graph.name!r}: found no assignment within the memory caps "
-            f"(best attempt over by {over / GIB:.2f} GiB, {over:.0f} bytes)")
-    return a
 
 
 def kl_refine(
@@ -324,7 +276,7 @@ def kl_refine(
     a = problem.check_assignment(assignment).copy()
     if problem.n == 0 or problem.k < 2:
         return a
-    a = _repair_memory(problem, a, rng)
+    a = repair_memory(problem, a)
     comp, mem, cap = problem.compute_s, problem.mem_bytes, problem.mem_cap_bytes
     lat = problem.latency
     inv_bw = np.where(np.isinf(problem.bandwidth), 0.0, 1.0 / problem.bandwidth)
@@ -419,7 +371,7 @@ def kl_partition(
         PlacementError: the graph cannot fit (says by how much), or no plan within the caps was found.
     """
     rng = _rng(seed)
-    check_fits(problem)
+    require_fit(problem)
     if refine_from is not None:
         return kl_refine(problem, refine_from, seed=rng, passes=passes)
     n = problem.n

@@ -1,0 +1,147 @@
+"""Run partitioners on a problem, score their plans with the simulator, compare them to the bound.
+
+This is the one place that ties a partitioner, the simulator and the lower bound together; the CLI,
+the benchmarks and ``best`` all go through it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import PlacementError
+from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound
+from gpualloc.placement.partition import PARTITIONERS
+from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.simulate import StepResult, simulate
+
+PLAN_FORMAT = "gpualloc-plan"
+
+FAST_METHODS = ("static", "params", "round-robin", "etf", "sct", "metis", "metis-uniform", "kahip", "kl")
+"""What ``best`` tries (every registered heuristic)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One method's plan for a problem, scored by the simulator."""
+
+    method: str
+    assignment: np.ndarray
+    partition_time_s: float
+    result: StepResult
+    lower_bound_s: float
+    note: str = ""
+
+    @property
+    def ratio_to_bound(self) -> float:
+        return self.result.step_time_s / self.lower_bound_s if self.lower_bound_s > 0 else float("inf")
+
+    def to_dict(self, problem: PlacementProblem, *, with_assignment: bool = True) -> dict[str, Any]:
+        labels = [d.label for d in problem.cluster.devices]
+        r = self.result
+        out: dict[str, Any] = {
+            "method": self.method,
+            "step_time_s": r.step_time_s,
+            "throughput_samples_per_s": r.throughput_samples_per_s,
+            "partition_time_s": self.partition_time_s,
+            "comm_bytes": r.comm_bytes,
+            "peak_mem_bytes": dict(zip(labels, map(float, r.peak_mem_bytes))),
+            "feasible": r.feasible,
+            "lower_bound_s": self.lower_bound_s,
+            "ratio_to_bound": self.ratio_to_bound,
+            **{k: v for k, v in r.to_dict().items() if k not in {
+                "step_time_s", "throughput_samples_per_s", "comm_bytes", "peak_mem_bytes", "feasible", "events"}},
+        }
+        if self.note:
+            out["note"] = self.note
+        if with_assignment:
+            out["assignment"] = {problem.graph.nodes[i].id: int(d) for i, d in enumerate(self.assignment)}
+        return out
+
+
+def lower_bound_s(problem: PlacementProblem) -> float:
+    """The bound every result is compared with (the pipelined one when microbatches > 1)."""
+    bound = pipeline_lower_bound(problem) if problem.microbatches > 1 else step_lower_bound(problem)
+    return float(bound.value_s)
+
+
+def score(problem: PlacementProblem, method: str, assignment: np.ndarray, partition_time_s: float = 0.0,
+          *, schedule: str = "1f1b", note: str = "") -> Outcome:
+    """Simulate ``assignment`` and wrap it with the bound."""
+    a = problem.check_assignment(assignment)
+    return Outcome(method, a, partition_time_s, simulate(problem, a, schedule=schedule), lower_bound_s(problem), note)
+
+
+def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str = "1f1b") -> Outcome:
+    """Partition with ``method`` (a registered name, or ``best``) and score the plan."""
+    if method == "best":
+        return best(problem, seed=seed, schedule=schedule)
+    try:
+        partitioner = PARTITIONERS[method]
+    except KeyError:
+        raise PlacementError(f"unknown method {method!r}; known: {', '.join([*PARTITIONERS, 'best'])}") from None
+    start = time.perf_counter()
+    assignment = partitioner(problem, seed=seed)
+    elapsed = time.perf_counter() - start
+    return score(problem, method, assignment, elapsed, schedule=schedule)
+
+
+def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed: int | None = 0,
+            schedule: str = "1f1b", progress=None) -> list[Outcome]:
+    """Every method (default: all registered) on the same problem."""
+    outcomes = []
+    for method in methods or list(PARTITIONERS):
+        outcomes.append(place(problem, method, seed=seed, schedule=schedule))
+        if progress is not None:
+            progress(method)
+    return outcomes
+
+
+def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b") -> Outcome:
+    """Run the fast heuristics and return the plan the simulator scores best (feasible first)."""
+    start = time.perf_counter()
+    tried = [place(problem, m, seed=seed, schedule=schedule) for m in FAST_METHODS if m in PARTITIONERS]
+    winner = min(tried, key=lambda o: (not o.result.feasible, o.result.step_time_s))
+    return Outcome("best", winner.assignment, time.perf_counter() - start, winner.result, winner.lower_bound_s,
+                   note=f"best of {len(tried)} methods: {winner.method}")
+
+
+# --------------------------------------------------------------------------- plan files
+def save_plan(path: str | Path, problem: PlacementProblem, outcome: Outcome, cluster_spec: str) -> None:
+    """Write a plan that ``gpualloc place evaluate`` can re-score."""
+    doc = {"format": PLAN_FORMAT, "version": 1, "graph": problem.graph.name, "cluster": cluster_spec,
+           "microbatches": problem.microbatches, "devices": [d.label for d in problem.cluster.devices],
+           **outcome.to_dict(problem)}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_assignment(path: str | Path, problem: PlacementProblem) -> np.ndarray:
+    """Read a plan's assignment (node id -> device index) for ``problem``; errors name the file and field."""
+    where = str(path)
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise PlacementError(f"{where}: cannot read: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise PlacementError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
+    if not isinstance(doc, dict) or not isinstance(doc.get("assignment"), dict):
+        raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
+    mapping = doc["assignment"]
+    out = np.empty(problem.n, dtype=np.int64)
+    for i, node in enumerate(problem.graph.nodes):
+        if node.id not in mapping:
+            raise PlacementError(f"{where}: assignment: node {node.id!r} of graph {problem.graph.name!r} is not placed")
+        dev = mapping[node.id]
+        if not isinstance(dev, int) or not 0 <= dev < problem.k:
+            raise PlacementError(f"{where}: assignment.{node.id}: device must be an integer in 0..{problem.k - 1}, "
+                                 f"got {dev!r}")
+        out[i] = dev
+    extra = set(mapping) - set(problem.graph.index)
+    if extra:
+        raise PlacementError(f"{where}: assignment: unknown node {sorted(extra)[0]!r}")
+    return out
