@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from gpualloc import __version__
-from gpualloc.cli import cost, graph, hw
+from gpualloc.cli import cost, graph, hw, place
 from gpualloc.cli.common import console, err_console
 from gpualloc.errors import GpuallocError
 
@@ -24,6 +24,7 @@ app = typer.Typer(
 app.add_typer(hw.app, name="hw")
 app.add_typer(graph.app, name="graph")
 app.add_typer(cost.app, name="cost")
+app.add_typer(place.app, name="place")
 
 
 def _version(value: bool) -> None:

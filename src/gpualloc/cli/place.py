@@ -1,0 +1,152 @@
+"""``gpualloc place``: partition a graph over a cluster, score plans, compare every method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+from typer.core import TyperGroup
+
+from gpualloc.cli.common import console, load_graph, ms, print_json
+
+
+class _DefaultToRun(TyperGroup):
+    """``gpualloc place GRAPH ...`` runs ``place run GRAPH ...``; ``evaluate`` and ``compare`` stay sub-commands."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=_DefaultToRun, no_args_is_help=True,
+                  help="Place a graph on a cluster: `place GRAPH --cluster C --method M`, `place evaluate`, "
+                       "`place compare`.")
+
+GRAPH_HELP = "A gpualloc-graph JSON, a PipeDream profile (.txt), a zoo model name or package.module:factory."
+CLUSTER_HELP = "Preset (8xA100, adlro16, mixed-gen), shorthand (4xA100+4xV100) or a TOML/YAML file."
+
+
+def _problem(graph: str, cluster: str, microbatches: int, batch: int):
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.problem import PlacementProblem
+
+    return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), microbatches=microbatches)
+
+
+def _print_outcomes(problem, outcomes, title: str) -> None:
+    by = {o.method: o for o in outcomes}
+    table = Table(title=title)
+    for col in ("method", "step", "samples/s", "x bound", "vs static", "vs round-robin", "comm", "comm share",
+                "max mem", "feasible", "partition time"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for o in sorted(outcomes, key=lambda o: (not o.result.feasible, o.result.step_time_s)):
+        r = o.result
+
+        def gain(ref: str) -> str:
+            base = by.get(ref)
+            return f"{1 - r.step_time_s / base.result.step_time_s:+.0%}" if base else "-"
+
+        fill = max(r.peak_mem_bytes / problem.mem_cap_bytes)
+        table.add_row(
+            o.method + (f" ({o.note})" if o.note else ""), ms(r.step_time_s),
+            f"{r.throughput_samples_per_s:,.1f}" if r.throughput_samples_per_s else "-",
+            f"{o.ratio_to_bound:.2f}", gain("static"), gain("round-robin"), f"{r.comm_bytes / 1e6:,.0f} MB",
+            f"{r.comm_share:.0%}", f"{fill:.0%}", "yes" if r.feasible else "[red]no[/]", ms(o.partition_time_s))
+    console.print(table)
+    console.print(f"lower bound: {ms(outcomes[0].lower_bound_s)} (gains are step-time reductions; "
+                  "x bound = step time / lower bound)")
+
+
+@app.command("run", hidden=True)
+def run_cmd(
+    graph: str = typer.Argument(..., help=GRAPH_HELP),
+    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
+    method: str = typer.Option("best", "--method", "-m", help="Partitioner (see `place compare`), or best."),
+    microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    output: Path = typer.Option(None, "-o", "--output", help="Write the plan (re-scorable) as JSON."),
+    plot: Path = typer.Option(None, "--plot", help="Write a Gantt chart of one step (PNG)."),
+) -> None:
+    """Partition GRAPH over CLUSTER with one method and simulate the step."""
+    from gpualloc.placement.run import place
+
+    problem = _problem(graph, cluster, microbatches, batch)
+    outcome = place(problem, method, seed=seed)
+    _finish(problem, outcome, cluster, as_json, output, plot)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    graph: str = typer.Argument(..., help=GRAPH_HELP),
+    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
+    plan: Path = typer.Option(..., "--plan", help="A plan JSON (from `place -o`, or hand-made)."),
+    microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    plot: Path = typer.Option(None, "--plot", help="Write a Gantt chart of one step (PNG)."),
+) -> None:
+    """Score a given assignment (node id -> device index) with the same simulator."""
+    import json
+
+    from gpualloc.placement.run import load_assignment, score
+
+    problem = _problem(graph, cluster, microbatches, batch)
+    assignment = load_assignment(plan, problem)
+    try:
+        method = json.loads(plan.read_text()).get("method", "plan")
+    except (ValueError, AttributeError):
+        method = "plan"
+    _finish(problem, score(problem, str(method), assignment), cluster, as_json, None, plot)
+
+
+@app.command("compare")
+def compare_cmd(
+    graph: str = typer.Argument(..., help=GRAPH_HELP),
+    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
+    microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
+    from gpualloc.placement.partition import PARTITIONERS
+    from gpualloc.placement.run import compare, lower_bound_s
+
+    problem = _problem(graph, cluster, microbatches, batch)
+    methods = list(PARTITIONERS)
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("partitioning", total=len(methods))
+        outcomes = compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task))
+    if as_json:
+        print_json({"graph": problem.graph.name, "cluster": cluster, "microbatches": microbatches,
+                    "lower_bound_s": lower_bound_s(problem),
+                    "results": [o.to_dict(problem, with_assignment=False) for o in outcomes]})
+        return
+    _print_outcomes(problem, outcomes, f"{problem.graph.name} on {cluster} ({len(problem.cluster)} devices, "
+                                       f"{microbatches} microbatch(es))")
+
+
+def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None) -> None:
+    from gpualloc.placement.run import save_plan
+
+    if output is not None:
+        save_plan(output, problem, outcome, cluster)
+    if plot is not None:
+        from gpualloc.placement.simulate import simulate
+        from gpualloc.reports.gantt import plot_gantt
+
+        events = simulate(problem, outcome.assignment, record_events=True).events
+        plot_gantt(events, plot, title=f"{problem.graph.name}: {outcome.method} on {cluster}")
+    if as_json:
+        print_json(outcome.to_dict(problem))
+        return
+    _print_outcomes(problem, [outcome], f"{problem.graph.name} on {cluster}: {outcome.method}")
+    if output is not None:
+        console.print(f"wrote {output}")
+    if plot is not None:
+        console.print(f"wrote {plot}")

@@ -1,0 +1,1 @@
+"""Numbers to tables and plots; no computation here."""
