@@ -4,7 +4,7 @@ For each (graph, cluster, method): simulated step time, ratio to the lower bound
 `static` and `round-robin`, partitioning time. Writes benchmarks/results/placement_quality.json and
 prints a summary table with the issue's targets.
 
-Usage: python benchmarks/placement_quality.py [--quick] [--clusters 8xA100,hetero8] [--seed 0]
+Usage: python benchmarks/placement_quality.py [--quick] [--microbatches 1] [--clusters 8xA100,hetero8] [--seed 0]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
     parser.add_argument("--clusters", default="8xA100,hetero8")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--microbatches", type=int, default=1, help="pipeline microbatches per step")
     parser.add_argument("--quick", action="store_true", help="3 profiles + ResNet-50 only")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "placement_quality.json")
     args = parser.parse_args()
@@ -52,7 +53,7 @@ def main() -> None:
     rows = []
     for graph in graphs(args.data, args.quick):
         for cluster_name in args.clusters.split(","):
-            problem = PlacementProblem(graph, load_cluster(cluster_name))
+            problem = PlacementProblem(graph, load_cluster(cluster_name), microbatches=args.microbatches)
             start = time.perf_counter()
             outcomes = compare(problem, list(PARTITIONERS), seed=args.seed)
             by = {o.method: o for o in outcomes}
@@ -87,8 +88,9 @@ def main() -> None:
             "median_gain_vs_static": statistics.median(r["gain_vs_static"] for r in best_rows),
             "median_gain_vs_round_robin": statistics.median(r["gain_vs_round_robin"] for r in best_rows),
         }
-    args.out.write_text(json.dumps({"command": "python benchmarks/placement_quality.py" + (" --quick" if args.quick else ""),
-                                    "seed": args.seed, "summary": summary, "rows": rows}, indent=1) + "\n")
+    command = f"python benchmarks/placement_quality.py --microbatches {args.microbatches}" + (" --quick" if args.quick else "")
+    args.out.write_text(json.dumps({"command": command, "seed": args.seed, "microbatches": args.microbatches,
+                                    "summary": summary, "rows": rows}, indent=1) + "\n")
 
     per_method = Table(title="Median over graphs, per method and cluster")
     for col in ("cluster", "method", "x bound", "gain vs static", "gain vs round-robin", "feasible", "partition time"):
