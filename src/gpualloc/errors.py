@@ -33,3 +33,15 @@ class CostModelError(GpuallocError):
 
 class PlacementError(GpuallocError):
     """A graph cannot be placed: it does not fit in the cluster's memory, or a plan is invalid."""
+
+
+class TraceError(GpuallocError):
+    """A job trace could not be read: bad file, malformed row or field (message names file:line)."""
+
+
+class SchedulingError(GpuallocError):
+    """A scheduling run cannot proceed: a job larger than the cluster, an invalid policy decision."""
+
+
+class AgentError(GpuallocError):
+    """A learning agent or environment was misconfigured, or a checkpoint could not be loaded."""

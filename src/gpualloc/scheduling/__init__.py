@@ -1,0 +1,1 @@
+"""Across jobs: the discrete-event cluster simulator, scheduling policies and metrics."""

@@ -1,0 +1,1 @@
+"""What the jobs are: the job model, trace readers, the synthetic generator and job speeds."""

@@ -1,0 +1,149 @@
+"""Jobs and traces: the one representation every trace reader produces and the simulator consumes.
+
+A job's *work* is expressed in seconds on the reference device type (``REFERENCE_DEVICE``): how long
+the job runs alone on ``num_gpus`` reference GPUs. Its speed on another device type is a ratio to
+that (see :mod:`gpualloc.workload.speed`), so time on type ``t`` is ``work_s / speed[t]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from gpualloc.errors import TraceError
+
+REFERENCE_DEVICE = "V100-16GB"
+"""Device type in which job work is measured (Gavel's and Philly's traces ran on V100-class GPUs)."""
+
+
+class JobType(str, Enum):
+    """The design's three job categories (one-hot in the scheduler's state)."""
+
+    SIMULATION = "simulation"
+    ML_TRAINING = "ml-training"
+    DATA_PROCESSING = "data-processing"
+
+    @classmethod
+    def parse(cls, value: str, where: str = "job_type") -> "JobType":
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(t.value for t in cls)
+            raise TraceError(f"{where}: unknown job type {value!r} (expected one of {allowed})") from None
+
+
+JOB_TYPES: tuple[JobType, ...] = tuple(JobType)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One job request.
+
+    Attributes:
+        id: unique id within its trace (the source's id where it has one).
+        arrival_s: submission time, seconds from the start of the trace.
+        job_type: category.
+        work_s: run time alone on ``num_gpus`` GPUs of the reference device type, seconds.
+        num_gpus: GPUs requested, all granted at once (gang scheduling), all of one device type.
+        model: model or application name where known (``"resnet50"``, ``"bert"``), else ``""``.
+        gpu_milli: share of each GPU the job needs, in 1/1000 (Alibaba's fractional requests); the
+            simulator gives such a job a whole GPU, which is what exclusive allocation means.
+        cpu_cores: CPU cores requested.
+        mem_bytes: host memory requested.
+        priority: larger is more important; 0 by default.
+        gpu_types: device types the job may run on (canonical catalog names); empty means any.
+        single_node: all GPUs must sit on one node.
+        batch_size: per-job batch size where the trace gives it (Pollux/Sia), else 0.
+    """
+
+    id: str
+    arrival_s: float
+    job_type: JobType
+    work_s: float
+    num_gpus: int = 1
+    model: str = ""
+    gpu_milli: int = 1000
+    cpu_cores: float = 0.0
+    mem_bytes: int = 0
+    priority: int = 0
+    gpu_types: tuple[str, ...] = ()
+    single_node: bool = False
+    batch_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.arrival_s >= 0:
+            raise TraceError(f"job {self.id}: arrival_s must be >= 0, got {self.arrival_s}")
+        if not self.work_s > 0:
+            raise TraceError(f"job {self.id}: work_s must be > 0, got {self.work_s}")
+        if self.num_gpus < 1:
+            raise TraceError(f"job {self.id}: num_gpus must be >= 1, got {self.num_gpus}")
+        if not 0 < self.gpu_milli <= 1000:
+            raise TraceError(f"job {self.id}: gpu_milli must be in (0, 1000], got {self.gpu_milli}")
+
+    @property
+    def gpu_seconds(self) -> float:
+        """Reference GPU-seconds of work: ``work_s * num_gpus``."""
+        return self.work_s * self.num_gpus
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["job_type"] = self.job_type.value
+        d["gpu_types"] = list(self.gpu_types)
+        return d
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An ordered list of jobs (by arrival, ties by position in the source) and where it came from.
+
+    Attributes:
+        jobs: the jobs, sorted by ``arrival_s`` (stable).
+        source: file path or generator description.
+        format: reader name (``"native"``, ``"philly"``, ..., ``"synthetic"``).
+    """
+
+    jobs: tuple[Job, ...]
+    source: str = ""
+    format: str = "native"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ids = set()
+        for job in self.jobs:
+            if job.id in ids:
+                raise TraceError(f"{self.source or 'trace'}: duplicate job id {job.id!r}")
+            ids.add(job.id)
+        ordered = tuple(sorted(self.jobs, key=lambda j: j.arrival_s))
+        object.__setattr__(self, "jobs", ordered)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __iter__(self):
+        return iter(self.jobs)
+
+    @classmethod
+    def of(cls, jobs: Iterable[Job], source: str = "", format: str = "native", **meta: Any) -> "Trace":
+        return cls(tuple(jobs), source=source, format=format, meta=dict(meta))
+
+    def head(self, n: int) -> "Trace":
+        """The first ``n`` jobs by arrival."""
+        return Trace(self.jobs[:n], self.source, self.format, dict(self.meta))
+
+    def shifted(self) -> "Trace":
+        """The same jobs with arrivals shifted so the first arrives at 0."""
+        if not self.jobs:
+            return self
+        t0 = self.jobs[0].arrival_s
+        return Trace(tuple(replace(j, arrival_s=j.arrival_s - t0) for j in self.jobs),
+                     self.source, self.format, dict(self.meta))
+
+
+def type_counts(jobs: Sequence[Job]) -> dict[str, int]:
+    """Number of jobs per job type."""
+    out = {t.value: 0 for t in JobType}
+    for j in jobs:
+        out[j.job_type.value] += 1
+    return out
