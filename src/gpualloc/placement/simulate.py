@@ -33,11 +33,11 @@ completions at one instant are all applied before any resource picks its next ta
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from gpualloc.placement.problem import PlacementProblem
 
@@ -191,154 +191,44 @@ def simulate(
     t_act = problem.latency[src_dev, pdv] + pby / problem.bandwidth[src_dev, pdv]
     t_grad = problem.latency[pdv, src_dev] + pby / problem.bandwidth[pdv, src_dev]
 
-    dur = np.concatenate([fwd, bwd, t_act, t_grad]).tolist()
-    res = np.concatenate([a, a, k + src_dev * k + pdv, k + pdv * k + src_dev]).tolist()
-
-    deps: set[tuple[int, int]] = set()
-    for u, v, c in zip(es.tolist(), ed.tolist(), cross.tolist()):
-        if c:
-            p = pair_of[(u, int(a[v]))]
-            deps.add((u, 2 * n + p))
-            deps.add((2 * n + p, v))
-            deps.add((n + v, 2 * n + P + p))
-            deps.add((2 * n + P + p, n + u))
-        else:
-            deps.add((u, v))
-            deps.add((n + v, n + u))
-    succ: list[list[int]] = [[] for _ in range(nb_tasks)]
-    indeg_base = [0] * nb_tasks
-    for s, d in sorted(deps):
-        succ[s].append(d)
-        indeg_base[d] += 1
-    for i in range(n):
-        succ[i].append(n + i)
-        indeg_base[n + i] += 1
+    # dependency edges: sorted (producer, consumer) task pairs, then each node's F -> B edge last,
+    # the order in which completions release successors (it decides ties, so it is fixed here)
+    cu, cv = es[cross], ed[cross]
+    pidx = np.fromiter((pair_of[(u, d)] for u, d in zip(cu.tolist(), a[cv].tolist())), np.int64, len(cu))
+    lu, lv = es[~cross], ed[~cross]
+    src = np.concatenate([lu, n + lv, cu, 2 * n + pidx, n + cv, 2 * n + P + pidx])
+    dst = np.concatenate([lv, n + lu, 2 * n + pidx, cv, 2 * n + P + pidx, n + cu])
+    code = np.unique(src * nb_tasks + dst)
+    src = np.concatenate([code // nb_tasks, rows])
+    dst = np.concatenate([code % nb_tasks, n + rows])
+    rank = np.concatenate([np.zeros(len(code), np.int64), np.ones(n, np.int64)])
+    order = np.lexsort((dst, rank, src))
+    succ_idx = dst[order]
+    succ_ptr = np.zeros(nb_tasks + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=nb_tasks), out=succ_ptr[1:])
+    indeg_base = np.bincount(dst, minlength=nb_tasks).astype(np.int64)
 
     # device priority (lower first) of a compute task, less the microbatch term ``mb * n``
-    rev = (n - 1 - pos).tolist()
-    if gpipe:
-        prio_base = pos.tolist() + [M * n + r for r in rev]
-    else:
-        prio_base = [M * n + p for p in pos.tolist()] + rev
+    rev = n - 1 - pos
+    prio_base = np.concatenate([pos, M * n + rev]) if gpipe else np.concatenate([M * n + pos, rev])
 
     # 1f1b in-flight limits: stage rank of each used device by its first node in topological order
     used = np.unique(a)
     first = np.full(k, n, dtype=np.int64)
     np.minimum.at(first, a, pos)
-    limit = [M] * k
-    for rank, d in enumerate(sorted(used.tolist(), key=lambda d: (first[d], d))):
-        limit[d] = max(1, min(M, len(used) - rank))
-    n_fwd_dev = np.bincount(a, minlength=k) * M
-    nodes_on = np.bincount(a, minlength=k).tolist()
+    limit = np.full(k, M, dtype=np.int64)
+    for rank_, d in enumerate(sorted(used.tolist(), key=lambda d: (first[d], d))):
+        limit[d] = max(1, min(M, len(used) - rank_))
+    nodes_on = np.bincount(a, minlength=k).astype(np.int64)
 
-    # ---------------------------------------------------------------- event loop
+    dur = np.concatenate([fwd, bwd, t_act, t_grad]).astype(np.float64)
+    res = np.concatenate([a, a, k + src_dev * k + pdv, k + pdv * k + src_dev]).astype(np.int64)
+    start, end, peak_inflight = _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base.astype(np.int64),
+                                     limit, nodes_on, n, k, M, gpipe)
     total = nb_tasks * M
-    indeg = indeg_base * M
-    start = [0.0] * total
-    end = [0.0] * total
-    n_res = k + k * k
-    queue: list[list[tuple]] = [[] for _ in range(n_res)]
-    busy = [False] * n_res
-    fdone = [0] * k
-    fneed = n_fwd_dev.tolist()
-    admitted = [0] * k  # 1f1b: microbatches admitted so far (in order)
-    started = [False] * (k * M)
-    bleft = [nodes_on[d] for d in range(k) for _ in range(M)]
-    inflight = [0] * k
-    peak_inflight = [0] * k
-    events: list[tuple[float, int, int]] = []
-    seq = 0
-    two_n = 2 * n
-
-    def push_ready(tid: int, t: float) -> int:
-        nonlocal seq
-        b = tid % nb_tasks
-        r = res[b]
-        if b < two_n:
-            heapq.heappush(queue[r], (prio_base[b] + (tid // nb_tasks) * n, tid))
-        else:
-            seq += 1
-            heapq.heappush(queue[r], (t, seq, tid))
-        return r
-
-    def try_start(r: int, t: float) -> None:
-        nonlocal seq
-        if busy[r]:
-            return
-        q = queue[r]
-        if not q:
-            return
-        tid = q[0][-1]
-        if r < k:
-            m, b = divmod(tid, nb_tasks)
-            if b < n:
-                dm = r * M + m
-                if not started[dm]:
-                    if not gpipe:
-                        if m != admitted[r] or inflight[r] >= limit[r]:
-                            return
-                        admitted[r] += 1
-                    started[dm] = True
-                    inflight[r] += 1
-                    if inflight[r] > peak_inflight[r]:
-                        peak_inflight[r] = inflight[r]
-            elif gpipe and fdone[r] < fneed[r]:
-                return
-        heapq.heappop(q)
-        busy[r] = True
-        start[tid] = t
-        e = t + dur[tid % nb_tasks]
-        end[tid] = e
-        seq += 1
-        heapq.heappush(events, (e, seq, tid))
-
-    for m in range(M):
-        off = m * nb_tasks
-        for b in range(nb_tasks):
-            if indeg_base[b] == 0:
-                push_ready(off + b, 0.0)
-    for r in range(n_res):
-        try_start(r, 0.0)
-
-    done = 0
-    while done < total:
-        if not events:
-            # 1f1b limits deadlocked on an odd placement: relax them and go on.
-            for d in range(k):
-                limit[d] += 1
-            t = max(end) if total else 0.0
-            for r in range(k):
-                try_start(r, t)
-            if not events:  # pragma: no cover - cannot happen on a DAG
-                raise RuntimeError("simulation stalled")
-            continue
-        t = events[0][0]
-        touched: list[int] = []
-        while events and events[0][0] == t:
-            _, _, tid = heapq.heappop(events)
-            done += 1
-            m, b = divmod(tid, nb_tasks)
-            r = res[b]
-            busy[r] = False
-            touched.append(r)
-            if b < n:
-                fdone[r] += 1
-            elif b < two_n:
-                dm = r * M + m
-                bleft[dm] -= 1
-                if bleft[dm] == 0:
-                    inflight[r] -= 1
-            off = m * nb_tasks
-            for s in succ[b]:
-                sid = off + s
-                indeg[sid] -= 1
-                if indeg[sid] == 0:
-                    touched.append(push_ready(sid, t))
-        for r in touched:
-            try_start(r, t)
 
     # ---------------------------------------------------------------- metrics
-    step = max(end) if total else 0.0
+    step = float(end.max()) if total else 0.0
     busy_s = np.bincount(a, weights=(fwd + bwd) * M, minlength=k)
     link_busy = float(np.sum(t_act) + np.sum(t_grad)) * M
     comm_bytes = float(2.0 * pby.sum() * M)
@@ -357,17 +247,18 @@ def simulate(
     idle = np.array([ty.idle_w for ty in types])
     tdp = np.array([ty.tdp_w for ty in types])
     energy = float(np.sum(idle * step + (tdp - idle) * busy_s))
-    comm_share = _exposed_comm(np.asarray(start), np.asarray(end), nb_tasks, two_n, step) if P else 0.0
+    comm_share = _exposed_comm(start, end, nb_tasks, 2 * n, step) if P else 0.0
 
     log = None
     if record_events:
         ids = [node.id for node in graph.nodes]
         names = [f"F {ids[i]}" for i in range(n)] + [f"B {ids[i]}" for i in range(n)]
         names += [f"T {ids[u]}" for u in pair_u] * 2
+        res_list = res.tolist()
         res_names = [f"dev:{j}" for j in range(k)] + [f"link:{s}->{d}" for s in range(k) for d in range(k)]
         log = [
-            Event(start[tid], end[tid], res_names[res[tid % nb_tasks]], f"{names[tid % nb_tasks]} mb{tid // nb_tasks}")
-            for tid in range(total)
+            Event(s_, e_, res_names[res_list[tid % nb_tasks]], f"{names[tid % nb_tasks]} mb{tid // nb_tasks}")
+            for tid, (s_, e_) in enumerate(zip(start.tolist(), end.tolist()))
         ]
         log.sort(key=lambda e: (e.start_s, e.resource, e.end_s, e.task))
         log = tuple(log)
@@ -384,7 +275,7 @@ def simulate(
         comm_time_s=link_busy,
         comm_share=comm_share,
         peak_mem_bytes=tuple(float(x) for x in peak_mem),
-        peak_in_flight=tuple(peak_inflight),
+        peak_in_flight=tuple(int(x) for x in peak_inflight),
         memory_excess_bytes=tuple(float(x) for x in excess),
         feasible=bool(np.all(excess <= 0.0)),
         energy_per_step_j=energy,
@@ -410,3 +301,199 @@ def _exposed_comm(start: np.ndarray, end: np.ndarray, nb_tasks: int, two_n: int,
     t, comm, comp = times[last], comm[last], comp[last]
     gaps = np.diff(np.r_[t, t[-1]])
     return float(np.sum(gaps[(comm > 0) & (comp == 0)]) / step)
+
+
+# ------------------------------------------------------------------------------------------ kernel
+# The event loop is compiled with numba (``cache=True``: compiled once per installation). Ready
+# queues are binary heaps kept in flat arrays, one slice per resource; an entry is ordered by
+# ``(key1, key2)``: ``(priority, task)`` on a device, ``(ready time, seq)`` on a link.
+
+
+@njit(cache=True, inline="always")
+def _less(k1, k2, i, j):
+    return k1[i] < k1[j] or (k1[i] == k1[j] and k2[i] < k2[j])
+
+
+@njit(cache=True)
+def _heap_push(k1, k2, ids, base, size, a, b, tid):
+    i = base + size
+    k1[i] = a
+    k2[i] = b
+    ids[i] = tid
+    while i > base:
+        parent = base + (i - base - 1) // 2
+        if not _less(k1, k2, i, parent):
+            break
+        k1[i], k1[parent] = k1[parent], k1[i]
+        k2[i], k2[parent] = k2[parent], k2[i]
+        ids[i], ids[parent] = ids[parent], ids[i]
+        i = parent
+
+
+@njit(cache=True)
+def _heap_pop(k1, k2, ids, base, size):
+    """Remove the top of the heap ``[base, base + size)``; the caller decrements its size."""
+    last = base + size - 1
+    k1[base], k2[base], ids[base] = k1[last], k2[last], ids[last]
+    i = base
+    while True:
+        left = base + 2 * (i - base) + 1
+        if left >= last:
+            break
+        child = left
+        if left + 1 < last and _less(k1, k2, left + 1, left):
+            child = left + 1
+        if not _less(k1, k2, child, i):
+            break
+        k1[i], k1[child] = k1[child], k1[i]
+        k2[i], k2[child] = k2[child], k2[i]
+        ids[i], ids[child] = ids[child], ids[i]
+        i = child
+
+
+@njit(cache=True)
+def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n, k, M, gpipe):
+    """List-schedule every task of ``M`` microbatches; returns (start, end, peak in-flight per device)."""
+    nb = dur.shape[0]
+    two_n = 2 * n
+    total = nb * M
+    n_res = k + k * k
+    start = np.zeros(total)
+    end = np.zeros(total)
+    indeg = np.empty(total, dtype=np.int64)
+    for m in range(M):
+        indeg[m * nb:(m + 1) * nb] = indeg_base
+    # ready queues: one heap slice per resource, sized by the tasks it runs
+    hbase = np.zeros(n_res + 1, dtype=np.int64)
+    for b in range(nb):
+        hbase[res[b] + 1] += M
+    for r in range(n_res):
+        hbase[r + 1] += hbase[r]
+    hsize = np.zeros(n_res, dtype=np.int64)
+    qk1 = np.empty(total)
+    qk2 = np.empty(total, dtype=np.int64)
+    qid = np.empty(total, dtype=np.int64)
+    # completion events: at most one per resource at a time
+    ek1 = np.empty(n_res + 1)
+    ek2 = np.empty(n_res + 1, dtype=np.int64)
+    eid = np.empty(n_res + 1, dtype=np.int64)
+    esize = 0
+    busy = np.zeros(n_res, dtype=np.bool_)
+    fdone = np.zeros(k, dtype=np.int64)
+    fneed = nodes_on * M
+    admitted = np.zeros(k, dtype=np.int64)
+    started = np.zeros(k * M, dtype=np.bool_)
+    bleft = np.empty(k * M, dtype=np.int64)
+    for d in range(k):
+        bleft[d * M:(d + 1) * M] = nodes_on[d]
+    inflight = np.zeros(k, dtype=np.int64)
+    peak = np.zeros(k, dtype=np.int64)
+    limit = limit.copy()
+    touched = np.empty(n_res, dtype=np.int64)
+    stamp = np.full(n_res, -1, dtype=np.int64)
+    seq = 0
+
+    for m in range(M):
+        for b in range(nb):
+            if indeg_base[b] == 0:
+                tid = m * nb + b
+                r = res[b]
+                if b < two_n:
+                    _heap_push(qk1, qk2, qid, hbase[r], hsize[r], prio_base[b] + m * n, tid, tid)
+                else:
+                    seq += 1
+                    _heap_push(qk1, qk2, qid, hbase[r], hsize[r], 0.0, seq, tid)
+                hsize[r] += 1
+
+    done = 0
+    instant = 0
+    t = 0.0
+    pending = n_res  # at t = 0 every resource may start
+    for r in range(n_res):
+        touched[r] = r
+    while True:
+        # let every touched resource pick its next task (in the order it was touched)
+        for i in range(pending):
+            r = touched[i]
+            if busy[r] or hsize[r] == 0:
+                continue
+            base = hbase[r]
+            tid = qid[base]
+            if r < k:
+                m = tid // nb
+                b = tid - m * nb
+                if b < n:
+                    dm = r * M + m
+                    if not started[dm]:
+                        if not gpipe:
+                            if m != admitted[r] or inflight[r] >= limit[r]:
+                                continue
+                            admitted[r] += 1
+                        started[dm] = True
+                        inflight[r] += 1
+                        if inflight[r] > peak[r]:
+                            peak[r] = inflight[r]
+                elif gpipe and fdone[r] < fneed[r]:
+                    continue
+            _heap_pop(qk1, qk2, qid, base, hsize[r])
+            hsize[r] -= 1
+            busy[r] = True
+            start[tid] = t
+            e = t + dur[tid % nb]
+            end[tid] = e
+            seq += 1
+            _heap_push(ek1, ek2, eid, 0, esize, e, seq, tid)
+            esize += 1
+        if done == total:
+            break
+        if esize == 0:
+            # 1f1b limits deadlocked on an odd placement: relax them and go on
+            for d in range(k):
+                limit[d] += 1
+            t = end.max()
+            pending = k
+            for r in range(k):
+                touched[r] = r
+            continue
+        # apply every completion at the next instant before any resource picks again
+        t = ek1[0]
+        instant += 1
+        pending = 0
+        while esize > 0 and ek1[0] == t:
+            tid = eid[0]
+            _heap_pop(ek1, ek2, eid, 0, esize)
+            esize -= 1
+            done += 1
+            m = tid // nb
+            b = tid - m * nb
+            r = res[b]
+            busy[r] = False
+            if stamp[r] != instant:
+                stamp[r] = instant
+                touched[pending] = r
+                pending += 1
+            if b < n:
+                fdone[r] += 1
+            elif b < two_n:
+                dm = r * M + m
+                bleft[dm] -= 1
+                if bleft[dm] == 0:
+                    inflight[r] -= 1
+            off = m * nb
+            for j in range(succ_ptr[b], succ_ptr[b + 1]):
+                s = succ_idx[j]
+                sid = off + s
+                indeg[sid] -= 1
+                if indeg[sid] == 0:
+                    rs = res[s]
+                    if s < two_n:
+                        _heap_push(qk1, qk2, qid, hbase[rs], hsize[rs], prio_base[s] + m * n, sid, sid)
+                    else:
+                        seq += 1
+                        _heap_push(qk1, qk2, qid, hbase[rs], hsize[rs], t, seq, sid)
+                    hsize[rs] += 1
+                    if stamp[rs] != instant:
+                        stamp[rs] = instant
+                        touched[pending] = rs
+                        pending += 1
+    return start, end, peak
