@@ -22,7 +22,8 @@ from gpualloc.placement.simulate import StepResult, simulate
 
 PLAN_FORMAT = "gpualloc-plan"
 
-FAST_METHODS = ("static", "params", "round-robin", "etf", "sct", "metis", "metis-uniform", "kahip", "kl")
+FAST_METHODS = ("static", "params", "round-robin", "etf", "sct", "metis", "metis-uniform", "kahip", "kl",
+                "pipeline")
 """What ``best`` tries (every registered heuristic)."""
 
 

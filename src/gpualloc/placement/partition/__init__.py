@@ -19,6 +19,7 @@ from gpualloc.placement.partition.baselines import params, round_robin, static
 from gpualloc.placement.partition.kernighan_lin import kl_bisect, kl_objective, kl_partition, kl_refine
 from gpualloc.placement.partition.listsched import etf_partition, sct_partition
 from gpualloc.placement.partition.metis import kahip_partition, metis_partition, metis_uniform
+from gpualloc.placement.partition.pipeline import pipeline_partition
 from gpualloc.placement.problem import PlacementProblem
 
 Partitioner = Callable[..., np.ndarray]
@@ -34,6 +35,7 @@ PARTITIONERS: dict[str, Partitioner] = {
     "kahip": kahip_partition,
     "etf": etf_partition,
     "sct": sct_partition,
+    "pipeline": pipeline_partition,
 }
 
 __all__ = ["PARTITIONERS", "Partitioner", "PlacementProblem", "kl_bisect", "kl_objective", "kl_partition",
