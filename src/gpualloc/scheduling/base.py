@@ -23,6 +23,9 @@ from gpualloc.workload.jobs import JOB_TYPES, Trace
 # Job status codes in JobTable.status
 PENDING, QUEUED, RUNNING, DONE = 0, 1, 2, 3
 
+# ClusterView.gpu_job values that are not job indices
+GPU_FREE, GPU_DOWN = -1, -2
+
 
 @dataclass
 class JobTable:
@@ -37,7 +40,8 @@ class JobTable:
         attained_gpu_s (GPU-seconds of service received so far, wall clock x GPUs, as Tiresias' LAS
         counts it), run_type (device type index while running, else -1), start_s (first start,
         NaN before), finish_s (NaN before), queued_since_s (when it last entered the queue),
-        preemptions (count).
+        preemptions (count), expected_finish_s (while running: when the job will finish if left
+        alone, restart penalty included; NaN otherwise).
     """
 
     arrival_s: np.ndarray
@@ -55,6 +59,7 @@ class JobTable:
     finish_s: np.ndarray = field(init=False)
     queued_since_s: np.ndarray = field(init=False)
     preemptions: np.ndarray = field(init=False)
+    expected_finish_s: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -66,6 +71,7 @@ class JobTable:
         self.finish_s = np.full(n, np.nan)
         self.queued_since_s = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
+        self.expected_finish_s = np.full(n, np.nan)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -92,6 +98,15 @@ class JobTable:
         """Each job's speed on its fastest allowed device type."""
         return self.speed.max(axis=1)
 
+    def type_order(self) -> np.ndarray:
+        """Jobs x types: each row lists device type indices from the job's fastest to its slowest
+        (ties by type index); types where the job may not run come last. Computed once."""
+        order = self.__dict__.get("_type_order")
+        if order is None:
+            order = np.argsort(-self.speed, axis=1, kind="stable")
+            self.__dict__["_type_order"] = order
+        return order
+
 
 @dataclass
 class ClusterView:
@@ -103,7 +118,8 @@ class ClusterView:
         type_names: device type names; ``speed`` columns and ``gpu_type`` values index this.
         gpu_type: device type index of each GPU.
         gpu_node: node index of each GPU.
-        gpu_job: job index running on each GPU, -1 when free.
+        gpu_job: job index running on each GPU, ``GPU_FREE`` (-1) when free, ``GPU_DOWN`` (-2) while
+            failed (neither free nor running a job).
         jobs: the job table.
         queue: queued job indices, in the order they (re-)entered the queue.
         running: running job indices.
@@ -124,11 +140,36 @@ class ClusterView:
     restart_penalty_s: float = 0.0
 
     def free_mask(self) -> np.ndarray:
-        return self.gpu_job < 0
+        return self.gpu_job == GPU_FREE
 
     def free_by_type(self) -> np.ndarray:
         """Number of free GPUs of each device type."""
-        return np.bincount(self.gpu_type[self.gpu_job < 0], minlength=len(self.type_names))
+        return np.bincount(self.gpu_type[self.free_mask()], minlength=len(self.type_names))
+
+    def free_by_type_node(self) -> np.ndarray:
+        """Types x nodes: number of free GPUs of each device type on each node."""
+        n_types, n_nodes = len(self.type_names), len(self.cluster.nodes)
+        free = self.free_mask()
+        flat = self.gpu_type[free] * n_nodes + self.gpu_node[free]
+        return np.bincount(flat, minlength=n_types * n_nodes).reshape(n_types, n_nodes)
+
+    def gpus_by_type_node(self) -> list[list[np.ndarray]]:
+        """``[type][node]``: indices of the GPUs of that type on that node, ascending. Computed once."""
+        table = self.__dict__.get("_gpus_by_type_node")
+        if table is None:
+            n_nodes = len(self.cluster.nodes)
+            table = [[np.flatnonzero((self.gpu_type == t) & (self.gpu_node == n)) for n in range(n_nodes)]
+                     for t in range(len(self.type_names))]
+            self.__dict__["_gpus_by_type_node"] = table
+        return table
+
+    def gpus_of(self, job: int) -> tuple[int, ...]:
+        """The GPUs running ``job`` (empty when it is not running)."""
+        return tuple(int(g) for g in np.flatnonzero(self.gpu_job == job))
+
+    def free_gpus(self) -> "FreeGpus":
+        """A working copy of the free GPUs, for planning several starts in one decision."""
+        return FreeGpus(self)
 
     def total_by_type(self) -> np.ndarray:
         return np.bincount(self.gpu_type, minlength=len(self.type_names))
@@ -189,3 +230,101 @@ class Policy(Protocol):
 
 
 PolicyFactory = Callable[..., Policy]
+
+
+def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: Sequence[np.ndarray],
+             free: np.ndarray) -> tuple[int, ...] | None:
+    """The rule of :meth:`ClusterView.find_gpus` on per-node free counts of one device type.
+
+    Args:
+        need: GPUs wanted.
+        single_node: all on one node.
+        free_on_node: free GPUs of the type on each node.
+        node_gpus: the type's GPU indices on each node, ascending.
+        free: free mask over all GPUs.
+
+    Returns:
+        The GPUs, or ``None`` when they cannot be had.
+    """
+    fits = free_on_node >= need
+    if fits.any():  # one node suffices: the fullest node that fits (lowest index on ties)
+        node = int(np.argmin(np.where(fits, free_on_node, np.iinfo(np.int64).max)))
+        g = node_gpus[node]
+        return tuple(g[free[g]][:need].tolist())
+    if single_node or int(free_on_node.sum()) < need:
+        return None
+    picked: list[int] = []
+    for node in np.argsort(-free_on_node, kind="stable"):  # fewest nodes: the emptiest first
+        g = node_gpus[node]
+        picked.extend(g[free[g]][: need - len(picked)].tolist())
+        if len(picked) == need:
+            return tuple(picked)
+    return None
+
+
+class FreeGpus:
+    """A policy's working copy of the free GPUs while it plans a decision.
+
+    ``take`` the GPUs of each planned start and ``give`` back those of each planned preemption; the
+    view itself is never changed. :meth:`find` follows :meth:`ClusterView.find_gpus` (consolidated
+    best fit) and :meth:`place` tries the job's device types from its fastest.
+
+    Attributes:
+        free: free mask over all GPUs.
+        count: types x nodes free GPU counts.
+        by_type: free GPUs per device type.
+        total: free GPUs in all.
+    """
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.free = view.free_mask().copy()
+        self.count = np.array(view.free_by_type_node(), dtype=np.int64)
+        self.by_type = self.count.sum(axis=1)
+        self.total = int(self.by_type.sum())
+        self._node_gpus = view.gpus_by_type_node()
+
+    def find(self, job: int, type_index: int) -> tuple[int, ...] | None:
+        """GPUs of one type for ``job`` among the free ones, or ``None``."""
+        jobs = self.view.jobs
+        need = int(jobs.num_gpus[job])
+        if self.by_type[type_index] < need:
+            return None
+        return best_fit(need, bool(jobs.single_node[job]), self.count[type_index],
+                        self._node_gpus[type_index], self.free)
+
+    def place(self, job: int, types: Sequence[int] | None = None) -> tuple[int, tuple[int, ...]] | None:
+        """``(type index, GPUs)`` on the fastest of ``types`` (default: every type, fastest first)
+        where ``job`` may run and its GPUs are free, or ``None``."""
+        jobs = self.view.jobs
+        need = int(jobs.num_gpus[job])
+        row = jobs.speed[job]
+        for t in (jobs.type_order()[job] if types is None else types):
+            t = int(t)
+            if row[t] <= 0:
+                if types is None:
+                    return None  # the rest are forbidden too
+                continue
+            if self.by_type[t] < need:
+                continue
+            gpus = best_fit(need, bool(jobs.single_node[job]), self.count[t], self._node_gpus[t], self.free)
+            if gpus is not None:
+                return t, gpus
+        return None
+
+    def take(self, gpus: Sequence[int]) -> None:
+        """Mark ``gpus`` as used by a planned start."""
+        self._move(gpus, False, -1)
+
+    def give(self, gpus: Sequence[int]) -> None:
+        """Mark ``gpus`` as free again (a planned preemption)."""
+        self._move(gpus, True, 1)
+
+    def _move(self, gpus: Sequence[int], to_free: bool, step: int) -> None:
+        gpu_type, gpu_node = self.view.gpu_type, self.view.gpu_node
+        for g in gpus:
+            t = gpu_type[g]
+            self.free[g] = to_free
+            self.count[t, gpu_node[g]] += step
+            self.by_type[t] += step
+        self.total += step * len(gpus)

@@ -1,0 +1,192 @@
+"""Scheduling metrics: pure functions from a :class:`~gpualloc.scheduling.simulator.SimResult` to numbers.
+
+Job-level metrics count completed jobs only (rejected jobs never ran). Averages over no jobs are NaN.
+
+HyperScore rates a run's average JCT against the ``oracle-lb`` lower bound (every job alone on its
+fastest device type the moment it arrives)::
+
+    V = lower_bound_avg_jct_s / avg_jct_s                       in (0, 1]
+    HyperScore = 100 * (1 + sigmoid(beta * ln V + gamma) ** kappa),  beta=5, gamma=-ln 2, kappa=2.1
+
+Since ``sigmoid(5 ln V - ln 2) = V^5 / (V^5 + 2)``, HyperScore is ``100 * (1 + 3^-2.1) = 109.95`` at
+V = 1 (the bound met) and falls towards 100 as V falls (``100 * (1 + 65^-2.1)`` at V = 1/2).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gpualloc.scheduling.simulator import SimResult
+
+HYPERSCORE_BETA = 5.0
+HYPERSCORE_GAMMA = -math.log(2.0)
+HYPERSCORE_KAPPA = 2.1
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(x.mean()) if len(x) else math.nan
+
+
+def jct_s(result: SimResult) -> np.ndarray:
+    """Job completion time (finish - arrival) of each completed job."""
+    done = result.completed
+    return result.finish_s[done] - result.arrival_s[done]
+
+
+def queueing_delay_s(result: SimResult) -> np.ndarray:
+    """Wait before the first start (start - arrival) of each completed job."""
+    done = result.completed
+    return result.start_s[done] - result.arrival_s[done]
+
+
+def avg_jct_s(result: SimResult) -> float:
+    return _mean(jct_s(result))
+
+
+def percentile_jct_s(result: SimResult, q: float) -> float:
+    """The ``q``-th percentile (0..100, linear interpolation) of JCT."""
+    j = jct_s(result)
+    return float(np.percentile(j, q)) if len(j) else math.nan
+
+
+def avg_queue_s(result: SimResult) -> float:
+    return _mean(queueing_delay_s(result))
+
+
+def makespan_s(result: SimResult) -> float:
+    """Last finish - first arrival."""
+    return float(result.makespan_s)
+
+
+def throughput_jobs_per_h(result: SimResult) -> float:
+    """Completed jobs per hour of makespan."""
+    span = makespan_s(result)
+    return int(result.completed.sum()) / (span / 3600.0) if span > 0 else math.nan
+
+
+def _capacity_gpu_s(result: SimResult) -> float:
+    return result.n_gpus * makespan_s(result)
+
+
+def utilization(result: SimResult) -> float:
+    """Busy GPU-seconds / (GPUs x makespan)."""
+    cap = _capacity_gpu_s(result)
+    return float(result.gpu_busy_s.sum()) / cap if cap > 0 else math.nan
+
+
+def effective_utilization(result: SimResult) -> float:
+    """Useful work in best-speed GPU-seconds / (GPUs x makespan): busy time scaled by each job's speed
+    where it ran over its best speed, without restart penalties and work lost to failures."""
+    cap = _capacity_gpu_s(result)
+    return float(result.gpu_effective_s.sum()) / cap if cap > 0 else math.nan
+
+
+def idle_gpu_s(result: SimResult) -> float:
+    """GPU-seconds within the makespan when a working GPU ran nothing."""
+    return float(_capacity_gpu_s(result) - result.gpu_busy_s.sum() - result.gpu_down_s.sum())
+
+
+def slowdown(result: SimResult) -> np.ndarray:
+    """JCT / best_time_s of each completed job (1 = as fast as alone on its fastest type)."""
+    done = result.completed
+    return (result.finish_s[done] - result.arrival_s[done]) / result.best_time_s[done]
+
+
+def avg_slowdown(result: SimResult) -> float:
+    return _mean(slowdown(result))
+
+
+def energy_j(result: SimResult) -> float:
+    return float(result.energy_j)
+
+
+def lower_bound_avg_jct_s(result: SimResult) -> float:
+    """Mean of ``best_time_s`` over completed jobs: each job alone on its fastest type at arrival."""
+    return _mean(result.best_time_s[result.completed])
+
+
+def hyperscore(v: float, beta: float = HYPERSCORE_BETA, gamma: float = HYPERSCORE_GAMMA,
+               kappa: float = HYPERSCORE_KAPPA) -> float:
+    """``100 * (1 + sigmoid(beta * ln v + gamma) ** kappa)`` for ``v`` in (0, 1] (NaN outside)."""
+    if not 0 < v <= 1:
+        return math.nan
+    z = beta * math.log(v) + gamma
+    sig = 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+    return 100.0 * (1.0 + sig ** kappa)
+
+
+def jct_ratio(result: SimResult) -> float:
+    """V = lower_bound_avg_jct_s / avg_jct_s (clipped to 1 against rounding)."""
+    avg = avg_jct_s(result)
+    if not avg > 0:
+        return math.nan
+    return min(1.0, lower_bound_avg_jct_s(result) / avg)
+
+
+def summary(result: SimResult) -> dict[str, Any]:
+    """Every metric of one run, as a flat dict of numbers (and the policy and cluster names)."""
+    v = jct_ratio(result)
+    return {
+        "policy": result.policy,
+        "cluster": result.cluster,
+        "jobs": int(result.completed.sum()),
+        "avg_jct_s": avg_jct_s(result),
+        "p50_jct_s": percentile_jct_s(result, 50),
+        "p95_jct_s": percentile_jct_s(result, 95),
+        "p99_jct_s": percentile_jct_s(result, 99),
+        "avg_queue_s": avg_queue_s(result),
+        "throughput_jobs_per_h": throughput_jobs_per_h(result),
+        "utilization": utilization(result),
+        "effective_utilization": effective_utilization(result),
+        "makespan_s": makespan_s(result),
+        "avg_slowdown": avg_slowdown(result),
+        "idle_gpu_s": idle_gpu_s(result),
+        "energy_j": energy_j(result),
+        "lower_bound_avg_jct_s": lower_bound_avg_jct_s(result),
+        "v": v,
+        "hyperscore": hyperscore(v),
+        "sim_wall_s": float(result.sim_wall_s),
+        "preemptions": int(result.preemptions.sum()),
+        "failure_restarts": int(result.failure_restarts.sum()),
+        "lost_gpu_s": float((result.lost_s * result.num_gpus).sum()),
+        "rejected": len(result.rejected),
+    }
+
+
+def oracle_summary(result: SimResult) -> dict[str, Any]:
+    """The ``oracle-lb`` row: the same keys as :func:`summary` for every completed job of ``result``
+    run alone on its fastest type from its arrival. Capacity-bound quantities (utilisation, idle
+    time, energy) are NaN: the bound ignores the cluster's size."""
+    done = result.completed
+    best = result.best_time_s[done]
+    arrival = result.arrival_s[done]
+    span = float((arrival + best).max() - arrival.min()) if len(best) else 0.0
+    pct = (lambda q: float(np.percentile(best, q))) if len(best) else (lambda q: math.nan)
+    return {
+        "policy": "oracle-lb",
+        "cluster": result.cluster,
+        "jobs": int(done.sum()),
+        "avg_jct_s": _mean(best),
+        "p50_jct_s": pct(50),
+        "p95_jct_s": pct(95),
+        "p99_jct_s": pct(99),
+        "avg_queue_s": 0.0 if len(best) else math.nan,
+        "throughput_jobs_per_h": len(best) / (span / 3600.0) if span > 0 else math.nan,
+        "utilization": math.nan,
+        "effective_utilization": math.nan,
+        "makespan_s": span,
+        "avg_slowdown": 1.0 if len(best) else math.nan,
+        "idle_gpu_s": math.nan,
+        "energy_j": math.nan,
+        "lower_bound_avg_jct_s": _mean(best),
+        "v": 1.0 if len(best) else math.nan,
+        "hyperscore": hyperscore(1.0) if len(best) else math.nan,
+        "sim_wall_s": 0.0,
+        "preemptions": 0,
+        "failure_restarts": 0,
+        "lost_gpu_s": 0.0,
+        "rejected": len(result.rejected),
+    }

@@ -1,0 +1,748 @@
+"""Discrete-event simulation of a GPU cluster running a job trace under one scheduling policy.
+
+The model (details in ``docs/scheduling.md``):
+
+* **Events** sit on one heap as ``(time_s, priority, seq, kind, payload)``: completions, GPU failures
+  and repairs, and round ticks. Arrivals come from the trace in order (it is sorted), so they need no
+  heap entries. Every event at one timestamp is handled first, then the policy is asked once. It is
+  not asked when nothing is queued, nor when no GPU is free and it may not preempt (except on a round
+  tick of a preemptive policy).
+* **Gang scheduling**: a job runs on exactly ``num_gpus`` GPUs of one device type (on one node when
+  ``single_node``), all granted at once. It progresses at ``speed[job, type]`` reference seconds per
+  second, so it finishes ``remaining_s / speed`` after it starts.
+* **Preemption** keeps the work done (jobs checkpoint when stopped). A restarted job first spends
+  ``restart_penalty_s`` making no progress (checkpoint reload); that time counts as lost.
+* **Failures** take GPUs down for ``repair_s``. Jobs on them go back to the queue and lose the work
+  since their last checkpoint (every ``checkpoint_interval_s`` of progress; 0 = nothing is lost but
+  the restart penalty).
+* **Rounds** (Gavel-style): with ``round_s`` set, the policy is also asked every ``round_s`` seconds
+  while anything is queued or running.
+
+Running jobs' ``remaining_s`` and ``attained_gpu_s`` are brought up to date (vectorised over running
+jobs) before each decision, so policies see current values.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpualloc.cost.model import CostModel
+from gpualloc.errors import SchedulingError
+from gpualloc.hardware.cluster import ClusterSpec
+from gpualloc.scheduling.base import (
+    DONE,
+    GPU_DOWN,
+    GPU_FREE,
+    QUEUED,
+    RUNNING,
+    ClusterView,
+    Decision,
+    JobTable,
+    Policy,
+    best_fit,
+)
+from gpualloc.workload.jobs import Trace
+
+# Event kinds; the kind is also the priority among events at one timestamp: completions free GPUs
+# before a failure at the same instant could hit their jobs.
+COMPLETION, REPAIR, FAILURE, ARRIVAL, ROUND = 0, 1, 2, 3, 4
+_PREEMPT = 5  # reason for stopping a job (not an event)
+_INF = math.inf
+
+
+@dataclass(frozen=True)
+class Failure:
+    """GPUs that fail together and come back after a repair.
+
+    Attributes:
+        time_s: when they fail.
+        gpus: global GPU indices.
+        repair_s: how long until they are usable again.
+    """
+
+    time_s: float
+    gpus: tuple[int, ...]
+    repair_s: float
+
+    def __post_init__(self) -> None:
+        if not self.time_s >= 0:
+            raise SchedulingError(f"failure: time_s must be >= 0, got {self.time_s}")
+        if not self.repair_s >= 0:
+            raise SchedulingError(f"failure at {self.time_s} s: repair_s must be >= 0, got {self.repair_s}")
+        if not self.gpus:
+            raise SchedulingError(f"failure at {self.time_s} s: no GPUs")
+        object.__setattr__(self, "gpus", tuple(int(g) for g in self.gpus))
+
+
+def random_failures(cluster: ClusterSpec, horizon_s: float, mtbf_s: float, repair_s: float,
+                    seed: int | np.random.Generator | None = 0) -> tuple[Failure, ...]:
+    """Whole-node failures: each node fails as a Poisson process with mean time between failures
+    ``mtbf_s`` over ``[0, horizon_s)``, and each failure takes all its GPUs down for ``repair_s``.
+
+    Returns:
+        The failures, ordered by time (ties by node).
+    """
+    if not mtbf_s > 0:
+        raise SchedulingError(f"random_failures: mtbf_s must be > 0, got {mtbf_s}")
+    rng = np.random.default_rng(seed)
+    out: list[tuple[float, int, Failure]] = []
+    for k, node in enumerate(cluster.nodes):
+        t = float(rng.exponential(mtbf_s))
+        while t < horizon_s:
+            out.append((t, k, Failure(t, node.devices, repair_s)))
+            t += float(rng.exponential(mtbf_s))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return tuple(f for _, _, f in out)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulated run produced. Per-job arrays are indexed like the trace's jobs.
+
+    Attributes:
+        policy: policy name.
+        cluster: cluster name.
+        type_names: device type names; ``run_type`` and ``gpu_type`` index this.
+        job_ids: the jobs' ids.
+        arrival_s, start_s (first start), finish_s: per job; NaN where it never happened (rejected).
+        num_gpus, work_s (reference seconds), type_code (index in ``JOB_TYPES``): per job.
+        best_time_s: lower bound of each job's run time: alone on its fastest allowed device type that
+            has enough GPUs; NaN for rejected jobs.
+        run_type: device type of each job's last run (-1 if it never ran).
+        preemptions: times each job was preempted by the policy.
+        failure_restarts: times each job was interrupted by a failure.
+        lost_s: wall seconds each job held GPUs without useful progress (restart penalties, and work
+            redone after failures at the speed it ran at).
+        lost_work_s: reference seconds of work each job redid after failures.
+        gpu_type: device type index of each GPU.
+        gpu_busy_s: seconds each GPU ran a job.
+        gpu_effective_s: per GPU, useful work done there in seconds of the job's best speed
+            (``busy * speed / best speed`` without penalties and lost work).
+        gpu_down_s: seconds each GPU was failed within ``[start_s, end_s]``.
+        times_s, busy_gpus, queue_len: the timeline after each decision point (empty without
+            ``timeline``).
+        start_s_window, end_s: first arrival and last finish (the makespan window).
+        makespan_s: ``end_s - start_s_window``.
+        energy_j: busy GPUs at TDP and the others at idle power over the window (failed GPUs draw 0).
+        rejected: ids of jobs dropped as unplaceable.
+        sim_wall_s: wall time of the simulation.
+        events: events handled; decisions: times the policy was asked.
+        seed, restart_penalty_s: as given.
+    """
+
+    policy: str
+    cluster: str
+    type_names: tuple[str, ...]
+    job_ids: tuple[str, ...]
+    arrival_s: np.ndarray
+    start_s: np.ndarray
+    finish_s: np.ndarray
+    num_gpus: np.ndarray
+    work_s: np.ndarray
+    type_code: np.ndarray
+    best_time_s: np.ndarray
+    run_type: np.ndarray
+    preemptions: np.ndarray
+    failure_restarts: np.ndarray
+    lost_s: np.ndarray
+    lost_work_s: np.ndarray
+    gpu_type: np.ndarray
+    gpu_busy_s: np.ndarray
+    gpu_effective_s: np.ndarray
+    gpu_down_s: np.ndarray
+    times_s: np.ndarray
+    busy_gpus: np.ndarray
+    queue_len: np.ndarray
+    start_s_window: float
+    end_s: float
+    makespan_s: float
+    energy_j: float
+    rejected: tuple[str, ...]
+    sim_wall_s: float
+    events: int
+    decisions: int
+    seed: int | None
+    restart_penalty_s: float
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpu_type)
+
+    @property
+    def completed(self) -> np.ndarray:
+        """Mask of the jobs that finished."""
+        return np.isfinite(self.finish_s)
+
+
+class _LiveView(ClusterView):
+    """The simulator's view: the base fields plus incrementally kept free counts, so that the
+    per-decision queries cost O(types x nodes), not O(GPUs) or O(jobs)."""
+
+    def __init__(self, *, free_tn: np.ndarray, free_type: np.ndarray, job_gpus: list,
+                 rng: np.random.Generator, **fields) -> None:
+        super().__init__(**fields)
+        self._free_tn = free_tn
+        self._free_type = free_type
+        self._job_gpus = job_gpus
+        self.rng = rng  # for policies that randomise; seeded from simulate(seed=...)
+
+    def free_by_type(self) -> np.ndarray:
+        return self._free_type.copy()
+
+    def free_by_type_node(self) -> np.ndarray:
+        return self._free_tn.copy()
+
+    def gpus_of(self, job: int) -> tuple[int, ...]:
+        return self._job_gpus[job] or ()
+
+    def find_gpus(self, job: int, type_index: int, free: np.ndarray | None = None) -> tuple[int, ...] | None:
+        need = int(self.jobs.num_gpus[job])
+        if free is None:
+            if self._free_type[type_index] < need:
+                return None
+            on_node, free = self._free_tn[type_index], self.gpu_job == GPU_FREE
+        else:  # the caller's own mask: count per node with one bincount (the base class sorts)
+            on_node = np.bincount(self.gpu_node[free & (self.gpu_type == type_index)],
+                                  minlength=self._free_tn.shape[1])
+        return best_fit(need, bool(self.jobs.single_node[job]), on_node,
+                        self.gpus_by_type_node()[type_index], free)
+
+
+def _policy_name(policy: Policy) -> str:
+    return str(getattr(policy, "name", type(policy).__name__))
+
+
+def simulate(trace: Trace, cluster: ClusterSpec, policy: Policy, *, speed: np.ndarray | None = None,
+             preemption: bool | None = None, restart_penalty_s: float = 30.0,
+             failures: Sequence[Failure] = (), checkpoint_interval_s: float = 0.0,
+             round_s: float | None = None, drop_unplaceable: bool = False,
+             seed: int | np.random.Generator | None = 0,
+             progress: Callable[[float, int, int], None] | None = None,
+             timeline: bool = True, check: bool = False) -> SimResult:
+    """Replay ``trace`` on ``cluster`` under ``policy``.
+
+    Args:
+        trace: the jobs.
+        cluster: the machines; device types are indexed in order of first appearance.
+        policy: asked for a :class:`Decision` at decision points.
+        speed: jobs x device types throughput relative to the reference device (0 = may not run
+            there); default :func:`gpualloc.workload.speed.speed_matrix`.
+        preemption: whether the policy may preempt (default: ``policy.preemptive``).
+        restart_penalty_s: seconds without progress each time a job restarts.
+        failures: GPU failures (see :func:`random_failures`).
+        checkpoint_interval_s: a job checkpoints after every this many seconds of progress; a
+            failure loses the progress since. 0: failures lose nothing but the restart penalty.
+        round_s: ask the policy every ``round_s`` seconds too (default ``policy.round_s``).
+        drop_unplaceable: record jobs no device type can hold as rejected instead of raising.
+        seed: seeds ``view.rng`` (the only randomness a policy should use).
+        progress: called as ``progress(now_s, finished_jobs, total_jobs)`` about every 1% of jobs.
+        timeline: record busy GPUs and queue length after each decision point.
+        check: verify invariants as the run goes (GPU ownership, finish-once, work conservation);
+            a violation raises ``AssertionError``.
+
+    Raises:
+        SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
+            decision (naming the policy and the job), or jobs left that no event can ever start.
+    """
+    return _Engine(trace, cluster, policy, speed, preemption, restart_penalty_s, failures,
+                   checkpoint_interval_s, round_s, drop_unplaceable, seed, progress, timeline, check).run()
+
+
+class _Engine:
+    """One run's state. Hot paths read Python lists for static per-job data and write the
+    :class:`JobTable` arrays policies see."""
+
+    def __init__(self, trace, cluster, policy, speed, preemption, restart_penalty_s, failures,
+                 checkpoint_interval_s, round_s, drop_unplaceable, seed, progress, timeline, check):
+        self.wall0 = time.perf_counter()
+        self.trace, self.cluster, self.policy = trace, cluster, policy
+        self.name = _policy_name(policy)
+        jobs = trace.jobs
+        n = len(jobs)
+        self.n = n
+        types = cluster.device_types
+        self.type_names = tuple(t.name for t in types)
+        n_types = len(types)
+        if speed is None:
+            from gpualloc.workload.speed import speed_matrix
+
+            speed = speed_matrix(jobs, types)
+        speed = np.asarray(speed, dtype=float)
+        if speed.shape != (n, n_types):
+            raise SchedulingError(f"speed matrix has shape {speed.shape}, expected ({n}, {n_types}) "
+                                  f"for {n} jobs and device types {', '.join(self.type_names)}")
+        if not np.isfinite(speed).all() or (speed < 0).any():
+            raise SchedulingError("speed matrix has negative or non-finite entries")
+        if not restart_penalty_s >= 0:
+            raise SchedulingError(f"restart_penalty_s must be >= 0, got {restart_penalty_s}")
+        if not checkpoint_interval_s >= 0:
+            raise SchedulingError(f"checkpoint_interval_s must be >= 0, got {checkpoint_interval_s}")
+        self.table = table = JobTable.from_trace(trace, speed)
+        self.penalty = float(restart_penalty_s)
+        self.ckpt = float(checkpoint_interval_s)
+        self.allow_preempt = bool(policy.preemptive if preemption is None else preemption)
+        rs = round_s if round_s is not None else getattr(policy, "round_s", None)
+        if rs is not None and not rs > 0:
+            raise SchedulingError(f"round_s must be > 0, got {rs}")
+        self.round_s = rs
+        self.progress, self.record, self.check = progress, timeline, check
+        self.seed = seed if isinstance(seed, int) or seed is None else None
+
+        # GPUs
+        type_index = {name: i for i, name in enumerate(self.type_names)}
+        self.G = G = len(cluster.devices)
+        n_nodes = len(cluster.nodes)
+        self.gpu_type = np.array([type_index[d.type.name] for d in cluster.devices], dtype=np.int64)
+        self.gpu_node = np.array([d.node for d in cluster.devices], dtype=np.int64)
+        self.gpu_type_l = self.gpu_type.tolist()
+        self.gpu_node_l = self.gpu_node.tolist()
+        self.gpu_job = np.full(G, GPU_FREE, dtype=np.int64)
+        self.free_tn = np.zeros((n_types, n_nodes), dtype=np.int64)
+        np.add.at(self.free_tn, (self.gpu_type, self.gpu_node), 1)
+        self.total_tn = self.free_tn.copy()
+        self.free_type = self.free_tn.sum(axis=1)
+        self.n_free, self.n_down = G, 0
+        self.down = [0] * G
+        self.down_since = [0.0] * G
+        self.down_intervals: list[tuple[int, float, float]] = []
+        self.busy = [0.0] * G
+        self.eff = [0.0] * G
+
+        # placeability and the per-job lower bound
+        ids = [j.id for j in jobs]
+        self.ids = ids
+        need = table.num_gpus
+        cap_any = self.total_tn.sum(axis=1)
+        cap_node = self.total_tn.max(axis=1) if n_nodes else np.zeros(n_types, dtype=np.int64)
+        cap = np.where(table.single_node[:, None], cap_node[None, :], cap_any[None, :])
+        allowed = speed > 0
+        ok = allowed & (need[:, None] <= cap)
+        best = np.where(ok, speed, 0.0).max(axis=1) if n_types else np.zeros(n)
+        bad = np.flatnonzero(best <= 0)
+        self.rejected: list[int] = []
+        for j in bad.tolist():
+            if not drop_unplaceable:
+                raise SchedulingError(self._unplaceable(j, allowed[j], cap_any, cap_node))
+            self.rejected.append(j)
+        self.is_rejected = np.zeros(n, dtype=bool)
+        self.is_rejected[bad] = True
+        with np.errstate(divide="ignore"):
+            self.best_time_s = np.where(best > 0, table.work_s / np.where(best > 0, best, 1.0), np.nan)
+        self.best_l = best.tolist()
+        self.ng = need.tolist()
+        self.arrivals = table.arrival_s.tolist()
+
+        # per-job segment state: the current run started at seg_start, makes progress from
+        # prog_start at run_speed, with rem_base work left and att_base service at its start
+        self.seg_start = np.zeros(n)
+        self.prog_start = np.zeros(n)
+        self.rem_base = np.zeros(n)
+        self.att_base = np.zeros(n)
+        self.run_speed = np.zeros(n)
+        self.lost_s = np.zeros(n)
+        self.lost_work_s = np.zeros(n)
+        self.done_work = np.zeros(n)
+        self.failure_restarts = np.zeros(n, dtype=np.int64)
+        self.last_type = np.full(n, -1, dtype=np.int64)  # run_type is cleared when a job stops
+        self.epoch = [0] * n
+        self.started = [False] * n
+        self.job_gpus: list[tuple[int, ...] | None] = [None] * n
+
+        self.queue: list[int] = []
+        self.run_list: list[int] = []
+        self.run_buf = np.zeros(G, dtype=np.int64)
+        self.run_pos = [0] * n
+        self.view = _LiveView(
+            now_s=0.0, cluster=cluster, type_names=self.type_names, gpu_type=self.gpu_type,
+            gpu_node=self.gpu_node, gpu_job=self.gpu_job, jobs=table, queue=self.queue,
+            running=self.run_list, preemption=self.allow_preempt, restart_penalty_s=self.penalty,
+            free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
+            rng=np.random.default_rng(seed))
+
+        # events
+        self.heap: list = []
+        self.seq = 0
+        self.failures = tuple(failures)
+        for k, f in enumerate(self.failures):
+            bad_g = [g for g in f.gpus if not 0 <= g < G]
+            if bad_g:
+                raise SchedulingError(f"failure at {f.time_s} s: GPU {bad_g[0]} is not in cluster "
+                                      f"{cluster.name} ({G} GPUs)")
+            self._push(f.time_s, FAILURE, k)
+        self.n_pending_fr = len(self.failures)
+        self.events = self.decisions = 0
+        self.n_finished = 0
+        self.times: list[float] = []
+        self.busy_t: list[int] = []
+        self.queue_t: list[int] = []
+
+    # ----------------------------------------------------------------------------- helpers
+
+    def _unplaceable(self, j: int, allowed: np.ndarray, cap_any: np.ndarray, cap_node: np.ndarray) -> str:
+        job = self.trace.jobs[j]
+        if not allowed.any():
+            return (f"job {job.id} may run on none of the device types of cluster {self.cluster.name} "
+                    f"({', '.join(self.type_names)})")
+        if job.single_node:
+            return (f"job {job.id} needs {job.num_gpus} GPUs of one type on one node; "
+                    f"largest node has {int(cap_node[allowed].max())}")
+        return f"job {job.id} needs {job.num_gpus} GPUs of one type; largest type has {int(cap_any[allowed].max())}"
+
+    def _push(self, t: float, kind: int, payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, kind, payload))
+
+    def _bad(self, j, msg: str) -> SchedulingError:
+        who = f"job {self.ids[j]}" if isinstance(j, (int, np.integer)) and 0 <= j < self.n else f"job index {j!r}"
+        return SchedulingError(f"policy {self.name}: {who}: {msg}")
+
+    # --------------------------------------------------------------------------- job moves
+
+    def _enqueue(self, j: int, now: float) -> None:
+        self.table.status[j] = QUEUED
+        self.table.queued_since_s[j] = now
+        self.queue.append(j)
+
+    def _start(self, j: int, gpus: tuple[int, ...], t: int, now: float) -> None:
+        tb = self.table
+        s = float(tb.speed[j, t])
+        pen = self.penalty if self.started[j] else 0.0
+        if not self.started[j]:
+            self.started[j] = True
+            tb.start_s[j] = now
+        tb.status[j] = RUNNING
+        tb.run_type[j] = t
+        self.last_type[j] = t
+        rem = float(tb.remaining_s[j])
+        self.seg_start[j] = now
+        self.prog_start[j] = now + pen
+        self.rem_base[j] = rem
+        self.att_base[j] = tb.attained_gpu_s[j]
+        self.run_speed[j] = s
+        fin = now + pen + rem / s
+        tb.expected_finish_s[j] = fin
+        ep = self.epoch[j] + 1
+        self.epoch[j] = ep
+        self._push(fin, COMPLETION, (j, ep))
+        gpu_job, free_tn, node = self.gpu_job, self.free_tn, self.gpu_node_l
+        for g in gpus:
+            gpu_job[g] = j
+            free_tn[t, node[g]] -= 1
+        k = len(gpus)
+        self.free_type[t] -= k
+        self.n_free -= k
+        self.job_gpus[j] = gpus
+        self.run_pos[j] = len(self.run_list)
+        self.run_buf[len(self.run_list)] = j
+        self.run_list.append(j)
+
+    def _stop(self, j: int, now: float, reason: int) -> None:
+        """End ``j``'s current run: account its progress, free its GPUs."""
+        tb = self.table
+        gpus = self.job_gpus[j]
+        t = int(tb.run_type[j])
+        s = float(self.run_speed[j])
+        el = now - float(self.seg_start[j])
+        prog_t = now - float(self.prog_start[j])
+        if prog_t < 0.0:
+            prog_t = 0.0
+        progress = s * prog_t
+        lost_work = 0.0
+        if reason == FAILURE and self.ckpt > 0:
+            lost_work = s * (prog_t - math.floor(prog_t / self.ckpt) * self.ckpt)
+        if reason == COMPLETION:
+            tb.remaining_s[j] = 0.0
+        else:
+            rem = float(self.rem_base[j]) - progress + lost_work
+            tb.remaining_s[j] = rem if rem > 0.0 else 0.0
+        k = len(gpus)
+        tb.attained_gpu_s[j] = float(self.att_base[j]) + el * k
+        self.lost_s[j] += (el - prog_t) + lost_work / s
+        self.lost_work_s[j] += lost_work
+        self.done_work[j] += progress
+        useful = (progress - lost_work) / self.best_l[j]
+        busy, eff, gpu_job, free_tn, node = self.busy, self.eff, self.gpu_job, self.free_tn, self.gpu_node_l
+        for g in gpus:
+            busy[g] += el
+            eff[g] += useful
+            gpu_job[g] = GPU_FREE
+            free_tn[t, node[g]] += 1
+        self.free_type[t] += k
+        self.n_free += k
+        self.job_gpus[j] = None
+        tb.run_type[j] = -1
+        tb.expected_finish_s[j] = np.nan
+        self.epoch[j] += 1
+        # swap-remove from the running list and its array twin
+        p = self.run_pos[j]
+        last = self.run_list.pop()
+        if last != j:
+            self.run_list[p] = last
+            self.run_buf[p] = last
+            self.run_pos[last] = p
+
+    def _finish(self, j: int, now: float) -> None:
+        tb = self.table
+        if self.check and (tb.status[j] != RUNNING or not np.isnan(tb.finish_s[j])):
+            raise AssertionError(f"job {self.ids[j]} finishes twice (status {tb.status[j]})")
+        self._stop(j, now, COMPLETION)
+        tb.status[j] = DONE
+        tb.finish_s[j] = now
+        self.n_finished += 1
+        if self.check:
+            want = float(tb.work_s[j]) + float(self.lost_work_s[j])
+            got = float(self.done_work[j])
+            if abs(got - want) > 1e-6 * max(want, 1.0):
+                raise AssertionError(f"job {self.ids[j]}: work not conserved: did {got!r}, "
+                                     f"expected {want!r} (work + lost work)")
+
+    def _fail(self, k: int, now: float) -> None:
+        f = self.failures[k]
+        gpu_job, t_of, node = self.gpu_job, self.gpu_type_l, self.gpu_node_l
+        for g in f.gpus:
+            self.down[g] += 1
+            if self.down[g] > 1:
+                continue
+            j = int(gpu_job[g])
+            if j >= 0:
+                self._stop(j, now, FAILURE)
+                self.failure_restarts[j] += 1
+                self._enqueue(j, now)
+            gpu_job[g] = GPU_DOWN
+            t = t_of[g]
+            self.free_tn[t, node[g]] -= 1
+            self.free_type[t] -= 1
+            self.n_free -= 1
+            self.n_down += 1
+            self.down_since[g] = now
+        self._push(now + f.repair_s, REPAIR, k)
+
+    def _repair(self, k: int, now: float) -> None:
+        f = self.failures[k]
+        t_of, node = self.gpu_type_l, self.gpu_node_l
+        self.n_pending_fr -= 1
+        for g in f.gpus:
+            self.down[g] -= 1
+            if self.down[g]:
+                continue
+            self.gpu_job[g] = GPU_FREE
+            t = t_of[g]
+            self.free_tn[t, node[g]] += 1
+            self.free_type[t] += 1
+            self.n_free += 1
+            self.n_down -= 1
+            self.down_intervals.append((g, self.down_since[g], now))
+
+    # ---------------------------------------------------------------------------- decisions
+
+    def _decide(self, now: float) -> None:
+        tb = self.table
+        n_run = len(self.run_list)
+        if n_run:
+            r = self.run_buf[:n_run]
+            tb.attained_gpu_s[r] = self.att_base[r] + (now - self.seg_start[r]) * tb.num_gpus[r]
+            done = np.maximum(now - self.prog_start[r], 0.0) * self.run_speed[r]
+            tb.remaining_s[r] = np.maximum(self.rem_base[r] - done, 0.0)
+        self.decisions += 1
+        decision = self.policy.decide(self.view)
+        if not isinstance(decision, Decision):
+            raise SchedulingError(f"policy {self.name}: decide() returned {type(decision).__name__}, "
+                                  f"not a Decision")
+        self._apply(decision, now)
+
+    def _apply(self, decision: Decision, now: float) -> None:
+        tb, n = self.table, self.n
+        status = tb.status
+        if decision.preempt:
+            if not self.allow_preempt:
+                raise self._bad(decision.preempt[0], "preempted, but preemption is off for this run")
+            seen: set[int] = set()
+            for j in decision.preempt:
+                if not isinstance(j, (int, np.integer)) or not 0 <= j < n:
+                    raise self._bad(j, "preempted, but there is no such job")
+                j = int(j)
+                if j in seen or status[j] != RUNNING:
+                    raise self._bad(j, "preempted, but it is not running")
+                seen.add(j)
+                self._stop(j, now, _PREEMPT)
+                tb.preemptions[j] += 1
+                self._enqueue(j, now)
+        if not decision.starts:
+            return
+        started: set[int] = set()
+        G, gpu_job, t_of, node_of = self.G, self.gpu_job, self.gpu_type_l, self.gpu_node_l
+        for item in decision.starts:
+            try:
+                j, gpus = item
+            except (TypeError, ValueError):
+                raise SchedulingError(f"policy {self.name}: start {item!r} is not (job, gpus)") from None
+            if not isinstance(j, (int, np.integer)) or not 0 <= j < n:
+                raise self._bad(j, "started, but there is no such job")
+            j = int(j)
+            if j in started or status[j] != QUEUED:
+                raise self._bad(j, "started, but it is not queued")
+            gl = tuple(int(g) for g in gpus)
+            need = self.ng[j]
+            if len(gl) != need:
+                raise self._bad(j, f"needs {need} GPUs, given {len(gl)}")
+            for g in gl:
+                if not 0 <= g < G:
+                    raise self._bad(j, f"GPU {g} is not in the cluster")
+                if gpu_job[g] != GPU_FREE:
+                    what = "down" if gpu_job[g] == GPU_DOWN else f"running job {self.ids[int(gpu_job[g])]}"
+                    raise self._bad(j, f"GPU {g} is not free ({what})")
+            if len(set(gl)) != need:
+                raise self._bad(j, f"GPUs {gl} repeat a GPU")
+            t = t_of[gl[0]]
+            if any(t_of[g] != t for g in gl):
+                raise self._bad(j, f"GPUs {gl} mix device types")
+            if not tb.speed[j, t] > 0:
+                raise self._bad(j, f"may not run on {self.type_names[t]}")
+            if tb.single_node[j] and any(node_of[g] != node_of[gl[0]] for g in gl):
+                raise self._bad(j, f"needs one node, GPUs {gl} span several")
+            self._start(j, gl, t, now)
+            started.add(j)
+        if len(started) == 1:
+            self.queue.remove(next(iter(started)))
+        else:
+            self.queue[:] = [q for q in self.queue if q not in started]
+
+    def _check_state(self) -> None:
+        """Every GPU holds at most one job and the kept counts match a recount (check mode)."""
+        owner = {}
+        for j in self.run_list:
+            gpus = self.job_gpus[j]
+            if gpus is None or len(gpus) != self.ng[j]:
+                raise AssertionError(f"running job {self.ids[j]} holds {gpus}, needs {self.ng[j]}")
+            for g in gpus:
+                if g in owner or self.gpu_job[g] != j:
+                    raise AssertionError(f"GPU {g} held by two jobs or mislabelled")
+                owner[g] = j
+        if int((self.gpu_job >= 0).sum()) != len(owner):
+            raise AssertionError("a GPU is marked busy with no running job")
+        free = self.gpu_job == GPU_FREE
+        recount = np.zeros_like(self.free_tn)
+        np.add.at(recount, (self.gpu_type[free], self.gpu_node[free]), 1)
+        if not np.array_equal(recount, self.free_tn) or self.n_free != int(free.sum()) \
+                or self.n_down != int((self.gpu_job == GPU_DOWN).sum()):
+            raise AssertionError("free GPU counts drifted from the GPU table")
+        if set(self.queue) & set(self.run_list) or len(set(self.queue)) != len(self.queue):
+            raise AssertionError("a job is queued twice or queued while running")
+
+    # ---------------------------------------------------------------------------------- loop
+
+    def run(self) -> SimResult:
+        heap, arrivals, n = self.heap, self.arrivals, self.n
+        queue, run_list = self.queue, self.run_list
+        is_rejected = self.is_rejected.tolist()
+        n_expected = n - len(self.rejected)
+        view, rs = self.view, self.round_s
+        allow_preempt, record, check = self.allow_preempt, self.record, self.check
+        pop = heapq.heappop
+        tick_pending = False
+        step = max(1, n_expected // 100)
+        next_report = step
+        ptr = 0
+        while self.n_finished < n_expected:
+            now = arrivals[ptr] if ptr < n else _INF
+            if heap and heap[0][0] < now:
+                now = heap[0][0]
+            if now == _INF:
+                break
+            view.now_s = now
+            tick = False
+            events0 = self.events
+            while heap and heap[0][0] == now:
+                _, _, _, kind, payload = pop(heap)
+                if kind == COMPLETION:
+                    j, ep = payload
+                    if self.epoch[j] != ep:
+                        continue  # the run it belonged to was stopped
+                    self._finish(j, now)
+                elif kind == FAILURE:
+                    self._fail(payload, now)
+                elif kind == REPAIR:
+                    self._repair(payload, now)
+                else:
+                    tick_pending = False
+                    if not (queue or run_list):
+                        continue  # scheduled while busy; nothing is left to decide about
+                    tick = True
+                self.events += 1
+            while ptr < n and arrivals[ptr] == now:
+                if not is_rejected[ptr]:
+                    self._enqueue(ptr, now)
+                    self.events += 1
+                ptr += 1
+            if self.events == events0:
+                continue  # only completions of stopped runs: nothing changed
+            if queue and (self.n_free > 0 or allow_preempt) or (tick and allow_preempt and run_list):
+                self._decide(now)
+            if check:
+                self._check_state()
+            if rs is not None and not tick_pending and (
+                    run_list or (queue and (ptr < n or self.n_pending_fr > 0))):
+                self._push((math.floor(now / rs) + 1) * rs, ROUND, None)
+                tick_pending = True
+            if record:
+                self.times.append(now)
+                self.busy_t.append(self.G - self.n_free - self.n_down)
+                self.queue_t.append(len(queue))
+            if self.progress is not None and self.n_finished >= next_report:
+                self.progress(now, self.n_finished, n_expected)
+                next_report = (self.n_finished // step + 1) * step
+        if self.progress is not None and n_expected and next_report - step < self.n_finished:
+            self.progress(view.now_s, self.n_finished, n_expected)  # the last stretch
+        if self.n_finished < n_expected:
+            left = [j for j in range(n) if self.table.status[j] != DONE and not is_rejected[j]]
+            raise SchedulingError(f"policy {self.name}: {len(left)} jobs can never start "
+                                  f"(first: job {self.ids[left[0]]}); no event is left that could change that")
+        if check:
+            done = self.table.status == DONE
+            if not np.array_equal(done, ~self.is_rejected):
+                raise AssertionError("a job finished that was rejected, or one never finished")
+        return self._result()
+
+    def _result(self) -> SimResult:
+        tb = self.table
+        done = np.isfinite(tb.finish_s)
+        if done.any():
+            t0 = float(tb.arrival_s[done].min())
+            t1 = float(tb.finish_s[done].max())
+        else:
+            t0 = t1 = 0.0
+        makespan = t1 - t0
+        down = np.zeros(self.G)
+        open_down = [(g, self.down_since[g], t1) for g in range(self.G) if self.down[g] > 0]
+        for g, a, b in self.down_intervals + open_down:
+            down[g] += max(0.0, min(b, t1) - max(a, t0))
+        busy = np.array(self.busy)
+        types = self.cluster.device_types
+        p_busy = np.array([float(CostModel.power_w(t, 1.0)) for t in types])[self.gpu_type]
+        p_idle = np.array([float(CostModel.power_w(t, 0.0)) for t in types])[self.gpu_type]
+        idle = np.maximum(makespan - busy - down, 0.0)
+        energy = float((busy * p_busy + idle * p_idle).sum())
+        if self.record:
+            times, busy_t, queue_t = (np.array(self.times), np.array(self.busy_t, dtype=np.int64),
+                                      np.array(self.queue_t, dtype=np.int64))
+        else:
+            times, busy_t, queue_t = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return SimResult(
+            policy=self.name, cluster=self.cluster.name, type_names=self.type_names,
+            job_ids=tuple(self.ids), arrival_s=tb.arrival_s.copy(), start_s=tb.start_s.copy(),
+            finish_s=tb.finish_s.copy(), num_gpus=tb.num_gpus.copy(), work_s=tb.work_s.copy(),
+            type_code=tb.type_code.copy(), best_time_s=self.best_time_s,
+            run_type=self.last_type, preemptions=tb.preemptions.copy(),
+            failure_restarts=self.failure_restarts, lost_s=self.lost_s, lost_work_s=self.lost_work_s,
+            gpu_type=self.gpu_type.copy(), gpu_busy_s=busy, gpu_effective_s=np.array(self.eff),
+            gpu_down_s=down, times_s=times, busy_gpus=busy_t, queue_len=queue_t,
+            start_s_window=t0, end_s=t1, makespan_s=makespan, energy_j=energy,
+            rejected=tuple(self.ids[j] for j in self.rejected),
+            sim_wall_s=time.perf_counter() - self.wall0, events=self.events, decisions=self.decisions,
+            seed=self.seed, restart_penalty_s=self.penalty)

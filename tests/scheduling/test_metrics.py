@@ -1,0 +1,114 @@
+"""Metrics on a hand-made result, and HyperScore at known points."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.scheduling import metrics
+from gpualloc.scheduling.policies.simple import FCFS
+from gpualloc.scheduling.simulator import SimResult, simulate
+from gpualloc.workload.jobs import Job, JobType, Trace
+
+NAN = math.nan
+
+
+def hand_made() -> SimResult:
+    """Four jobs on 2 GPUs; the last was rejected.
+
+    JCTs 10, 25, 20; waits 0, 5, 0; best times 10, 10, 5; makespan 0..30.
+    """
+    f = lambda *x: np.array(x, dtype=float)  # noqa: E731
+    i = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    return SimResult(
+        policy="hand", cluster="2xV100", type_names=("V100-16GB",), job_ids=("a", "b", "c", "d"),
+        arrival_s=f(0, 0, 10, 20), start_s=f(0, 5, 10, NAN), finish_s=f(10, 25, 30, NAN), num_gpus=i(1, 2, 1, 1), work_s=f(10, 20, 5, 8), type_code=i(1, 1, 1, 1),
+        best_time_s=f(10, 10, 5, NAN), run_type=i(0, 0, 0, -1), preemptions=i(0, 2, 1, 0),
+        failure_restarts=i(0, 0, 1, 0), lost_s=f(0, 30, 1, 0), lost_work_s=f(0, 0, 0, 0),
+        gpu_type=i(0, 0), gpu_busy_s=f(24, 21), gpu_effective_s=f(20, 16), gpu_down_s=f(0, 3),
+        times_s=f(), busy_gpus=i(), queue_len=i(), start_s_window=0.0, end_s=30.0, makespan_s=30.0,
+        energy_j=1234.5, rejected=("d",), sim_wall_s=0.01, events=9, decisions=4, seed=0,
+        restart_penalty_s=30.0)
+
+
+def test_job_level_metrics():
+    r = hand_made()
+    np.testing.assert_array_equal(metrics.jct_s(r), [10, 25, 20])
+    np.testing.assert_array_equal(metrics.queueing_delay_s(r), [0, 5, 0])
+    assert metrics.avg_jct_s(r) == pytest.approx(55 / 3)
+    assert metrics.percentile_jct_s(r, 50) == 20
+    assert metrics.percentile_jct_s(r, 95) == pytest.approx(24.5)  # 20 + 0.9 x (25 - 20)
+    assert metrics.avg_queue_s(r) == pytest.approx(5 / 3)
+    np.testing.assert_allclose(metrics.slowdown(r), [1.0, 2.5, 4.0])
+    assert metrics.avg_slowdown(r) == pytest.approx(2.5)
+    assert metrics.lower_bound_avg_jct_s(r) == pytest.approx(25 / 3)
+
+
+def test_cluster_level_metrics():
+    r = hand_made()
+    assert metrics.makespan_s(r) == 30
+    assert metrics.throughput_jobs_per_h(r) == pytest.approx(360.0)  # 3 jobs in 30 s
+    assert metrics.utilization(r) == pytest.approx(45 / 60)
+    assert metrics.effective_utilization(r) == pytest.approx(36 / 60)
+    assert metrics.idle_gpu_s(r) == pytest.approx(60 - 45 - 3)
+    assert metrics.energy_j(r) == 1234.5
+
+
+def test_hyperscore_known_values():
+    # sigmoid(5 ln V - ln 2) = V^5 / (V^5 + 2): 1/3 at V = 1, 1/65 at V = 1/2
+    assert metrics.hyperscore(1.0) == pytest.approx(100 * (1 + 3 ** -2.1))
+    assert metrics.hyperscore(1.0) == pytest.approx(109.9551, abs=1e-4)
+    assert metrics.hyperscore(0.5) == pytest.approx(100 * (1 + 65 ** -2.1))
+    assert metrics.hyperscore(0.5) == pytest.approx(100.0156, abs=1e-4)
+    assert metrics.hyperscore(1e-300) == pytest.approx(100.0)
+    assert math.isnan(metrics.hyperscore(0.0)) and math.isnan(metrics.hyperscore(1.5))
+    values = [metrics.hyperscore(v) for v in (0.2, 0.4, 0.6, 0.8, 1.0)]
+    assert values == sorted(values)
+
+
+def test_summary_and_oracle_rows():
+    r = hand_made()
+    s = metrics.summary(r)
+    v = (25 / 3) / (55 / 3)
+    assert s["v"] == pytest.approx(v)
+    assert s["hyperscore"] == pytest.approx(100 * (1 + (v ** 5 / (v ** 5 + 2)) ** 2.1))
+    assert s["jobs"] == 3 and s["rejected"] == 1 and s["preemptions"] == 3 and s["failure_restarts"] == 1
+    assert s["lost_gpu_s"] == pytest.approx(2 * 30 + 1)
+    required = {"policy", "jobs", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",
+                "throughput_jobs_per_h", "utilization", "effective_utilization", "makespan_s", "avg_slowdown",
+                "idle_gpu_s", "energy_j", "lower_bound_avg_jct_s", "hyperscore", "sim_wall_s", "preemptions",
+                "rejected"}
+    assert required <= set(s)
+    o = metrics.oracle_summary(r)
+    assert set(o) == set(s)
+    assert o["policy"] == "oracle-lb" and o["jobs"] == 3
+    assert o["avg_jct_s"] == pytest.approx(25 / 3) == o["lower_bound_avg_jct_s"]
+    assert o["makespan_s"] == 15  # c arrives at 10 and needs 5
+    assert o["throughput_jobs_per_h"] == pytest.approx(720.0)
+    assert o["avg_slowdown"] == 1.0 and o["avg_queue_s"] == 0.0
+    assert o["hyperscore"] == pytest.approx(metrics.hyperscore(1.0))
+    assert math.isnan(o["utilization"]) and math.isnan(o["energy_j"])
+
+
+def test_metrics_of_a_simulated_run_meet_their_bounds():
+    cluster = load_cluster("2xV100")
+    trace = Trace.of([Job("A", 0, JobType.ML_TRAINING, 10), Job("B", 1, JobType.ML_TRAINING, 5, 2),
+                      Job("C", 2, JobType.ML_TRAINING, 3)])
+    r = simulate(trace, cluster, FCFS(), speed=np.ones((3, 1)))
+    s = metrics.summary(r)
+    assert s["avg_jct_s"] == pytest.approx(40 / 3)
+    assert s["lower_bound_avg_jct_s"] == pytest.approx(6.0)
+    assert s["utilization"] == pytest.approx(23 / 36)
+    assert s["idle_gpu_s"] == pytest.approx(13)
+    assert s["avg_slowdown"] >= 1 and 0 < s["v"] <= 1
+
+
+def test_empty_result_gives_nan_not_errors():
+    cluster = load_cluster("2xV100")
+    r = simulate(Trace.of([]), cluster, FCFS(), speed=np.zeros((0, 1)))
+    s = metrics.summary(r)
+    assert s["jobs"] == 0 and math.isnan(s["avg_jct_s"]) and math.isnan(s["hyperscore"])
+    assert math.isnan(metrics.oracle_summary(r)["avg_jct_s"])
