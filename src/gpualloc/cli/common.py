@@ -7,10 +7,21 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from typer.core import TyperGroup
 
 # Piped output (logs, CI) is not cut to 80 columns: tables keep their full width.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+
+
+class DefaultToRun(TyperGroup):
+    """A command group whose ``run`` sub-command is implied: ``gpualloc place GRAPH ...`` runs
+    ``place run GRAPH ...``, while its other sub-commands (``evaluate``, ``compare``) stay reachable."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
 
 
 def print_json(data: Any) -> None:

@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from gpualloc import __version__
-from gpualloc.cli import cost, graph, hw, place
+from gpualloc.cli import cost, graph, hw, place, simulate
 from gpualloc.cli.common import console, err_console
 from gpualloc.errors import GpuallocError
 
@@ -25,6 +25,7 @@ app.add_typer(hw.app, name="hw")
 app.add_typer(graph.app, name="graph")
 app.add_typer(cost.app, name="cost")
 app.add_typer(place.app, name="place")
+app.add_typer(simulate.app, name="simulate")
 
 
 def _version(value: bool) -> None:

@@ -7,21 +7,10 @@ from pathlib import Path
 import typer
 from rich.progress import Progress
 from rich.table import Table
-from typer.core import TyperGroup
 
-from gpualloc.cli.common import console, load_graph, ms, print_json
+from gpualloc.cli.common import DefaultToRun, console, load_graph, ms, print_json
 
-
-class _DefaultToRun(TyperGroup):
-    """``gpualloc place GRAPH ...`` runs ``place run GRAPH ...``; ``evaluate`` and ``compare`` stay sub-commands."""
-
-    def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
-app = typer.Typer(cls=_DefaultToRun, no_args_is_help=True,
+app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Place a graph on a cluster: `place GRAPH --cluster C --method M`, `place evaluate`, "
                        "`place compare`.")
 

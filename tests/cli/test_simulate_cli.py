@@ -1,0 +1,78 @@
+"""``gpualloc simulate``: the JSON interface scripts rely on, comparisons, plots and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.test_cli import run_main, runner
+from gpualloc.cli.main import app
+from tests.conftest import SHARED_DATA
+
+KEYS = {"policy", "jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "throughput_jobs_per_h", "utilization",
+        "effective_utilization", "makespan_s", "lower_bound_avg_jct_s", "hyperscore", "sim_wall_s"}
+
+
+def sim(*args: str):
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_generate_json_has_the_documented_keys():
+    proc = sim("simulate", "--cluster", "adlro16", "--generate", "60", "--load", "0.8", "--seed", "3",
+              "--policy", "sjf", "--json")
+    row = json.loads(proc.stdout)
+    assert KEYS <= set(row)
+    assert row["policy"] == "sjf" and row["jobs"] == 60
+    assert row["avg_jct_s"] >= row["lower_bound_avg_jct_s"] > 0
+
+
+def test_same_seed_same_numbers():
+    args = ("simulate", "--generate", "40", "--seed", "5", "--policy", "fcfs", "--json")
+    a, b = json.loads(sim(*args).stdout), json.loads(sim(*args).stdout)
+    a.pop("sim_wall_s"), b.pop("sim_wall_s")
+    assert a == b
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "tiresias" / "60_job.csv").exists(), reason="shared data missing")
+def test_trace_file_with_records(tmp_path):
+    out = tmp_path / "r.json"
+    proc = sim("simulate", "--cluster", "16xV100", "--trace", str(SHARED_DATA / "tiresias" / "60_job.csv"),
+               "--format", "tiresias", "--policy", "fcfs", "--json", "-o", str(out))
+    assert json.loads(proc.stdout)["jobs"] == 60
+    records = json.loads(out.read_text())["jobs_records"]
+    assert len(records) == 60 and all(r["finish_s"] >= r["arrival_s"] for r in records)
+
+
+def test_compare_table_json_and_plots(tmp_path):
+    proc = sim("simulate", "compare", "--generate", "50", "--policies", "fcfs,sjf,srtf", "--plots",
+               str(tmp_path / "plots"), "--json")
+    doc = json.loads(proc.stdout)
+    assert [r["policy"] for r in doc["results"]] == ["fcfs", "sjf", "srtf", "oracle-lb"]
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"jct_cdf.png", "utilization.png", "queue.png"}
+    table = sim("simulate", "compare", "--generate", "30", "--policies", "fcfs,sjf").stdout
+    assert "oracle-lb" in table and "x bound" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--policy", "nope", "--generate", "5"), "unknown policy 'nope'"),
+    (("--trace", "missing.csv", "--format", "philly"), "missing.csv"),
+    (("--generate", "5", "--cluster", "3xNOPE"), "NOPE"),
+    (("--policy", "fcfs"), "exactly one of --trace"),
+])
+def test_bad_input_is_one_line(args, message):
+    proc = run_main("simulate", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_job_larger_than_the_cluster(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,arrival_s,job_type,work_s,num_gpus\nbig,0,ml-training,100,32\nok,1,ml-training,10,1\n")
+    proc = run_main("simulate", "--trace", str(trace), "--policy", "fcfs", "--json")
+    assert proc.returncode == 2 and "big" in proc.stderr
+    proc = sim("simulate", "--trace", str(trace), "--policy", "fcfs", "--json", "--drop-unplaceable")
+    row = json.loads(proc.stdout)
+    assert row["rejected"] == 1 and row["jobs"] == 1
