@@ -53,7 +53,9 @@ def _print_outcomes(problem, outcomes, title: str) -> None:
 def run_cmd(
     graph: str = typer.Argument(..., help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
-    method: str = typer.Option("best", "--method", "-m", help="Partitioner (see `place compare`), or best."),
+    method: str = typer.Option("best", "--method", "-m",
+                               help="Partitioner (see `place compare`), best, or dqn (the learned agent)."),
+    agent: Path = typer.Option(None, "--agent", help="Agent checkpoint for --method dqn (default: the bundled one)."),
     microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
     batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
@@ -65,7 +67,12 @@ def run_cmd(
     from gpualloc.placement.run import place
 
     problem = _problem(graph, cluster, microbatches, batch)
-    outcome = place(problem, method, seed=seed)
+    if method == "dqn":
+        from gpualloc.rl.placer import place_dqn
+
+        outcome = place_dqn(problem, agent, seed=seed)
+    else:
+        outcome = place(problem, method, seed=seed)
     _finish(problem, outcome, cluster, as_json, output, plot)
 
 

@@ -36,7 +36,7 @@ from gymnasium import spaces
 from gpualloc.errors import AgentError
 from gpualloc.placement.partition.baselines import contiguous_chunks
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import best
+from gpualloc.placement.run import Outcome, best
 from gpualloc.placement.simulate import simulate
 
 DEVICE_FEATURES = 8
@@ -57,6 +57,7 @@ class _Episode:
     sub_nodes: np.ndarray  # (m,) node counts
     sub_flops: np.ndarray  # (m,)
     sub_edges: tuple[np.ndarray, np.ndarray, np.ndarray]  # (src group, dst group, bytes) across groups
+    base: Outcome  # the best heuristic's plan
     base_sub: np.ndarray  # (m,) base plan's device per subgraph (majority of its nodes)
     base_step_s: float
     base_energy_j: float
@@ -94,6 +95,7 @@ def _prepare(problem: PlacementProblem, factor: int, seed: int) -> _Episode:
         sub_nodes=np.bincount(group, minlength=m).astype(np.float64),
         sub_flops=np.bincount(group, weights=g.flops, minlength=m),
         sub_edges=(gs[cross], gd[cross], g.edge_bytes[cross]),
+        base=base,
         base_sub=base_sub,
         base_step_s=max(base_result.step_time_s, 1e-12),
         base_energy_j=max(base_result.energy_per_step_j, 1e-12),
@@ -190,6 +192,11 @@ class PlacementEnv(gym.Env):
     def assignment(self) -> np.ndarray:
         """The current plan, node -> device (unplaced subgraphs on the base plan's devices)."""
         return self._sub[self._ep.group]
+
+    @property
+    def base_outcome(self) -> Outcome:
+        """The best heuristic's outcome (node-level; the env's base is its per-subgraph majority)."""
+        return self._ep.base
 
     @property
     def base_step_s(self) -> float:

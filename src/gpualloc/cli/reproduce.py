@@ -1,0 +1,55 @@
+"""``gpualloc reproduce``: regenerate the results tables (Markdown, JSON, plots) from scratch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gpualloc.cli.common import console, err_console, print_json
+
+app = typer.Typer(no_args_is_help=True, help="Regenerate the results tables: `reproduce placement`.")
+
+
+@app.command("placement")
+def placement_cmd(
+    quick: bool = typer.Option(False, "--quick", help="One seed, 2,000 iterations: the CI smoke version."),
+    seeds: int = typer.Option(None, "--seeds", min=1, help="Seeds (drift schedules) per model and cluster."),
+    iterations: int = typer.Option(None, "--iterations", min=1, help="Training iterations per run."),
+    microbatches: int = typer.Option(4, "--microbatches", min=1, help="Pipeline microbatches per step."),
+    agent: Path = typer.Option(None, "--agent", help="Placement agent (default: the bundled one)."),
+    out: Path = typer.Option(Path("out/reproduce-placement"), "--out", help="Folder for table.md, results.json, plots."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
+) -> None:
+    """ResNet-50, BERT-base and GPT-2 small on 8xA100 and hetero8 over a training run with drift:
+    every method's training time, utilisation, MFU, communication, energy and re-plans."""
+    from dataclasses import replace
+
+    from gpualloc.experiments.placement_table import TableSpec, run_table, total_runs
+    from gpualloc.reports.tables import placement_markdown, plot_bars
+    from gpualloc.rl.placer import load_placer
+
+    spec = TableSpec.quick() if quick else TableSpec()
+    spec = replace(spec, microbatches=microbatches, **{k: v for k, v in (("seeds", seeds), ("iterations", iterations))
+                                                        if v is not None})
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("placement table", total=total_runs(spec))
+        result = run_table(spec, load_placer(agent), progress=lambda what: bar.update(task, advance=1, description=what))
+    out.mkdir(parents=True, exist_ok=True)
+    command = "gpualloc reproduce placement" + (" --quick" if quick else "") + \
+        (f" --seeds {seeds}" if seeds else "") + (f" --iterations {iterations}" if iterations else "")
+    result["command"] = command
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = placement_markdown(result["rows"])
+    (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
+    plot_bars(result["rows"], ("model", "cluster"), "method", "training_time_s", out / "training_time.png",
+              ylabel="training time (s)", title=f"{spec.iterations:,} iterations with drift")
+    plot_bars(result["rows"], ("model", "cluster"), "method", "energy_j", out / "energy.png", ylabel="energy (J)")
+    if as_json:
+        print_json(result)
+        return
+    console.print(table)
+    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, training_time.png, energy.png")

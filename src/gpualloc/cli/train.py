@@ -1,0 +1,101 @@
+"""``gpualloc train``: train the learning agents (placement now; scheduling alongside)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from gpualloc.cli.common import console, load_graph
+
+app = typer.Typer(no_args_is_help=True, help="Train the DQN agents: `train placer`, `train scheduler`.")
+
+
+def _bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} steps"),
+                    TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+
+
+def _stats(log) -> str:
+    recent = log.episode_returns[-50:]
+    mean = sum(recent) / len(recent) if recent else float("nan")
+    eps = log.episode_epsilons[-1] if log.episode_epsilons else 1.0
+    best = "-" if log.best_eval is None else f"{log.best_eval:+.4f}"
+    return f"episodes {len(log.episode_returns):,}  return {mean:+.4f}  eps {eps:.2f}  best eval {best}"
+
+
+def _progress_callback(bar: Progress, task, total: int):
+    def callback(step: int, log) -> None:
+        if step % 50 == 0 or step == total:
+            bar.update(task, completed=step, stats=_stats(log))
+    return callback
+
+
+def learning_curve(log, path: Path, title: str) -> None:
+    """Episode returns (moving average) and greedy evaluations over training steps, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    returns = np.asarray(log.episode_returns)
+    if len(returns):
+        ends = np.cumsum(log.episode_lengths)
+        w = max(1, len(returns) // 50)
+        smooth = np.convolve(returns, np.ones(w) / w, mode="valid")
+        ax.plot(ends[w - 1:], smooth, label=f"training return (moving mean of {w})", linewidth=1)
+    if log.evals:
+        ax.plot([e.step for e in log.evals], [e.mean for e in log.evals], "o-", label="greedy eval (held out)")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@app.command("placer")
+def placer_cmd(
+    graphs: str = typer.Option("resnet18,vgg16,alexnet,inception_v3,gnmt,densenet121", "--graphs",
+                               help="Comma-separated training graphs (files, PipeDream names under --data, zoo names)."),
+    eval_graphs: str = typer.Option("resnet50,resnext50,squeezenet1_0,nasnetamobile", "--eval-graphs",
+                                    help="Held-out graphs for periodic evaluation."),
+    clusters: str = typer.Option("hetero8,2xA100+2xV100+2xT4", "--clusters", help="Comma-separated clusters."),
+    microbatches: str = typer.Option("1,4", "--microbatches", help="Comma-separated microbatch counts."),
+    data: Path = typer.Option(Path("../shared/data/pipedream-profiles"), "--data",
+                              help="Folder of PipeDream profiles (NAME.txt) for bare graph names."),
+    steps: int = typer.Option(30_000, "--steps", min=100, help="Environment steps."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the agent and the episodes."),
+    out: Path = typer.Option(Path("placer.pt"), "-o", "--out", help="Checkpoint to write (the best by held-out return)."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Batch size of captured zoo models."),
+) -> None:
+    """Train the placement agent on graphs x clusters x microbatches; keep the best checkpoint."""
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.rl.placer import train_placer
+
+    def problems(names: str):
+        out_ = []
+        for name in filter(None, (x.strip() for x in names.split(","))):
+            path = data / f"{name}.txt"
+            graph = load_graph(str(path) if path.is_file() else name, batch)
+            for c in filter(None, (x.strip() for x in clusters.split(","))):
+                for mb in (int(x) for x in microbatches.split(",")):
+                    out_.append(PlacementProblem(graph, load_cluster(c), microbatches=mb))
+        return out_
+
+    with console.status("building problems and their best-heuristic base plans..."):
+        train_p, eval_p = problems(graphs), problems(eval_graphs)
+    with _bar() as bar:
+        task = bar.add_task("train placer", total=steps, stats="")
+        agent, log = train_placer(train_p, steps, out, seed=seed, eval_problems=eval_p,
+                                  callback=_progress_callback(bar, task, steps))
+    curve = out.with_suffix(".png")
+    learning_curve(log, curve, f"placement agent ({len(train_p)} training problems)")
+    best = "-" if log.best_eval is None else f"{log.best_eval:+.4f}"
+    console.print(f"wrote {out} (best held-out return {best}: mean gain over the best heuristic) and {curve}")

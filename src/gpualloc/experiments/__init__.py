@@ -1,0 +1,1 @@
+"""Reproducible experiments behind the results tables (`gpualloc reproduce ...`)."""

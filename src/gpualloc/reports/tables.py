@@ -1,0 +1,61 @@
+"""Results tables as Markdown, and their bar charts. Formatting only: the numbers come computed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _pm(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
+    value, std = row.get(key), row.get(f"{key}_std")
+    if value is None or value != value:
+        return "-"
+    text = format(value * scale, fmt)
+    return text if not std else f"{text} ± {format(std * scale, fmt)}"
+
+
+def placement_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """One Markdown table: a row per (model, cluster, method)."""
+    head = ("| model | cluster | method | training time (s) | vs static | vs best | utilisation | MFU | "
+            "exposed comm | energy (MJ) | avg power (W) | re-plans |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['cluster']} | {r['method']} | {_pm(r, 'training_time_s', '.1f')} | "
+            f"{r['gain_vs_static']:+.1%} | {r['gain_vs_best']:+.1%} | {_pm(r, 'utilization', '.1%')} | "
+            f"{_pm(r, 'mfu', '.1%')} | {_pm(r, 'comm_overhead', '.1%')} | {_pm(r, 'energy_j', '.2f', 1e-6)} | "
+            f"{_pm(r, 'avg_power_w', '.0f')} | {_pm(r, 'replans', '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str,
+              path: str | Path, *, ylabel: str, title: str = "") -> Path:
+    """Grouped bar chart: one group per distinct ``group_keys`` tuple, one bar per ``series_key``, error
+    bars from ``value_key + "_std"``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = list(dict.fromkeys(tuple(r[k] for k in group_keys) for r in rows))
+    series = list(dict.fromkeys(r[series_key] for r in rows))
+    by = {(tuple(r[k] for k in group_keys), r[series_key]): r for r in rows}
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(groups) * max(1, len(series) / 4)), 4.5))
+    x = np.arange(len(groups))
+    for i, s in enumerate(series):
+        vals = [by[(g, s)][value_key] if (g, s) in by else np.nan for g in groups]
+        errs = [by[(g, s)].get(f"{value_key}_std", 0.0) if (g, s) in by else 0.0 for g in groups]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, yerr=errs, label=str(s), capsize=2)
+    ax.set_xticks(x, ["\n".join(map(str, g)) for g in groups])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=min(len(series), 4))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

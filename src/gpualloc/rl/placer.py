@@ -1,0 +1,139 @@
+"""The DQN placement agent: train it on many (graph, cluster) problems, and place with it.
+
+:func:`train_placer` trains the shared DQN (:mod:`gpualloc.rl.dqn`) on
+:class:`~gpualloc.rl.envs.placement_env.PlacementEnv` over a set of problems; the checkpoint keeps the
+env settings in ``extra`` so :func:`place_dqn` rebuilds the same observation. :func:`place_dqn` runs
+the agent greedily on one problem and never returns a plan worse than the best heuristic's: when the
+agent's plan simulates slower, the best heuristic's plan is returned, and the outcome's note says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import AgentError
+from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.run import Outcome, score
+from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
+from gpualloc.rl.envs.placement_env import PlacementEnv
+
+BUNDLED_AGENT = "placer.pt"
+"""File name of the bundled agent in ``gpualloc/rl/data``."""
+
+DEFAULT_CONFIG = DQNConfig(gamma=0.99, lr=1e-4, batch_size=64, buffer_size=50_000, learning_starts=1_000,
+                           train_freq=2, target_update_interval=500, eps_start=1.0, eps_end=0.05,
+                           eps_decay_steps=15_000, hidden=(256, 256))
+"""Settings of the bundled agent (Adam lr 1e-4 as the design asks)."""
+
+
+def bundled_agent_path() -> Path:
+    """Path of the agent that ships with the package."""
+    return Path(str(resources.files("gpualloc.rl") / "data" / BUNDLED_AGENT))
+
+
+def train_placer(problems: Sequence[PlacementProblem], steps: int, out: str | Path, *, seed: int = 0,
+                 eval_problems: Sequence[PlacementProblem] | None = None, eval_every: int | None = None,
+                 config: DQNConfig | None = None, max_devices: int = 16, factor: int = 4,
+                 callback: Callable[[int, TrainLog], bool | None] | None = None) -> tuple[DQNAgent, TrainLog]:
+    """Train a placement agent and save the best checkpoint (by greedy return on ``eval_problems``).
+
+    Args:
+        problems: training problems; an episode draws one at random.
+        steps: environment steps.
+        out: checkpoint path.
+        seed: seed of the agent, the episodes' draws and the heuristics' base plans.
+        eval_problems: held-out problems for periodic greedy evaluation (default: the training ones).
+        eval_every: steps between evaluations (default: ``steps // 10``).
+        config: DQN settings (default :data:`DEFAULT_CONFIG` with ``seed``).
+        max_devices, factor: env settings (device slots, subgraphs per device).
+        callback: called every step with ``(step, log)``; returning False stops training.
+    """
+    env = PlacementEnv(problems, max_devices=max_devices, factor=factor, seed=seed)
+    eval_env = PlacementEnv(eval_problems or problems, max_devices=max_devices, factor=factor, seed=seed)
+    agent = DQNAgent(env.observation_space, env.action_space, replace(config or DEFAULT_CONFIG, seed=seed))
+    meta = {"max_devices": max_devices, "factor": factor, "steps": steps, "seed": seed,
+            "problems": [f"{p.graph.name}@{p.cluster.name}/M{p.microbatches}" for p in problems]}
+    agent.extra = meta
+    out = Path(out)
+    log = train(env, agent, steps, seed=seed, callback=callback, eval_env=eval_env,
+                eval_every=eval_every or max(1, steps // 10), eval_episodes=len(eval_env._episodes),
+                checkpoint_path=out)
+    return (DQNAgent.load(out) if out.exists() else agent), log
+
+
+def load_placer(path: str | Path | None = None) -> DQNAgent:
+    """The agent at ``path``, or the bundled one."""
+    path = Path(path) if path is not None else bundled_agent_path()
+    if not path.exists():
+        raise AgentError(f"{path}: no such agent file (train one with `gpualloc train placer`)")
+    agent = DQNAgent.load(path)
+    if "max_devices" not in agent.extra:
+        raise AgentError(f"{path}: not a placement agent (no max_devices in its metadata)")
+    return agent
+
+
+def agent_plan(agent: DQNAgent, problem: PlacementProblem, *, seed: int = 0) -> tuple[np.ndarray, Outcome]:
+    """The agent's greedy plan for ``problem``, and the best heuristic's outcome it started from."""
+    env = PlacementEnv([problem], max_devices=int(agent.extra["max_devices"]), factor=int(agent.extra["factor"]),
+                       seed=seed)
+    obs, info = env.reset(seed=seed)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(agent.act(obs, info["action_mask"], explore=False))
+    return env.assignment, env.base_outcome
+
+
+def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = None, *, seed: int = 0,
+              schedule: str = "1f1b") -> Outcome:
+    """Place with the agent; fall back to the best heuristic's plan when that simulates faster."""
+    start = time.perf_counter()
+    agent = agent if isinstance(agent, DQNAgent) else load_placer(agent)
+    assignment, heuristic = agent_plan(agent, problem, seed=seed)
+    mine = score(problem, "dqn", assignment, schedule=schedule)
+    elapsed = time.perf_counter() - start
+    if mine.result.feasible and mine.result.step_time_s <= heuristic.result.step_time_s:
+        gain = 1 - mine.result.step_time_s / heuristic.result.step_time_s
+        return replace(mine, partition_time_s=elapsed, note=f"agent plan, {gain:.1%} faster than best heuristic")
+    return replace(heuristic, method="dqn", partition_time_s=elapsed,
+                   note=f"agent plan slower; kept best heuristic ({heuristic.note})")
+
+
+def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, seed: int = 0) -> list[dict[str, Any]]:
+    """Per problem: the agent's own plan vs the best heuristic (step times and gain)."""
+    rows = []
+    for p in problems:
+        assignment, heuristic = agent_plan(agent, p, seed=seed)
+        mine = score(p, "dqn", assignment)
+        rows.append({"graph": p.graph.name, "cluster": p.cluster.name, "microbatches": p.microbatches,
+                     "agent_step_s": mine.result.step_time_s, "best_step_s": heuristic.result.step_time_s,
+                     "gain": 1 - mine.result.step_time_s / heuristic.result.step_time_s,
+                     "feasible": mine.result.feasible})
+    return rows
+
+
+__all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "agent_plan", "bundled_agent_path", "dqn_planner", "evaluate_placer", "load_placer",
+           "place_dqn", "train_placer"]
+
+
+def dqn_planner(agent: DQNAgent, *, seed: int = 0, passes: int = 10):
+    """Re-planning with the agent: the fastest of KL refinement of the current plan, the agent's plan
+    (never worse than the best heuristic), and the agent's plan refined by KL."""
+    from gpualloc.placement.partition.kernighan_lin import kl_refine
+    from gpualloc.placement.simulate import simulate
+
+    def plan(problem: PlacementProblem, assignment: np.ndarray) -> np.ndarray:
+        mine = place_dqn(problem, agent, seed=seed).assignment
+        candidates = [kl_refine(problem, assignment, seed=seed, passes=passes), mine,
+                      kl_refine(problem, mine, seed=seed, passes=passes)]
+        results = [simulate(problem, c) for c in candidates]
+        i = min(range(len(candidates)), key=lambda i: (not results[i].feasible, results[i].step_time_s, i))
+        return candidates[i]
+
+    return plan
