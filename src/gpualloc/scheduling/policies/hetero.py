@@ -1,0 +1,502 @@
+"""Gavel: heterogeneity-aware allocation by linear programming, enforced in rounds.
+
+Every policy in Gavel speaks one representation: the jobs x device-types throughput matrix ``T`` and
+an allocation ``X`` of the same shape, ``X[j, t]`` being the fraction of wall time job ``j`` should
+spend on type ``t``. Here ``T`` is the view's ``speed`` matrix (throughput relative to the reference
+device), and ``X`` solves a linear program subject to
+
+* ``sum_t X[j, t] <= 1`` (a job runs on one type at a time),
+* ``sum_j num_gpus[j] * X[j, t] <= n_t`` (gangs of ``num_gpus`` GPUs fit the ``n_t`` GPUs of type ``t``
+  on average — Gavel's *scale factor*),
+* ``X >= 0``, and ``X[j, t] = 0`` where the job may not run on ``t`` (speed 0, a gang larger than the
+  type, or a single-node gang larger than any node's share of the type).
+
+Objectives (``objective=``):
+
+* ``"max-min-fairness"`` — Gavel's heterogeneity-aware LAS (§4): maximise the smallest *normalised*
+  throughput ``sum_t T[j, t] X[j, t] / sum_t T[j, t] Xeq[j, t]``, where ``Xeq`` (:func:`equal_share`)
+  gives every active job the same share of the cluster's GPU-time, spread over the types it may use
+  in proportion to their sizes; a gang of ``g`` GPUs is owed ``1/g`` of the time a 1-GPU job is, as
+  with Gavel's scale factors. A plain max-min LP may return any optimal vertex, so a second LP
+  maximises the sum of normalised throughputs with every job kept at the optimal minimum (one step
+  of Gavel's water-filling). With one device type the policy uses the exact water-filling in
+  closed form instead.
+* ``"max-throughput"`` — Gavel's ``max_sum_throughput`` policy with each job's throughput normalised
+  by its best type (``T[j, t] / max_t T[j, t]``), so the sum counts jobs' worth of full-speed
+  progress and each job goes where it has a comparative advantage (small gangs first when GPUs are
+  short).
+
+Mechanism (Gavel §5): time is cut into rounds of ``round_s``. At each round, the priority of job
+``j`` on type ``t`` is ``X[j, t] / f[j, t]``, where ``f[j, t]`` is the fraction of wall time ``j``
+has received on ``t`` since it entered the allocation (``X * 1e9`` while it has received none, as in
+Gavel). (Job, type) pairs are granted in decreasing priority (ties: the job already running there,
+then earlier arrival) while the type has room for the gang. A job granted the type it runs on keeps
+its GPUs; the others start on GPUs chosen by :meth:`~gpualloc.scheduling.base.FreeGpus.find`,
+taking the GPUs of running jobs left without a grant (lowest priority first) only where they are
+needed — a running job nobody needs keeps running, where Gavel would stop it. A job moved to
+another type is stopped and started in the same decision. Leftover GPUs go to the other queued
+jobs in arrival order, fastest type first. Between rounds (arrival and completion events) the
+policy only fills free GPUs and never preempts.
+
+Differences from Gavel's scheduler: it resets the received-time counters whenever it recomputes the
+allocation; here they accumulate from the job's entry into the allocation, so a job that was short
+of its share catches up. No space sharing (job packing) and no throughput estimation: the speed
+matrix is taken as known.
+
+Scale: the LP covers every running job plus the ``max_jobs_lp`` earliest-arrived queued jobs;
+later jobs wait to enter the allocation or run on leftover GPUs. The allocation is recomputed at a
+round only when the set of queued and running jobs changed since the last one; when every job in it
+fits on its fastest type at once, the allocation is that placement and no LP is solved.
+
+References:
+    .. [1] Narayanan, D.; Santhanam, K.; Kazhamiaka, F.; Phanishayee, A.; Zaharia, M. (2020).
+       "Heterogeneity-Aware Cluster Scheduling Policies for Deep Learning Workloads." *14th USENIX
+       Symposium on Operating Systems Design and Implementation (OSDI '20)*, 481–498.
+    .. [2] stanford-futuredata/gavel, ``scheduler/policies/max_min_fairness.py``,
+       ``max_sum_throughput.py`` and the round-based priorities in ``scheduler/scheduler.py``.
+    .. [3] Huangfu, Q.; Hall, J. A. J. (2018). "Parallelizing the dual revised simplex method."
+       *Mathematical Programming Computation* 10(1): 119–142 (HiGHS).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+from gpualloc.errors import SchedulingError
+from gpualloc.scheduling.base import GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable
+
+__all__ = ["DEFAULT_MAX_JOBS_LP", "DEFAULT_ROUND_S", "OBJECTIVES", "Gavel", "equal_share",
+           "feasible_pairs", "normalised_throughput", "solve_allocation"]
+
+OBJECTIVES: tuple[str, ...] = ("max-min-fairness", "max-throughput")
+
+DEFAULT_ROUND_S = 360.0
+"""Gavel's round length in its simulations (6 minutes)."""
+
+DEFAULT_MAX_JOBS_LP = 512
+"""Queued jobs in the LP besides the running ones (HiGHS: tens of milliseconds at 512 x 3 types)."""
+
+_NEVER_RECEIVED = 1e9  # Gavel's priority multiplier for a job that has not run yet on a type
+_TIE_SLACK = 1e-6      # relative slack on the optimal minimum in the tie-breaking LP
+
+
+# ----------------------------------------------------------------------------------- the LP
+def feasible_pairs(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Mask of (job, type) pairs a job may use: positive throughput and a gang that fits the type."""
+    throughput = np.asarray(throughput, dtype=float)
+    num_gpus = np.asarray(num_gpus)
+    capacity = np.asarray(capacity)
+    return (throughput > 0) & (num_gpus[:, None] <= capacity[None, :])
+
+
+def equal_share(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """``Xeq``: every job with a feasible type gets the same share of GPU-time, spread over its types.
+
+    ``Xeq[j, t] = (e / num_gpus[j]) * n_t / N_j`` with ``N_j`` the GPUs of the types job ``j`` may
+    use and ``e = min(1, 1 / sum_j 1 / N_j)`` the largest common share that fits (both LP
+    constraints hold). Normalising by it makes throughputs of different jobs comparable.
+    """
+    feas = feasible_pairs(throughput, num_gpus, capacity)
+    cap = np.asarray(capacity, dtype=float)
+    n_j = feas @ cap
+    has = n_j > 0
+    if not has.any():
+        return np.zeros(feas.shape)
+    e = min(1.0, 1.0 / float(np.sum(1.0 / n_j[has])))
+    out = np.zeros(feas.shape)
+    out[has] = feas[has] * cap[None, :] * (e / (np.asarray(num_gpus, dtype=float)[has] * n_j[has]))[:, None]
+    return out
+
+
+def normalised_throughput(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray,
+                          x: np.ndarray) -> np.ndarray:
+    """Each job's throughput under ``x`` over its throughput under :func:`equal_share` (0 if none)."""
+    throughput = np.asarray(throughput, dtype=float)
+    base = (throughput * equal_share(throughput, num_gpus, capacity)).sum(axis=1)
+    got = (throughput * np.asarray(x, dtype=float)).sum(axis=1)
+    return np.divide(got, base, out=np.zeros_like(got), where=base > 0)
+
+
+def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray, *,
+                     objective: str = "max-min-fairness") -> np.ndarray:
+    """Gavel's allocation ``X`` (jobs x types) for one objective.
+
+    With several device types this is a linear program solved with HiGHS (two for max-min
+    fairness: the optimum, then the tie-break). With one type both objectives have a closed form
+    (:func:`_one_type`) that gives the same optimum without the solver's per-call overhead.
+
+    Args:
+        throughput: jobs x types; 0 where a job may not run on a type.
+        num_gpus: gang size of each job.
+        capacity: GPUs of each type.
+        objective: one of :data:`OBJECTIVES`.
+
+    Returns:
+        ``X`` with ``X >= 0``, ``sum_t X[j, t] <= 1``, ``sum_j num_gpus[j] X[j, t] <= capacity[t]``
+        and zeros on infeasible pairs. If HiGHS fails, the feasible :func:`equal_share`.
+    """
+    if objective not in OBJECTIVES:
+        raise SchedulingError(f"gavel: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+    throughput = np.asarray(throughput, dtype=float)
+    num_gpus = np.asarray(num_gpus, dtype=float)
+    capacity = np.asarray(capacity, dtype=float)
+    if throughput.shape[1] == 1:
+        return _one_type(throughput, num_gpus, capacity, objective)
+    return _solve_lp(throughput, num_gpus, capacity, objective)
+
+
+def _one_type(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray,
+              objective: str) -> np.ndarray:
+    """Both objectives on one device type, in closed form.
+
+    Max-min fairness is water-filling: ``x_j = min(1, z * Xeq_j)`` with the largest ``z`` that fits
+    (the capacity binds, so the tie-breaking stage has nothing left to choose). Max-throughput
+    maximises the number of jobs' worth of progress, ``sum_j x_j``: a fractional knapsack that fills
+    the smallest gangs first (ties in row order).
+    """
+    m = throughput.shape[0]
+    x = np.zeros((m, 1))
+    feas = feasible_pairs(throughput, num_gpus, capacity)[:, 0]
+    if not feas.any():
+        return x
+    g = num_gpus[feas]
+    cap = float(capacity[0])
+    if g.sum() <= cap:
+        x[feas, 0] = 1.0
+        return x
+    if objective == "max-throughput":
+        order = np.argsort(g, kind="stable")
+        before = np.concatenate([[0.0], np.cumsum(g[order])[:-1]])
+        share = np.zeros(g.size)
+        share[order] = np.clip((cap - before) / g[order], 0.0, 1.0)
+        x[feas, 0] = share
+        return x
+    a = equal_share(throughput, num_gpus, capacity)[feas, 0]
+    bp = 1.0 / a                      # z at which each job saturates at x = 1
+    order = np.argsort(bp, kind="stable")
+    g_sorted, ga_sorted = g[order], (g * a)[order]
+    sat_g = np.concatenate([[0.0], np.cumsum(g_sorted)])            # GPUs of the first k saturated
+    rest_ga = np.concatenate([np.cumsum(ga_sorted[::-1])[::-1], [0.0]])  # sum g*a of the others
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (cap - sat_g) / rest_ga                                  # z if exactly k saturate
+    lo = np.concatenate([[0.0], bp[order]])
+    hi = np.concatenate([bp[order], [np.inf]])
+    ok = (rest_ga > 0) & (z >= lo * (1 - 1e-12)) & (z <= hi * (1 + 1e-12))
+    zstar = float(z[np.flatnonzero(ok)[0]])
+    x[feas, 0] = np.minimum(1.0, zstar * a)
+    return _clip(x, num_gpus, capacity)
+
+
+def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray,
+              objective: str) -> np.ndarray:
+    """The LP formulation for any number of types (HiGHS)."""
+    m, n_types = throughput.shape
+    feas = feasible_pairs(throughput, num_gpus, capacity)
+    rows, cols = np.nonzero(feas)
+    x = np.zeros((m, n_types))
+    if rows.size == 0:
+        return x
+    p = rows.size
+    pair = np.arange(p)
+    a_job = sparse.csr_array((np.ones(p), (rows, pair)), shape=(m, p))
+    a_type = sparse.csr_array((num_gpus[rows], (cols, pair)), shape=(n_types, p))
+    b_base = np.concatenate([np.ones(m), capacity])
+
+    if objective == "max-throughput":
+        best = np.where(feas, throughput, 0.0).max(axis=1)
+        gain = throughput[rows, cols] / best[rows]
+        res = linprog(-gain, A_ub=sparse.vstack([a_job, a_type]).tocsc(), b_ub=b_base,
+                      bounds=(0.0, 1.0), method="highs")
+        if res.status != 0:
+            return equal_share(throughput, num_gpus, capacity)
+        x[rows, cols] = res.x[:p]
+        return _clip(x, num_gpus, capacity)
+
+    base = (throughput * equal_share(throughput, num_gpus, capacity)).sum(axis=1)
+    w = throughput[rows, cols] / base[rows]  # normalised throughput per unit of X
+    fair_rows = np.flatnonzero(feas.any(axis=1))
+    a_fair = sparse.csr_array((w, (rows, pair)), shape=(m, p))[fair_rows]
+    # stage 1: maximise z subject to z <= sum_t w x for every job
+    k = fair_rows.size
+    a1 = sparse.vstack([
+        sparse.hstack([a_job, sparse.csr_array((m, 1))]),
+        sparse.hstack([a_type, sparse.csr_array((n_types, 1))]),
+        sparse.hstack([-a_fair, sparse.csr_array(np.ones((k, 1)))]),
+    ]).tocsc()
+    c1 = np.zeros(p + 1)
+    c1[-1] = -1.0
+    res = linprog(c1, A_ub=a1, b_ub=np.concatenate([b_base, np.zeros(k)]),
+                  bounds=[(0.0, 1.0)] * p + [(0.0, None)], method="highs")
+    if res.status != 0:
+        return equal_share(throughput, num_gpus, capacity)
+    z = float(res.x[-1])
+    x[rows, cols] = res.x[:p]
+    # stage 2: most total normalised throughput among the max-min optimal allocations
+    floor = z * (1.0 - _TIE_SLACK)
+    res2 = linprog(-np.asarray(a_fair.sum(axis=0)).ravel(),
+                   A_ub=sparse.vstack([a_job, a_type, -a_fair]).tocsc(),
+                   b_ub=np.concatenate([b_base, np.full(k, -floor)]),
+                   bounds=(0.0, 1.0), method="highs")
+    if res2.status == 0:
+        x[:] = 0.0
+        x[rows, cols] = res2.x
+    return _clip(x, num_gpus, capacity)
+
+
+def _clip(x: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Remove solver round-off so the constraints hold exactly (up to float rounding)."""
+    x = np.clip(x, 0.0, 1.0)
+    x[x < 1e-9] = 0.0
+    row = x.sum(axis=1)
+    over = row > 1.0
+    x[over] /= row[over, None]
+    used = num_gpus @ x
+    scale = np.ones_like(used)
+    np.divide(capacity, used, out=scale, where=used > capacity)
+    return x * np.minimum(scale, 1.0)[None, :]
+
+
+# ------------------------------------------------------------------------------- the policy
+class Gavel:
+    """Gavel's heterogeneity-aware policies with its round-based mechanism.
+
+    Args:
+        objective: ``"max-min-fairness"`` (Gavel's heterogeneity-aware LAS, the default) or
+            ``"max-throughput"``.
+        round_s: round length (Gavel: 360 s); ``None`` makes every decision a round.
+        max_jobs_lp: most queued jobs in the LP (earliest arrivals), besides every running job.
+        preemptive: may stop and move jobs at round boundaries (the view must allow it too).
+
+    Attributes:
+        allocation_jobs, allocation: the job indices and ``X`` rows of the last solved allocation.
+        lp_solves: how many allocations were computed (LP or shortcut).
+
+    State is kept per job table (a new simulation resets it): wall time received per job per type,
+    when each job entered the allocation, and the cached allocation.
+    """
+
+    name = "gavel"
+
+    def __init__(self, *, objective: str = "max-min-fairness", round_s: float | None = DEFAULT_ROUND_S,
+                 max_jobs_lp: int = DEFAULT_MAX_JOBS_LP, preemptive: bool = True) -> None:
+        if objective not in OBJECTIVES:
+            raise SchedulingError(f"gavel: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+        if round_s is not None and not (math.isfinite(round_s) and round_s > 0):
+            raise SchedulingError(f"gavel: round_s must be > 0 or None, got {round_s}")
+        if int(max_jobs_lp) < 1:
+            raise SchedulingError(f"gavel: max_jobs_lp must be >= 1, got {max_jobs_lp}")
+        self.objective = objective
+        self.round_s = None if round_s is None else float(round_s)
+        self.max_jobs_lp = int(max_jobs_lp)
+        self.preemptive = bool(preemptive)
+        self._reset(None, 0, 0)
+
+    def __repr__(self) -> str:
+        return (f"Gavel(objective={self.objective!r}, round_s={self.round_s}, "
+                f"max_jobs_lp={self.max_jobs_lp}, preemptive={self.preemptive})")
+
+    # ------------------------------------------------------------------------------- state
+    def _reset(self, table: JobTable | None, n: int, n_types: int) -> None:
+        self._table = table
+        self._received_s = np.zeros((n, n_types))
+        self._entered_s = np.full(n, np.nan)
+        self._row = np.full(n, -1, dtype=np.int64)
+        self.allocation_jobs = np.zeros(0, dtype=np.int64)
+        self.allocation = np.zeros((0, n_types))
+        self._active_key: np.ndarray | None = None
+        self._last_now: float | None = None
+        self._last_round: float | None = None
+        self.lp_solves = 0
+
+    def _sync(self, view: ClusterView) -> None:
+        n_types = len(view.type_names)
+        if self._table is not view.jobs or self._received_s.shape != (len(view.jobs), n_types):
+            self._reset(view.jobs, len(view.jobs), n_types)
+
+    def received_s(self, job: int) -> np.ndarray:
+        """Wall seconds job ``job`` has run on each device type (as seen at decisions)."""
+        return self._received_s[job].copy()
+
+    # ------------------------------------------------------------------------------ decide
+    def decide(self, view: ClusterView) -> Decision:
+        self._sync(view)
+        jobs = view.jobs
+        now = float(view.now_s)
+        r = np.asarray(view.running, dtype=np.int64)
+        q = np.asarray(view.queue, dtype=np.int64)
+        if self._last_now is not None and r.size:
+            rt = jobs.run_type[r]
+            ok = rt >= 0
+            self._received_s[r[ok], rt[ok]] += now - self._last_now
+        self._last_now = now
+
+        n_types = len(view.type_names)
+        is_round = self._is_round(now)
+        if q.size == 0 and (n_types == 1 or not is_round):
+            return Decision()
+        if not is_round:
+            if view.free_by_type().sum() == 0:
+                return Decision()
+            return self._assign(view, r, q, preempt=False)
+        self._last_round = now
+        key = np.sort(np.concatenate([r, q]))
+        if self._active_key is None or not np.array_equal(key, self._active_key):
+            self._solve(view, r, q)
+            self._active_key = key
+        return self._assign(view, r, q, preempt=self.preemptive and view.preemption)
+
+    def _is_round(self, now: float) -> bool:
+        """First decision, or the first one in a new period of the ``round_s`` grid (the simulator
+        ticks at multiples of ``round_s``; arrivals and completions in between are not rounds)."""
+        if self.round_s is None or self._last_round is None:
+            return True
+        return math.floor(now / self.round_s + 1e-9) > math.floor(self._last_round / self.round_s + 1e-9)
+
+    # ------------------------------------------------------------------------------- solve
+    def _solve(self, view: ClusterView, r: np.ndarray, q: np.ndarray) -> None:
+        jobs = view.jobs
+        if q.size > self.max_jobs_lp:
+            q = q[np.lexsort((q, jobs.arrival_s[q]))][:self.max_jobs_lp]
+        lp_jobs = np.concatenate([r, q])
+        healthy = view.gpu_job >= GPU_FREE
+        n_types = len(view.type_names)
+        capacity = np.bincount(view.gpu_type[healthy], minlength=n_types)
+        thr = jobs.speed[lp_jobs].astype(float)
+        g = jobs.num_gpus[lp_jobs]
+        single = jobs.single_node[lp_jobs]
+        if single.any():
+            node_max = _per_node_max(view, healthy, n_types)
+            thr[single[:, None] & (g[:, None] > node_max[None, :])] = 0.0
+        feas = feasible_pairs(thr, g, capacity)
+        thr = np.where(feas, thr, 0.0)
+        best = np.argmax(thr, axis=1)
+        has = feas.any(axis=1)
+        demand = np.bincount(best[has], weights=g[has], minlength=n_types)
+        if np.all(demand <= capacity):  # everyone fits on its fastest type: nothing to trade
+            x = np.zeros(thr.shape)
+            x[np.flatnonzero(has), best[has]] = 1.0
+        else:
+            x = solve_allocation(thr, g, capacity, objective=self.objective)
+        self.lp_solves += 1
+        self._row[self.allocation_jobs] = -1
+        self._row[lp_jobs] = np.arange(lp_jobs.size)
+        self.allocation_jobs = lp_jobs
+        self.allocation = x
+        new = np.isnan(self._entered_s[lp_jobs])
+        self._entered_s[lp_jobs[new]] = view.now_s
+
+    # ------------------------------------------------------------------------------ assign
+    def _priorities(self, view: ClusterView) -> np.ndarray:
+        """``X / received fraction`` for the allocation rows (``X * 1e9`` where nothing received)."""
+        lp = self.allocation_jobs
+        x = self.allocation
+        age = np.maximum(view.now_s - self._entered_s[lp], 0.0)
+        frac = np.divide(self._received_s[lp], age[:, None], out=np.zeros(x.shape), where=age[:, None] > 0)
+        prio = np.divide(x, frac, out=x * _NEVER_RECEIVED, where=frac > 0)
+        prio[x <= 0] = 0.0
+        return prio
+
+    def _assign(self, view: ClusterView, r: np.ndarray, q: np.ndarray, *, preempt: bool) -> Decision:
+        jobs = view.jobs
+        n_types = len(view.type_names)
+        g_all = jobs.num_gpus
+        rt_all = jobs.run_type
+        working = view.free_gpus()
+        starts: list[tuple[int, tuple[int, ...]]] = []
+        stopped: list[int] = []
+
+        # Grant (job, type) pairs in decreasing priority while the type has room, counting GPUs.
+        lp = self.allocation_jobs
+        prio = self._priorities(view)
+        status = jobs.status[lp]
+        alive = (status == QUEUED) | (preempt & (status == RUNNING))
+        rows, cols = np.nonzero((prio > 0) & alive[:, None])
+        pair_jobs = lp[rows]
+        keeps = rt_all[pair_jobs] == cols
+        order = np.lexsort((cols, pair_jobs, jobs.arrival_s[pair_jobs], ~keeps, -prio[rows, cols]))
+        room = (np.bincount(view.gpu_type[view.gpu_job >= GPU_FREE], minlength=n_types) if preempt
+                else working.by_type).tolist()
+        granted: dict[int, int] = {}
+        smallest = int(g_all[pair_jobs].min()) if pair_jobs.size else 0
+        pair_jobs = pair_jobs[order]
+        for j, t, g in zip(pair_jobs.tolist(), cols[order].tolist(), g_all[pair_jobs].tolist()):
+            if j in granted or room[t] < g:
+                continue
+            granted[j] = t
+            room[t] -= g
+            if room[t] < smallest and max(room) < smallest:
+                break
+
+        # Realise: a job granted the type it runs on keeps its GPUs; the others start where
+        # find_gpus puts them, taking GPUs of running jobs left without a grant (lowest priority
+        # first) only where they are needed. Ungranted jobs nobody needs keep running.
+        victims: list[list[int]] = [[] for _ in range(n_types)]
+        if preempt and r.size:
+            row = self._row
+            losers = [j for j in r.tolist() if granted.get(j, -1) != rt_all[j]]
+            losers.sort(key=lambda j: (prio[row[j]].max() if row[j] >= 0 else 0.0,
+                                       -jobs.arrival_s[j], -j))
+            for j in losers:
+                victims[int(rt_all[j])].append(j)
+        started: set[int] = set()
+        for j, t in granted.items():
+            if rt_all[j] == t:
+                continue
+            gpus = working.find(j, t)
+            taken: list[int] = []
+            while gpus is None and victims[t]:
+                victim = victims[t].pop(0)
+                working.give(view.gpus_of(victim))
+                taken.append(victim)
+                gpus = working.find(j, t)
+            used = set(gpus) if gpus is not None else set()
+            returned = []
+            for victim in taken:
+                vg = view.gpus_of(victim)
+                if used.intersection(vg):
+                    stopped.append(victim)
+                else:
+                    working.take(vg)
+                    returned.append(victim)
+            victims[t][:0] = returned
+            if gpus is None:
+                continue
+            working.take(gpus)
+            if rt_all[j] >= 0 and j not in stopped:  # a move between types: stop it, start it there
+                old = int(rt_all[j])
+                if j in victims[old]:
+                    victims[old].remove(j)
+                working.give(view.gpus_of(j))
+                stopped.append(j)
+            starts.append((j, gpus))
+            started.add(j)
+
+        # Work conservation: leftover GPUs to queued jobs, earliest arrival first, fastest type.
+        if working.total > 0 and q.size:
+            rest = q[~np.isin(q, list(started))] if started else q
+            fits = ((jobs.speed[rest] > 0) & (g_all[rest][:, None] <= working.by_type[None, :])).any(axis=1)
+            rest = rest[fits]
+            rest = rest[np.lexsort((rest, jobs.arrival_s[rest]))]
+            for a in range(0, rest.size, 64):
+                if working.total == 0:
+                    break
+                for j in rest[a:a + 64].tolist():
+                    if working.total == 0:
+                        break
+                    placed = working.place(j)
+                    if placed is not None:
+                        working.take(placed[1])
+                        starts.append((j, placed[1]))
+        return Decision(starts=starts, preempt=stopped)
+
+
+def _per_node_max(view: ClusterView, healthy: np.ndarray, n_types: int) -> np.ndarray:
+    """Most healthy GPUs of each type on any one node."""
+    n_nodes = int(view.gpu_node.max()) + 1 if view.gpu_node.size else 0
+    counts = np.zeros((max(n_nodes, 1), n_types), dtype=np.int64)
+    np.add.at(counts, (view.gpu_node[healthy], view.gpu_type[healthy]), 1)
+    return counts.max(axis=0)
