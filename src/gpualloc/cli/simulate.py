@@ -118,7 +118,7 @@ def _table(rows: list[dict], title: str) -> None:
             return "-" if x != x else f"{x:.0%}"
         table.add_row(
             r["policy"], _h(r["avg_jct_s"]), _h(r["p50_jct_s"]), _h(r["p99_jct_s"]), _h(r["avg_queue_s"]),
-            f"{r['throughput_jobs_per_h']:.1f}", pct(r["utilization"]), pct(r["effective_utilization"]),
+            f"{r['throughput_jobs_per_h']:.3f}", pct(r["utilization"]), pct(r["effective_utilization"]),
             _h(r["makespan_s"]), f"{r['avg_slowdown']:.2f}", f"{r['avg_jct_s'] / lb:.2f}" if lb else "-",
             f"{1 - r['avg_jct_s'] / fcfs:+.0%}" if fcfs else "-", f"{r['hyperscore']:.3f}",
             str(r["preemptions"]), f"{r['sim_wall_s']:.2f} s")
