@@ -61,7 +61,8 @@ def learning_curve(log, path: Path, title: str) -> None:
 
 @app.command("placer")
 def placer_cmd(
-    graphs: str = typer.Option("resnet18,vgg16,alexnet,inception_v3,gnmt,densenet121", "--graphs",
+    graphs: str = typer.Option("resnet18,vgg16,alexnet,inception_v3,gnmt,densenet121,resnet-tiny,bert-tiny,gpt-tiny",
+                               "--graphs",
                                help="Comma-separated training graphs (files, PipeDream names under --data, zoo names)."),
     eval_graphs: str = typer.Option("resnet50,resnext50,squeezenet1_0,nasnetamobile", "--eval-graphs",
                                     help="Held-out graphs for periodic evaluation."),
