@@ -20,6 +20,10 @@ The model (details in ``docs/scheduling.md``):
 
 Running jobs' ``remaining_s`` and ``attained_gpu_s`` are brought up to date (vectorised over running
 jobs) before each decision, so policies see current values.
+
+:func:`simulate` asks a policy at each decision point; :class:`Simulation` runs the same loop (a
+generator, ``_Engine.steps``) one decision point at a time for a caller that decides itself, such as
+the scheduling environment of :mod:`gpualloc.rl.envs.scheduling_env`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,6 +258,113 @@ def simulate(trace: Trace, cluster: ClusterSpec, policy: Policy, *, speed: np.nd
                    checkpoint_interval_s, round_s, drop_unplaceable, seed, progress, timeline, check).run()
 
 
+class _Caller:
+    """Stands in for the policy of a :class:`Simulation`, whose caller decides instead."""
+
+    def __init__(self, name: str, preemptive: bool, round_s: float | None) -> None:
+        self.name, self.preemptive, self.round_s = name, preemptive, round_s
+
+
+class Simulation:
+    """:func:`simulate`, paused at every decision point, for a caller that decides itself (a
+    Gymnasium environment, a service).
+
+    The same engine as :func:`simulate` runs underneath, with the same events, decision points,
+    validation and result; only the loop is driven from outside::
+
+        sim = Simulation(trace, cluster, name="agent")
+        while not sim.done:
+            sim.decide(my_decision(sim.view))
+        result = sim.result
+
+    Args:
+        trace, cluster: as for :func:`simulate`.
+        name: the decider's name (``SimResult.policy``, error messages).
+        preemptive: the caller may preempt (``Decision.preempt``).
+        round_s: also pause every ``round_s`` seconds (see :func:`simulate`).
+        **options: the other keyword arguments of :func:`simulate` (``speed``,
+            ``restart_penalty_s``, ``failures``, ``checkpoint_interval_s``, ``drop_unplaceable``,
+            ``seed``, ``progress``, ``timeline``, ``check``).
+
+    Attributes:
+        view: the live view at the current decision point (read-only for the caller; ``None`` once
+            done).
+        done: every job has finished.
+    """
+
+    def __init__(self, trace: Trace, cluster: ClusterSpec, *, name: str = "external",
+                 preemptive: bool = False, round_s: float | None = None, **options) -> None:
+        unknown = sorted(set(options) - _SIM_OPTIONS)
+        if unknown:
+            raise SchedulingError(f"Simulation: unknown option(s) {', '.join(unknown)}")
+        kw = {"speed": None, "restart_penalty_s": 30.0, "failures": (), "checkpoint_interval_s": 0.0,
+              "drop_unplaceable": False, "seed": 0, "progress": None, "timeline": True, "check": False}
+        kw.update(options)
+        self._engine = _Engine(trace, cluster, _Caller(name, preemptive, round_s), kw["speed"], None,
+                               kw["restart_penalty_s"], kw["failures"], kw["checkpoint_interval_s"], round_s,
+                               kw["drop_unplaceable"], kw["seed"], kw["progress"], kw["timeline"], kw["check"])
+        self._steps = self._engine.steps()
+        self._result: SimResult | None = None
+        self.view: ClusterView | None = None
+        self._advance(None)
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    @property
+    def now_s(self) -> float:
+        """Simulated time of the current decision point (of the last event once done)."""
+        return float(self._engine.view.now_s)
+
+    @property
+    def jobs_area_s(self) -> float:
+        """Integral over time of the jobs in the system (queued or running), from the first arrival
+        to the current decision point: once done, the sum of all jobs' completion times."""
+        return self._engine.jobs_area_s
+
+    @property
+    def idle_area_gpu_s(self) -> float:
+        """Integral over time of the free GPUs (not running a job, not failed), from the first
+        arrival to the current decision point."""
+        return self._engine.idle_area_gpu_s
+
+    @property
+    def best_time_s(self) -> np.ndarray:
+        """Each job's run time alone on its fastest type that can hold it (NaN for rejected jobs),
+        as ``SimResult.best_time_s``."""
+        return self._engine.best_time_s
+
+    @property
+    def can_change(self) -> bool:
+        """Whether waiting can bring a change: a job runs, an arrival or a repair is still to come."""
+        eng = self._engine
+        return bool(eng.run_list) or eng.next_arrival < eng.n or eng.n_pending_fr > 0
+
+    @property
+    def result(self) -> SimResult:
+        """The run's result once :attr:`done`."""
+        if self._result is None:
+            raise SchedulingError("Simulation: the run is not finished")
+        return self._result
+
+    def decide(self, decision: Decision) -> None:
+        """Apply ``decision`` at the current decision point and run to the next one (or the end)."""
+        if self._result is not None:
+            raise SchedulingError("Simulation: the run is finished")
+        self._advance(decision)
+
+    def _advance(self, decision: Decision | None) -> None:
+        try:
+            self.view = next(self._steps) if decision is None else self._steps.send(decision)
+        except StopIteration as stop:
+            self._result, self.view = stop.value, None
+
+
+_SIM_OPTIONS = frozenset({"speed", "restart_penalty_s", "failures", "checkpoint_interval_s", "drop_unplaceable",
+                          "seed", "progress", "timeline", "check"})
+
+
 class _Engine:
     """One run's state. Hot paths read Python lists for static per-job data and write the
     :class:`JobTable` arrays policies see."""
@@ -378,6 +489,9 @@ class _Engine:
         self.n_pending_fr = len(self.failures)
         self.events = self.decisions = 0
         self.n_finished = 0
+        self.jobs_area_s = 0.0
+        self.idle_area_gpu_s = 0.0
+        self.next_arrival = 0
         self.times: list[float] = []
         self.busy_t: list[int] = []
         self.queue_t: list[int] = []
@@ -541,7 +655,8 @@ class _Engine:
 
     # ---------------------------------------------------------------------------- decisions
 
-    def _decide(self, now: float) -> None:
+    def _refresh(self, now: float) -> None:
+        """Bring the running jobs' ``remaining_s`` and ``attained_gpu_s`` up to ``now``."""
         tb = self.table
         n_run = len(self.run_list)
         if n_run:
@@ -549,12 +664,6 @@ class _Engine:
             tb.attained_gpu_s[r] = self.att_base[r] + (now - self.seg_start[r]) * tb.num_gpus[r]
             done = np.maximum(now - self.prog_start[r], 0.0) * self.run_speed[r]
             tb.remaining_s[r] = np.maximum(self.rem_base[r] - done, 0.0)
-        self.decisions += 1
-        decision = self.policy.decide(self.view)
-        if not isinstance(decision, Decision):
-            raise SchedulingError(f"policy {self.name}: decide() returned {type(decision).__name__}, "
-                                  f"not a Decision")
-        self._apply(decision, now)
 
     def _apply(self, decision: Decision, now: float) -> None:
         tb, n = self.table, self.n
@@ -638,6 +747,24 @@ class _Engine:
     # ---------------------------------------------------------------------------------- loop
 
     def run(self) -> SimResult:
+        """Replay the trace under ``self.policy``: :meth:`steps`, with the policy answering."""
+        steps = self.steps()
+        decide = self.policy.decide
+        try:
+            view = next(steps)
+            while True:
+                view = steps.send(decide(view))
+        except StopIteration as stop:
+            return stop.value
+
+    def steps(self) -> Generator[ClusterView, Decision, SimResult]:
+        """The event loop, paused at every decision point.
+
+        Yields the view when a decision is needed and takes the :class:`Decision` through
+        ``send``; returns the :class:`SimResult` (as ``StopIteration.value``) when every job is done.
+        While it runs, ``jobs_area_s`` and ``idle_area_gpu_s`` integrate the jobs in the system
+        (queued or running) and the free GPUs over time, from the first arrival.
+        """
         heap, arrivals, n = self.heap, self.arrivals, self.n
         queue, run_list = self.queue, self.run_list
         is_rejected = self.is_rejected.tolist()
@@ -649,6 +776,7 @@ class _Engine:
         step = max(1, n_expected // 100)
         next_report = step
         ptr = 0
+        last = arrivals[0] if n else 0.0
         while self.n_finished < n_expected:
             now = arrivals[ptr] if ptr < n else _INF
             if heap and heap[0][0] < now:
@@ -656,6 +784,10 @@ class _Engine:
             if now == _INF:
                 break
             view.now_s = now
+            if now > last:  # sum of JCTs and idle GPU time, as areas under the step functions
+                self.jobs_area_s += (now - last) * (len(queue) + len(run_list))
+                self.idle_area_gpu_s += (now - last) * self.n_free
+                last = now
             tick = False
             events0 = self.events
             while heap and heap[0][0] == now:
@@ -683,7 +815,14 @@ class _Engine:
             if self.events == events0:
                 continue  # only completions of stopped runs: nothing changed
             if queue and (self.n_free > 0 or allow_preempt) or (tick and allow_preempt and run_list):
-                self._decide(now)
+                self._refresh(now)
+                self.decisions += 1
+                self.next_arrival = ptr
+                decision = yield view
+                if not isinstance(decision, Decision):
+                    raise SchedulingError(f"policy {self.name}: decide() returned "
+                                          f"{type(decision).__name__}, not a Decision")
+                self._apply(decision, now)
             if check:
                 self._check_state()
             if rs is not None and not tick_pending and (

@@ -19,6 +19,7 @@ POLICIES: dict[str, str] = {
     "easy-backfill": "gpualloc.scheduling.policies.simple:EasyBackfill",
     "tiresias": "gpualloc.scheduling.policies.las:Tiresias",
     "gavel": "gpualloc.scheduling.policies.hetero:Gavel",
+    "dqn": "gpualloc.scheduling.policies.learned:DQNPolicy",
 }
 
 
