@@ -76,3 +76,18 @@ def test_job_larger_than_the_cluster(tmp_path):
     proc = sim("simulate", "--trace", str(trace), "--policy", "fcfs", "--json", "--drop-unplaceable")
     row = json.loads(proc.stdout)
     assert row["rejected"] == 1 and row["jobs"] == 1
+
+
+def test_dqn_policy_and_train_scheduler_cli(tmp_path):
+    out = tmp_path / "s.pt"
+    result = runner.invoke(app, ["train", "scheduler", "--cluster", "4xV100+4xT4", "--steps", "200", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.exists() and out.with_suffix(".png").exists() and "vs fcfs" in result.stdout
+    row = json.loads(sim("simulate", "--cluster", "4xV100+4xT4", "--generate", "30", "--policy", "dqn",
+                         "--agent", str(out), "--json").stdout)
+    assert row["policy"] == "dqn" and row["jobs"] == 30
+
+
+def test_train_scheduler_needs_a_source():
+    proc = run_main("train", "scheduler", "--no-generator", "--steps", "100")
+    assert proc.returncode == 2 and "--trace" in proc.stderr

@@ -14,7 +14,7 @@ from gpualloc.cli.common import DefaultToRun, console, err_console, print_json
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Simulate a GPU cluster: `simulate --cluster C --trace T --policy P`, `simulate compare`.")
 
-DEFAULT_POLICIES = "fcfs,static-affinity,sjf,srtf,easy-backfill,tiresias,gavel"
+DEFAULT_POLICIES = "fcfs,static-affinity,sjf,srtf,easy-backfill,tiresias,gavel,dqn"
 _CLUSTER = typer.Option(None, "--cluster", "-c",
                         help="Preset, shorthand or file; default adlro16, or the Alibaba node list of --nodes.")
 _TRACE = typer.Option(None, "--trace", "-t", help="Trace file.")
@@ -27,6 +27,7 @@ _HEAD = typer.Option(None, "--head", min=1, help="Only the first N jobs of the t
 _SEED = typer.Option(0, "--seed", help="Seed of the generator and of the policies.")
 _DROP = typer.Option(False, "--drop-unplaceable",
                      help="Reject jobs larger than any device type of the cluster instead of stopping.")
+_AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled adlro16 one).")
 
 
 def _workload(cluster: str | None, trace: Path | None, fmt: str | None, generate: int | None, load: float,
@@ -44,12 +45,12 @@ def _workload(cluster: str | None, trace: Path | None, fmt: str | None, generate
     return spec, jobs
 
 
-def _run(trace, cluster, policy_name: str, seed: int, drop: bool, label: str = ""):
+def _run(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None):
     from gpualloc.scheduling.policies import make_policy
     from gpualloc.scheduling.simulator import simulate
 
-    policy = make_policy(policy_name)
-    with Progress(TextColumn(f"{label or policy_name:<16}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
+    policy = make_policy(policy_name, **({"agent": agent} if policy_name == "dqn" and agent else {}))
+    with Progress(TextColumn(f"{policy_name:<16}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("jobs", total=len(trace))
         result = simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop,
@@ -61,6 +62,7 @@ def _run(trace, cluster, policy_name: str, seed: int, drop: bool, label: str = "
 def run_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
+    agent: Path = _AGENT,
     policy: str = typer.Option("fcfs", "--policy", "-p", help="Scheduling policy (see `simulate compare --help`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     out: Path = typer.Option(None, "-o", "--out", help="Write the metrics and every job's record here (JSON)."),
@@ -69,7 +71,7 @@ def run_cmd(
     from gpualloc.scheduling.metrics import summary
 
     spec, jobs = _workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    result = _run(jobs, spec, policy, seed, drop)
+    result = _run(jobs, spec, policy, seed, drop, agent)
     row = summary(result)
     if out is not None:
         out.write_text(json.dumps({**row, "jobs_records": _records(result)}, indent=1) + "\n")
@@ -83,6 +85,7 @@ def run_cmd(
 def compare_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
+    agent: Path = _AGENT,
     policies: str = typer.Option(DEFAULT_POLICIES, "--policies", help="Comma-separated policy names."),
     plots: Path = typer.Option(None, "--plots", help="Folder for the JCT CDF, utilisation and queue plots."),
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),
@@ -91,7 +94,7 @@ def compare_cmd(
     from gpualloc.scheduling.metrics import oracle_summary, summary
 
     spec, jobs = _workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    results = [_run(jobs, spec, name.strip(), seed, drop) for name in policies.split(",") if name.strip()]
+    results = [_run(jobs, spec, name.strip(), seed, drop, agent) for name in policies.split(",") if name.strip()]
     rows = [summary(r) for r in results] + [oracle_summary(results[0])]
     if plots is not None:
         from gpualloc.reports.sched_plots import plot_runs

@@ -100,3 +100,38 @@ def placer_cmd(
     learning_curve(log, curve, f"placement agent ({len(train_p)} training problems)")
     best = "-" if log.best_eval is None else f"{log.best_eval:+.4f}"
     console.print(f"wrote {out} (best held-out return {best}: mean gain over the best heuristic) and {curve}")
+
+
+@app.command("scheduler")
+def scheduler_cmd(
+    cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Cluster preset, shorthand or file."),
+    trace: list[Path] = typer.Option(None, "--trace", help="Training trace file(s); default: the synthetic generator."),
+    fmt: str = typer.Option(None, "--format", "-f", help="Trace format (default: from the file)."),
+    generator: bool = typer.Option(True, "--generator/--no-generator",
+                                   help="Train on synthetic traces (ignored when --trace is given)."),
+    steps: int = typer.Option(80_000, "--steps", min=100, help="Environment steps (scheduling decisions)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the agent and the generated traces."),
+    out: Path = typer.Option(Path("sched.pt"), "-o", "--out", help="Checkpoint (the best by held-out avg JCT)."),
+) -> None:
+    """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
+    from gpualloc.rl.train_scheduler import train_scheduler
+    from gpualloc.workload.traces import read_trace
+
+    if not trace and not generator:
+        from gpualloc.errors import TraceError
+
+        raise TraceError("give --trace FILE (one or more) or --generator")
+    traces = [read_trace(p, fmt) for p in trace] if trace else None
+    with _bar() as bar:
+        task = bar.add_task("train scheduler", total=steps, stats="")
+
+        def progress(step: int, total: int, stats: dict) -> None:
+            best = stats.get("best_avg_jct_s")
+            bar.update(task, completed=step, stats=f"episodes {stats.get('episodes', 0):,}  "
+                       f"eps {stats.get('epsilon', 1.0):.2f}  best eval avg JCT "
+                       f"{'-' if best is None else f'{best / 3600:.1f} h'}")
+
+        report = train_scheduler(cluster, out, steps=steps, seed=seed, traces=traces, progress=progress)
+    console.print(f"wrote {report.out_path} and {report.plot_path} in {report.wall_s:.0f} s")
+    for name in report.baselines:
+        console.print(f"  best checkpoint vs {name}: {report.improvement(name):+.1%} avg JCT")
