@@ -12,12 +12,10 @@ from gpualloc.reports.tables import placement_markdown
 ROW_KEYS = {"model", "cluster", "method", "training_time_s", "utilization", "mfu", "comm_overhead", "energy_j",
             "replans", "training_time_s_std", "replans_std"}
 
-
 @pytest.fixture(scope="module")
 def small():
     spec = TableSpec(models=(("resnet-tiny", 8),), clusters=("2xA100+2xV100",), seeds=2, iterations=500)
     return run_table(spec)
-
 
 def test_rows_cover_every_method(small):
     rows = small["rows"]
@@ -29,11 +27,9 @@ def test_rows_cover_every_method(small):
     assert by["static"]["gain_vs_static"] == 0.0 and by["best"]["gain_vs_best"] == 0.0
     assert by["static"]["replans"] == 0.0 and by["static"]["migration_time_s"] == 0.0
 
-
 def test_markdown_has_a_line_per_row(small):
     md = placement_markdown(small["rows"])
     assert md.count("\n") == len(small["rows"]) + 2 and "| resnet-tiny | 2xA100+2xV100 | dqn |" in md
-
 
 def test_reproduce_placement_quick_cli(tmp_path):
     from tests.cli.test_cli import invoke

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gpualloc.cli.common import console, err_console, print_json
 
-app = typer.Typer(no_args_is_help=True, help="Regenerate the results tables: `reproduce placement`.")
+app = typer.Typer(no_args_is_help=True, help="Regenerate the results tables: `reproduce placement`, `reproduce scheduling`.")
 
 
 @app.command("placement")
@@ -53,3 +53,48 @@ def placement_cmd(
         return
     console.print(table)
     console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, training_time.png, energy.png")
+
+
+@app.command("scheduling")
+def scheduling_cmd(
+    quick: bool = typer.Option(False, "--quick", help="Load 0.8 only, 2 seeds, 120 jobs: the CI smoke version."),
+    seeds: int = typer.Option(None, "--seeds", min=2, help="Seeds (synthetic traces) per load."),
+    data: Path = typer.Option(Path("../shared/data"), "--data",
+                              help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); skipped if absent."),
+    agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled adlro16 one)."),
+    out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", help="Folder for table.md, results.json, plots."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
+) -> None:
+    """adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
+    scaled to the cluster: every policy, the DQN agent and the lower bound."""
+    from dataclasses import replace
+
+    from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table, total_runs
+    from gpualloc.reports.tables import plot_bars, scheduling_markdown
+
+    spec = SchedTableSpec.quick() if quick else SchedTableSpec()
+    if seeds:
+        spec = replace(spec, seeds=seeds)
+    root = data if data.is_dir() else None
+    with Progress(TextColumn("{task.description:<32}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("scheduling table", total=total_runs(spec, root is not None))
+        result = run_table(spec, root, agent=agent,
+                           progress=lambda what: bar.update(task, advance=1, description=what))
+    out.mkdir(parents=True, exist_ok=True)
+    command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "")
+    result["command"] = command
+    result["real_traces"] = "included" if root is not None else f"skipped: {data} not found"
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = scheduling_markdown(result["rows"])
+    (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
+    synthetic = [r for r in result["rows"] if r["part"] == "synthetic"]
+    plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (s)",
+              title=f"{spec.cluster}: average JCT by load")
+    plot_bars([r for r in result["rows"] if r["part"] == "real"], ("trace",), "policy", "avg_jct_s",
+              out / "real_traces.png", ylabel="average JCT (s)", title="real traces scaled to the cluster")
+    if as_json:
+        print_json(result)
+        return
+    console.print(table)
+    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, avg_jct.png, real_traces.png")

@@ -1,0 +1,149 @@
+"""The scheduling results table: every policy, the DQN agent and the lower bound, side by side.
+
+Part 1, synthetic: on ``adlro16``, for each load and seed, one trace from the Gavel-style generator
+(simulation / ML training / data processing mixed) is replayed under every policy. Rows are means,
+standard deviations and 95% confidence intervals (Student t) over seeds.
+
+Part 2, real traces the agent never saw in training: windows of Gavel's msr trace, Philly, and
+Alibaba's pod list, each *scaled to the cluster*: the window's arrival times are stretched or
+compressed so its offered load (reference GPU-seconds over the span, per GPU) is ``load``. Jobs no
+device type of the cluster can hold (gangs over 8 GPUs, Alibaba pods pinned to GPU models the
+cluster lacks) are rejected and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from gpualloc.hardware.cluster import ClusterSpec, load_cluster
+from gpualloc.scheduling.metrics import oracle_summary, summary
+from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.simulator import simulate
+from gpualloc.workload.jobs import Trace
+from gpualloc.workload.traces import generate, read_trace
+
+POLICIES = ("fcfs", "static-affinity", "sjf", "srtf", "tiresias", "gavel", "dqn")
+METRICS = ("avg_jct_s", "throughput_jobs_per_h", "utilization", "p99_jct_s", "makespan_s", "hyperscore",
+           "effective_utilization")
+REAL_TRACES = (("gavel-msr", "gavel/msr-seed0/0e4a51.trace", "gavel"),
+               ("philly", "philly/philly.csv", "philly"),
+               ("alibaba", "alibaba-gpu-v2023/openb_pod_list_default.csv", "alibaba"))
+
+
+@dataclass(frozen=True)
+class SchedTableSpec:
+    """What to run; ``quick`` is the CI smoke version."""
+
+    cluster: str = "adlro16"
+    loads: tuple[float, ...] = (0.5, 0.8, 1.0)
+    seeds: int = 5
+    jobs: int = 300
+    real_jobs: int = 300
+    real_load: float = 0.8
+
+    @classmethod
+    def quick(cls) -> "SchedTableSpec":
+        return cls(loads=(0.8,), seeds=2, jobs=120, real_jobs=120)
+
+
+def scale_to_load(trace: Trace, cluster: ClusterSpec, load: float) -> Trace:
+    """The same jobs with arrivals rescaled so the offered load on ``cluster`` is ``load``."""
+    jobs = trace.shifted().jobs
+    span = max(j.arrival_s for j in jobs) if jobs else 0.0
+    work = sum(j.gpu_seconds for j in jobs)
+    target = work / (len(cluster) * load)
+    factor = target / span if span > 0 else 1.0
+    return Trace(tuple(replace(j, arrival_s=j.arrival_s * factor) for j in jobs), trace.source, trace.format,
+                 {**trace.meta, "arrival_scale": factor, "load": load})
+
+
+def _aggregate(runs: Sequence[dict[str, Any]], oracle: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for key in METRICS:
+        vals = np.array([r[key] for r in runs], dtype=float)
+        row[key] = float(np.mean(vals))
+        row[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+    jct = np.array([r["avg_jct_s"] for r in runs])
+    if len(jct) > 1:
+        half = stats.t.ppf(0.975, len(jct) - 1) * np.std(jct, ddof=1) / np.sqrt(len(jct))
+        row["avg_jct_s_ci95"] = [float(jct.mean() - half), float(jct.mean() + half)]
+    row["x_bound"] = float(np.mean([r["avg_jct_s"] / o["avg_jct_s"] for r, o in zip(runs, oracle)]))
+    row["rejected"] = int(sum(r["rejected"] for r in runs))
+    return row
+
+
+def _paired_ci(a: Sequence[float], b: Sequence[float]) -> list[float] | None:
+    """95% CI of the mean relative reduction ``1 - a/b`` over paired seeds."""
+    d = 1.0 - np.asarray(a) / np.asarray(b)
+    if len(d) < 2:
+        return None
+    half = stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d))
+    return [float(d.mean() - half), float(d.mean() + half)]
+
+
+def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agent: str | Path | None = None,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run part 1 (and part 2 when ``data_root`` holds the traces); returns rows as plain dicts."""
+    start = time.perf_counter()
+    cluster = load_cluster(spec.cluster)
+
+    def run_all(trace: Trace, seed: int, label: str) -> tuple[dict[str, dict], dict]:
+        out = {}
+        for name in POLICIES:
+            policy = make_policy(name, **({"agent": agent} if name == "dqn" and agent else {}))
+            result = simulate(trace, cluster, policy, seed=seed, drop_unplaceable=True, timeline=False)
+            out[name] = summary(result)
+            if progress is not None:
+                progress(f"{label} {name}")
+        return out, oracle_summary(result)
+
+    rows = []
+    for load in spec.loads:
+        per: dict[str, list] = {p: [] for p in POLICIES}
+        oracle = []
+        for seed in range(spec.seeds):
+            trace = generate(spec.jobs, cluster, load, seed=10_000 + seed)  # never the agent's training seeds
+            res, orc = run_all(trace, seed, f"load {load} seed {seed}")
+            for p in POLICIES:
+                per[p].append(res[p])
+            oracle.append(orc)
+        for p in [*POLICIES, "oracle-lb"]:
+            runs = per[p] if p != "oracle-lb" else oracle
+            row = {"part": "synthetic", "trace": "synthetic", "load": load, "policy": p, "seeds": spec.seeds,
+                   **_aggregate(runs, oracle)}
+            if p != "oracle-lb":
+                mine = [r["avg_jct_s"] for r in runs]
+                row["vs_fcfs_ci95"] = _paired_ci(mine, [r["avg_jct_s"] for r in per["fcfs"]])
+                row["vs_static_affinity_ci95"] = _paired_ci(mine, [r["avg_jct_s"] for r in per["static-affinity"]])
+            rows.append(row)
+
+    if data_root is not None:
+        root = Path(data_root)
+        for label, rel, fmt in REAL_TRACES:
+            path = root / rel
+            if not path.exists():
+                continue
+            trace = scale_to_load(read_trace(path, fmt).head(spec.real_jobs), cluster, spec.real_load)
+            res, orc = run_all(trace, 0, label)
+            for p in [*POLICIES, "oracle-lb"]:
+                r = res[p] if p != "oracle-lb" else orc
+                rows.append({"part": "real", "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
+                             **_aggregate([r], [orc])})
+    for r in rows:
+        same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]]
+        fcfs = next(x["avg_jct_s"] for x in same if x["policy"] == "fcfs")
+        r["vs_fcfs"] = 1.0 - r["avg_jct_s"] / fcfs
+    return {"spec": {"cluster": spec.cluster, "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
+                     "real_jobs": spec.real_jobs, "real_load": spec.real_load},
+            "rows": rows, "wall_s": time.perf_counter() - start}
+
+
+def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
+    return len(POLICIES) * (len(spec.loads) * spec.seeds + (len(REAL_TRACES) if with_real else 0))

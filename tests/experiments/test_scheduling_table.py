@@ -1,0 +1,43 @@
+"""`gpualloc reproduce scheduling`: rows, confidence intervals, real traces scaled to the cluster."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpualloc.experiments.scheduling_table import POLICIES, SchedTableSpec, run_table, scale_to_load
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.workload.traces import generate
+
+ROW_KEYS = {"policy", "load", "avg_jct_s", "throughput_jobs_per_h", "utilization", "p99_jct_s", "hyperscore",
+            "avg_jct_s_std", "throughput_jobs_per_h_std"}
+
+
+def test_scale_to_load_sets_the_offered_load():
+    cluster = load_cluster("adlro16")
+    trace = generate(200, cluster, 0.3, seed=1)
+    scaled = scale_to_load(trace, cluster, 0.9)
+    span = scaled.jobs[-1].arrival_s
+    work = sum(j.gpu_seconds for j in scaled.jobs)
+    assert work / (len(cluster) * span) == pytest.approx(0.9)
+    assert [j.id for j in scaled.jobs] == [j.id for j in trace.jobs]
+
+
+def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
+    from tests.cli.test_cli import invoke
+
+    doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--json", "--data", str(shared_data),
+                            "--out", str(tmp_path)).stdout)
+    rows = doc["rows"]
+    synthetic = [r for r in rows if r["trace"] == "synthetic"]
+    assert {r["policy"] for r in synthetic} == {*POLICIES, "oracle-lb"}
+    for r in synthetic:
+        assert ROW_KEYS <= set(r)
+        assert r["avg_jct_s"] >= next(x["avg_jct_s"] for x in synthetic if x["policy"] == "oracle-lb") * (1 - 1e-9)
+        lo, hi = r["avg_jct_s_ci95"]
+        assert lo <= r["avg_jct_s"] <= hi
+    assert {r["trace"] for r in rows} == {"synthetic", "gavel-msr", "philly", "alibaba"}
+    for name in ("table.md", "results.json", "avg_jct.png", "real_traces.png"):
+        assert (tmp_path / name).exists()
