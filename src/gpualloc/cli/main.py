@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from gpualloc import __version__
-from gpualloc.cli import cost, graph, hw, place, reproduce, simulate, train
+from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli.common import console, err_console
 from gpualloc.errors import GpuallocError
 
@@ -28,6 +28,7 @@ app.add_typer(place.app, name="place")
 app.add_typer(simulate.app, name="simulate")
 app.add_typer(train.app, name="train")
 app.add_typer(reproduce.app, name="reproduce")
+app.add_typer(monitor.app, name="monitor")
 
 
 def _version(value: bool) -> None:
