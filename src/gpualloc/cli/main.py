@@ -49,7 +49,8 @@ def demo(
     out: Path = typer.Option(Path("out/demo"), "--out", help="Folder for the demo's files."),
     batch: int = typer.Option(32, "--batch", min=1, help="Batch size."),
 ) -> None:
-    """Capture ResNet-50, summarise its graph, and cost one training step on A100, V100 and T4."""
+    """Capture ResNet-50, cost a training step on A100/V100/T4, place it on 4 A100 + 4 V100 with every
+    method, and schedule 200 jobs on adlro16 under every policy."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "resnet50.json"
     console.rule("[bold]1. capture ResNet-50 (torch.export + FLOP counter)")
@@ -58,7 +59,13 @@ def demo(
     graph.show_cmd(path, as_json=False, top=5)
     console.rule("[bold]3. one training step on A100 vs V100 vs T4 (calibrated cost model)")
     cost.estimate_cmd(str(path), "A100,V100,T4", batch, as_json=False)
-    console.print(f"\nNext: gpualloc graph show {path} | gpualloc hw list | gpualloc cost calibration")
+    console.rule("[bold]4. place it on hetero8 (4 A100 + 4 V100): every method vs the lower bound")
+    place.compare_cmd(graph=str(path), cluster="hetero8", microbatches=1, batch=batch, seed=0, as_json=False)
+    console.rule("[bold]5. schedule 200 synthetic jobs on adlro16 (8 V100 + 4 T4 + 4 MI50) under every policy")
+    simulate.compare_cmd(cluster="adlro16", trace=None, fmt=None, generate=200, load=0.8, nodes=None, head=None,
+                         seed=0, drop=False, agent=None, policies=simulate.DEFAULT_POLICIES,
+                         plots=out / "sched-plots", as_json=False)
+    console.print(f"\nNext: gpualloc place --help | gpualloc simulate --help | gpualloc reproduce --help")
 
 
 def main() -> None:

@@ -12,8 +12,11 @@ from gpualloc.scheduling.simulator import SimResult
 
 
 def _plt():
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # no font-fallback chatter
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
