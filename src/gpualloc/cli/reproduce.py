@@ -64,25 +64,39 @@ def scheduling_cmd(
     agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled adlro16 one)."),
     out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", help="Folder for table.md, results.json, plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run the simulations as Ray tasks (local Ray unless "
+                                 "--ray-address)."),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (implies --ray), e.g. 'auto'."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Parallel simulations: local processes without --ray, "
+                                "CPUs of a local Ray with it."),
+    loads: str = typer.Option(None, "--loads", hidden=True, help="Comma-separated loads (tests)."),
+    jobs: int = typer.Option(None, "--jobs", min=1, hidden=True, help="Jobs per synthetic trace (tests)."),
 ) -> None:
     """adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
     scaled to the cluster: every policy, the DQN agent and the lower bound."""
     from dataclasses import replace
 
+    from gpualloc.experiments.parallel import make_executor
     from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table, total_runs
     from gpualloc.reports.tables import plot_bars, scheduling_markdown
 
     spec = SchedTableSpec.quick() if quick else SchedTableSpec()
     if seeds:
         spec = replace(spec, seeds=seeds)
+    if loads:
+        spec = replace(spec, loads=tuple(float(x) for x in loads.split(",")))
+    if jobs:
+        spec = replace(spec, jobs=jobs, real_jobs=jobs)
     root = data if data.is_dir() else None
     with Progress(TextColumn("{task.description:<32}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar, \
+            make_executor(use_ray, ray_address, workers) as executor:
         task = bar.add_task("scheduling table", total=total_runs(spec, root is not None))
-        result = run_table(spec, root, agent=agent,
+        result = run_table(spec, root, agent=agent, executor=executor,
                            progress=lambda what: bar.update(task, advance=1, description=what))
     out.mkdir(parents=True, exist_ok=True)
-    command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "")
+    command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "") \
+        + (f" --loads {loads}" if loads else "") + (f" --jobs {jobs}" if jobs else "")
     result["command"] = command
     result["real_traces"] = "included" if root is not None else f"skipped: {data} not found"
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -91,10 +105,13 @@ def scheduling_cmd(
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic"]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (s)",
               title=f"{spec.cluster}: average JCT by load")
-    plot_bars([r for r in result["rows"] if r["part"] == "real"], ("trace",), "policy", "avg_jct_s",
-              out / "real_traces.png", ylabel="average JCT (s)", title="real traces scaled to the cluster")
+    real = [r for r in result["rows"] if r["part"] == "real"]
+    if real:  # no real traces found: nothing to plot
+        plot_bars(real, ("trace",), "policy", "avg_jct_s", out / "real_traces.png", ylabel="average JCT (s)",
+                  title="real traces scaled to the cluster")
     if as_json:
         print_json(result)
         return
     console.print(table)
-    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, avg_jct.png, real_traces.png")
+    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, avg_jct.png"
+                  + (", real_traces.png" if real else ""))

@@ -112,8 +112,14 @@ def scheduler_cmd(
     steps: int = typer.Option(80_000, "--steps", min=100, help="Environment steps (scheduling decisions)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the agent and the generated traces."),
     out: Path = typer.Option(Path("sched.pt"), "-o", "--out", help="Checkpoint (the best by held-out avg JCT)."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run the held-out evaluations as Ray tasks (local Ray "
+                                 "unless --ray-address)."),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (implies --ray), e.g. 'auto'."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Parallel evaluation runs: local processes without --ray, "
+                                "CPUs of a local Ray with it."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
+    from gpualloc.experiments.parallel import make_executor
     from gpualloc.rl.train_scheduler import train_scheduler
     from gpualloc.workload.traces import read_trace
 
@@ -122,7 +128,7 @@ def scheduler_cmd(
 
         raise TraceError("give --trace FILE (one or more) or --generator")
     traces = [read_trace(p, fmt) for p in trace] if trace else None
-    with _bar() as bar:
+    with _bar() as bar, make_executor(use_ray, ray_address, workers) as executor:
         task = bar.add_task("train scheduler", total=steps, stats="")
 
         def progress(step: int, total: int, stats: dict) -> None:
@@ -131,7 +137,8 @@ def scheduler_cmd(
                        f"eps {stats.get('epsilon', 1.0):.2f}  best eval avg JCT "
                        f"{'-' if best is None else f'{best / 3600:.1f} h'}")
 
-        report = train_scheduler(cluster, out, steps=steps, seed=seed, traces=traces, progress=progress)
+        report = train_scheduler(cluster, out, steps=steps, seed=seed, traces=traces, progress=progress,
+                                 executor=executor)
     console.print(f"wrote {report.out_path} and {report.plot_path} in {report.wall_s:.0f} s")
     for name in report.baselines:
         console.print(f"  best checkpoint vs {name}: {report.improvement(name):+.1%} avg JCT")

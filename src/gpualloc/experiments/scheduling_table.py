@@ -14,6 +14,7 @@ cluster lacks) are rejected and counted.
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from gpualloc.experiments.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, summary
 from gpualloc.scheduling.policies import make_policy
@@ -47,6 +49,7 @@ class SchedTableSpec:
     jobs: int = 300
     real_jobs: int = 300
     real_load: float = 0.8
+    policies: tuple[str, ...] = POLICIES
 
     @classmethod
     def quick(cls) -> "SchedTableSpec":
@@ -88,62 +91,117 @@ def _paired_ci(a: Sequence[float], b: Sequence[float]) -> list[float] | None:
     return [float(d.mean() - half), float(d.mean() + half)]
 
 
-def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agent: str | Path | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run part 1 (and part 2 when ``data_root`` holds the traces); returns rows as plain dicts."""
-    start = time.perf_counter()
-    cluster = load_cluster(spec.cluster)
+@dataclass(frozen=True)
+class SchedRun:
+    """One unit of work: one policy on one trace, rebuilt in the worker from these small values.
 
-    def run_all(trace: Trace, seed: int, label: str) -> tuple[dict[str, dict], dict]:
-        out = {}
-        for name in POLICIES:
-            policy = make_policy(name, **({"agent": agent} if name == "dqn" and agent else {}))
-            result = simulate(trace, cluster, policy, seed=seed, drop_unplaceable=True, timeline=False)
-            out[name] = summary(result)
-            if progress is not None:
-                progress(f"{label} {name}")
-        return out, oracle_summary(result)
+    A synthetic trace is ``generate(jobs, cluster, load, seed=trace_seed)``; a real one is the first
+    ``jobs`` jobs of ``path`` (read as ``fmt``) scaled to ``load``.
+    """
+
+    cluster: str
+    policy: str
+    seed: int
+    load: float
+    jobs: int
+    trace_seed: int | None = None
+    path: str | None = None
+    fmt: str | None = None
+    agent: str | None = None
+
+
+@lru_cache(maxsize=4)
+def _trace(cluster: str, load: float, jobs: int, trace_seed: int | None, path: str | None, fmt: str | None) -> Trace:
+    # cached: every policy of one (trace, seed) replays the same trace, often in the same worker
+    spec = load_cluster(cluster)
+    if path is None:
+        return generate(jobs, spec, load, seed=trace_seed)
+    return scale_to_load(read_trace(path, fmt).head(jobs), spec, load)
+
+
+def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
+    cluster = load_cluster(run.cluster)
+    trace = _trace(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
+    policy = make_policy(run.policy, **({"agent": run.agent} if run.policy == "dqn" and run.agent else {}))
+    result = simulate(trace, cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=False)
+    return summary(result), oracle_summary(result)
+
+
+def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agent: str | Path | None = None,
+              progress: Callable[[str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
+    """Run part 1 (and part 2 when ``data_root`` holds the traces); returns rows as plain dicts.
+
+    Every (trace, seed, policy) simulation is one item for ``executor`` (default: in this process);
+    the rows do not depend on which executor ran them.
+    """
+    start = time.perf_counter()
+    policies = spec.policies
+    agent_arg = None if agent is None else str(agent)
+    runs: list[tuple[str, SchedRun]] = []
+    for load in spec.loads:
+        for seed in range(spec.seeds):
+            for name in policies:  # trace seeds 10_000+ are never the agent's training seeds
+                runs.append((f"load {load} seed {seed} {name}",
+                             SchedRun(spec.cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
+                                      agent=agent_arg)))
+    real = []
+    if data_root is not None:
+        root = Path(data_root)
+        real = [(label, root / rel, fmt) for label, rel, fmt in REAL_TRACES if (root / rel).exists()]
+        for label, path, fmt in real:
+            for name in policies:
+                runs.append((f"{label} {name}", SchedRun(spec.cluster, name, 0, spec.real_load, spec.real_jobs,
+                                                         path=str(path), fmt=fmt, agent=agent_arg)))
+
+    def done(i: int, _result: object) -> None:
+        if progress is not None:
+            progress(runs[i][0])
+
+    results = iter((executor or SerialExecutor()).map(run_one, [r for _, r in runs], on_result=done))
+
+    def take() -> tuple[dict[str, dict], dict]:
+        # one trace's runs in policy order; the oracle row comes from the last policy's result
+        out = {name: next(results) for name in policies}
+        return {name: s for name, (s, _) in out.items()}, out[policies[-1]][1]
 
     rows = []
     for load in spec.loads:
-        per: dict[str, list] = {p: [] for p in POLICIES}
+        per: dict[str, list] = {p: [] for p in policies}
         oracle = []
-        for seed in range(spec.seeds):
-            trace = generate(spec.jobs, cluster, load, seed=10_000 + seed)  # never the agent's training seeds
-            res, orc = run_all(trace, seed, f"load {load} seed {seed}")
-            for p in POLICIES:
+        for _seed in range(spec.seeds):
+            res, orc = take()
+            for p in policies:
                 per[p].append(res[p])
             oracle.append(orc)
-        for p in [*POLICIES, "oracle-lb"]:
-            runs = per[p] if p != "oracle-lb" else oracle
+        for p in [*policies, "oracle-lb"]:
+            runs_p = per[p] if p != "oracle-lb" else oracle
             row = {"part": "synthetic", "trace": "synthetic", "load": load, "policy": p, "seeds": spec.seeds,
-                   **_aggregate(runs, oracle)}
+                   **_aggregate(runs_p, oracle)}
             if p != "oracle-lb":
-                mine = [r["avg_jct_s"] for r in runs]
-                row["vs_fcfs_ci95"] = _paired_ci(mine, [r["avg_jct_s"] for r in per["fcfs"]])
-                row["vs_static_affinity_ci95"] = _paired_ci(mine, [r["avg_jct_s"] for r in per["static-affinity"]])
+                mine = [r["avg_jct_s"] for r in runs_p]
+                if "fcfs" in per:
+                    row["vs_fcfs_ci95"] = _paired_ci(mine, [r["avg_jct_s"] for r in per["fcfs"]])
+                if "static-affinity" in per:
+                    row["vs_static_affinity_ci95"] = _paired_ci(
+                        mine, [r["avg_jct_s"] for r in per["static-affinity"]])
             rows.append(row)
 
-    if data_root is not None:
-        root = Path(data_root)
-        for label, rel, fmt in REAL_TRACES:
-            path = root / rel
-            if not path.exists():
-                continue
-            trace = scale_to_load(read_trace(path, fmt).head(spec.real_jobs), cluster, spec.real_load)
-            res, orc = run_all(trace, 0, label)
-            for p in [*POLICIES, "oracle-lb"]:
-                r = res[p] if p != "oracle-lb" else orc
-                rows.append({"part": "real", "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
-                             **_aggregate([r], [orc])})
+    for label, _path, _fmt in real:
+        res, orc = take()
+        for p in [*policies, "oracle-lb"]:
+            r = res[p] if p != "oracle-lb" else orc
+            rows.append({"part": "real", "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
+                         **_aggregate([r], [orc])})
     for r in rows:
         same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]]
-        fcfs = next(x["avg_jct_s"] for x in same if x["policy"] == "fcfs")
-        r["vs_fcfs"] = 1.0 - r["avg_jct_s"] / fcfs
+        fcfs = next((x["avg_jct_s"] for x in same if x["policy"] == "fcfs"), None)
+        if fcfs is not None:
+            r["vs_fcfs"] = 1.0 - r["avg_jct_s"] / fcfs
     return {"spec": {"cluster": spec.cluster, "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
-                     "real_jobs": spec.real_jobs, "real_load": spec.real_load},
+                     "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
             "rows": rows, "wall_s": time.perf_counter() - start}
 
 
 def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
-    return len(POLICIES) * (len(spec.loads) * spec.seeds + (len(REAL_TRACES) if with_real else 0))
+    return len(spec.policies) * (len(spec.loads) * spec.seeds + (len(REAL_TRACES) if with_real else 0))

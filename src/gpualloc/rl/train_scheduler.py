@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gpualloc.errors import AgentError
+from gpualloc.experiments.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
@@ -32,7 +33,7 @@ from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
 
-__all__ = ["DEFAULT_CONFIG", "EvalPoint", "SchedulerTrainReport", "evaluate_policies", "held_out_traces",
+__all__ = ["DEFAULT_CONFIG", "EvalPoint", "EvalRun", "eval_one", "SchedulerTrainReport", "evaluate_policies", "held_out_traces",
            "train_scheduler"]
 
 DEFAULT_CONFIG = DQNConfig(
@@ -109,6 +110,26 @@ def evaluate_policies(cluster: ClusterSpec, traces: Sequence[Trace], policies: M
     return out
 
 
+@dataclass(frozen=True)
+class EvalRun:
+    """One held-out evaluation: ``policy`` (a registry name; ``dqn`` loads the checkpoint ``agent``)
+    on ``trace``. Small and picklable, so any :class:`~gpualloc.experiments.parallel.Executor` runs it."""
+
+    cluster: ClusterSpec
+    trace: Trace
+    policy: str
+    agent: str | None = None
+
+
+def eval_one(run: EvalRun) -> float:
+    """Average JCT of ``run`` (what :func:`evaluate_policies` computes, for one policy and trace)."""
+    if run.policy == "dqn":
+        policy = DQNPolicy(run.agent, requests=JobRequests.from_trace(run.trace))
+    else:
+        policy = make_policy(run.policy)
+    return metrics.avg_jct_s(simulate(run.trace, run.cluster, policy, drop_unplaceable=True, timeline=False))
+
+
 def train_scheduler(
     cluster: ClusterSpec | str,
     out_path: str | Path,
@@ -130,6 +151,7 @@ def train_scheduler(
     plot_path: str | Path | None = None,
     progress: Callable[[int, int, dict], None] | None = None,
     threads: int | None = 1,
+    executor: Executor | None = None,
 ) -> SchedulerTrainReport:
     """Train a scheduling agent on ``cluster`` and keep the best checkpoint at ``out_path``.
 
@@ -156,6 +178,11 @@ def train_scheduler(
         threads: torch intra-op threads while training (restored after); None leaves torch's
             setting. One thread is fastest for these small networks: more threads cost start-up
             and contend with the simulator.
+        executor: where the held-out runs go (baselines once, the agent at every evaluation: one
+            item per trace and policy); default in this process. The agent reaches the workers as a
+            checkpoint written next to ``out_path`` (``<stem>.eval.pt``, removed at the end), so on a
+            multi-node Ray cluster ``out_path`` must be on storage every node reads. Experience
+            collection and gradient steps stay in this process; results do not depend on the executor.
 
     Returns:
         The :class:`SchedulerTrainReport`.
@@ -187,16 +214,20 @@ def train_scheduler(
 
     held_out = list(eval_traces) if eval_traces is not None else held_out_traces(
         spec, eval_seeds, num_jobs=eval_jobs, load=eval_load)
-    base = evaluate_policies(spec, held_out, {name: (lambda t, n=name: make_policy(n)) for name in baselines})
-    base_avg = {name: float(np.mean(v)) for name, v in base.items()}
+    executor = executor or SerialExecutor()
+    eval_ckpt = out_path.with_name(f"{out_path.stem}.eval.pt")
+    base = executor.map(eval_one, [EvalRun(spec, t, name) for name in baselines for t in held_out])
+    base_avg = {name: float(np.mean(base[k * len(held_out):(k + 1) * len(held_out)]))
+                for k, name in enumerate(baselines)}
 
     evals: list[EvalPoint] = []
     best: list[EvalPoint] = []
     stats = {"episodes": 0, "epsilon": 1.0, "last_return": None, "eval_avg_jct_s": None, "best_avg_jct_s": None}
 
     def evaluate_now(step: int) -> None:
-        per = evaluate_policies(spec, held_out, {"dqn": lambda t: DQNPolicy(agent, requests=JobRequests.from_trace(t))})
-        point = EvalPoint(step, float(np.mean(per["dqn"])), per["dqn"])
+        agent.save(eval_ckpt)
+        per = tuple(executor.map(eval_one, [EvalRun(spec, t, "dqn", str(eval_ckpt)) for t in held_out]))
+        point = EvalPoint(step, float(np.mean(per)), per)
         evals.append(point)
         if not best or point.avg_jct_s < best[0].avg_jct_s:
             best[:] = [point]
@@ -225,6 +256,7 @@ def train_scheduler(
                 progress(log.steps, steps, dict(stats))
     finally:
         torch.set_num_threads(before)
+        eval_ckpt.unlink(missing_ok=True)
     report = SchedulerTrainReport(
         out_path=out_path, plot_path=plot_path, cluster=spec.name, steps=log.steps,
         episodes=len(log.episode_returns), wall_s=0.0, evals=tuple(evals), best=best[0], baselines=base_avg,
