@@ -316,6 +316,14 @@ class FreeGpus:
         """Mark ``gpus`` as used by a planned start."""
         self._move(gpus, False, -1)
 
+    def start(self, job: int, types: Sequence[int] | None = None) -> tuple[int, ...] | None:
+        """:meth:`place` ``job`` and :meth:`take` its GPUs; the GPUs, or ``None`` if it does not fit."""
+        placed = self.place(job, types)
+        if placed is None:
+            return None
+        self.take(placed[1])
+        return placed[1]
+
     def give(self, gpus: Sequence[int]) -> None:
         """Mark ``gpus`` as free again (a planned preemption)."""
         self._move(gpus, True, 1)

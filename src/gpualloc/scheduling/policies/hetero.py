@@ -487,10 +487,9 @@ class Gavel:
                 for j in rest[a:a + 64].tolist():
                     if working.total == 0:
                         break
-                    placed = working.place(j)
-                    if placed is not None:
-                        working.take(placed[1])
-                        starts.append((j, placed[1]))
+                    gpus = working.start(j)
+                    if gpus is not None:
+                        starts.append((j, gpus))
         return Decision(starts=starts, preempt=stopped)
 
 

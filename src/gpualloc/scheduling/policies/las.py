@@ -222,11 +222,10 @@ class Tiresias:
         working = view.free_gpus()
         starts: list[tuple[int, tuple[int, ...]]] = []
         for j in q[order].tolist():
-            placed = working.place(j)
-            if placed is None:
+            gpus = working.start(j)
+            if gpus is None:
                 return None
-            working.take(placed[1])
-            starts.append((j, placed[1]))
+            starts.append((j, gpus))
         return Decision(starts=starts)
 
     def _promote_and_level(self, view: ClusterView, q: np.ndarray) -> np.ndarray:

@@ -44,11 +44,10 @@ class FCFS:
                 pool = view.free_gpus()
             if pool.total == 0:
                 break
-            placed = pool.place(j)
-            if placed is None:
+            gpus = pool.start(j)
+            if gpus is None:
                 break
-            pool.take(placed[1])
-            starts.append((j, placed[1]))
+            starts.append((j, gpus))
         return Decision(starts)
 
 
@@ -183,10 +182,9 @@ class SJF:
         for j in _backfill_candidates(view, q[np.argsort(key, kind="stable")], pool):
             if pool.total == 0:
                 break
-            placed = pool.place(j)
-            if placed is not None:
-                pool.take(placed[1])
-                starts.append((j, placed[1]))
+            gpus = pool.start(j)
+            if gpus is not None:
+                starts.append((j, gpus))
         return Decision(starts)
 
 
@@ -219,10 +217,9 @@ class SRTF:
         preempt: list[int] = []
         victim = np.zeros(len(run), dtype=bool)
         for j in order.tolist():
-            placed = pool.place(j)
-            if placed is not None:
-                pool.take(placed[1])
-                starts.append((j, placed[1]))
+            gpus = pool.start(j)
+            if gpus is not None:
+                starts.append((j, gpus))
                 continue
             if not view.preemption or not len(run):
                 continue
@@ -279,11 +276,10 @@ class EasyBackfill:
         starts: list[tuple[int, tuple[int, ...]]] = []
         i = 0
         while i < len(queue) and pool.total:
-            placed = pool.place(queue[i])
-            if placed is None:
+            gpus = pool.start(queue[i])
+            if gpus is None:
                 break
-            pool.take(placed[1])
-            starts.append((queue[i], placed[1]))
+            starts.append((queue[i], gpus))
             i += 1
         if i >= len(queue) or pool.total == 0:
             return Decision(starts)
