@@ -91,3 +91,11 @@ def test_dqn_policy_and_train_scheduler_cli(tmp_path):
 def test_train_scheduler_needs_a_source():
     proc = run_main("train", "scheduler", "--no-generator", "--steps", "100")
     assert proc.returncode == 2 and "--trace" in proc.stderr
+
+
+def test_train_scheduler_cli_with_parallel_actors(tmp_path):
+    out = tmp_path / "s.pt"
+    result = runner.invoke(app, ["train", "scheduler", "--cluster", "2xV100", "--steps", "300", "--actors", "2",
+                                 "--round-steps", "100", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.exists() and "vs fcfs" in result.stdout

@@ -130,3 +130,22 @@ def test_train_scheduler_evaluations_are_the_same_on_ray(tmp_path, ray_executor)
     assert serial.evals == on_ray.evals and serial.baselines == on_ray.baselines
     assert len(serial.evals) == 2 and np.isfinite(serial.best.avg_jct_s)
     assert not (tmp_path / "b.eval.pt").exists() and (tmp_path / "b.pt").is_file()
+
+
+def test_train_scheduler_rollouts_are_the_same_on_ray(tmp_path, ray_executor):
+    """Two actors per round: experience collected as Ray tasks trains the same agent as in-process."""
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.workload.traces import generate
+
+    cluster = load_cluster("2xV100")
+    traces = [generate(12, cluster, 0.8, seed=s) for s in range(6)]
+    config = replace(DEFAULT_CONFIG, learning_starts=30, batch_size=8, hidden=(8,), cnn_channels=(2,),
+                     cnn_strides=(1,), buffer_size=500)
+    layout = FeatureLayout(max_gpus=2, max_types=1, top_k=4, window=2)
+    kwargs = dict(steps=300, seed=4, traces=traces, eval_traces=traces[:2], eval_every=60, baselines=("fcfs",),
+                  config=config, layout=layout, plot_path=None, actors=2, round_steps=40)
+    serial = train_scheduler(cluster, tmp_path / "a.pt", **kwargs)
+    on_ray = train_scheduler(cluster, tmp_path / "b.pt", executor=ray_executor, **kwargs)
+    assert serial.episode_returns == on_ray.episode_returns and serial.losses == on_ray.losses
+    assert serial.evals == on_ray.evals and len(serial.losses) > 0 and serial.steps >= 300
+    assert [e.step for e in serial.evals][-1] == serial.steps and len(serial.evals) >= 2

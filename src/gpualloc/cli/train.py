@@ -112,11 +112,15 @@ def scheduler_cmd(
     steps: int = typer.Option(80_000, "--steps", min=100, help="Environment steps (scheduling decisions)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the agent and the generated traces."),
     out: Path = typer.Option(Path("sched.pt"), "-o", "--out", help="Checkpoint (the best by held-out avg JCT)."),
-    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run the held-out evaluations as Ray tasks (local Ray "
-                                 "unless --ray-address)."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run the rollouts and held-out evaluations as Ray "
+                                 "tasks (local Ray unless --ray-address)."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (implies --ray), e.g. 'auto'."),
-    workers: int = typer.Option(1, "--workers", min=1, help="Parallel evaluation runs: local processes without --ray, "
+    workers: int = typer.Option(1, "--workers", min=1, help="Parallel runs: local processes without --ray, "
                                 "CPUs of a local Ray with it."),
+    actors: int = typer.Option(1, "--actors", min=1, help="Rollout tasks per round, each with its own simulator "
+                               "(1: experience collected step by step in this process)."),
+    round_steps: int = typer.Option(1_000, "--round-steps", min=1, help="Environment steps per round, shared by "
+                                    "the actors (with --actors > 1)."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
     from gpualloc.experiments.parallel import make_executor
@@ -138,7 +142,7 @@ def scheduler_cmd(
                        f"{'-' if best is None else f'{best / 3600:.1f} h'}")
 
         report = train_scheduler(cluster, out, steps=steps, seed=seed, traces=traces, progress=progress,
-                                 executor=executor)
+                                 executor=executor, actors=actors, round_steps=round_steps)
     console.print(f"wrote {report.out_path} and {report.plot_path} in {report.wall_s:.0f} s")
     for name in report.baselines:
         console.print(f"  best checkpoint vs {name}: {report.improvement(name):+.1%} avg JCT")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from gpualloc.errors import AgentError
 from gpualloc.experiments.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
+from gpualloc.rl.dqn.distributed import train_distributed
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.features import FeatureLayout, FeatureScaler, JobRequests
@@ -152,6 +154,8 @@ def train_scheduler(
     progress: Callable[[int, int, dict], None] | None = None,
     threads: int | None = 1,
     executor: Executor | None = None,
+    actors: int = 1,
+    round_steps: int = 1_000,
 ) -> SchedulerTrainReport:
     """Train a scheduling agent on ``cluster`` and keep the best checkpoint at ``out_path``.
 
@@ -181,8 +185,14 @@ def train_scheduler(
         executor: where the held-out runs go (baselines once, the agent at every evaluation: one
             item per trace and policy); default in this process. The agent reaches the workers as a
             checkpoint written next to ``out_path`` (``<stem>.eval.pt``, removed at the end), so on a
-            multi-node Ray cluster ``out_path`` must be on storage every node reads. Experience
-            collection and gradient steps stay in this process; results do not depend on the executor.
+            multi-node Ray cluster ``out_path`` must be on storage every node reads. Results do not
+            depend on the executor.
+        actors: 1 collects experience in this process, step by step (:func:`~gpualloc.rl.dqn.train`);
+            more runs that many rollout tasks per round on ``executor``
+            (:func:`~gpualloc.rl.dqn.distributed.train_distributed`), each with its own simulator,
+            and keeps gradient steps here. Evaluations then happen at the first round boundary
+            past each multiple of ``eval_every``.
+        round_steps: environment steps per round, shared by the actors (``actors > 1`` only).
 
     Returns:
         The :class:`SchedulerTrainReport`.
@@ -192,8 +202,9 @@ def train_scheduler(
     """
     t0 = time.perf_counter()
     spec = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    if steps < 1 or eval_every < 1:
-        raise AgentError(f"train_scheduler: steps ({steps}) and eval_every ({eval_every}) must be positive")
+    if steps < 1 or eval_every < 1 or actors < 1:
+        raise AgentError(f"train_scheduler: steps ({steps}), eval_every ({eval_every}) and actors ({actors}) "
+                         "must be positive")
     out_path = Path(out_path)
     plot_path = out_path.with_suffix(".png") if plot_path is None else Path(plot_path)
     config = replace(config or DEFAULT_CONFIG, seed=seed)
@@ -235,10 +246,14 @@ def train_scheduler(
         stats["eval_avg_jct_s"] = point.avg_jct_s
         stats["best_avg_jct_s"] = best[0].avg_jct_s
 
+    next_eval = [eval_every]
+
     def callback(step: int, log: TrainLog) -> None:
-        if step % eval_every == 0:
+        evaluated = step >= next_eval[0]
+        if evaluated:
             evaluate_now(step)
-        if step % 100 == 0 or step % eval_every == 0:
+            next_eval[0] = (step // eval_every + 1) * eval_every
+        if step % 100 == 0 or evaluated or actors > 1:
             stats["episodes"] = len(log.episode_returns)
             stats["epsilon"] = agent.epsilon
             stats["last_return"] = log.episode_returns[-1] if log.episode_returns else None
@@ -249,7 +264,13 @@ def train_scheduler(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        log = train(env, agent, steps, seed=seed, callback=callback)
+        if actors == 1:
+            log = train(env, agent, steps, seed=seed, callback=callback)
+        else:
+            env_fn = partial(SchedulingEnv, spec, traces, num_jobs=num_jobs, loads=loads, layout=layout,
+                             scaler=scaler, **options)
+            log = train_distributed(env_fn, agent, steps, seed=seed, executor=executor, actors=actors,
+                                    round_steps=round_steps, callback=callback)
         if not evals or evals[-1].step != log.steps:
             evaluate_now(log.steps)
             if progress is not None:

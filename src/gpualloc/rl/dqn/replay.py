@@ -96,6 +96,24 @@ class ReplayBuffer:
         self._pos = (i + 1) % self.capacity
         self._full = self._full or self._pos == 0
 
+    def extend(self, obs, actions: np.ndarray, rewards: np.ndarray, next_obs, terminated: np.ndarray,
+               next_masks: np.ndarray) -> None:
+        """Store ``len(actions)`` transitions at once, in order (``obs`` and ``next_obs``: arrays, or
+        dicts of arrays, with the transitions along the first axis); the same as calling :meth:`add`
+        for each, only vectorised."""
+        n = len(actions)
+        keep = np.arange(max(0, n - self.capacity), n)  # more than the capacity: the last ones win
+        idx = (self._pos + keep) % self.capacity
+        for store, batch in ((self._obs, obs), (self._next_obs, next_obs)):
+            for k in store:
+                store[k][idx] = (batch if self._keys is None else batch[k])[keep]
+        self._actions[idx] = np.asarray(actions)[keep]
+        self._rewards[idx] = np.asarray(rewards)[keep]
+        self._terminated[idx] = np.asarray(terminated, np.float32)[keep]
+        self._next_masks[idx] = np.asarray(next_masks, bool)[keep]
+        self._full = self._full or self._pos + n >= self.capacity
+        self._pos = (self._pos + n) % self.capacity
+
     def sample(self, batch_size: int) -> ReplayBatch:
         """``batch_size`` transitions drawn uniformly with replacement."""
         if len(self) == 0:

@@ -1,0 +1,107 @@
+"""Parallel experience collection for the DQN scheduler: how throughput scales with rollout actors.
+
+Two measurements on ``adlro16`` with the bundled agent's hyper-parameters (``DEFAULT_CONFIG``):
+
+* **collection only**: ``--steps`` environment steps collected by 1 actor in this process, then by
+  ``--actors`` actors as local processes and as Ray tasks (``learning_starts`` above the step count,
+  so no gradient step is taken). This is what more simulator processes buy.
+* **end to end**: the same number of steps with learning from step 2,000 on (one gradient step every
+  two environment steps, batch 64), single-process (:func:`gpualloc.rl.dqn.train`) against
+  ``--actors`` process actors (:func:`gpualloc.rl.dqn.distributed.train_distributed`). The learner's
+  gradient steps stay in one process, so they bound the end-to-end speed-up (Amdahl).
+
+Pool and Ray start-up are excluded (both are warmed with a tiny round first). The 1-minute load
+average is recorded: other processes on the machine slow every row.
+
+    python benchmarks/dqn_rollouts.py [--steps 6000] [--actors 2] [--seed 0]
+
+Writes benchmarks/results/dqn_rollouts.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from gpualloc.experiments.parallel import ProcessExecutor, RayExecutor, SerialExecutor
+from gpualloc.rl.dqn import DQNAgent, train
+from gpualloc.rl.dqn.distributed import train_distributed
+from gpualloc.rl.envs.scheduling_env import SchedulingEnv
+from gpualloc.rl.train_scheduler import DEFAULT_CONFIG
+
+OUT = Path(__file__).resolve().parent / "results" / "dqn_rollouts.json"
+
+
+def timed(fn) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6_000)
+    ap.add_argument("--actors", type=int, default=2)
+    ap.add_argument("--round-steps", type=int, default=1_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()[0]
+    env_fn = partial(SchedulingEnv, "adlro16")
+    space_env = env_fn()
+
+    def agent(cfg):
+        return DQNAgent(space_env.observation_space, space_env.action_space, cfg)
+
+    collect_cfg = replace(DEFAULT_CONFIG, learning_starts=10 * args.steps, seed=args.seed)
+    learn_cfg = replace(DEFAULT_CONFIG, seed=args.seed)
+    rows = []
+
+    def row(mode: str, actors: int, where: str, seconds: float, log) -> None:
+        rows.append({"mode": mode, "actors": actors, "where": where, "steps": log.steps,
+                     "gradient_steps": len(log.losses), "seconds": seconds, "steps_per_s": log.steps / seconds})
+
+    temp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    with ProcessExecutor(args.actors) as procs, RayExecutor(num_cpus=args.actors, temp_dir=temp) as ray_ex:
+        for ex in (procs, ray_ex):  # start the workers outside the timings
+            train_distributed(env_fn, agent(collect_cfg), args.actors, seed=0, executor=ex, actors=args.actors,
+                              round_steps=args.actors)
+        for mode, cfg in (("collection only", collect_cfg), ("end to end", learn_cfg)):
+            s, log = timed(lambda: train(env_fn(), agent(cfg), args.steps, seed=args.seed))
+            row(mode, 1, "this process (train)", s, log)
+            executors = [("processes", procs)] + ([("ray tasks", ray_ex)] if mode == "collection only" else [])
+            for where, ex in executors:
+                s, log = timed(lambda: train_distributed(env_fn, agent(cfg), args.steps, seed=args.seed, executor=ex,
+                                                         actors=args.actors, round_steps=args.round_steps))
+                row(mode, args.actors, where, s, log)
+    shutil.rmtree(temp, ignore_errors=True)
+    for r in rows:
+        base = next(b for b in rows if b["mode"] == r["mode"] and b["actors"] == 1)
+        r["speedup"] = r["steps_per_s"] / base["steps_per_s"]
+    machine = {"logical_cpus": os.cpu_count() or 0, "torch": torch.__version__,
+               "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    command = f"python benchmarks/dqn_rollouts.py --steps {args.steps} --actors {args.actors} --seed {args.seed}"
+    OUT.write_text(json.dumps({"benchmark": "dqn_rollouts", "cluster": "adlro16", "command": command,
+                               "machine": machine, "rows": rows}, indent=2))
+    print(f"{machine['logical_cpus']} logical CPUs, 1-min load average {load_before:.2f} before, "
+          f"{machine['loadavg_1min_after']:.2f} after")
+    print(f"{'mode':<16} {'actors':>6} {'where':<22} | {'steps':>6} {'grad steps':>10} {'s':>7} {'steps/s':>8} "
+          f"{'speed-up':>8}")
+    for r in rows:
+        print(f"{r['mode']:<16} {r['actors']:>6d} {r['where']:<22} | {r['steps']:6d} {r['gradient_steps']:10d} "
+              f"{r['seconds']:7.1f} {r['steps_per_s']:8.0f} {r['speedup']:7.2f}x")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
