@@ -55,6 +55,7 @@ def test_cluster_level_metrics():
     assert metrics.effective_utilization(r) == pytest.approx(36 / 60)
     assert metrics.idle_gpu_s(r) == pytest.approx(60 - 45 - 3)
     assert metrics.energy_j(r) == 1234.5
+    assert math.isnan(metrics.saturated_utilization(r))  # no timeline recorded
 
 
 def test_hyperscore_known_values():
@@ -102,6 +103,8 @@ def test_metrics_of_a_simulated_run_meet_their_bounds():
     assert s["avg_jct_s"] == pytest.approx(40 / 3)
     assert s["lower_bound_avg_jct_s"] == pytest.approx(6.0)
     assert s["utilization"] == pytest.approx(23 / 36)
+    # jobs wait from t=1 to t=15 (B until 10, C until 15): 1 GPU busy over 1..10, 2 over 10..15
+    assert s["saturated_utilization"] == pytest.approx((9 * 1 + 5 * 2) / (2 * 14))
     assert s["idle_gpu_s"] == pytest.approx(13)
     assert s["avg_slowdown"] >= 1 and 0 < s["v"] <= 1
 

@@ -113,7 +113,7 @@ def _table(rows: list[dict], title: str) -> None:
     lb = rows[0]["lower_bound_avg_jct_s"]
     fcfs = next((r["avg_jct_s"] for r in rows if r["policy"] == "fcfs"), None)
     table = Table(title=title)
-    for col in ("policy", "avg JCT", "p50", "p99", "avg queue", "jobs/h", "util", "eff. util", "makespan",
+    for col in ("policy", "avg JCT", "p50", "p99", "avg queue", "jobs/h", "util", "eff. util", "sat. util", "makespan",
                 "slowdown", "x bound", "vs fcfs", "HyperScore", "preempt", "wall"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in sorted(rows, key=lambda r: r["avg_jct_s"]):
@@ -122,6 +122,7 @@ def _table(rows: list[dict], title: str) -> None:
         table.add_row(
             r["policy"], _h(r["avg_jct_s"]), _h(r["p50_jct_s"]), _h(r["p99_jct_s"]), _h(r["avg_queue_s"]),
             f"{r['throughput_jobs_per_h']:.3f}", pct(r["utilization"]), pct(r["effective_utilization"]),
+            pct(r.get("saturated_utilization", float("nan"))),
             _h(r["makespan_s"]), f"{r['avg_slowdown']:.2f}", f"{r['avg_jct_s'] / lb:.2f}" if lb else "-",
             f"{1 - r['avg_jct_s'] / fcfs:+.0%}" if fcfs else "-", f"{r['hyperscore']:.3f}",
             str(r["preemptions"]), f"{r['sim_wall_s']:.2f} s")

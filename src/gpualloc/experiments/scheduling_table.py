@@ -33,7 +33,7 @@ from gpualloc.workload.traces import generate, read_trace
 
 POLICIES = ("fcfs", "static-affinity", "sjf", "srtf", "tiresias", "gavel", "dqn")
 METRICS = ("avg_jct_s", "throughput_jobs_per_h", "utilization", "p99_jct_s", "makespan_s", "hyperscore",
-           "effective_utilization")
+           "effective_utilization", "saturated_utilization")
 REAL_TRACES = (("gavel-msr", "gavel/msr-seed0/0e4a51.trace", "gavel"),
                ("philly", "philly/philly.csv", "philly"),
                ("alibaba", "alibaba-gpu-v2023/openb_pod_list_default.csv", "alibaba"))
@@ -124,7 +124,7 @@ def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     cluster = load_cluster(run.cluster)
     trace = _trace(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
     policy = make_policy(run.policy, **({"agent": run.agent} if run.policy == "dqn" and run.agent else {}))
-    result = simulate(trace, cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=False)
+    result = simulate(trace, cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
     return summary(result), oracle_summary(result)
 
 

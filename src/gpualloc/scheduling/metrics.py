@@ -84,6 +84,19 @@ def effective_utilization(result: SimResult) -> float:
     return float(result.gpu_effective_s.sum()) / cap if cap > 0 else math.nan
 
 
+def saturated_utilization(result: SimResult) -> float:
+    """Utilisation at saturation: busy GPUs / GPUs, time-averaged over the periods when at least one
+    job waits in the queue (GPUs idle then are idle by the policy's choice or by fragmentation, not
+    for want of work). Needs the timeline (``simulate(..., timeline=True)``); NaN without one or when
+    no job ever waited."""
+    if len(result.times_s) == 0:
+        return math.nan
+    dt = np.diff(np.append(result.times_s, result.end_s))  # each record holds until the next one
+    waiting = result.queue_len > 0
+    span = float(dt[waiting].sum())
+    return float((result.busy_gpus[waiting] * dt[waiting]).sum()) / (result.n_gpus * span) if span > 0 else math.nan
+
+
 def idle_gpu_s(result: SimResult) -> float:
     """GPU-seconds within the makespan when a working GPU ran nothing."""
     return float(_capacity_gpu_s(result) - result.gpu_busy_s.sum() - result.gpu_down_s.sum())
@@ -141,6 +154,7 @@ def summary(result: SimResult) -> dict[str, Any]:
         "throughput_jobs_per_h": throughput_jobs_per_h(result),
         "utilization": utilization(result),
         "effective_utilization": effective_utilization(result),
+        "saturated_utilization": saturated_utilization(result),
         "makespan_s": makespan_s(result),
         "avg_slowdown": avg_slowdown(result),
         "idle_gpu_s": idle_gpu_s(result),
@@ -177,6 +191,7 @@ def oracle_summary(result: SimResult) -> dict[str, Any]:
         "throughput_jobs_per_h": len(best) / (span / 3600.0) if span > 0 else math.nan,
         "utilization": math.nan,
         "effective_utilization": math.nan,
+        "saturated_utilization": math.nan,
         "makespan_s": span,
         "avg_slowdown": 1.0 if len(best) else math.nan,
         "idle_gpu_s": math.nan,
