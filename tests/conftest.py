@@ -33,6 +33,18 @@ def diamond(bytes_: float = 4e6) -> OpGraph:
     return OpGraph("diamond", nodes, edges, batch_size=8)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``):
+    for small networks thread start-up costs more than it saves, and CI has 2 cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def diamond_graph() -> OpGraph:
     return diamond()

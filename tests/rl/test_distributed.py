@@ -17,12 +17,7 @@ from gpualloc.rl.dqn.replay import ReplayBuffer
 from tests.rl.test_dqn import ChainEnv, MaskedEnv, fast_config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _few_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def weights_of(agent: DQNAgent) -> dict:

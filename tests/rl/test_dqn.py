@@ -18,13 +18,7 @@ from gpualloc.rl.dqn.networks import CNNQNet, MLPQNet, build_qnet
 from gpualloc.rl.dqn.replay import ReplayBatch, ReplayBuffer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _few_threads():
-    # Small networks: thread start-up costs more than it saves, and CI has 2 cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ------------------------------------------------------------------------------------ tiny envs

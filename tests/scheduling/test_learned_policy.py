@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
@@ -26,13 +25,7 @@ ML = JobType.ML_TRAINING
 TINY = FeatureLayout(max_gpus=2, max_types=1, top_k=4, window=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _few_threads():
-    # Small networks: thread start-up costs more than it saves, and CI has 2 cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def shuffled_pairs(rng: np.random.Generator) -> Trace:
