@@ -10,6 +10,7 @@ from rich.text import Text
 
 from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
+from gpualloc.cli import service as service_cli
 from gpualloc.cli.common import console, err_console
 from gpualloc.errors import GpuallocError
 
@@ -29,6 +30,7 @@ app.add_typer(simulate.app, name="simulate")
 app.add_typer(train.app, name="train")
 app.add_typer(reproduce.app, name="reproduce")
 app.add_typer(monitor.app, name="monitor")
+service_cli.register(app)  # serve, submit, jobs, cancel, policy
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,210 @@
+"""``gpualloc serve`` (the scheduler service) and its clients: ``submit``, ``jobs``, ``cancel``, ``policy``."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from gpualloc.cli.common import console, err_console, print_json
+from gpualloc.workload.jobs import JobType
+
+_SERVER = typer.Option("http://127.0.0.1:8765", "--server", envvar="GPUALLOC_SERVER", help="The service's URL.")
+_TOKEN = typer.Option(None, "--token", envvar="GPUALLOC_TOKEN",
+                      help="Bearer token (printed on the service's first start; also in the file beside its store).")
+_TOKEN_FILE = typer.Option(None, "--token-file", help="Read the token from this file instead of --token.")
+
+
+def _token(token: str | None, token_file: Path | None) -> str | None:
+    if token_file is not None:
+        from gpualloc.service.auth import read_token
+
+        return read_token(token_file)
+    return token
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on."),
+    backend: str = typer.Option("local", "--backend", help="Where jobs run: local (processes here) or ray."),
+    store: str = typer.Option("gpualloc-service.db", "--store",
+                              help="SQLite file (WAL) or database URL (postgresql://...); the token file sits beside it."),
+    cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Preset, shorthand or cluster file scheduled."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                              help="Join this Ray cluster (default: start a local Ray with the "
+                                                   "cluster's device types as resources, e.g. gpu_V100)."),
+    ray_num_cpus: Optional[int] = typer.Option(None, "--ray-num-cpus", min=1, help="CPUs of a locally started Ray."),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p",
+                                         help="Scheduling policy (default: the store's last, else fcfs)."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="Token file (default: <store>.token)."),
+    max_queued: int = typer.Option(100_000, "--max-queued", min=1, help="Queue length limit (HTTP 429 beyond)."),
+    max_body: int = typer.Option(65536, "--max-body-bytes", min=1024, help="Request body limit (HTTP 413 beyond)."),
+    on_lost: str = typer.Option("requeue", "--on-lost", help="A run the backend lost: requeue or fail."),
+    max_attempts: int = typer.Option(3, "--max-attempts", min=1, help="Attempts before a lost job fails."),
+    preemption: bool = typer.Option(False, "--preemption/--no-preemption",
+                                    help="Let preemptive policies stop running jobs (they restart from scratch)."),
+    telemetry: str = typer.Option("auto", "--telemetry", help="auto (NVML if present), none, nvml or sim."),
+    tick: float = typer.Option(0.5, "--tick", min=0.01, help="Longest seconds between scheduler passes."),
+    log_level: str = typer.Option("warning", "--log-level", help="Server log level."),
+) -> None:
+    """Run the scheduler service: a REST API (docs at /docs) over a policy deciding on live state."""
+    import uvicorn
+
+    from gpualloc.service.app import Service, ServiceConfig, create_app
+
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
+                          "(use TLS in front of it; reads need no token)")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ServiceConfig(store=store, cluster=cluster, backend=backend, ray_address=ray_address,
+                           ray_num_cpus=ray_num_cpus, policy=policy,
+                           token_file=None if token_file is None else str(token_file), max_queued=max_queued,
+                           max_body_bytes=max_body, on_lost=on_lost, max_attempts=max_attempts, preemption=preemption,
+                           telemetry=telemetry, tick_s=tick)
+    service = Service(config).open()
+    try:
+        rec = service.recovery
+        console.print(f"gpualloc service on http://{host}:{port} (docs /docs): backend {backend}, "
+                      f"policy {service.scheduler.policy_name}, cluster {service.cluster.name}, store {store}")
+        if any(rec.get(k) for k in ("adopted", "ended", "requeued", "failed")):
+            console.print("recovered: " + ", ".join(f"{len(v)} {k}" for k, v in rec.items()))
+        if service.token_created:
+            console.print(f"token (first start; kept in {service.token_path}, mode 0600):")
+            console.print(service.token, soft_wrap=True, highlight=False)
+        else:
+            console.print(f"token: in {service.token_path}")
+        # Everything loaded so far lives as long as the process: keep it out of the garbage
+        # collector's full passes, which would otherwise pause every request now and then.
+        gc.collect()
+        gc.freeze()
+        uvicorn.run(create_app(service), host=host, port=port, log_level=log_level.lower(), access_log=False,
+                    timeout_graceful_shutdown=5)
+    finally:
+        service.close()
+
+
+def submit(
+    name: str = typer.Option(..., "--name", help="Job name."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs, granted all at once."),
+    device_type: Optional[str] = typer.Option(None, "--device-type", help="Only this device type (V100, T4, MI50, ...)."),
+    command: Optional[str] = typer.Option(None, "--command", help="Program and arguments (split like a shell, never run by one)."),
+    func: Optional[str] = typer.Option(None, "--callable", help="Python function 'package.module:function' instead of a command."),
+    args: Optional[str] = typer.Option(None, "--args", help="--callable: JSON list of positional arguments."),
+    kwargs: Optional[str] = typer.Option(None, "--kwargs", help="--callable: JSON object of keyword arguments."),
+    job_type: JobType = typer.Option(JobType.ML_TRAINING.value, "--job-type", help="Job category (speed model)."),
+    work: float = typer.Option(3600.0, "--work", min=1e-6, help="Estimated seconds on --gpus V100s (length-aware policies)."),
+    priority: int = typer.Option(0, "--priority", help="Larger is more important."),
+    single_node: bool = typer.Option(False, "--single-node", help="All GPUs on one node."),
+    model: str = typer.Option("", "--model", help="Model name for the speed model (resnet50, bert, ...)."),
+    env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for the job (repeatable)."),
+    cwd: Optional[str] = typer.Option(None, "--cwd", help="Working directory (absolute)."),
+    server: str = _SERVER,
+    token: Optional[str] = _TOKEN,
+    token_file: Optional[Path] = _TOKEN_FILE,
+    retry: float = typer.Option(30.0, "--retry", min=0.0, help="Seconds to keep retrying while the service is unreachable."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recorded job as JSON."),
+) -> None:
+    """Submit a job; exits 0 only once the service has durably recorded it."""
+    from gpualloc.service.client import Client, ClientError
+
+    spec: dict = {"name": name, "num_gpus": gpus, "job_type": job_type.value, "work_s": work, "priority": priority,
+                  "single_node": single_node, "model": model}
+    if device_type:
+        spec["device_type"] = device_type
+    if command is not None:
+        spec["command"] = command
+    if func is not None:
+        spec["callable"] = func
+        try:
+            spec["args"] = json.loads(args) if args else []
+            spec["kwargs"] = json.loads(kwargs) if kwargs else {}
+        except ValueError as err:
+            raise ClientError(f"--args/--kwargs: not JSON: {err}") from None
+    if env:
+        pairs = [e.partition("=") for e in env]
+        bad = [e for e, (_, sep, _) in zip(env, pairs) if not sep]
+        if bad:
+            raise ClientError(f"--env {bad[0]!r}: expected KEY=VALUE")
+        spec["env"] = {k: v for k, _, v in pairs}
+    if cwd:
+        spec["cwd"] = cwd
+    with Client(server, _token(token, token_file)) as client:
+        job = client.submit(spec, retry_s=retry)
+    if as_json:
+        print_json(job)
+    else:
+        console.print(f"job {job['id']} {job['state']}: {job['name']}", highlight=False)
+
+
+def jobs(
+    server: str = _SERVER,
+    token: Optional[str] = _TOKEN,
+    token_file: Optional[Path] = _TOKEN_FILE,
+    state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the jobs as a JSON list."),
+) -> None:
+    """List the service's jobs."""
+    from gpualloc.service.client import Client
+
+    with Client(server, _token(token, token_file)) as client:
+        rows = client.jobs(state)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "name", "state", "gpus", "type", "devices", "attempts", "exit", "error")
+    for j in rows:
+        table.add_row(str(j["id"]), j["name"], j["state"], str(j["spec"]["num_gpus"]), j["device_type"] or "-",
+                      ",".join(map(str, j["gpus"])) or "-", str(j["attempts"]),
+                      "-" if j["exit_code"] is None else str(j["exit_code"]), (j["error"] or "")[:60])
+    console.print(table)
+
+
+def cancel(
+    job_id: int = typer.Argument(..., min=1, help="The job's id."),
+    server: str = _SERVER,
+    token: Optional[str] = _TOKEN,
+    token_file: Optional[Path] = _TOKEN_FILE,
+) -> None:
+    """Cancel a job (a running one is stopped)."""
+    from gpualloc.service.client import Client
+
+    with Client(server, _token(token, token_file)) as client:
+        job = client.cancel(job_id)
+    console.print(f"job {job['id']} {job['state']}{' (stopping)' if job['cancel_requested'] and job['state'] != 'cancelled' else ''}",
+                  highlight=False)
+
+
+def policy(
+    name: Optional[str] = typer.Argument(None, help="Switch to this policy (omit to show the current one)."),
+    options: Optional[str] = typer.Option(None, "--options", help="JSON object of the policy's options."),
+    server: str = _SERVER,
+    token: Optional[str] = _TOKEN,
+    token_file: Optional[Path] = _TOKEN_FILE,
+) -> None:
+    """Show or switch the service's scheduling policy."""
+    from gpualloc.service.client import Client, ClientError
+
+    with Client(server, _token(token, token_file)) as client:
+        if name is None:
+            info = client.policy()
+        else:
+            try:
+                opts = json.loads(options) if options else {}
+            except ValueError as err:
+                raise ClientError(f"--options: not JSON: {err}") from None
+            info = client.set_policy(name, opts)
+    console.print(f"policy {info['name']} (available: {', '.join(info['available'])})", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``submit``, ``jobs``, ``cancel`` and ``policy`` to the ``gpualloc`` command."""
+    app.command("serve")(serve)
+    app.command("submit")(submit)
+    app.command("jobs")(jobs)
+    app.command("cancel")(cancel)
+    app.command("policy")(policy)

@@ -1,0 +1,229 @@
+"""What the service reads and writes: job requests at the input edge (pydantic), job records inside.
+
+A :class:`JobSpec` is the simulator's job model (:class:`gpualloc.workload.jobs.Job`: type, work,
+GPUs, priority, allowed device types, single node) plus what to run: a ``command`` (argv, never
+given to a shell) or a Python ``callable`` (``"package.module:function"`` with JSON ``args`` and
+``kwargs``). A :class:`JobRecord` is one row of the store.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpualloc.workload.jobs import Job, JobType
+
+MAX_ARGS = 256
+"""Most argv entries (or callable ``args``) a job may have."""
+MAX_ARG_CHARS = 4096
+"""Longest argv entry."""
+MAX_ENV = 64
+"""Most extra environment variables a job may set."""
+
+
+class JobState(str, Enum):
+    """Where a job is. ``allocated``: GPUs recorded for it, not yet handed to the backend."""
+
+    QUEUED = "queued"
+    ALLOCATED = "allocated"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE = (JobState.QUEUED, JobState.ALLOCATED, JobState.RUNNING)
+HOLDING = (JobState.ALLOCATED, JobState.RUNNING)
+"""States in which a job holds GPUs."""
+
+
+def _no_control(value: str, what: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL bytes")
+    return value
+
+
+class JobSpec(BaseModel):
+    """A job submission (``POST /jobs``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_max_length=MAX_ARG_CHARS)
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$",
+                      description="A label for people; need not be unique.")
+    num_gpus: int = Field(1, ge=1, le=1024, description="GPUs granted all at once (gang), all of one type.")
+    device_type: str | None = Field(None, min_length=1, max_length=64,
+                                    description="Run only on this device type (catalog name or alias, "
+                                                "e.g. V100, T4, MI50). Shorthand for gpu_types=[...].")
+    gpu_types: list[str] = Field(default_factory=list, max_length=16,
+                                 description="Device types the job may run on; empty: any.")
+    job_type: JobType = Field(JobType.ML_TRAINING, description="The job category the speed model uses.")
+    work_s: float = Field(3600.0, gt=0, le=1e9,
+                          description="Estimated run time on num_gpus reference (V100) GPUs, seconds; "
+                                      "length-aware policies (SJF, SRTF, backfill) rank by it.")
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    single_node: bool = Field(False, description="All GPUs on one node.")
+    model: str = Field("", max_length=128, description="Model name, for the speed model (e.g. resnet50).")
+    command: str | list[str] | None = Field(
+        None, description="Program and arguments. A string is split like a POSIX shell would split it "
+                          "(shlex), but no shell ever runs it.")
+    callable: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                                 description="Python function to call, as 'package.module:function'.")
+    args: list[Any] = Field(default_factory=list, max_length=MAX_ARGS, description="callable: positional arguments.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_ARGS, description="callable: keyword arguments.")
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV, description="Extra environment variables.")
+    cwd: str | None = Field(None, min_length=1, max_length=4096, description="Working directory (absolute).")
+
+    @field_validator("command")
+    @classmethod
+    def _argv(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = shlex.split(_no_control(value, "command"))
+            except ValueError as err:
+                raise ValueError(f"command cannot be split into arguments: {err}") from None
+        if not value:
+            raise ValueError("command is empty")
+        if len(value) > MAX_ARGS:
+            raise ValueError(f"command has {len(value)} arguments (at most {MAX_ARGS})")
+        for arg in value:
+            if len(arg) > MAX_ARG_CHARS:
+                raise ValueError(f"a command argument is longer than {MAX_ARG_CHARS} characters")
+            _no_control(arg, "command arguments")
+        if not value[0]:
+            raise ValueError("command: the program name is empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not key or not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c == "_" for c in key) \
+                    or not key.isascii():
+                raise ValueError(f"env: {key!r} is not a valid variable name")
+            _no_control(val, f"env[{key}]")
+        return value
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _types(cls, value: list[str]) -> list[str]:
+        for t in value:
+            if not 0 < len(t) <= 64:
+                raise ValueError("gpu_types entries must be 1 to 64 characters")
+        return value
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("cwd must be an absolute path")
+        return value if value is None else _no_control(value, "cwd")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "JobSpec":
+        if (self.command is None) == (self.callable is None):
+            raise ValueError("give exactly one of command or callable")
+        if self.command is not None and (self.args or self.kwargs):
+            raise ValueError("args and kwargs go with callable, not command")
+        return self
+
+    def allowed_types(self) -> list[str]:
+        """The requested device types, ``device_type`` first (names as given)."""
+        out = [self.device_type] if self.device_type else []
+        return out + [t for t in self.gpu_types if t not in out]
+
+
+class PolicyChange(BaseModel):
+    """``PUT /policy``: the policy to schedule with from now on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    options: dict[str, Any] = Field(default_factory=dict, max_length=32,
+                                    description="Keyword options of the policy's factory.")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job as the store holds it. Times are Unix seconds (None before they happen).
+
+    Attributes:
+        id: the store's id (increasing with submission).
+        name, state: as submitted / now.
+        spec: the normalised submission (device types canonical, command as argv).
+        attempts: allocations so far (a re-queued job runs again as a new attempt).
+        device_type, gpus: the current or last allocation (cluster device indices).
+        handle: the backend's name for the current run.
+        exit_code, error, result: the outcome (result: a callable's JSON return value).
+        cancel_requested: a cancel arrived while the job held GPUs.
+        idempotency_key: the client's key, when it gave one.
+    """
+
+    id: int
+    name: str
+    state: JobState
+    spec: dict[str, Any]
+    attempts: int
+    requeues: int
+    submitted_at: float
+    allocated_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    device_type: str | None
+    gpus: tuple[int, ...]
+    handle: str | None
+    exit_code: int | None
+    error: str | None
+    result: Any
+    cancel_requested: bool
+    idempotency_key: str | None
+
+    @property
+    def num_gpus(self) -> int:
+        return int(self.spec["num_gpus"])
+
+    def to_job(self, epoch: float) -> Job:
+        """The simulator's :class:`Job` for this record (arrival relative to ``epoch``)."""
+        s = self.spec
+        return Job(id=str(self.id), arrival_s=max(0.0, self.submitted_at - epoch), job_type=JobType(s["job_type"]),
+                   work_s=float(s["work_s"]), num_gpus=int(s["num_gpus"]), model=s.get("model", ""),
+                   priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]), single_node=bool(s["single_node"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        d["gpus"] = list(self.gpus)
+        return d
+
+
+class JobOut(BaseModel):
+    """A job as the API shows it (times are Unix seconds)."""
+
+    id: int
+    name: str
+    state: JobState
+    spec: dict[str, Any]
+    attempts: int
+    requeues: int
+    submitted_at: float
+    allocated_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    device_type: str | None
+    gpus: list[int]
+    handle: str | None
+    exit_code: int | None
+    error: str | None
+    result: Any
+    cancel_requested: bool
+    idempotency_key: str | None

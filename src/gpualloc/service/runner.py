@@ -1,0 +1,211 @@
+"""Running one job attempt: a program (argv, never a shell) or a Python callable.
+
+:class:`Execution` starts a target, reports whether it ended and how, and stops it. Both backends
+use it: the ``local`` backend through ``python -m gpualloc.service.runner RUN_DIR`` (a small process
+that outlives the service, so a restarted service finds the run and its exit status in the run
+folder), the ``ray`` backend inside a Ray actor.
+
+A run folder holds ``spec.json`` (what to run), ``runner.pid`` and ``program.pid``,
+``stdout.log`` / ``stderr.log`` and, once the run ended, ``exit.json`` (``exit_code``, ``error``, ``result``), written atomically.
+
+Standard library only: this module is imported by every run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SPEC_FILE, EXIT_FILE, PID_FILE, PROGRAM_PID_FILE = "spec.json", "exit.json", "runner.pid", "program.pid"
+MAX_RESULT_CHARS = 65536
+
+
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the program gets SIGKILL when the process that started it dies (a lost runner or Ray
+    worker must not leave its job running unseen). If that process died before the request took
+    effect, the program is not started at all."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() != parent:
+        os._exit(137)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:MAX_RESULT_CHARS]}
+    return value if len(text) <= MAX_RESULT_CHARS else {"repr": text[:MAX_RESULT_CHARS]}
+
+
+class Execution:
+    """One run of a target.
+
+    Args:
+        target: ``{"argv": [...]}`` or ``{"callable": "mod:fn", "args": [...], "kwargs": {...}}``, with
+            optional ``env`` (extra variables) and ``cwd``.
+        log_dir: where ``stdout.log`` and ``stderr.log`` go (None: discarded).
+        callable_in_thread: run a callable in a thread (a Ray actor stays responsive) rather than in
+            :meth:`wait`'s caller.
+    """
+
+    def __init__(self, target: dict[str, Any], log_dir: str | Path | None = None, *,
+                 callable_in_thread: bool = True) -> None:
+        self.target = target
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.in_thread = callable_in_thread
+        self.proc: subprocess.Popen | None = None
+        self.thread: threading.Thread | None = None
+        self.outcome: dict[str, Any] | None = None
+        self.stopped = False
+
+    def _streams(self):
+        if self.log_dir is None:
+            return subprocess.DEVNULL, subprocess.DEVNULL
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self.log_dir / "stdout.log", "ab"), open(self.log_dir / "stderr.log", "ab")
+
+    def start(self) -> int:
+        """Start the target; returns the program's pid (0 for a callable)."""
+        env = {**os.environ, **self.target.get("env", {})}
+        if "argv" in self.target:
+            argv = [str(a) for a in self.target["argv"]]
+            out, err = self._streams()
+            parent = os.getpid()
+            try:
+                self.proc = subprocess.Popen(argv, cwd=self.target.get("cwd"), env=env, stdin=subprocess.DEVNULL,
+                                             stdout=out, stderr=err, close_fds=True, start_new_session=True,
+                                             preexec_fn=(lambda: _die_with_parent(parent))
+                                             if sys.platform == "linux" else None)
+            except FileNotFoundError:
+                self.outcome = {"exit_code": 127, "error": f"command not found: {argv[0]}", "result": None}
+            except PermissionError:
+                self.outcome = {"exit_code": 126, "error": f"permission denied: {argv[0]}", "result": None}
+            except OSError as exc:
+                self.outcome = {"exit_code": 126, "error": f"cannot start {argv[0]}: {exc}", "result": None}
+            finally:
+                for stream in (out, err):
+                    if hasattr(stream, "close"):
+                        stream.close()
+            return 0 if self.proc is None else self.proc.pid
+        if self.in_thread:
+            self.thread = threading.Thread(target=self._call, name="gpualloc-job", daemon=True)
+            self.thread.start()
+        return 0
+
+    def _call(self) -> None:
+        t = self.target
+        try:
+            module, _, name = str(t["callable"]).partition(":")
+            fn = getattr(importlib.import_module(module), name)
+            for k, v in t.get("env", {}).items():
+                os.environ[k] = v
+            if t.get("cwd"):
+                os.chdir(t["cwd"])
+            result = fn(*t.get("args", []), **t.get("kwargs", {}))
+            self.outcome = {"exit_code": 0, "error": None, "result": _jsonable(result)}
+        except BaseException as exc:  # the job's own failure, whatever it is, is its outcome
+            self.outcome = {"exit_code": 1, "error": f"{type(exc).__name__}: {exc}"[:MAX_RESULT_CHARS],
+                            "result": None}
+
+    def poll(self) -> dict[str, Any] | None:
+        """``None`` while running; then ``{"exit_code", "error", "result"}``."""
+        if self.outcome is not None:
+            return self.outcome
+        if self.proc is not None:
+            code = self.proc.poll()
+            if code is None:
+                return None
+            error = None if code == 0 else (f"killed by signal {-code}" if code < 0 else f"exited with status {code}")
+            self.outcome = {"exit_code": code, "error": error, "result": None}
+        elif self.thread is not None and not self.thread.is_alive():
+            return self.outcome
+        return self.outcome
+
+    def wait(self) -> dict[str, Any]:
+        """Block until the target ends (a callable runs here when not in a thread)."""
+        if "callable" in self.target and self.thread is None and self.outcome is None:
+            self._call()
+        # Block (no polling loop: a host running many jobs should not wake each runner 20 times a
+        # second); a signal still runs its handler, then the wait resumes.
+        if self.proc is not None:
+            self.proc.wait()
+        elif self.thread is not None:
+            self.thread.join()
+        self.poll()
+        return self.outcome  # type: ignore[return-value]
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the program's process group, SIGKILL after ``grace_s``. A callable in a thread
+        cannot be stopped from outside; its process (runner or actor) is ended by the caller."""
+        self.stopped = True
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so readers see the old file or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def run_folder(run_dir: Path) -> int:
+    """Run the target described in ``run_dir/spec.json`` and record its outcome in ``exit.json``."""
+    spec = json.loads((run_dir / SPEC_FILE).read_text())
+    execution = Execution(spec, run_dir, callable_in_thread=False)
+
+    def _on_term(signum, _frame) -> None:
+        # Stopped by the service: pass it on to the program's process group (its own children too).
+        if execution.proc is not None and execution.proc.poll() is None:
+            try:
+                os.killpg(execution.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+        if execution.proc is None:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _on_term)
+    pid = execution.start()
+    if pid:
+        write_json_atomic(run_dir / PROGRAM_PID_FILE, {"pid": pid})
+    outcome = execution.wait()
+    write_json_atomic(run_dir / EXIT_FILE, {**outcome, "ended_at": time.time()})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m gpualloc.service.runner RUN_DIR\n")
+        return 2
+    return run_folder(Path(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,688 @@
+"""The live scheduler: the simulator's policies deciding on real state.
+
+A :class:`Scheduler` thread keeps a live :class:`~gpualloc.scheduling.base.JobTable` (one stable row
+per job it knows, so stateful policies such as Gavel and the DQN agent keep their per-job state
+between decisions) and the GPUs' owners, builds a :class:`~gpualloc.scheduling.base.ClusterView`
+and asks the registry :class:`~gpualloc.scheduling.base.Policy` for a
+:class:`~gpualloc.scheduling.base.Decision` -- the same objects :func:`~gpualloc.scheduling.simulator.simulate`
+uses. Times in the view are seconds since the store's epoch.
+
+Order of every start: the allocation is committed to the store (which refuses a GPU held by another
+job), then the backend launches, then ``started`` is committed. Order of every end: the outcome is
+committed, then the backend's resources are released. A crash between any two steps leaves the store
+in a state :meth:`Scheduler.recover` reconciles with the backend on the next start:
+
+* a job the store says holds GPUs and whose run the backend still has -> kept (adopted);
+* whose run ended meanwhile -> recorded as finished / failed (or cancelled, if a cancel was asked);
+* whose run the backend lost (or never launched) -> re-queued, or failed (``on_lost="fail"``, or
+  after ``max_attempts`` attempts).
+
+While running, a run the backend loses (a runner killed, a Ray worker or node gone) is handled the
+same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import SchedulingError
+from gpualloc.hardware.cluster import ClusterSpec
+from gpualloc.scheduling.base import DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable, Policy
+from gpualloc.scheduling.policies import POLICIES, make_policy
+from gpualloc.service.backends import Backend, RunRef, RunRequest, RunState, RunStatus, ray_resource_name
+from gpualloc.service.errors import BackendError, Conflict, InvalidJob, NotFound
+from gpualloc.service.models import HOLDING, JobRecord, JobSpec, JobState
+from gpualloc.service.store import Store
+from gpualloc.workload.jobs import JOB_TYPES, Job
+from gpualloc.workload.speed import speed_matrix
+
+log = logging.getLogger("gpualloc.service")
+
+ON_LOST = ("requeue", "fail")
+
+
+# --------------------------------------------------------------------------------- device types
+@dataclass(frozen=True)
+class DeviceTypes:
+    """The cluster's device types as the service names them.
+
+    Attributes:
+        names: canonical names, in the cluster's order (``ClusterView.type_names``).
+        vendors: vendor of each type.
+        resources: Ray resource of each type (``gpu_V100``).
+        lookup: every accepted spelling (lower case: name, alias, resource, resource without
+            ``gpu_``) -> canonical name.
+    """
+
+    names: tuple[str, ...]
+    vendors: tuple[str, ...]
+    resources: tuple[str, ...]
+    lookup: dict[str, str]
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec) -> "DeviceTypes":
+        types = cluster.device_types
+        lookup: dict[str, str] = {}
+        resources = []
+        for t in types:
+            res = ray_resource_name((t.name, *t.aliases))
+            resources.append(res)
+            for key in (t.name, *t.aliases, res, res[len("gpu_"):]):
+                lookup.setdefault(key.lower(), t.name)
+        return cls(tuple(t.name for t in types), tuple(t.vendor for t in types),
+                   tuple(resources), lookup)
+
+    def resolve(self, name: str) -> str:
+        try:
+            return self.lookup[name.strip().lower()]
+        except KeyError:
+            raise InvalidJob(f"device type {name!r} is not in this cluster (it has {', '.join(self.names)})") from None
+
+
+def normalise_spec(spec: JobSpec, cluster: ClusterSpec, types: DeviceTypes) -> dict[str, Any]:
+    """The spec as the store keeps it: device types canonical, the target as argv or callable.
+
+    Raises:
+        InvalidJob: an unknown device type, or a job no allowed type can ever hold.
+    """
+    allowed = [types.resolve(t) for t in spec.allowed_types()]
+    allowed = list(dict.fromkeys(allowed))
+    out: dict[str, Any] = {
+        "name": spec.name, "num_gpus": spec.num_gpus, "gpu_types": allowed, "job_type": spec.job_type.value,
+        "work_s": spec.work_s, "priority": spec.priority, "single_node": spec.single_node, "model": spec.model,
+    }
+    if spec.command is not None:
+        out["target"] = {"argv": list(spec.command)}
+    else:
+        out["target"] = {"callable": spec.callable, "args": spec.args, "kwargs": spec.kwargs}
+    if spec.env:
+        out["target"]["env"] = dict(spec.env)
+    if spec.cwd:
+        out["target"]["cwd"] = spec.cwd
+    job = Job("check", 0.0, spec.job_type, spec.work_s, spec.num_gpus, model=spec.model, priority=spec.priority,
+              gpu_types=tuple(allowed), single_node=spec.single_node)
+    speed = speed_matrix([job], cluster.device_types)[0]
+    gpu_type = np.array([types.names.index(d.type.name) for d in cluster.devices])
+    gpu_node = np.array([d.node for d in cluster.devices])
+    fits = []
+    for t, name in enumerate(types.names):
+        if speed[t] <= 0:
+            continue
+        on_type = gpu_type == t
+        room = (np.bincount(gpu_node[on_type]).max() if spec.single_node else on_type.sum())
+        if room >= spec.num_gpus:
+            fits.append(name)
+    if not fits:
+        where = ", ".join(allowed) if allowed else "any device type"
+        raise InvalidJob(f"no device type can ever hold this job: {spec.num_gpus} GPU(s)"
+                         f"{' on one node' if spec.single_node else ''} of {where} on cluster {cluster.name!r}")
+    return out
+
+
+# ------------------------------------------------------------------------------------ job table
+class LiveTable:
+    """A :class:`JobTable` whose rows stay put while the service runs.
+
+    Rows are added as jobs arrive and retired (status ``DONE``) when they end; when the table is full
+    it is rebuilt without its retired rows, twice as large (policies then see a new table and reset
+    their per-job state, as for a new simulation).
+    """
+
+    def __init__(self, n_types: int, capacity: int = 256) -> None:
+        self.n_types = n_types
+        self.job_of_row = np.full(capacity, -1, dtype=np.int64)
+        self.table = self._empty(capacity)
+        self.used = 0
+        self.row_of: dict[int, int] = {}
+        self.run_start_s = np.full(capacity, np.nan)  # start of the current run (service time)
+        self.attained_before = np.zeros(capacity)  # GPU-seconds received in earlier runs
+        self.remap: dict[int, int] = {}  # old row -> new row after the last rebuild
+
+    def _empty(self, n: int) -> JobTable:
+        t = JobTable(arrival_s=np.zeros(n), work_s=np.ones(n), num_gpus=np.ones(n, dtype=np.int64),
+                     priority=np.zeros(n, dtype=np.int64), type_code=np.zeros(n, dtype=np.int64),
+                     single_node=np.zeros(n, dtype=bool), speed=np.zeros((n, self.n_types)))
+        t.status[:] = DONE
+        return t
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def add(self, jobs: list[Job], speed: np.ndarray, job_ids: list[int]) -> list[int]:
+        """Rows for new jobs (status ``QUEUED`` is set by the caller)."""
+        if self.used + len(jobs) > len(self.job_of_row):
+            self._rebuild(max(2 * (len(self.row_of) + len(jobs)), 256))
+        rows = list(range(self.used, self.used + len(jobs)))
+        self.used += len(jobs)
+        t = self.table
+        code = {jt: i for i, jt in enumerate(JOB_TYPES)}
+        for r, job, jid, sp in zip(rows, jobs, job_ids, speed):
+            t.arrival_s[r], t.work_s[r], t.num_gpus[r] = job.arrival_s, job.work_s, job.num_gpus
+            t.priority[r], t.type_code[r], t.single_node[r] = job.priority, code[job.job_type], job.single_node
+            t.speed[r] = sp
+            t.remaining_s[r], t.attained_gpu_s[r], t.run_type[r] = job.work_s, 0.0, -1
+            t.start_s[r] = t.finish_s[r] = t.queued_since_s[r] = t.expected_finish_s[r] = np.nan
+            t.preemptions[r] = 0
+            self.run_start_s[r], self.attained_before[r] = np.nan, 0.0
+            self.job_of_row[r] = jid
+            self.row_of[jid] = r
+        t.__dict__.pop("_type_order", None)  # cached per table; the speed rows changed
+        return rows
+
+    def retire(self, row: int, now_s: float) -> None:
+        self.table.status[row] = DONE
+        self.table.finish_s[row] = now_s
+        self.table.expected_finish_s[row] = np.nan
+        self.row_of.pop(int(self.job_of_row[row]), None)
+        self.job_of_row[row] = -1
+
+    def _rebuild(self, capacity: int) -> dict[int, int]:
+        """Copy the live rows into a new table; returns ``{old row: new row}``."""
+        old, old_ids = self.table, self.job_of_row
+        keep = np.array(sorted(self.row_of.values()), dtype=np.int64)
+        new = self._empty(capacity)
+        n = len(keep)
+        for name in ("arrival_s", "work_s", "num_gpus", "priority", "type_code", "single_node", "status",
+                     "remaining_s", "attained_gpu_s", "run_type", "start_s", "finish_s", "queued_since_s",
+                     "preemptions", "expected_finish_s"):
+            getattr(new, name)[:n] = getattr(old, name)[keep]
+        new.speed[:n] = old.speed[keep]
+        run_start, attained = np.full(capacity, np.nan), np.zeros(capacity)
+        run_start[:n], attained[:n] = self.run_start_s[keep], self.attained_before[keep]
+        self.table, self.run_start_s, self.attained_before = new, run_start, attained
+        self.job_of_row = np.full(capacity, -1, dtype=np.int64)
+        self.job_of_row[:n] = old_ids[keep]
+        self.used = n
+        self.row_of = {int(self.job_of_row[i]): i for i in range(n)}
+        self.remap = {int(o): i for i, o in enumerate(keep)}
+        return self.remap
+
+
+@dataclass
+class _Run:
+    job_id: int
+    attempt: int
+    ref: RunRef | None  # None while allocated and not yet launched
+    type_index: int
+    gpus: tuple[int, ...]
+
+
+# ------------------------------------------------------------------------------------ scheduler
+class Scheduler:
+    """Decides with a registry policy, records before acting, and runs on a backend.
+
+    Args:
+        store: the durable state.
+        backend: where jobs run.
+        cluster: the cluster the policy schedules (devices, types, nodes).
+        policy: registry name (:data:`gpualloc.scheduling.policies.POLICIES`).
+        policy_options: keyword options of the policy's factory.
+        tick_s: longest sleep between two looks at the state (submissions and cancels wake it).
+        poll_s: how often running jobs are polled.
+        on_lost: a run the backend lost: ``"requeue"`` it or ``"fail"`` the job.
+        max_attempts: attempts after which a lost job fails instead of being re-queued.
+        preemption: let preemptive policies stop running jobs (they restart from scratch: the
+            service does not checkpoint them).
+        clock: Unix time.
+    """
+
+    def __init__(self, store: Store, backend: Backend, cluster: ClusterSpec, *, policy: str = "fcfs",
+                 policy_options: dict[str, Any] | None = None, tick_s: float = 0.5, poll_s: float = 0.25,
+                 on_lost: str = "requeue", max_attempts: int = 3, preemption: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        if on_lost not in ON_LOST:
+            raise SchedulingError(f"on_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}")
+        self.store, self.backend, self.cluster = store, backend, cluster
+        self.types = DeviceTypes.of(cluster)
+        self.tick_s, self.poll_s = float(tick_s), float(poll_s)
+        self.on_lost, self.max_attempts, self.preemption = on_lost, int(max_attempts), bool(preemption)
+        self.clock = clock
+        self.epoch = store.epoch
+        self.gpu_type = np.array([self.types.names.index(d.type.name) for d in cluster.devices], dtype=np.int64)
+        self.gpu_node = np.array([d.node for d in cluster.devices], dtype=np.int64)
+        self.gpu_local = np.array([d.local_index for d in cluster.devices], dtype=np.int64)
+        self.gpu_job = np.full(len(cluster.devices), GPU_FREE, dtype=np.int64)
+        self.live = LiveTable(len(self.types.names))
+        self.queue: dict[int, None] = {}  # rows, in the order they entered the queue
+        self.running: dict[int, _Run] = {}  # row -> run
+        self.records: dict[int, JobRecord] = {}  # row -> record, of jobs holding GPUs
+        self._inbox: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._dirty = True
+        self._last_poll = 0.0
+        self._last_round: float | None = None
+        self.decisions = 0
+        self.last_error: str | None = None
+        self.policy_name = policy
+        self.policy_options = dict(policy_options or {})
+        self.policy: Policy = make_policy(policy, **self.policy_options)
+
+    # -------------------------------------------------------------------------------- control
+    def now_s(self) -> float:
+        return self.clock() - self.epoch
+
+    def start(self) -> dict[str, list[int]]:
+        """Reconcile with the backend (:meth:`recover`, whose report is returned), then schedule in
+        a background thread."""
+        report = self.recover()
+        self._thread = threading.Thread(target=self._loop, name="gpualloc-scheduler", daemon=True)
+        self._thread.start()
+        return report
+
+    def stop(self) -> None:
+        """Stop deciding (running jobs are left to the backend)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def notify_submitted(self, rec: JobRecord) -> None:
+        """A job was committed to the store as queued."""
+        self._inbox.append(("job", rec))
+        self._wake.set()
+
+    def notify_cancel(self, job_id: int) -> None:
+        """A cancel was committed to the store."""
+        self._inbox.append(("cancel", job_id))
+        self._wake.set()
+
+    def set_policy(self, name: str, options: dict[str, Any] | None = None) -> None:
+        """Decide with another registry policy from the next decision on (persisted in the store).
+
+        Raises:
+            SchedulingError: unknown name or bad options.
+        """
+        if name not in POLICIES:
+            raise SchedulingError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+        try:
+            policy = make_policy(name, **(options or {}))
+        except TypeError as err:
+            raise SchedulingError(f"policy {name}: bad options: {err}") from err
+        with self._lock:
+            self.policy, self.policy_name, self.policy_options = policy, name, dict(options or {})
+            self._dirty = True
+            self._last_round = None
+        self.store.set_meta("policy", json.dumps({"name": name, "options": dict(options or {})}))
+        self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        down = int((self.gpu_job == GPU_DOWN).sum())
+        return {"policy": self.policy_name, "queued": len(self.queue), "running": len(self.running),
+                "gpus": len(self.gpu_job), "gpus_free": int((self.gpu_job == GPU_FREE).sum()), "gpus_down": down,
+                "decisions": self.decisions, "last_error": self.last_error,
+                "thread_alive": self._thread is not None and self._thread.is_alive()}
+
+    def down_gpus(self) -> list[int]:
+        return [int(g) for g in np.flatnonzero(self.gpu_job == GPU_DOWN)]
+
+    # ------------------------------------------------------------------------------- recovery
+    def recover(self) -> dict[str, list[int]]:
+        """Rebuild the live state from the store and reconcile runs with the backend.
+
+        Returns:
+            Job ids by outcome: ``adopted``, ``ended``, ``requeued``, ``failed``, ``queued``.
+        """
+        report: dict[str, list[int]] = {"adopted": [], "ended": [], "requeued": [], "failed": [], "queued": []}
+        self.store.release_stale_allocations()
+        active = self.store.active()
+        holding = [r for r in active if r.state in HOLDING]
+        refs = {r.id: RunRef(r.id, r.attempts, r.handle or self.backend.handle(r.id, r.attempts,
+                                                                                len(self._groups(r.gpus))))
+                for r in holding}
+        states = self.backend.poll(list(refs.values())) if refs else {}
+        adopted: list[RunRef] = []
+        for rec in holding:
+            ref = refs[rec.id]
+            st = states.get(ref.key, RunState(RunStatus.GONE, error="not reported by the backend"))
+            if st.status is RunStatus.RUNNING:
+                if rec.state is JobState.ALLOCATED:
+                    rec = self.store.mark_started(rec.id, rec.attempts, ref.handle)
+                row = self._add([rec])[0]
+                self._occupy(row, rec, ref, self.types.names.index(rec.device_type), rec.gpus)
+                adopted.append(ref)
+                report["adopted"].append(rec.id)
+                if rec.cancel_requested:
+                    self._inbox.append(("cancel", rec.id))
+            elif st.status is RunStatus.EXITED:
+                self.store.mark_ended(rec.id, rec.attempts, exit_code=st.exit_code, error=st.error,
+                                      result=st.result, cancelled=rec.cancel_requested)
+                self.backend.release(ref)
+                report["ended"].append(rec.id)
+            else:
+                new = self._record_lost(rec, st.error or "lost")
+                self.backend.release(ref)
+                if new.state is JobState.QUEUED:
+                    self._enqueue(self._add([new])[0], new)
+                    report["requeued"].append(rec.id)
+                else:
+                    report["failed"].append(rec.id)
+        queued = [r for r in active if r.state is JobState.QUEUED]
+        for row, rec in zip(self._add(queued), queued):
+            self._enqueue(row, rec)
+        report["queued"] = [r.id for r in queued]
+        stale = self.backend.cleanup(adopted)
+        if stale:
+            log.warning("stopped %d run(s) of this store that no job holds: %s", len(stale), ", ".join(stale))
+        self._dirty = True
+        return report
+
+    def _record_lost(self, rec: JobRecord, reason: str) -> JobRecord:
+        if self.on_lost == "fail":
+            return self.store.mark_ended(rec.id, rec.attempts, exit_code=None, error=f"lost: {reason}")
+        return self.store.requeue(rec.id, rec.attempts, f"lost: {reason}", max_attempts=self.max_attempts)
+
+    # ------------------------------------------------------------------------------ live state
+    def _add(self, recs: list[JobRecord]) -> list[int]:
+        if not recs:
+            return []
+        jobs = [r.to_job(self.epoch) for r in recs]
+        speed = speed_matrix(jobs, self.cluster.device_types)
+        before = self.live.table
+        rows = self.live.add(jobs, speed, [r.id for r in recs])
+        if self.live.table is not before:
+            self._remap(self.live.remap)
+        return rows
+
+    def _remap(self, remap: dict[int, int]) -> None:
+        self.queue = {remap[r]: None for r in self.queue}
+        self.running = {remap[r]: run for r, run in self.running.items()}
+        self.records = {remap[r]: rec for r, rec in self.records.items() if r in remap}
+        held = self.gpu_job >= 0
+        self.gpu_job[held] = [remap[int(r)] for r in self.gpu_job[held]]
+
+    def _enqueue(self, row: int, rec: JobRecord) -> None:
+        t = self.live.table
+        t.status[row] = QUEUED
+        t.queued_since_s[row] = self.now_s()
+        t.remaining_s[row] = t.work_s[row]  # no checkpoints: a run starts over
+        t.run_type[row] = -1
+        t.expected_finish_s[row] = np.nan
+        self.records.pop(row, None)  # queued jobs are read from the store when they start
+        self.queue[row] = None
+        self._dirty = True
+
+    def _occupy(self, row: int, rec: JobRecord, ref: RunRef | None, type_index: int, gpus: tuple[int, ...]) -> None:
+        t = self.live.table
+        now = self.now_s()
+        self.queue.pop(row, None)
+        t.status[row] = RUNNING
+        t.run_type[row] = type_index
+        if np.isnan(t.start_s[row]):
+            t.start_s[row] = now if rec.started_at is None else rec.started_at - self.epoch
+        self.live.run_start_s[row] = now if rec.started_at is None else rec.started_at - self.epoch
+        self.gpu_job[list(gpus)] = row
+        self.records[row] = rec
+        self.running[row] = _Run(rec.id, rec.attempts, ref, type_index, tuple(gpus))
+
+    def _vacate(self, row: int) -> None:
+        run = self.running.pop(row, None)
+        if run is not None:
+            self.gpu_job[list(run.gpus)] = GPU_FREE
+            t = self.live.table
+            elapsed = max(0.0, self.now_s() - self.live.run_start_s[row])
+            self.live.attained_before[row] += elapsed * len(run.gpus)
+            t.attained_gpu_s[row] = self.live.attained_before[row]
+            self.live.run_start_s[row] = np.nan
+        self._dirty = True
+
+    def _finish(self, row: int) -> None:
+        self._vacate(row)
+        self.queue.pop(row, None)
+        self.records.pop(row, None)
+        self.live.retire(row, self.now_s())
+
+    def _groups(self, gpus: tuple[int, ...] | list[int]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        by_node: dict[int, list[int]] = {}
+        for g in gpus:
+            by_node.setdefault(int(self.gpu_node[g]), []).append(int(self.gpu_local[g]))
+        return tuple((n, tuple(loc)) for n, loc in sorted(by_node.items()))
+
+    # ----------------------------------------------------------------------------------- loop
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=self.tick_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.tick()
+            except Exception as err:  # the service stays up; the error is shown in /health
+                self.last_error = f"{type(err).__name__}: {err}"
+                log.exception("scheduler tick failed")
+                self._stop.wait(min(1.0, self.tick_s))
+
+    def tick(self) -> None:
+        """One pass: take in submissions and cancels, poll runs, follow capacity, decide, act."""
+        self._drain()
+        mono = time.monotonic()
+        if self.running and mono - self._last_poll >= self.poll_s:
+            self._last_poll = mono
+            self._poll()
+        self._follow_capacity()
+        with self._lock:
+            policy = self.policy
+        if self.queue and self._should_decide(policy):
+            self._decide(policy)
+
+    def _drain(self) -> None:
+        new: list[JobRecord] = []
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "job":
+                new.append(item)
+                continue
+            if new:  # keep the order: a cancel may name a job of this batch
+                for row, rec in zip(self._add(new), new):
+                    self._enqueue(row, rec)
+                new = []
+            self._cancel(int(item))
+        if new:
+            for row, rec in zip(self._add(new), new):
+                self._enqueue(row, rec)
+
+    def _cancel(self, job_id: int) -> None:
+        row = self.live.row_of.get(job_id)
+        if row is None:
+            return
+        if row in self.queue:
+            self._finish(row)  # the store cancelled it already
+            return
+        run = self.running.get(row)
+        if run is None or run.ref is None:
+            return
+        self.backend.stop(run.ref)
+        try:
+            self.store.mark_ended(run.job_id, run.attempt, exit_code=None, error="cancelled", cancelled=True)
+        except Conflict:
+            pass
+        self._finish(row)
+
+    def _poll(self) -> None:
+        runs = {row: run for row, run in self.running.items() if run.ref is not None}
+        states = self.backend.poll([r.ref for r in runs.values()])
+        for row, run in runs.items():
+            st = states.get(run.ref.key)
+            if st is None or st.status is RunStatus.RUNNING:
+                continue
+            rec = self.records.get(row)
+            if st.status is RunStatus.EXITED:
+                cancelled = rec is not None and rec.cancel_requested
+                self.store.mark_ended(run.job_id, run.attempt, exit_code=st.exit_code, error=st.error,
+                                      result=st.result, cancelled=cancelled)
+                self.backend.release(run.ref)
+                self._finish(row)
+            else:
+                fresh = self.store.get(run.job_id)
+                new = self._record_lost(fresh, st.error or "lost")
+                self.backend.release(run.ref)
+                log.warning("job %d attempt %d lost (%s): now %s", run.job_id, run.attempt, st.error, new.state.value)
+                self._requeue_or_finish(row, new)
+
+    def _requeue_or_finish(self, row: int, new: JobRecord) -> None:
+        if new.state is JobState.QUEUED:
+            self._vacate(row)
+            self._enqueue(row, new)
+        else:
+            self._finish(row)
+
+    def _follow_capacity(self) -> None:
+        """Mark free GPUs down where the backend has fewer devices of a type than the cluster
+        (a lost Ray node), and up again when they come back."""
+        cap = self.backend.capacity()
+        if cap is None:
+            return
+        for t, name in enumerate(self.types.names):
+            idx = np.flatnonzero(self.gpu_type == t)
+            usable = max(0, min(int(cap.get(name, 0)), len(idx)))
+            up, down = idx[:usable], idx[usable:]
+            came_back = up[self.gpu_job[up] == GPU_DOWN]
+            went = down[self.gpu_job[down] == GPU_FREE]
+            if len(came_back) or len(went):
+                self.gpu_job[came_back] = GPU_FREE
+                self.gpu_job[went] = GPU_DOWN
+                self._dirty = True
+
+    def _should_decide(self, policy: Policy) -> bool:
+        now = self.now_s()
+        round_s = getattr(policy, "round_s", None)
+        round_due = bool(round_s) and (self._last_round is None or now - self._last_round >= round_s)
+        if not (self._dirty or round_due):
+            return False
+        may_preempt = self.preemption and policy.preemptive
+        return bool((self.gpu_job == GPU_FREE).any()) or (may_preempt and bool(self.running))
+
+    def view(self) -> ClusterView:
+        """The view a policy sees now (running jobs' progress brought up to date)."""
+        now = self.now_s()
+        t = self.live.table
+        if self.running:
+            rows = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+            rt = t.run_type[rows]
+            speed = np.maximum(t.speed[rows, rt], 1e-9)
+            elapsed = np.maximum(now - self.live.run_start_s[rows], 0.0)
+            t.remaining_s[rows] = np.maximum(t.work_s[rows] - elapsed * speed, 1e-3)
+            t.attained_gpu_s[rows] = self.live.attained_before[rows] + elapsed * t.num_gpus[rows]
+            t.expected_finish_s[rows] = now + t.remaining_s[rows] / speed
+        with self._lock:
+            preemptive = self.preemption and self.policy.preemptive
+        return ClusterView(now_s=now, cluster=self.cluster, type_names=self.types.names, gpu_type=self.gpu_type,
+                           gpu_node=self.gpu_node, gpu_job=self.gpu_job.copy(), jobs=t, queue=list(self.queue),
+                           running=list(self.running), preemption=preemptive, restart_penalty_s=0.0)
+
+    def _decide(self, policy: Policy) -> None:
+        view = self.view()
+        self._dirty = False
+        if getattr(policy, "round_s", None):
+            self._last_round = view.now_s
+        try:
+            decision = policy.decide(view)
+        except Exception as err:
+            self.last_error = f"policy {self.policy_name}: {type(err).__name__}: {err}"
+            log.exception("policy %s failed", self.policy_name)
+            return
+        self.decisions += 1
+        if not isinstance(decision, Decision):
+            self.last_error = f"policy {self.policy_name} returned {type(decision).__name__}, not a Decision"
+            return
+        if view.preemption:
+            for row in decision.preempt:
+                self._preempt(int(row))
+        for row, gpus in decision.starts:
+            problem = self._check_start(int(row), tuple(int(g) for g in gpus))
+            if problem:
+                self.last_error = f"policy {self.policy_name}: invalid start ignored: {problem}"
+                log.warning(self.last_error)
+                continue
+            self._start(int(row), tuple(int(g) for g in gpus))
+
+    def _check_start(self, row: int, gpus: tuple[int, ...]) -> str | None:
+        t = self.live.table
+        if row not in self.queue:
+            return f"row {row} is not queued"
+        n = int(t.num_gpus[row])
+        if len(gpus) != n or len(set(gpus)) != n:
+            return f"job {self.live.job_of_row[row]} needs {n} distinct GPUs, got {list(gpus)}"
+        if any(not 0 <= g < len(self.gpu_job) for g in gpus):
+            return f"GPU index out of range in {list(gpus)}"
+        if any(self.gpu_job[g] != GPU_FREE for g in gpus):
+            return f"GPUs {list(gpus)} are not all free"
+        types = {int(self.gpu_type[g]) for g in gpus}
+        if len(types) != 1:
+            return f"GPUs {list(gpus)} mix device types"
+        ti = types.pop()
+        if t.speed[row, ti] <= 0:
+            return f"job {self.live.job_of_row[row]} may not run on {self.types.names[ti]}"
+        if t.single_node[row] and len({int(self.gpu_node[g]) for g in gpus}) != 1:
+            return f"job {self.live.job_of_row[row]} must run on one node"
+        return None
+
+    def _start(self, row: int, gpus: tuple[int, ...]) -> None:
+        rec = self.store.get(int(self.live.job_of_row[row]))
+        if rec.state is not JobState.QUEUED:  # cancelled since it was queued
+            self._finish(row)
+            return
+        ti = int(self.gpu_type[gpus[0]])
+        try:
+            rec = self.store.allocate(rec.id, self.types.names[ti], gpus)
+        except Conflict as err:
+            try:
+                fresh = self.store.get(rec.id)
+            except NotFound:
+                fresh = None
+            log.info("allocation of job %d refused: %s", rec.id, err)
+            if fresh is None or fresh.state is not JobState.QUEUED:
+                self._finish(row)
+            return
+        self._occupy(row, rec, None, ti, gpus)
+        req = RunRequest(job_id=rec.id, attempt=rec.attempts, name=rec.name, target=rec.spec["target"],
+                         device_type=self.types.names[ti], vendor=self.types.vendors[ti],
+                         resource=self.types.resources[ti], gpus=gpus, groups=self._groups(gpus))
+        try:
+            handle = self.backend.launch(req)
+        except Exception as err:  # BackendError, or anything the backend let through
+            reason = str(err) if isinstance(err, BackendError) else f"{type(err).__name__}: {err}"
+            self.last_error = f"launch of job {rec.id} failed: {reason}"
+            log.warning(self.last_error)
+            new = self.store.requeue(rec.id, rec.attempts, f"launch failed: {reason}", max_attempts=self.max_attempts)
+            self._requeue_or_finish(row, new)
+            return
+        rec = self.store.mark_started(rec.id, rec.attempts, handle)
+        self.records[row] = rec
+        self.running[row].ref = RunRef(rec.id, rec.attempts, handle)
+
+    def _preempt(self, row: int) -> None:
+        run = self.running.get(row)
+        if run is None or run.ref is None:
+            return
+        self.backend.stop(run.ref)
+        new = self.store.requeue(run.job_id, run.attempt, "preempted by the policy", max_attempts=None)
+        self.live.table.preemptions[row] += 1
+        self._requeue_or_finish(row, new)
+
+
+def stored_policy(store: Store) -> tuple[str, dict[str, Any]] | None:
+    """The policy a store was last switched to, if any."""
+    raw = store.get_meta("policy")
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        return str(data["name"]), dict(data.get("options") or {})
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,561 @@
+"""The service's durable state: jobs, their event history, GPU allocations (SQLAlchemy Core).
+
+SQLite is the default (one file, WAL journal, ``synchronous=FULL``: a commit survives a crash of the
+process and of the machine); a ``postgresql://`` URL uses PostgreSQL through the same code (install
+a driver such as ``psycopg``). One service owns a store at a time.
+
+**Every change is durable before the call returns.** All writes go through one writer thread that
+takes whatever writes are waiting, runs each in its own savepoint inside one transaction and commits
+once (group commit): a caller waits for that commit, so an acknowledged submission is on disk, and
+concurrent submissions share one fsync. A write that fails (a conflict, a full queue) rolls back its
+savepoint only.
+
+Tables:
+
+* ``jobs``: one row per job (state, normalised spec as JSON, current allocation, outcome);
+* ``events``: every state change of every job, in order (``submitted``, ``allocated``, ``started``,
+  ``finished``, ``failed``, ``cancel_requested``, ``cancelled``, ``requeued``);
+* ``allocations``: one row per allocated GPU, keyed by the GPU: the database itself refuses to
+  allocate a GPU twice;
+* ``meta``: the store's id, its time origin, the current policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import (Boolean, Column, bindparam, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text,
+                        create_engine, delete, event, func, insert, select, update)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpualloc.service.errors import Conflict, NotFound, QueueFull, ServiceError
+from gpualloc.service.models import ACTIVE, HOLDING, JobRecord, JobState
+
+T = TypeVar("T")
+
+metadata = MetaData()
+
+jobs_t = Table(
+    "jobs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("idempotency_key", String(128), unique=True, nullable=True),
+    Column("name", String(128), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("requeues", Integer, nullable=False, default=0),
+    Column("submitted_at", Float, nullable=False),
+    Column("allocated_at", Float),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("device_type", String(64)),
+    Column("gpus", Text),
+    Column("handle", String(256)),
+    Column("exit_code", Integer),
+    Column("error", Text),
+    Column("result", Text),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Index("ix_jobs_state", "state"),
+)
+
+events_t = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("detail", Text),
+    Index("ix_events_job", "job_id"),
+)
+
+allocations_t = Table(
+    "allocations", metadata,
+    Column("device", Integer, primary_key=True, autoincrement=False),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+)
+
+meta_t = Table(
+    "meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+# Statements of the submission path, built once (submissions are the hot path).
+_BY_KEY = select(jobs_t).where(jobs_t.c.idempotency_key == bindparam("key"))
+_INSERT_JOB = insert(jobs_t)
+_INSERT_EVENT = insert(events_t)
+
+MAX_RESULT_CHARS = 65536
+"""Longest stored result or error text (longer ones are cut)."""
+
+
+def store_url(store: str | Path) -> str:
+    """A SQLAlchemy URL for ``store``: a URL as is, anything else a SQLite file path."""
+    s = str(store)
+    if "://" in s:
+        return s
+    return f"sqlite:///{Path(s).expanduser().resolve()}"
+
+
+def sqlite_path(store: str | Path) -> Path | None:
+    """The file of a SQLite store (None for other databases and in-memory SQLite)."""
+    url = store_url(store)
+    if not url.startswith("sqlite:///") or url in ("sqlite://", "sqlite:///:memory:"):
+        return None
+    return Path(url[len("sqlite:///"):])
+
+
+class _Redo(Exception):
+    """A write of a batch failed in the database: redo the batch one write at a time."""
+
+
+@dataclass
+class _Tx:
+    """What a write sees: the connection, the time of the batch, and the change in queued jobs it
+    makes (applied to the store's counter only once the batch commits)."""
+
+    conn: Connection
+    now: float
+    queued_delta: int = 0
+
+
+class Store:
+    """Jobs, events and allocations in one database.
+
+    Args:
+        store: a SQLite file path (created with its folder) or a SQLAlchemy URL.
+        max_queued: most jobs waiting in the queue; a submission beyond raises :class:`QueueFull`.
+        synchronous: SQLite's ``synchronous`` pragma (``FULL``: durable across power loss;
+            ``NORMAL``: across process crashes only, faster).
+        clock: Unix time source.
+
+    Raises:
+        ServiceError: the database cannot be opened or created.
+    """
+
+    def __init__(self, store: str | Path, *, max_queued: int = 100_000, synchronous: str = "FULL",
+                 clock: Callable[[], float] = time.time) -> None:
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise ServiceError(f"store: synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
+        self.url = store_url(store)
+        self.path = sqlite_path(store)
+        self.max_queued = int(max_queued)
+        self.clock = clock
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Owner-only, like the token: jobs' commands and environments are in here. SQLite gives
+            # the -wal and -shm files the database file's permissions.
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        try:
+            self.engine = self._engine(synchronous.upper())
+            metadata.create_all(self.engine)
+            self.uid, self.epoch = self._init_meta()
+            with self.engine.connect() as conn:
+                self._queued = int(conn.execute(select(func.count()).select_from(jobs_t)
+                                                .where(jobs_t.c.state == JobState.QUEUED.value)).scalar_one())
+        except SQLAlchemyError as err:
+            raise ServiceError(f"store {self.url}: {err.__class__.__name__}: {err}") from err
+        self._writes: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="gpualloc-store-writer", daemon=True)
+        self._closed = False
+        self._writer.start()
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _engine(self, synchronous: str) -> Engine:
+        if self.path is None and not self.url.startswith("sqlite"):
+            return create_engine(self.url, pool_pre_ping=True)
+        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:
+            # Let SQLAlchemy, not the sqlite3 module, issue BEGIN: savepoints then work (SQLAlchemy's
+            # documented recipe for pysqlite).
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA synchronous={synchronous}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn) -> None:
+            conn.exec_driver_sql("BEGIN")
+
+        return engine
+
+    def _init_meta(self) -> tuple[str, float]:
+        with self.engine.begin() as conn:
+            rows = dict(conn.execute(select(meta_t.c.key, meta_t.c.value)).all())
+            if "uid" not in rows:
+                rows = {"uid": secrets.token_hex(4), "epoch": repr(self.clock())}
+                conn.execute(insert(meta_t), [{"key": k, "value": v} for k, v in rows.items()])
+        return rows["uid"], float(rows["epoch"])
+
+    def _write_loop(self) -> None:
+        conn: Connection | None = None
+        while True:
+            item = self._writes.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    nxt = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._writes.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                if conn is None:
+                    conn = self.engine.connect()
+                self._commit(conn, batch)
+            except Exception as err:  # the connection broke: fail this batch, reconnect for the next
+                failure = ServiceError(f"store {self.url}: {err.__class__.__name__}: {err}")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(failure)
+                if conn is not None:
+                    conn.invalidate()
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    def _commit(self, conn: Connection, batch: list[tuple[Callable[[_Tx], Any], Future]]) -> None:
+        """Run ``batch`` in one transaction and commit once.
+
+        A write raises :class:`ServiceError` only from its checks, before it changes anything, so
+        such a refusal needs no rollback. Any other failure (the database refused a statement) rolls
+        the batch back, and its writes are then redone one transaction each, so only the failing one
+        fails.
+        """
+        try:
+            outcomes, delta = self._run(conn, batch)
+        except _Redo:
+            outcomes, delta = [], 0
+            for item in batch:
+                try:
+                    one, d = self._run(conn, [item], alone=True)
+                except Exception as err:
+                    one, d = [(item[1], None, err if isinstance(err, ServiceError) else ServiceError(
+                        f"store {self.url}: {err.__class__.__name__}: {err}"))], 0
+                outcomes += one
+                delta += d
+        self._queued += delta
+        for fut, res, err in outcomes:
+            if err is None:
+                fut.set_result(res)
+            else:
+                fut.set_exception(err)
+
+    def _run(self, conn: Connection, batch, alone: bool = False):
+        outcomes: list[tuple[Future, Any, BaseException | None]] = []
+        delta = 0
+        with conn.begin():
+            for fn, fut in batch:
+                tx = _Tx(conn, self.clock())
+                try:
+                    res = fn(tx)
+                except ServiceError as err:  # a refusal: nothing was written
+                    outcomes.append((fut, None, err))
+                    continue
+                except Exception as err:
+                    if alone:
+                        raise
+                    raise _Redo() from err
+                delta += tx.queued_delta
+                outcomes.append((fut, res, None))
+        return outcomes, delta
+
+    def write_future(self, fn: Callable[[_Tx], T]) -> "Future[T]":
+        """Queue ``fn(tx)`` for the writer; the future resolves once its batch is committed."""
+        if self._closed:
+            raise ServiceError("store is closed")
+        fut: Future = Future()
+        self._writes.put((fn, fut))
+        return fut
+
+    def write(self, fn: Callable[[_Tx], T]) -> T:
+        """Run ``fn(tx)`` in the writer and wait until it is committed; its error re-raised."""
+        return self.write_future(fn).result()
+
+    def close(self) -> None:
+        """Finish the queued writes and close the database (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writes.put(None)
+        self._writer.join(timeout=60)
+        self.engine.dispose()
+
+    @property
+    def queued(self) -> int:
+        """Jobs in the queue now (kept by the writer; exact once pending writes are committed)."""
+        return self._queued
+
+    # --------------------------------------------------------------------------------- reads
+    def get(self, job_id: int) -> JobRecord:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"no job {job_id}")
+        return _record(row)
+
+    def list_jobs(self, states: Iterable[JobState] | None = None, *, limit: int | None = None,
+                  offset: int = 0, after_id: int | None = None) -> list[JobRecord]:
+        """Jobs in id order, optionally of some states, ids above ``after_id``, paged."""
+        q = select(jobs_t).order_by(jobs_t.c.id)
+        if states is not None:
+            q = q.where(jobs_t.c.state.in_([s.value for s in states]))
+        if after_id is not None:
+            q = q.where(jobs_t.c.id > after_id)
+        if offset:
+            q = q.offset(offset)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.engine.connect() as conn:
+            return [_record(r) for r in conn.execute(q).mappings()]
+
+    def active(self) -> list[JobRecord]:
+        """Queued, allocated and running jobs, in id order."""
+        return self.list_jobs(ACTIVE)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state (every state listed)."""
+        with self.engine.connect() as conn:
+            rows = dict(conn.execute(select(jobs_t.c.state, func.count()).group_by(jobs_t.c.state)).all())
+        return {s.value: int(rows.get(s.value, 0)) for s in JobState}
+
+    def allocations(self) -> dict[int, tuple[int, int]]:
+        """``{device: (job id, attempt)}`` of the allocated GPUs."""
+        with self.engine.connect() as conn:
+            return {int(d): (int(j), int(a)) for d, j, a in conn.execute(
+                select(allocations_t.c.device, allocations_t.c.job_id, allocations_t.c.attempt))}
+
+    def events(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        """The event history (of one job, or of all), oldest first."""
+        q = select(events_t).order_by(events_t.c.id)
+        if job_id is not None:
+            q = q.where(events_t.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return [{"id": r["id"], "job_id": r["job_id"], "at": r["at"], "kind": r["kind"],
+                     "detail": json.loads(r["detail"]) if r["detail"] else {}}
+                    for r in conn.execute(q).mappings()]
+
+    def get_meta(self, key: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(meta_t.c.value).where(meta_t.c.key == key)).scalar_one_or_none()
+
+    # -------------------------------------------------------------------------------- writes
+    def submit_future(self, spec: dict[str, Any], idempotency_key: str | None = None) -> "Future[tuple[JobRecord, bool]]":
+        """Record a new queued job; resolves to ``(record, created)``. A key seen before returns that
+        job (``created`` False) instead of adding another."""
+        name = str(spec["name"])
+        spec_json = json.dumps(spec, separators=(",", ":"))
+
+        def op(tx: _Tx) -> tuple[JobRecord, bool]:
+            if idempotency_key is not None:
+                row = tx.conn.execute(_BY_KEY, {"key": idempotency_key}).mappings().first()
+                if row is not None:
+                    return _record(row), False
+            if self._queued + tx.queued_delta >= self.max_queued:
+                raise QueueFull(f"the queue is full ({self.max_queued} jobs)")
+            job_id = tx.conn.execute(_INSERT_JOB, {
+                "idempotency_key": idempotency_key, "name": name, "state": JobState.QUEUED.value, "spec": spec_json,
+                "attempts": 0, "requeues": 0, "submitted_at": tx.now, "cancel_requested": False}).inserted_primary_key[0]
+            tx.conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": tx.now, "kind": "submitted", "detail": None})
+            tx.queued_delta += 1
+            return JobRecord(int(job_id), name, JobState.QUEUED, spec, 0, 0, tx.now, None, None, None, None, (),
+                             None, None, None, None, False, idempotency_key), True
+
+        return self.write_future(op)
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
+        return self.submit_future(spec, idempotency_key).result()
+
+    def cancel(self, job_id: int) -> JobRecord:
+        """Cancel a queued job at once; flag a job holding GPUs (the scheduler stops it).
+
+        Raises:
+            NotFound, Conflict: no such job; it already ended.
+        """
+
+        def op(tx: _Tx) -> JobRecord:
+            rec = _fetch(tx, job_id)
+            if rec.state.terminal:
+                raise Conflict(f"job {job_id} is already {rec.state.value}")
+            if rec.state is JobState.QUEUED:
+                _set(tx, job_id, state=JobState.CANCELLED.value, finished_at=tx.now)
+                tx.queued_delta -= 1
+                _event(tx, job_id, "cancelled")
+            elif not rec.cancel_requested:
+                _set(tx, job_id, cancel_requested=True)
+                _event(tx, job_id, "cancel_requested")
+            return _fetch(tx, job_id)
+
+        return self.write(op)
+
+    def allocate(self, job_id: int, device_type: str, gpus: Sequence[int]) -> JobRecord:
+        """Give ``gpus`` to queued job ``job_id`` as a new attempt.
+
+        Raises:
+            Conflict: the job is no longer queued (cancelled meanwhile), or a GPU is taken.
+        """
+        gpus = tuple(int(g) for g in gpus)
+
+        def op(tx: _Tx) -> JobRecord:
+            rec = _fetch(tx, job_id)
+            if rec.state is not JobState.QUEUED:
+                raise Conflict(f"job {job_id} is {rec.state.value}, not queued")
+            attempt = rec.attempts + 1
+            taken = tx.conn.execute(select(allocations_t.c.device, allocations_t.c.job_id)
+                                    .where(allocations_t.c.device.in_(gpus))).all()
+            if taken:
+                raise Conflict(f"job {job_id}: GPU {taken[0][0]} is allocated to job {taken[0][1]}")
+            tx.conn.execute(insert(allocations_t), [{"device": g, "job_id": job_id, "attempt": attempt} for g in gpus])
+            _set(tx, job_id, state=JobState.ALLOCATED.value, attempts=attempt, device_type=device_type,
+                 gpus=json.dumps(list(gpus)), allocated_at=tx.now, handle=None, exit_code=None, error=None)
+            tx.queued_delta -= 1
+            _event(tx, job_id, "allocated", attempt=attempt, device_type=device_type, gpus=list(gpus))
+            return _fetch(tx, job_id)
+
+        return self.write(op)
+
+    def mark_started(self, job_id: int, attempt: int, handle: str) -> JobRecord:
+        """The backend runs attempt ``attempt`` of the job as ``handle``."""
+
+        def op(tx: _Tx) -> JobRecord:
+            rec = _holding(tx, job_id, attempt)
+            if rec.state is JobState.RUNNING and rec.handle == handle:
+                return rec
+            _set(tx, job_id, state=JobState.RUNNING.value, handle=handle, started_at=tx.now)
+            _event(tx, job_id, "started", attempt=attempt, handle=handle)
+            return _fetch(tx, job_id)
+
+        return self.write(op)
+
+    def mark_ended(self, job_id: int, attempt: int, *, exit_code: int | None, error: str | None = None,
+                   result: Any = None, cancelled: bool = False) -> JobRecord:
+        """Attempt ``attempt`` ended: ``finished`` when it exited 0 without error, ``cancelled`` when
+        ``cancelled``, else ``failed``. Its GPUs are released."""
+
+        def op(tx: _Tx) -> JobRecord:
+            _holding(tx, job_id, attempt)
+            if cancelled:
+                state = JobState.CANCELLED
+            elif exit_code == 0 and error is None:
+                state = JobState.FINISHED
+            else:
+                state = JobState.FAILED
+            _release(tx, job_id)
+            _set(tx, job_id, state=state.value, finished_at=tx.now, exit_code=exit_code,
+                 error=_cut(error), result=_cut(json.dumps(result)) if result is not None else None)
+            _event(tx, job_id, state.value, attempt=attempt, exit_code=exit_code, error=_cut(error, 512))
+            return _fetch(tx, job_id)
+
+        return self.write(op)
+
+    def requeue(self, job_id: int, attempt: int, reason: str, *, max_attempts: int | None = None) -> JobRecord:
+        """Put attempt ``attempt`` of a job holding GPUs back in the queue (its GPUs released) -- or,
+        when it has had ``max_attempts`` attempts already, fail it with ``reason``."""
+
+        def op(tx: _Tx) -> JobRecord:
+            rec = _holding(tx, job_id, attempt)
+            _release(tx, job_id)
+            if max_attempts is not None and rec.attempts >= max_attempts:
+                msg = f"{reason} (gave up after {rec.attempts} attempts)"
+                _set(tx, job_id, state=JobState.FAILED.value, finished_at=tx.now, error=_cut(msg))
+                _event(tx, job_id, "failed", attempt=attempt, error=_cut(msg, 512))
+            elif rec.cancel_requested:
+                _set(tx, job_id, state=JobState.CANCELLED.value, finished_at=tx.now)
+                _event(tx, job_id, "cancelled", attempt=attempt)
+            else:
+                _set(tx, job_id, state=JobState.QUEUED.value, requeues=rec.requeues + 1, handle=None)
+                tx.queued_delta += 1
+                _event(tx, job_id, "requeued", attempt=attempt, reason=_cut(reason, 512))
+            return _fetch(tx, job_id)
+
+        return self.write(op)
+
+    def release_stale_allocations(self) -> list[int]:
+        """Delete allocations of jobs that hold no GPUs (left by an interrupted write elsewhere);
+        returns the GPUs freed."""
+
+        def op(tx: _Tx) -> list[int]:
+            rows = tx.conn.execute(
+                select(allocations_t.c.device).select_from(allocations_t.join(jobs_t))
+                .where(jobs_t.c.state.not_in([s.value for s in HOLDING]) | (allocations_t.c.attempt != jobs_t.c.attempts))
+            ).scalars().all()
+            if rows:
+                tx.conn.execute(delete(allocations_t).where(allocations_t.c.device.in_(rows)))
+            return [int(d) for d in rows]
+
+        return self.write(op)
+
+    def set_meta(self, key: str, value: str) -> None:
+        def op(tx: _Tx) -> None:
+            if tx.conn.execute(update(meta_t).where(meta_t.c.key == key).values(value=value)).rowcount == 0:
+                tx.conn.execute(insert(meta_t).values(key=key, value=value))
+
+        self.write(op)
+
+
+# -------------------------------------------------------------------------------------- helpers
+def _cut(text: str | None, limit: int = MAX_RESULT_CHARS) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
+
+
+def _record(row: Any) -> JobRecord:
+    return JobRecord(
+        id=int(row["id"]), name=row["name"], state=JobState(row["state"]), spec=json.loads(row["spec"]),
+        attempts=int(row["attempts"]), requeues=int(row["requeues"]), submitted_at=row["submitted_at"],
+        allocated_at=row["allocated_at"], started_at=row["started_at"], finished_at=row["finished_at"],
+        device_type=row["device_type"], gpus=tuple(json.loads(row["gpus"])) if row["gpus"] else (),
+        handle=row["handle"], exit_code=row["exit_code"], error=row["error"],
+        result=json.loads(row["result"]) if row["result"] else None, cancel_requested=bool(row["cancel_requested"]),
+        idempotency_key=row["idempotency_key"])
+
+
+def _fetch(tx: _Tx, job_id: int) -> JobRecord:
+    row = tx.conn.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
+    if row is None:
+        raise NotFound(f"no job {job_id}")
+    return _record(row)
+
+
+def _holding(tx: _Tx, job_id: int, attempt: int) -> JobRecord:
+    rec = _fetch(tx, job_id)
+    if rec.state not in HOLDING or rec.attempts != attempt:
+        raise Conflict(f"job {job_id} is {rec.state.value} at attempt {rec.attempts}, not holding GPUs "
+                       f"for attempt {attempt}")
+    return rec
+
+
+def _set(tx: _Tx, job_id: int, **values: Any) -> None:
+    tx.conn.execute(update(jobs_t).where(jobs_t.c.id == job_id).values(**values))
+
+
+def _release(tx: _Tx, job_id: int) -> None:
+    tx.conn.execute(delete(allocations_t).where(allocations_t.c.job_id == job_id))
+
+
+def _event(tx: _Tx, job_id: int, kind: str, **detail: Any) -> None:
+    tx.conn.execute(insert(events_t).values(job_id=job_id, at=tx.now, kind=kind,
+                                            detail=json.dumps(detail) if detail else None))
