@@ -45,3 +45,7 @@ class SchedulingError(GpuallocError):
 
 class AgentError(GpuallocError):
     """A learning agent or environment was misconfigured, or a checkpoint could not be loaded."""
+
+
+class ExecutionError(GpuallocError):
+    """A plan cannot be run on real devices: a missing device, a failing worker, a model that will not split."""

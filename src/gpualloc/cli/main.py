@@ -10,6 +10,7 @@ from rich.text import Text
 
 from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
+from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import service as service_cli
 from gpualloc.cli.common import console, err_console
 from gpualloc.errors import GpuallocError
@@ -30,6 +31,8 @@ app.add_typer(simulate.app, name="simulate")
 app.add_typer(train.app, name="train")
 app.add_typer(reproduce.app, name="reproduce")
 app.add_typer(monitor.app, name="monitor")
+app.command("run")(run_cli.run_cmd)
+app.command("calibrate")(calibrate_cli.calibrate_cmd)
 service_cli.register(app)  # serve, submit, jobs, cancel, policy
 
 

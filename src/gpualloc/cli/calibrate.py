@@ -1,0 +1,87 @@
+"""``gpualloc calibrate``: measure a device of this machine and write a calibration file for the cost model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from gpualloc.cli.common import console, ms, print_json, si
+
+DEFAULT_MODELS = "resnet-tiny:4,bert-tiny:4"
+
+
+def _models(text: str) -> list[tuple[str, int]]:
+    from gpualloc.errors import CostModelError
+
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, _, batch = item.rpartition(":") if item.rsplit(":", 1)[-1].isdigit() else (item, "", "")
+        try:
+            out.append((name, int(batch) if batch else 2))
+        except ValueError as err:
+            raise CostModelError(f"--models: {item!r}: expected MODEL or MODEL:BATCH") from err
+    return out
+
+
+def calibrate_cmd(
+    device: str = typer.Option("cpu", "--device", "-d", help="Torch device to measure: cpu or cuda:i."),
+    threads: int = typer.Option(None, "--threads", min=1,
+                                help="CPU threads to measure with (default: torch's; use what each CPU "
+                                     "worker of `gpualloc run` will get)."),
+    models: str = typer.Option(DEFAULT_MODELS, "--models",
+                               help="Models to time op by op, MODEL:BATCH comma-separated (zoo names or "
+                                    "package.module:factory)."),
+    concurrent: int = typer.Option(1, "--concurrent", min=1,
+                                   help="CPU workers that will share the CPU (e.g. 2 for a 2xcpu plan): the "
+                                        "others' load runs beside the per-op timings."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed passes per measurement (median kept)."),
+    device_type: str = typer.Option(None, "--as", help="Catalog device type measured (default: guessed)."),
+    base: Path = typer.Option(None, "--base", help="Calibration to update (default: the shipped one)."),
+    output: Path = typer.Option(Path("calibration.json"), "-o", "--output", help="Calibration file to write."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the timed models' weights and inputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the device's calibration record as JSON."),
+) -> None:
+    """Measure DEVICE (matmul, copies, per-op timings of captured models), fit the cost model's efficiencies
+    for its device type, and write a calibration file for `gpualloc run --calibration` and the cost model."""
+    from rich.progress import Progress
+
+    from gpualloc.cost.microbench import calibrate_device
+    from gpualloc.cost.model import Calibration
+
+    pairs = _models(models)
+    base_cal = Calibration.load(base) if base is not None else None
+    with Progress(console=console, transient=True, disable=as_json) as bar:
+        task = bar.add_task("calibrating", total=3 + len(pairs))
+
+        def progress(label: str) -> None:
+            bar.update(task, description=label, advance=1)
+
+        cal, rec = calibrate_device(device, threads=threads, models=pairs, repeats=repeats, base=base_cal,
+                                    device_type=device_type, seed=seed, concurrent=concurrent,
+                                    progress=progress)
+    cal.save(output)
+    if as_json:
+        print_json({"output": str(output), **rec})
+        return
+    eff = rec["efficiency"]
+    name = next(k for k, v in cal.fit["measured"].items() if v is rec)
+    console.print(f"[bold]{name}[/] measured as {rec['torch_device']} ({rec['threads']} thread(s), "
+                  f"{rec['concurrent']} concurrent worker(s)): "
+                  f"FP32 matmul up to {si(rec['peak_fp32_tflops_measured'] * 1e12, 'FLOP/s')}, copy "
+                  f"{si(rec['copy_bandwidth_bytes_per_s_measured'], 'B/s')}, op overhead "
+                  f"{rec['op_overhead_s'] * 1e6:.1f} us")
+    console.print(f"fitted efficiency: compute {eff['compute']:.4f}, memory {eff['memory']:.4f}, "
+                  f"launch {eff['launch_s'] * 1e6:.1f} us (of the catalog peaks)")
+    if rec.get("graphs"):
+        table = Table(title="one training step (fwd + bwd), measured vs the fitted roofline")
+        for col in ("model", "batch", "measured", "predicted", "error"):
+            table.add_column(col, justify="left" if col == "model" else "right")
+        for g, r in rec["graphs"].items():
+            table.add_row(g, str(r["batch_size"]), ms(r["measured_step_s"]), ms(r["predicted_step_s"]),
+                          f"{r['error']:+.1%}")
+        console.print(table)
+        console.print(f"contiguous runs of ops (what stages are made of): median |error| "
+                      f"{rec['chunk_median_abs_error']:.1%}, max {rec['chunk_max_abs_error']:.1%}")
+    console.print(f"wrote {output}; use it with: gpualloc run MODEL --plan plan.json --calibration {output}")

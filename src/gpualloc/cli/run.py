@@ -1,0 +1,114 @@
+"""``gpualloc run``: apply a placement plan to a real model on real devices, and compare with the simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpualloc.cli.common import console, ms, print_json
+
+MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSON captured from one "
+              "(its meta.model names the model).")
+
+
+def run_cmd(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o`."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (the median is reported)."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed training steps run first."),
+    calibration: Path = typer.Option(None, "--calibration",
+                                     help="A calibration file from `gpualloc calibrate` (default: the shipped one)."),
+    cluster: str = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's)."),
+    devices: str = typer.Option(None, "--devices",
+                                help="Torch device per cluster device, comma-separated (e.g. cuda:0,cpu); "
+                                     "default: cpu for CPU types, cuda:0, cuda:1, ... for the others."),
+    threads: int = typer.Option(None, "--threads", min=1,
+                                help="CPU threads split between the CPU workers (default: all available)."),
+    batch: int = typer.Option(None, "--batch", min=1,
+                              help="Batch size (default: the plan's, else 32; a graph JSON brings its own)."),
+    microbatches: int = typer.Option(None, "--microbatches", min=1, help="Microbatches (default: the plan's)."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
+    roofline: bool = typer.Option(False, "--roofline",
+                                  help="Predict with the calibrated roofline even where the calibration has "
+                                       "per-op profiles of this model."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Run a placement plan on real devices: split MODEL by the plan, check its output against the unsplit
+    model, train N steps, and report the measured step time beside the simulator's prediction."""
+    from gpualloc.cost.model import Calibration
+    from gpualloc.errors import ExecutionError
+    from gpualloc.execute.run import execute_plan, read_plan
+    from gpualloc.graph.ir import OpGraph
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.placement.run import load_assignment
+
+    spec = read_plan(plan)
+    cluster_spec = cluster or spec.cluster
+    if not cluster_spec:
+        raise ExecutionError(f"{plan}: the plan names no cluster: pass --cluster")
+    clus = load_cluster(cluster_spec)
+    path = Path(model)
+    if path.suffix == ".json" and path.is_file():
+        graph = OpGraph.load(path)
+        model_name = graph.meta.get("model")
+        if not isinstance(model_name, str):
+            raise ExecutionError(f"{path}: meta.model: the graph does not say which model it was captured from")
+    else:
+        model_name, graph = model, _capture(model, batch or spec.batch_size or 32, set(spec.assignment))
+    problem = PlacementProblem(graph, clus)
+    assignment = load_assignment(plan, problem)
+    cal = Calibration.load(calibration) if calibration is not None else None
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=as_json) as bar:
+        task = bar.add_task("starting", total=1)
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total)
+
+        result = execute_plan(
+            model_name, graph, assignment, clus, microbatches=microbatches or spec.microbatches, calibration=cal,
+            calibration_name=str(calibration) if calibration is not None else "shipped", steps=steps, warmup=warmup,
+            schedule=schedule, torch_devices=devices.split(",") if devices else None, threads=threads,
+            use_profiles=not roofline, seed=seed, progress=progress)
+    if as_json:
+        print_json({**result.to_dict(), "plan": str(plan)})
+        return
+    _print(result)
+
+
+def _capture(model: str, batch: int, ids: set[str]):
+    """The model's graph at ``batch``, at the granularity the plan's node ids are in."""
+    from gpualloc.graph.capture import capture
+
+    with console.status(f"tracing {model} at batch {batch}..."):
+        graph = capture(model, batch=batch)
+        if not ids <= set(graph.index):
+            layer = capture(model, batch=batch, granularity="layer")
+            if ids <= set(layer.index):
+                return layer
+    return graph
+
+
+def _print(r) -> None:
+    table = Table(title=f"{r.model} (batch {r.batch_size}, {r.microbatches} microbatch(es), {r.schedule}) on "
+                        f"{r.cluster}: {r.stages} stage(s)")
+    for col in ("device", "torch", "threads", "stages", "predicted busy", "measured busy", "waiting"):
+        table.add_column(col, justify="left" if col in ("device", "torch") else "right")
+    for d in r.devices:
+        table.add_row(d.label, d.torch_device, str(d.threads), str(d.stages), ms(d.predicted_busy_s),
+                      ms(d.measured_busy_s), ms(d.measured_wait_s))
+    console.print(table)
+    match = "[green]yes[/]" if r.output_match else "[red]NO[/]"
+    console.print(f"output equals the unsplit model's: {match} (max |diff| {r.max_abs_diff:.2e}, "
+                  f"tolerance {r.output_tolerance:.2e})")
+    console.print(f"step time: measured {ms(r.measured_step_s)} (median of {len(r.step_times_s)}), "
+                  f"predicted {ms(r.predicted_step_s)} ({r.prediction}, calibration: {r.calibration}), "
+                  f"error {r.error:+.1%}")
+    for w in r.warnings:
+        console.print(f"[yellow]warning:[/] {w}")

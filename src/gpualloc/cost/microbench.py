@@ -1,0 +1,677 @@
+"""Calibrate the cost model on the machine at hand: microbenchmarks and per-op timings of real graphs.
+
+:func:`calibrate_device` measures one torch device (``cpu`` with a given number of threads, or
+``cuda:i``) and fits the :class:`~gpualloc.cost.model.Efficiency` the roofline needs for its catalog
+device type:
+
+1. **Microbenchmarks**: square FP32 (and BF16/FP16) matmuls at several sizes (achieved FLOP/s), a large
+   on-device copy (achieved bandwidth, read + write), host<->device copies of pinned memory on a GPU,
+   and the time of a trivial op (the per-op overhead). They set the scale of the fit and are kept in
+   the calibration file's record.
+2. **Per-op timings of captured graphs**: each model is captured (:func:`gpualloc.graph.capture.capture`)
+   and exported in training mode with real weights; an ``fx.Interpreter`` runs it op by op, timing
+   each forward op (CUDA events on a GPU, ``perf_counter`` on the CPU) and hooking each op's output
+   gradient: the autograd engine runs one op's backward between its hook and the next hook, so the
+   gaps between hook timestamps are per-op backward times. An op of the training trace that the
+   captured graph folds away (active dropout, ``num_batches_tracked`` increments) is booked to the
+   node that owns it (:func:`gpualloc.graph.runnable.owners`). Medians over ``repeats`` passes are
+   scaled to whole forward and backward passes timed as the module runs them. These per-op times are
+   kept as *profiles* in the calibration file: a later prediction for the same model uses them
+   directly (:func:`apply_profiles`).
+3. **Fit**: a grid search for (compute, memory, launch) that best predicts the measured time of
+   contiguous runs of ops (each model cut into ``chunks`` runs of equal measured time), forward and
+   backward together, in squared log error. Contiguous runs are what a pipeline stage is made of, so
+   the fit is judged on what placement needs: whole stages, not single ops.
+
+The resulting efficiencies are relative to the catalog peaks of the device type (the ``cpu`` type is a
+32-core Xeon: a thread or two of another CPU gets a small ``compute``), which is what the cost model
+multiplies. Efficiencies depend on the thread count; the record keeps it, and ``gpualloc run`` warns
+when a CPU worker runs with another one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, roofline_s
+from gpualloc.errors import CostModelError
+from gpualloc.graph.ir import OpGraph
+from gpualloc.hardware.catalog import TERA, Catalog, DeviceType, default_catalog
+
+__all__ = [
+    "CopyPoint",
+    "DeviceMeasurement",
+    "GraphTiming",
+    "MatmulPoint",
+    "calibrate_device",
+    "catalog_type_for",
+    "fit_efficiency",
+    "measure_device",
+    "merge_calibration",
+    "time_graph",
+]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class MatmulPoint:
+    """One square matmul ``n x n @ n x n``: median time and achieved TFLOP/s."""
+
+    n: int
+    dtype: str
+    seconds: float
+    tflops: float
+
+
+@dataclass(frozen=True)
+class CopyPoint:
+    """One copy: ``"device"`` (on-device, read + write counted), ``"h2d"`` or ``"d2h"`` (pinned host)."""
+
+    kind: str
+    nbytes: int
+    seconds: float
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class GraphTiming:
+    """Measured training-mode times of one captured graph.
+
+    Attributes:
+        graph: the captured graph (op granularity).
+        fwd_s: forward time per node (``graph.nodes`` order), scaled to sum to ``fwd_total_s``.
+        bwd_s: backward time per node, scaled to sum to ``bwd_total_s``.
+        fwd_total_s: one forward pass as the exported module runs it (median).
+        bwd_total_s: one backward pass (median).
+    """
+
+    graph: OpGraph
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    fwd_total_s: float
+    bwd_total_s: float
+
+
+@dataclass(frozen=True)
+class DeviceMeasurement:
+    """Everything measured on one device."""
+
+    torch_device: str
+    device_type: str
+    threads: int
+    matmul: tuple[MatmulPoint, ...]
+    copies: tuple[CopyPoint, ...]
+    op_overhead_s: float
+    graphs: tuple[GraphTiming, ...]
+    concurrent: int = 1
+
+    @property
+    def peak_tflops(self) -> float:
+        """Best achieved FP32 matmul throughput."""
+        fp32 = [p.tflops for p in self.matmul if p.dtype == "float32"]
+        if not fp32:
+            raise CostModelError("no FP32 matmul was measured")
+        return max(fp32)
+
+    @property
+    def copy_bandwidth_bytes_per_s(self) -> float:
+        dev = [c.bandwidth_bytes_per_s for c in self.copies if c.kind == "device"]
+        if not dev:
+            raise CostModelError("no on-device copy was measured")
+        return max(dev)
+
+
+# ------------------------------------------------------------------------------------------ timing
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with ``threads`` torch intra-op threads, then restore the previous count."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, *, repeats: int = 5, warmup: int = 1,
+              budget_s: float = 1.0) -> float:
+    """Median seconds of ``fn()`` (CUDA events on a GPU); stops early once ``budget_s`` is spent."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples: list[float] = []
+    spent = time.perf_counter()
+    for _ in range(max(1, repeats)):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        if time.perf_counter() - spent > budget_s and len(samples) >= 2:
+            break
+    return statistics.median(samples)
+
+
+# ------------------------------------------------------------------------------------------ microbenchmarks
+def bench_matmul(device: torch.device, sizes: Sequence[int], dtypes: Sequence[torch.dtype]) -> list[MatmulPoint]:
+    out = []
+    for dtype in dtypes:
+        for n in sizes:
+            gen = torch.Generator().manual_seed(n)
+            a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+            b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+            secs = time_call(lambda: torch.mm(a, b), device)
+            out.append(MatmulPoint(n, str(dtype).removeprefix("torch."), secs, 2.0 * n**3 / secs / TERA))
+    return out
+
+
+def bench_copies(device: torch.device, nbytes: int) -> list[CopyPoint]:
+    n = nbytes // 4
+    src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    secs = time_call(lambda: dst.copy_(src), device)
+    out = [CopyPoint("device", 2 * n * 4, secs, 2 * n * 4 / secs)]
+    if device.type == "cuda":
+        host = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        secs = time_call(lambda: src.copy_(host, non_blocking=True), device)
+        out.append(CopyPoint("h2d", n * 4, secs, n * 4 / secs))
+        secs = time_call(lambda: host.copy_(src, non_blocking=True), device)
+        out.append(CopyPoint("d2h", n * 4, secs, n * 4 / secs))
+    return out
+
+
+def bench_op_overhead(device: torch.device) -> float:
+    """Seconds of one trivial op (an in-place add on one element): dispatch plus launch."""
+    x = torch.zeros(1, device=device)
+    reps = 200
+
+    def many() -> None:
+        for _ in range(reps):
+            x.add_(1.0)
+
+    return time_call(many, device, repeats=5) / reps
+
+
+# ------------------------------------------------------------------------------------------ per-op timings
+class _OpTimer(torch.fx.Interpreter):
+    """Runs a GraphModule node by node, timing every ``call_function``; with ``backward_stamps``, it
+    also hooks each op's output gradient, so that the backward pass leaves a timestamp per op."""
+
+    def __init__(self, gm: torch.fx.GraphModule, device: torch.device, *, backward_stamps: bool) -> None:
+        super().__init__(gm)
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.backward_stamps = backward_stamps
+        self.fwd: list[tuple[str, Any, Any]] = []
+        self.bwd: list[tuple[str, Any]] = []
+
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        start = self._now()
+        out = self.call_function(n.target, args, kwargs)
+        self.fwd.append((n.name, start, self._now()))
+        first = next((t for t in _leaves(out) if isinstance(t, torch.Tensor)), None)
+        if self.backward_stamps and first is not None and first.requires_grad:
+            first.register_hook(lambda grad, name=n.name: self.bwd.append((name, self._now())) and None)
+        return out
+
+    def _elapsed(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def forward_times(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return {name: self._elapsed(s, e) for name, s, e in self.fwd}
+
+    def backward_times(self, end: Any) -> dict[str, float]:
+        """Seconds from each op's gradient hook to the next one (or to ``end``): the backward work the
+        autograd engine does for that op once its output gradient is complete."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        out: dict[str, float] = {}
+        stamps = self.bwd + [("", end)]
+        for (name, t0), (_, t1) in zip(stamps, stamps[1:]):
+            out[name] = out.get(name, 0.0) + max(self._elapsed(t0, t1), 0.0)
+        return out
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in _leaves(v)]
+    return [value]
+
+
+def _loss(out: Any) -> torch.Tensor:
+    """The mean of each floating-point output, summed (the synthetic loss of ``gpualloc run``)."""
+    return sum(o.float().mean() for o in _leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point())
+
+
+def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3, seed: int = 0) -> GraphTiming:
+    """Per-op forward and backward times, and whole-pass times, of ``model`` training at ``batch``."""
+    from gpualloc.graph.capture import capture
+    from gpualloc.graph.runnable import build_model, export_runnable, owners
+
+    graph = capture(model, batch=batch)
+    module, args = build_model(model, batch, seed=seed)
+    gm = export_runnable(module, args, training=True, name=model).module.to(device)
+    args = tuple(a.to(device) for a in args)
+    own = owners(gm, graph)
+
+    fwd_runs: list[dict[str, float]] = []
+    bwd_runs: list[dict[str, float]] = []
+    for r in range(repeats + 1):  # the first pass warms up
+        timer = _OpTimer(gm, device, backward_stamps=True)
+        loss = _loss(timer.run(*args))
+        fwd_times = timer.forward_times()
+        loss.backward()
+        bwd_times = timer.backward_times(timer._now())
+        gm.zero_grad(set_to_none=True)
+        del loss
+        if r:
+            fwd_runs.append(fwd_times)
+            bwd_runs.append(bwd_times)
+    fwd = _per_node(fwd_runs, own, graph)
+    bwd = _per_node(bwd_runs, own, graph)
+
+    def whole_step() -> tuple[float, float]:
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = _loss(gm(*args))
+        _sync(device)
+        t1 = time.perf_counter()
+        loss.backward()
+        _sync(device)
+        t2 = time.perf_counter()
+        gm.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1
+
+    whole_step()
+    steps = [whole_step() for _ in range(repeats)]
+    fwd_total = statistics.median(s[0] for s in steps)
+    bwd_total = statistics.median(s[1] for s in steps)
+    # op times are measured one op at a time; the whole passes are what a step costs: scale to them
+    if fwd.sum() > 0:
+        fwd *= fwd_total / fwd.sum()
+    if bwd.sum() > 0:
+        bwd *= bwd_total / bwd.sum()
+    fwd.setflags(write=False)
+    bwd.setflags(write=False)
+    return GraphTiming(graph, fwd, bwd, fwd_total, bwd_total)
+
+
+def _per_node(runs: list[dict[str, float]], own: dict[str, str], graph: OpGraph) -> np.ndarray:
+    """Median over runs of each fx node's time, summed into the graph node that owns it."""
+    out = np.zeros(len(graph))
+    for name in runs[0]:
+        node_id = own.get(name)
+        if node_id is not None:
+            out[graph.index[node_id]] += statistics.median(r.get(name, 0.0) for r in runs)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ fit
+COMPUTE_GRID = np.geomspace(0.05, 2.0, 64)
+MEMORY_GRID = np.geomspace(0.01, 2.0, 64)
+LAUNCH_GRID_S = np.concatenate([[0.0], np.geomspace(0.5e-6, 300e-6, 28)])
+
+
+def _chunks(times: np.ndarray, k: int) -> np.ndarray:
+    """Chunk index of each op: ``k`` contiguous runs of about equal total time."""
+    total = times.sum()
+    if total <= 0:
+        return np.zeros(len(times), dtype=np.int64)
+    mid = np.cumsum(times) - times / 2
+    return np.minimum((mid / total * k).astype(np.int64), k - 1)
+
+
+def fit_efficiency(timings: Sequence[GraphTiming], device: DeviceType, *, peak_tflops: float,
+                   bandwidth_bytes_per_s: float, chunks: int = 4) -> tuple[Efficiency, dict[str, Any]]:
+    """Fit (compute, memory, launch) on measured graphs; see the module docstring.
+
+    Args:
+        timings: measured graphs.
+        device: the catalog type the efficiencies are relative to.
+        peak_tflops / bandwidth_bytes_per_s: measured scales (matmul, copy); the grids are relative to them.
+        chunks: contiguous runs per graph that the objective compares.
+
+    Returns:
+        The efficiency and a report: per graph the measured and predicted fwd+bwd time and error, and
+        the median absolute error over the runs.
+    """
+    if not timings:
+        raise CostModelError("no measured graph to fit on")
+    if device.fp32_tflops is None or device.mem_bandwidth_bytes_per_s is None:
+        raise CostModelError(f"device type {device.name!r} has no FP32 peak or memory bandwidth")
+    flops, nbytes, secs, group = [], [], [], []
+    base = 0
+    for t in timings:
+        g = t.graph
+        chunk = _chunks(t.fwd_s, chunks) + base
+        for factor, times in ((1.0, t.fwd_s), (BWD_FACTOR, t.bwd_s)):
+            flops.append(factor * g.flops)
+            nbytes.append(factor * g.bytes_accessed)
+            secs.append(times)
+            group.append(chunk)
+        base += chunks
+    f, b, s, grp = (np.concatenate(x) for x in (flops, nbytes, secs, group))
+    onehot = np.zeros((len(s), base))
+    onehot[np.arange(len(s)), grp] = 1.0
+    measured = s @ onehot
+    keep = measured > 0
+    log_measured = np.log(measured[keep])
+    peak = peak_tflops * TERA
+    mem = b[None, :] / (bandwidth_bytes_per_s * MEMORY_GRID[:, None])
+    n_ops = onehot.sum(axis=0)[keep]
+    best = (math.inf, 0.0, 0.0, 0.0)
+    for ec in COMPUTE_GRID:
+        core = (np.maximum((f / (peak * ec))[None, :], mem) @ onehot)[:, keep]  # (memory grid, groups)
+        pred = core[None, :, :] + LAUNCH_GRID_S[:, None, None] * n_ops[None, None, :]
+        err = ((np.log(pred) - log_measured) ** 2).sum(axis=2)
+        i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+        if err[i, j] < best[0]:
+            best = (float(err[i, j]), float(ec), float(MEMORY_GRID[j]), float(LAUNCH_GRID_S[i]))
+    _, ec, em, launch = best
+    eff = Efficiency(
+        compute=ec * peak_tflops / device.fp32_tflops,
+        memory=em * bandwidth_bytes_per_s / device.mem_bandwidth_bytes_per_s,
+        launch_s=launch,
+        fitted_from="measured",
+    )
+    return eff, fit_report(timings, device, eff, chunks)
+
+
+def fit_report(timings: Sequence[GraphTiming], device: DeviceType, eff: Efficiency, chunks: int = 4) -> dict[str, Any]:
+    """How well ``eff`` predicts each measured graph: whole fwd+bwd and its contiguous runs."""
+    graphs = {}
+    chunk_errors = []
+    for t in timings:
+        g = t.graph
+        pf = roofline_s(g.flops, g.bytes_accessed, device, eff)
+        pb = roofline_s(BWD_FACTOR * g.flops, BWD_FACTOR * g.bytes_accessed, device, eff)
+        measured = t.fwd_total_s + t.bwd_total_s
+        predicted = float(pf.sum() + pb.sum())
+        chunk = _chunks(t.fwd_s, chunks)
+        for c in range(chunks):
+            m = chunk == c
+            meas_c = float(t.fwd_s[m].sum() + t.bwd_s[m].sum())
+            if meas_c > 0:
+                chunk_errors.append(float((pf[m].sum() + pb[m].sum()) / meas_c - 1.0))
+        graphs[g.name] = {
+            "batch_size": g.batch_size, "nodes": len(g), "measured_fwd_s": t.fwd_total_s,
+            "measured_bwd_s": t.bwd_total_s, "measured_step_s": measured, "predicted_step_s": predicted,
+            "error": predicted / measured - 1.0,
+        }
+    return {
+        "graphs": graphs,
+        "chunks_per_graph": chunks,
+        "chunk_median_abs_error": float(np.median(np.abs(chunk_errors))) if chunk_errors else None,
+        "chunk_max_abs_error": float(np.max(np.abs(chunk_errors))) if chunk_errors else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------ the whole thing
+def catalog_type_for(torch_device: str, catalog: Catalog | None = None) -> DeviceType:
+    """The catalog device type of a torch device: ``cpu`` for the CPU; for a GPU, the catalog type
+    whose name or alias appears in the device's name (the longest match: "A100-SXM4-80GB" -> A100-80GB)."""
+    cat = catalog or default_catalog()
+    device = torch.device(torch_device)
+    if device.type == "cpu":
+        return cat.device("cpu")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise CostModelError(f"cannot calibrate {torch_device!r}: not the cpu and no CUDA device is available")
+    name = torch.cuda.get_device_name(device).upper().replace(" ", "-")
+    mem_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    best: tuple[int, float, DeviceType] | None = None
+    for dt in cat.devices.values():
+        for label in (dt.name, *dt.aliases):
+            key = label.upper().replace(" ", "-")
+            base = key.split("-")[0]
+            if len(base) >= 2 and base in name:
+                score = (len(key) if key in name else len(base), -abs(dt.mem_bytes / 2**30 - mem_gib))
+                if best is None or score > best[:2]:
+                    best = (*score, dt)
+    if best is None:
+        raise CostModelError(f"{torch_device} is {torch.cuda.get_device_name(device)!r}, which the catalog does "
+                             "not know: name its type with --as TYPE")
+    return best[2]
+
+
+def _neighbour(model: str, batch: int, threads: int, seed: int, ready: Any, stop: Any) -> None:
+    """A neighbouring CPU worker's load: train ``model`` eagerly until ``stop`` is set."""
+    from gpualloc.graph.runnable import build_model
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    module, args = build_model(model, batch, seed=seed)
+    module.train()
+    ready.set()
+    while not stop.is_set():
+        _loss(module(*args)).backward()
+        module.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def neighbours(count: int, model: str, batch: int, threads: int, seed: int = 0) -> Iterator[None]:
+    """Run ``count`` processes training ``model`` beside the measurement (CPU workers of one pipeline
+    share caches, memory bandwidth and the package's power budget: a share of a CPU measured alone is
+    faster than the same share with its neighbours busy)."""
+    if count <= 0:
+        yield
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = []
+    try:
+        for _ in range(count):
+            ready = ctx.Event()
+            proc = ctx.Process(target=_neighbour, args=(model, batch, threads, seed, ready, stop), daemon=True)
+            proc.start()
+            procs.append((proc, ready))
+        for proc, ready in procs:
+            while not ready.wait(timeout=1.0):
+                if not proc.is_alive():
+                    raise CostModelError(f"a neighbour process training {model} died (exit code {proc.exitcode})")
+        yield
+    finally:
+        stop.set()
+        for proc, _ in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+
+
+def measure_device(torch_device: str, device_type: DeviceType, *, threads: int | None = None,
+                   models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
+                   matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None, seed: int = 0,
+                   concurrent: int = 1, progress: Progress | None = None) -> DeviceMeasurement:
+    """Run the microbenchmarks and time ``models`` (``(model, batch)`` pairs) on ``torch_device``.
+
+    On the CPU, ``concurrent - 1`` neighbour processes train the same model with the same threads
+    while it is timed, as the other CPU workers of a pipeline will (see :func:`neighbours`).
+    """
+    device = torch.device(torch_device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    sizes = matmul_sizes or ((1024, 2048, 4096, 8192) if cuda else (128, 256, 512, 1024))
+    dtypes = (torch.float32, torch.float16, torch.bfloat16) if cuda else (torch.float32, torch.bfloat16)
+    note = progress or (lambda _msg: None)
+    with torch_threads(None if cuda else threads), _fp32_exact(cuda):
+        note("matmul")
+        mm = bench_matmul(device, sizes, dtypes)
+        note("memory copies")
+        copies = bench_copies(device, copy_bytes or ((256 if cuda else 64) << 20))
+        note("op overhead")
+        overhead = bench_op_overhead(device)
+        graphs = []
+        for model, batch in models:
+            note(f"per-op timings of {model} at batch {batch}")
+            busy = 0 if cuda else concurrent - 1
+            with neighbours(busy, model, batch, int(threads or torch.get_num_threads()), seed):
+                graphs.append(time_graph(model, batch, device, repeats=repeats, seed=seed))
+    return DeviceMeasurement(torch_device, device_type.name, int(threads or torch.get_num_threads()) if not cuda else 1,
+                             tuple(mm), tuple(copies), overhead, tuple(graphs), concurrent if not cuda else 1)
+
+
+@contextmanager
+def _fp32_exact(cuda: bool) -> Iterator[None]:
+    """FP32 ops without TF32 on a GPU (the cost model's peaks and the executed plans are FP32)."""
+    if not cuda:
+        yield
+        return
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def efficiency_from(measurement: DeviceMeasurement, device_type: DeviceType,
+                    chunks: int = 4) -> tuple[Efficiency, dict[str, Any]]:
+    """The fitted efficiency (from the graphs when any were timed, else from the microbenchmarks)."""
+    if measurement.graphs:
+        return fit_efficiency(measurement.graphs, device_type, peak_tflops=measurement.peak_tflops,
+                              bandwidth_bytes_per_s=measurement.copy_bandwidth_bytes_per_s, chunks=chunks)
+    eff = Efficiency(compute=measurement.peak_tflops / device_type.fp32_tflops,
+                     memory=measurement.copy_bandwidth_bytes_per_s / device_type.mem_bandwidth_bytes_per_s,
+                     launch_s=measurement.op_overhead_s, fitted_from="measured (microbenchmarks only)")
+    return eff, {"graphs": {}}
+
+
+def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, Any]) -> dict[str, Any]:
+    """The JSON record of a device calibration (kept in the calibration file's ``fit.measured``)."""
+    return {
+        "torch_device": measurement.torch_device,
+        "threads": measurement.threads,
+        "concurrent": measurement.concurrent,
+        "host": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "gpu": torch.cuda.get_device_name(torch.device(measurement.torch_device))
+        if measurement.torch_device.startswith("cuda") else None,
+        "torch": torch.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "efficiency": dataclasses.asdict(eff),
+        "matmul": [dataclasses.asdict(p) for p in measurement.matmul],
+        "copies": [dataclasses.asdict(c) for c in measurement.copies],
+        "op_overhead_s": measurement.op_overhead_s,
+        "profiles": {t.graph.name: {"batch_size": t.graph.batch_size,
+                                    "ops": {n.id: [float(f), float(b)] for n, f, b in zip(t.graph.nodes, t.fwd_s, t.bwd_s)}}
+                     for t in measurement.graphs},
+        "peak_fp32_tflops_measured": measurement.peak_tflops,
+        "copy_bandwidth_bytes_per_s_measured": measurement.copy_bandwidth_bytes_per_s,
+        **report,
+    }
+
+
+def merge_calibration(base: Calibration, device_type: str, eff: Efficiency, rec: dict[str, Any]) -> Calibration:
+    """``base`` with ``device_type``'s efficiency replaced by a measured one (other devices kept)."""
+    fit = dict(base.fit)
+    measured = dict(fit.get("measured", {}))
+    measured[device_type] = rec
+    fit["measured"] = measured
+    return Calibration(devices={**base.devices, device_type: eff}, default=base.default,
+                       cpu_default=base.cpu_default, fit=fit)
+
+
+def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
+                     models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
+                     base: Calibration | None = None, device_type: str | None = None, chunks: int = 4,
+                     catalog: Catalog | None = None, seed: int = 0, concurrent: int = 1,
+                     progress: Progress | None = None) -> tuple[Calibration, dict[str, Any]]:
+    """Measure ``torch_device`` and return ``base`` (default: the shipped calibration) with its
+    device type's efficiency fitted on the measurements, and the record of the fit.
+
+    Args:
+        torch_device: ``"cpu"`` or ``"cuda:i"``.
+        threads: torch threads on the CPU (default: torch's current count).
+        models: ``(model, batch)`` pairs to time op by op (zoo names or ``package.module:factory``).
+        repeats: timed passes per measurement (the median is kept).
+        base: the calibration to update.
+        device_type: catalog type to calibrate (default: guessed from the device).
+        chunks: contiguous runs per graph the fit compares.
+        catalog: device catalog.
+        seed: weights and inputs of the timed models.
+        concurrent: CPU workers that will share the CPU; ``concurrent - 1`` neighbours run the timed
+            model beside each per-op measurement.
+        progress: called with a short label before each measurement.
+    """
+    cat = catalog or default_catalog()
+    dt = cat.device(device_type) if device_type else catalog_type_for(torch_device, cat)
+    measurement = measure_device(torch_device, dt, threads=threads, models=models, repeats=repeats, seed=seed,
+                                 concurrent=concurrent, progress=progress)
+    eff, report = efficiency_from(measurement, dt, chunks)
+    rec = record(measurement, eff, report)
+    return merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec), rec
+
+
+def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Sequence[str]) -> OpGraph | None:
+    """``graph`` with measured per-op times from ``calibration``'s profiles, or None.
+
+    A profile is the per-op timing of a model that ``gpualloc calibrate`` timed; it applies to a graph
+    of the same model (``graph.meta["model"]`` or its name) whose every node it timed, scaled linearly
+    from the profiled batch to the graph's. It is used only when every one of ``device_types`` has a
+    profile of that model: a graph timed on some types only would have its other types' times
+    transferred from the measured ones (see :mod:`gpualloc.cost.model`), mixing two kinds of estimate.
+    """
+    from gpualloc.graph.ir import OpTiming
+
+    model = str(graph.meta.get("model", graph.name))
+    measured = calibration.fit.get("measured", {}) if isinstance(calibration.fit, dict) else {}
+    per_type: dict[str, tuple[float, dict[str, list[float]]]] = {}
+    for name in dict.fromkeys(device_types):
+        prof = measured.get(name, {}).get("profiles", {}).get(model)
+        if not prof or not graph.batch_size:
+            return None
+        ops = prof.get("ops", {})
+        if any(node.id not in ops for node in graph.nodes):
+            return None
+        per_type[name] = (graph.batch_size / float(prof["batch_size"]), ops)
+    if not per_type:
+        return None
+    nodes = [
+        dataclasses.replace(node, time_ms={
+            name: OpTiming(1e3 * scale * ops[node.id][0], 1e3 * scale * ops[node.id][1])
+            for name, (scale, ops) in per_type.items()})
+        for node in graph.nodes
+    ]
+    return OpGraph(graph.name, nodes, graph.edges, batch_size=graph.batch_size,
+                   meta={**graph.meta, "times": "profiled"})

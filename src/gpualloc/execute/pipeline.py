@@ -1,0 +1,208 @@
+"""Run split models on real devices: one worker process per device, microbatches pipelined.
+
+:class:`Pipeline` starts the workers (``spawn``: each gets a fresh torch with its own thread pool),
+hands each its stages and its share of the inputs, and then runs steps on command: a forward-only
+pass that returns the model's outputs (to check them against the unsplit model), or a training step
+that returns its timings. Workers are stopped on exit, and killed if they do not stop.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from gpualloc.errors import ExecutionError
+from gpualloc.execute.split import SplitModel
+from gpualloc.execute.worker import ProgramTable, WorkerSpec, inflight_limits, worker_main
+
+__all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
+
+
+@dataclass(frozen=True)
+class WorkerTiming:
+    """One worker's share of one step (seconds).
+
+    Attributes:
+        device: cluster device index.
+        busy_s: forward + backward compute of its stages.
+        fwd_s / bwd_s: per stage index.
+        optimizer_s: its optimizer update.
+        wait_s: time blocked waiting for another worker.
+    """
+
+    device: int
+    busy_s: float
+    fwd_s: Mapping[int, float]
+    bwd_s: Mapping[int, float]
+    optimizer_s: float
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One measured training step: from the first worker's start to the last worker's end."""
+
+    step_s: float
+    workers: tuple[WorkerTiming, ...]
+
+
+class Pipeline:
+    """Worker processes running the stages of one or more split models of the same plan.
+
+    Args:
+        programs: name -> split model (e.g. ``"train"``: the training trace, ``"check"``: the eval one).
+        torch_devices: torch device of each cluster device index that runs a stage.
+        threads: torch threads of each such device's worker.
+        inputs: the model's flat inputs for the whole batch (split into ``microbatches`` along dim 0).
+        microbatches: microbatches per step (must divide the batch).
+        schedule: ``"1f1b"`` or ``"gpipe"``.
+        lr: SGD learning rate of the workers.
+        timeout_s: longest wait for a worker's answer before giving up.
+    """
+
+    def __init__(self, programs: Mapping[str, SplitModel], torch_devices: Mapping[int, str],
+                 threads: Mapping[int, int], inputs: Sequence[torch.Tensor], *, microbatches: int,
+                 schedule: str = "1f1b", lr: float = 1e-4, timeout_s: float = 600.0) -> None:
+        if schedule not in ("1f1b", "gpipe"):
+            raise ExecutionError(f"unknown schedule {schedule!r}; expected 1f1b or gpipe")
+        batch = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 0
+        if microbatches < 1 or batch % microbatches:
+            raise ExecutionError(f"{microbatches} microbatches do not divide the batch of {batch}")
+        self.programs = dict(programs)
+        self.microbatches = microbatches
+        self.timeout_s = timeout_s
+        first = next(iter(self.programs.values()))
+        self.devices = tuple(dict.fromkeys(d for p in self.programs.values() for d in p.devices))
+        missing = [d for d in self.devices if d not in torch_devices]
+        if missing:
+            raise ExecutionError(f"no torch device given for cluster device {missing[0]}")
+        rank = {d: r for r, d in enumerate(self.devices)}
+        chunks = {name: tuple(t.contiguous().clone() for t in x.chunk(microbatches)) for name, x in
+                  zip(first.inputs, inputs)}
+        limits = inflight_limits([s.device for s in first.stages], microbatches)
+        self.specs = []
+        for d in self.devices:
+            tables = {}
+            needed: set[str] = set()
+            for pname, prog in self.programs.items():
+                own = {s.index: s for s in prog.stages if s.device == d}
+                needed |= {n for s in own.values() for n in s.inputs if n in prog.inputs}
+                tables[pname] = ProgramTable(
+                    stages=own, stage_worker=tuple(rank[s.device] for s in prog.stages), producer=prog.producer,
+                    consumers=prog.consumers, differentiable=prog.differentiable, outputs=prog.outputs)
+            self.specs.append(WorkerSpec(
+                rank=rank[d], torch_device=torch_devices[d], threads=int(threads.get(d, 1)), programs=tables,
+                inputs={n: chunks[n] for n in sorted(needed)}, microbatches=microbatches, schedule=schedule,
+                inflight_limit=limits.get(d, 1), lr=lr))
+        self._procs: list[Any] = []
+        self._inboxes: list[Any] = []
+        self._outbox: Any = None
+        self._step = 0
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> "Pipeline":
+        """Spawn the workers and wait until each has set up its stages."""
+        ctx = tmp.get_context("spawn")
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in self.specs]
+        for spec in self.specs:
+            proc = ctx.Process(target=worker_main, args=(spec, self._inboxes[spec.rank], self._outbox, self._inboxes),
+                               daemon=True, name=f"gpualloc-worker-{spec.rank}")
+            proc.start()
+            self._procs.append(proc)
+        ready = 0
+        while ready < len(self.specs):
+            msg = self._next()
+            if msg[0] == "ready":
+                ready += 1
+        return self
+
+    def close(self) -> None:
+        """Ask the workers to stop; kill any that has not within a few seconds."""
+        for box in self._inboxes:
+            try:
+                box.put(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=1.0)
+        self._procs = []
+
+    def __enter__(self) -> "Pipeline":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ steps
+    def forward(self, program: str) -> tuple[torch.Tensor, ...]:
+        """A forward-only pass of ``program`` over all microbatches; the model's flat outputs, the
+        microbatches concatenated along dim 0."""
+        prog = self.programs[program]
+        got: dict[tuple[str, int], torch.Tensor] = {}
+        self._command(program, train=False, sink=got)
+        out = []
+        for name in prog.outputs:
+            parts = [got[(name, m)] for m in range(self.microbatches)]
+            out.append(torch.cat(parts) if parts[0].dim() else torch.stack(parts))
+        return tuple(out)
+
+    def train_step(self, program: str) -> StepTiming:
+        """One training step (forward, backward, optimizer) of ``program``; its measured times."""
+        reports = self._command(program, train=True, sink=None)
+        workers = []
+        for d, rep in zip(self.devices, reports):
+            fwd = {int(k): float(v) for k, v in rep["fwd_s"].items()}
+            bwd = {int(k): float(v) for k, v in rep["bwd_s"].items()}
+            workers.append(WorkerTiming(d, sum(fwd.values()) + sum(bwd.values()), fwd, bwd,
+                                        float(rep["optimizer_s"]), float(rep["wait_s"])))
+        step = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+        return StepTiming(float(step), tuple(workers))
+
+    def _command(self, program: str, *, train: bool, sink: dict | None) -> list[dict[str, Any]]:
+        if not self._procs:
+            raise ExecutionError("the pipeline is not started")
+        self._step += 1
+        for box in self._inboxes:
+            box.put(("step", program, self._step, train))
+        reports: list[dict[str, Any] | None] = [None] * len(self.specs)
+        while any(r is None for r in reports):
+            msg = self._next()
+            if msg[0] == "done" and msg[2] == self._step:
+                reports[msg[1]] = msg[3]
+            elif msg[0] == "out" and sink is not None:
+                _, _, name, m, value = msg
+                sink[(name, m)] = value.clone()
+        return reports  # type: ignore[return-value]
+
+    def _next(self) -> tuple[Any, ...]:
+        """The next message from a worker; a worker's error or death becomes an ExecutionError."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                msg = self._outbox.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in self._procs if not p.is_alive()]
+                if dead:
+                    self.close()
+                    raise ExecutionError(f"worker {dead[0].name} died (exit code {dead[0].exitcode})") from None
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise ExecutionError(f"no answer from the workers in {self.timeout_s:.0f} s") from None
+                continue
+            if msg[0] == "error":
+                self.close()
+                device = self.devices[msg[1]]
+                raise ExecutionError(f"worker for device {device} ({self.specs[msg[1]].torch_device}) failed: "
+                                     f"{msg[2]}")
+            return msg

@@ -1,0 +1,371 @@
+"""One device's worker process: runs its stages of a split model, microbatch by microbatch.
+
+A worker owns one cluster device (a ``cuda:i`` GPU or a share of the CPU's threads) and the stages
+placed on it. It is a separate process, so each CPU worker has its own torch thread pool, and
+activations really move: a value another worker needs is sent through that worker's inbox (CPU
+tensors go through shared memory; a GPU worker copies to the host first and the receiver copies to
+its device).
+
+Each step the worker list-schedules its tasks like :mod:`gpualloc.placement.simulate` does:
+
+* ``"1f1b"``: a ready backward first (oldest microbatch, last stage first); else a ready forward of an
+  admitted microbatch, where microbatches are admitted in order and at most ``inflight_limit`` at once
+  (the simulator's ``S - stage rank``);
+* ``"gpipe"``: forwards (oldest microbatch, first stage first), and backwards only once every forward
+  of the worker is done.
+
+The loss is the mean of each floating-point model output (its gradient, ``1 / numel``, needs no
+labels); after the last backward the worker's optimizer (SGD) updates its parameters.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpualloc.execute.measure import TaskClock, synchronize
+from gpualloc.execute.split import Stage
+
+__all__ = ["ProgramTable", "WorkerSpec", "worker_main"]
+
+_POLL_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProgramTable:
+    """A split model as one worker sees it: its own stages, and where every value comes from and goes.
+
+    Attributes:
+        stages: this worker's stages, by stage index.
+        stage_worker: worker rank of every stage of the program.
+        producer: value name -> producing stage index.
+        consumers: value name -> stage indices reading it from another stage.
+        differentiable: values whose gradients flow back.
+        outputs: the model's output values.
+    """
+
+    stages: Mapping[int, Stage]
+    stage_worker: tuple[int, ...]
+    producer: Mapping[str, int]
+    consumers: Mapping[str, tuple[int, ...]]
+    differentiable: frozenset[str]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process starts from.
+
+    Attributes:
+        rank: worker index.
+        torch_device: ``"cpu"`` or ``"cuda:i"``.
+        threads: torch intra-op threads of this worker.
+        programs: program name (``"train"``, ``"check"``) -> its table.
+        inputs: model input name -> microbatches (only the inputs this worker's stages read).
+        microbatches: microbatches per step.
+        schedule: ``"1f1b"`` or ``"gpipe"``.
+        inflight_limit: most microbatches in flight at once under 1F1B.
+        lr: SGD learning rate.
+    """
+
+    rank: int
+    torch_device: str
+    threads: int
+    programs: Mapping[str, ProgramTable]
+    inputs: Mapping[str, tuple[torch.Tensor, ...]]
+    microbatches: int
+    schedule: str
+    inflight_limit: int
+    lr: float = 1e-4
+
+
+@dataclass
+class _StepState:
+    values: dict[tuple[str, int], Any] = field(default_factory=dict)
+    grads: dict[tuple[str, int], torch.Tensor | None] = field(default_factory=dict)
+    grad_count: dict[tuple[str, int], int] = field(default_factory=dict)
+    saved: dict[tuple[int, int], tuple[dict[str, torch.Tensor], tuple[Any, ...]]] = field(default_factory=dict)
+
+
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+    """Process entry point: set up, report ``ready``, then serve ``step`` commands until ``stop``."""
+    try:
+        _Worker(spec, inbox, outbox, peers).serve()
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent as one line
+        last = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+        where = f" (at {os.path.basename(last.filename)}:{last.lineno})" if last else ""
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        outbox.put(("error", spec.rank, f"{type(err).__name__}: {text[:300]}{where}"))
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+        self.spec = spec
+        self.inbox = inbox
+        self.outbox = outbox
+        self.peers = peers
+        self.device = torch.device(spec.torch_device)
+        self.early: list[tuple[Any, ...]] = []
+        self._current_step = -1
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        torch.set_num_threads(self.spec.threads)
+        torch.set_flush_denormal(True)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            # FP32 means FP32: the check compares with a CPU reference, and the cost model is FP32.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        params: dict[int, torch.nn.Parameter] = {}
+        for table in self.spec.programs.values():
+            for stage in table.stages.values():
+                stage.module.to(self.device)
+                for p in stage.module.parameters():
+                    # own memory (not the shared segment the parameters arrived in) and own gradients
+                    p.data = p.data.clone()
+                    params[id(p)] = p
+        self.params = list(params.values())
+        self.optimizer = torch.optim.SGD(self.params, lr=self.spec.lr) if self.params else None
+        self.inputs = {name: tuple(t.to(self.device) for t in mbs) for name, mbs in self.spec.inputs.items()}
+        self.clock = TaskClock(self.device)
+
+    def serve(self) -> None:
+        self.setup()
+        self.outbox.put(("ready", self.spec.rank, os.getpid()))
+        while True:
+            msg = self._get()
+            if msg[0] == "stop":
+                return
+            if msg[0] == "data":
+                self.early.append(msg)
+                continue
+            _, program, step, train = msg
+            report = self.step(program, step, train)
+            self.outbox.put(("done", self.spec.rank, step, report))
+
+    def _get(self) -> tuple[Any, ...]:
+        parent = multiprocessing.parent_process()
+        while True:
+            try:
+                return self.inbox.get(timeout=_POLL_S)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    raise SystemExit(0) from None
+
+    # ------------------------------------------------------------------ one step
+    def step(self, program: str, step: int, train: bool) -> dict[str, Any]:
+        table = self.spec.programs[program]
+        M = self.spec.microbatches
+        state = _StepState()
+        self._current_step = step
+        start = time.perf_counter()
+        for m in range(M):
+            for name, mbs in self.inputs.items():
+                state.values[(name, m)] = mbs[m]
+        own = sorted(table.stages)
+        fwd_todo = {(s, m) for s in own for m in range(M)}
+        bwd_todo = set(fwd_todo) if train else set()
+        fwd_done: set[tuple[int, int]] = set()
+        admitted = 0
+        finished = [0] * M  # backwards done per microbatch
+        inflight = 0
+        wait_s = 0.0
+        pending, self.early = self.early, []
+        for msg in pending:
+            self._receive(msg, table, state, step)
+        while fwd_todo or bwd_todo:
+            while True:  # drain what has arrived
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._receive(msg, table, state, step)
+            task = self._pick(table, state, fwd_todo, bwd_todo, fwd_done, admitted, inflight, train)
+            if task is None:
+                t0 = time.perf_counter()
+                self._receive(self._get(), table, state, step)
+                wait_s += time.perf_counter() - t0
+                continue
+            kind, s, m = task
+            if kind == "F":
+                if not any((x, m) in fwd_done for x in own):
+                    admitted += 1
+                    inflight += 1
+                self._forward(table, state, s, m, train)
+                fwd_todo.discard((s, m))
+                fwd_done.add((s, m))
+            else:
+                self._backward(table, state, s, m)
+                bwd_todo.discard((s, m))
+                finished[m] += 1
+                if finished[m] == len(own):
+                    inflight -= 1
+        if train and self.optimizer is not None:
+            self.clock.start("optimizer")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.clock.stop("optimizer")
+        synchronize(self.device)
+        end = time.perf_counter()
+        totals = self.clock.totals()
+        opt_s = totals.pop("optimizer", 0.0)
+        return {
+            "start": start, "end": end, "wait_s": wait_s, "optimizer_s": opt_s,
+            "fwd_s": {s: sum(v for k, v in totals.items() if k[0] == "F" and k[1] == s) for s in own},
+            "bwd_s": {s: sum(v for k, v in totals.items() if k[0] == "B" and k[1] == s) for s in own},
+        }
+
+    def _pick(self, table: ProgramTable, state: _StepState, fwd_todo, bwd_todo, fwd_done, admitted: int,
+              inflight: int, train: bool) -> tuple[str, int, int] | None:
+        gpipe = self.spec.schedule == "gpipe"
+        if not gpipe or not fwd_todo:
+            ready_b = [(m, -s) for s, m in bwd_todo if (s, m) in fwd_done and self._grads_ready(table, state, s, m)]
+            if ready_b:
+                m, s = min(ready_b)
+                return "B", -s, m
+        ready_f = []
+        for s, m in fwd_todo:
+            if all((name, m) in state.values for name in table.stages[s].inputs):
+                ready_f.append((m, s))
+        if not ready_f:
+            return None
+        m, s = min(ready_f)
+        if gpipe or not train or m < admitted:  # a forward-only pass holds nothing for a backward
+            return "F", s, m
+        own = table.stages
+        started = any((x, m) in fwd_done for x in own)
+        if started or (m == admitted and inflight < self.spec.inflight_limit):
+            return "F", s, m
+        return None
+
+    def _grads_ready(self, table: ProgramTable, state: _StepState, s: int, m: int) -> bool:
+        for name in table.stages[s].outputs:
+            if name not in table.differentiable:
+                continue
+            expected = len(table.consumers.get(name, ())) + (name in table.outputs)
+            if state.grad_count.get((name, m), 0) < expected:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ tasks
+    def _forward(self, table: ProgramTable, state: _StepState, s: int, m: int, train: bool) -> None:
+        stage = table.stages[s]
+        leaves: dict[str, torch.Tensor] = {}
+        args = []
+        for name in stage.inputs:
+            value = state.values[(name, m)]
+            if train and name in table.differentiable and isinstance(value, torch.Tensor):
+                value = value.detach().requires_grad_()
+                leaves[name] = value
+            args.append(value)
+        self.clock.start(("F", s, m))
+        if train:
+            out = stage.module(*args)
+        else:
+            with torch.no_grad():
+                out = stage.module(*args)
+        self.clock.stop(("F", s, m))
+        if train:
+            state.saved[(s, m)] = (leaves, tuple(out))
+        for name, value in zip(stage.outputs, out):
+            self._route_value(table, state, name, m, value, train)
+
+    def _backward(self, table: ProgramTable, state: _StepState, s: int, m: int) -> None:
+        stage = table.stages[s]
+        leaves, out = state.saved.pop((s, m))
+        tensors, grads = [], []
+        for name, value in zip(stage.outputs, out):
+            g = state.grads.pop((name, m), None)
+            if g is not None and isinstance(value, torch.Tensor) and value.requires_grad:
+                tensors.append(value)
+                grads.append(g)
+        self.clock.start(("B", s, m))
+        if tensors:
+            torch.autograd.backward(tensors, grads)
+        self.clock.stop(("B", s, m))
+        for name, leaf in leaves.items():
+            producer_worker = table.stage_worker[table.producer[name]]
+            grad = leaf.grad
+            if producer_worker == self.spec.rank:
+                self._add_grad(state, name, m, grad)
+            else:
+                self.peers[producer_worker].put(("data", "grad", self._current_step, name, m, _to_host(grad)))
+
+    def _route_value(self, table: ProgramTable, state: _StepState, name: str, m: int, value: Any, train: bool) -> None:
+        readers = table.consumers.get(name, ())
+        sent: set[int] = set()
+        for c in readers:
+            w = table.stage_worker[c]
+            if w == self.spec.rank:
+                state.values[(name, m)] = value
+            elif w not in sent:
+                sent.add(w)
+                self.peers[w].put(("data", "act", self._current_step, name, m, _to_host(_detach(value))))
+        if name in table.outputs:
+            if train:
+                if name in table.differentiable and isinstance(value, torch.Tensor):
+                    self._add_grad(state, name, m, torch.full_like(value, 1.0 / max(value.numel(), 1)))
+            else:
+                self.outbox.put(("out", self.spec.rank, name, m, _to_host(_detach(value))))
+
+    def _receive(self, msg: tuple[Any, ...], table: ProgramTable, state: _StepState, step: int) -> None:
+        if msg[0] != "data":
+            raise RuntimeError(f"worker {self.spec.rank}: unexpected {msg[0]!r} message during a step")
+        _, kind, msg_step, name, m, value = msg
+        if msg_step != step:
+            raise RuntimeError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
+        value = _to_device(value, self.device)
+        if kind == "act":
+            state.values[(name, m)] = value
+        else:
+            self._add_grad(state, name, m, value)
+
+    def _add_grad(self, state: _StepState, name: str, m: int, grad: torch.Tensor | None) -> None:
+        key = (name, m)
+        state.grad_count[key] = state.grad_count.get(key, 0) + 1
+        if grad is None:
+            state.grads.setdefault(key, None)
+            return
+        prev = state.grads.get(key)
+        state.grads[key] = grad if prev is None else prev + grad
+
+
+def _detach(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        return value.to("cpu")
+    return value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor) and value.device != device:
+        return value.to(device)
+    return value
+
+
+def inflight_limits(stage_devices: list[int], microbatches: int) -> dict[int, int]:
+    """1F1B in-flight limit per device: ``S - rank`` (devices ranked by their first stage), at most M."""
+    used = list(dict.fromkeys(stage_devices))
+    return {d: max(1, min(microbatches, len(used) - r)) for r, d in enumerate(used)}
+
+
+def threads_per_worker(torch_devices: list[str], total: int) -> list[int]:
+    """Split ``total`` CPU threads: one per GPU worker (it mostly launches kernels), the rest evenly
+    over the CPU workers (at least one each)."""
+    n_cpu = sum(1 for d in torch_devices if d == "cpu")
+    n_gpu = len(torch_devices) - n_cpu
+    per_cpu = max(1, (max(total - n_gpu, 1)) // max(n_cpu, 1)) if n_cpu else 1
+    return [per_cpu if d == "cpu" else 1 for d in torch_devices]
+
