@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import gpualloc.cost
 from gpualloc.cli.main import app
 from gpualloc.placement.partition import PARTITIONERS
 
@@ -93,3 +95,18 @@ def test_unknown_method(graph_file):
     result = runner.invoke(app, ["place", str(graph_file), "--cluster", "2xA100", "--method", "magic"])
     assert result.exit_code != 0
     assert "unknown method 'magic'" in str(result.exception)
+
+
+def test_place_uses_a_calibration_file(tmp_path):
+    """A calibration that makes the A100 twice as slow in compute and memory shows in the step time."""
+    doc = json.loads((Path(gpualloc.cost.__file__).parent / "data" / "calibration.json").read_text())
+    slow = doc["devices"]["A100-40GB"]
+    slow["compute"], slow["memory"], slow["launch_s"] = slow["compute"] / 2, slow["memory"] / 2, slow["launch_s"] * 2
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(doc))
+    args = ("place", "resnet-tiny", "--cluster", "2xA100", "--method", "static", "--batch", "8", "--json")
+    shipped = json.loads(invoke(*args))["step_time_s"]
+    calibrated = json.loads(invoke(*args, "--calibration", cal))["step_time_s"]
+    assert calibrated == pytest.approx(2 * shipped, rel=0.1)
+    result = runner.invoke(app, [*args, "--calibration", str(tmp_path / "missing.json")])
+    assert result.exit_code != 0 and "missing.json: cannot read" in str(result.exception)

@@ -18,11 +18,16 @@ GRAPH_HELP = "A gpualloc-graph JSON, a PipeDream profile (.txt), a zoo model nam
 CLUSTER_HELP = "Preset (8xA100, adlro16, mixed-gen), shorthand (4xA100+4xV100) or a TOML/YAML file."
 
 
-def _problem(graph: str, cluster: str, microbatches: int, batch: int):
+CALIBRATION_HELP = "A calibration file from `gpualloc calibrate` (default: the shipped one)."
+
+
+def _problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None):
+    from gpualloc.cost.model import Calibration, CostModel
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
 
-    return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), microbatches=microbatches)
+    cost = CostModel(Calibration.load(calibration)) if calibration is not None else CostModel()
+    return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches)
 
 
 def _print_outcomes(problem, outcomes, title: str) -> None:
@@ -58,6 +63,7 @@ def run_cmd(
     agent: Path = typer.Option(None, "--agent", help="Agent checkpoint for --method dqn (default: the bundled one)."),
     microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
     batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     output: Path = typer.Option(None, "-o", "--output", help="Write the plan (re-scorable) as JSON."),
@@ -66,7 +72,7 @@ def run_cmd(
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import place
 
-    problem = _problem(graph, cluster, microbatches, batch)
+    problem = _problem(graph, cluster, microbatches, batch, calibration)
     if method == "dqn":
         from gpualloc.rl.placer import place_dqn
 
@@ -83,6 +89,7 @@ def evaluate_cmd(
     plan: Path = typer.Option(..., "--plan", help="A plan JSON (from `place -o`, or hand-made)."),
     microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
     batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: Path = typer.Option(None, "--plot", help="Write a Gantt chart of one step (PNG)."),
 ) -> None:
@@ -91,7 +98,7 @@ def evaluate_cmd(
 
     from gpualloc.placement.run import load_assignment, score
 
-    problem = _problem(graph, cluster, microbatches, batch)
+    problem = _problem(graph, cluster, microbatches, batch, calibration)
     assignment = load_assignment(plan, problem)
     try:
         method = json.loads(plan.read_text()).get("method", "plan")
@@ -106,6 +113,7 @@ def compare_cmd(
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
     microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
     batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
@@ -113,7 +121,7 @@ def compare_cmd(
     from gpualloc.placement.partition import PARTITIONERS
     from gpualloc.placement.run import compare, lower_bound_s
 
-    problem = _problem(graph, cluster, microbatches, batch)
+    problem = _problem(graph, cluster, microbatches, batch, calibration)
     methods = list(PARTITIONERS)
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task("partitioning", total=len(methods))
