@@ -1,7 +1,14 @@
-"""The store: durable, group-committed writes; state transitions; no GPU allocated twice."""
+"""The store: durable, group-committed writes; state transitions; no GPU allocated twice.
+
+Every test taking ``make_store`` (or ``store``) runs on SQLite, and also on PostgreSQL when
+``GPUALLOC_TEST_POSTGRES_URL`` names a database this test may wipe (e.g.
+``postgresql+psycopg://gpualloc:gpualloc@127.0.0.1/gpualloc_test``, with ``pip install
+'psycopg[binary]'``); without it the PostgreSQL runs skip.
+"""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import threading
@@ -17,11 +24,43 @@ def spec(name: str = "j", **kw) -> dict:
     return JobSpec(name=name, command=kw.pop("command", "true"), **kw).model_dump(mode="json")
 
 
+POSTGRES_URL = os.environ.get("GPUALLOC_TEST_POSTGRES_URL")
+
+
+def _wipe_postgres(url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def make_store(request, tmp_path):
+    """``make_store(**kwargs)`` opens (and reopens) one database: a SQLite file, or the PostgreSQL
+    test database, emptied first."""
+    if request.param == "postgresql":
+        if not POSTGRES_URL:
+            pytest.skip("set GPUALLOC_TEST_POSTGRES_URL to run the store tests on PostgreSQL")
+        pytest.importorskip("psycopg")
+        _wipe_postgres(POSTGRES_URL)
+    where = POSTGRES_URL if request.param == "postgresql" else tmp_path / "s.db"
+    opened: list[Store] = []
+
+    def make(**kwargs) -> Store:
+        opened.append(Store(where, **kwargs))
+        return opened[-1]
+
+    yield make
+    for s in opened:
+        s.close()
+
+
 @pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "s.db")
-    yield s
-    s.close()
+def store(make_store):
+    return make_store()
 
 
 def test_sqlite_file_is_wal_owner_only_and_survives_reopen(tmp_path):
@@ -106,26 +145,23 @@ def test_requeue_until_max_attempts(store):
         store.requeue(rec.id, 1, "lost")
 
 
-def test_idempotency_key_and_queue_limit(tmp_path):
-    s = Store(tmp_path / "s.db", max_queued=3)
-    try:
-        first, created = s.submit(spec("a"), "key-1")
-        again, created_again = s.submit(spec("a"), "key-1")
-        assert created and not created_again and again.id == first.id
-        s.submit(spec("b"))
-        s.submit(spec("c"))
-        with pytest.raises(QueueFull):
-            s.submit(spec("d"))
-        assert s.submit(spec("a"), "key-1")[0].id == first.id  # a retry is answered even when full
-        s.cancel(first.id)
+def test_idempotency_key_and_queue_limit(make_store):
+    s = make_store(max_queued=3)
+    first, created = s.submit(spec("a"), "key-1")
+    again, created_again = s.submit(spec("a"), "key-1")
+    assert created and not created_again and again.id == first.id
+    s.submit(spec("b"))
+    s.submit(spec("c"))
+    with pytest.raises(QueueFull):
         s.submit(spec("d"))
-        assert s.counts()["queued"] == 3
-    finally:
-        s.close()
+    assert s.submit(spec("a"), "key-1")[0].id == first.id  # a retry is answered even when full
+    s.cancel(first.id)
+    s.submit(spec("d"))
+    assert s.counts()["queued"] == 3
 
 
-def test_concurrent_submissions_are_each_committed_once(tmp_path):
-    s = Store(tmp_path / "s.db")
+def test_concurrent_submissions_are_each_committed_once(make_store):
+    s = make_store()
     ids: list[int] = []
     lock = threading.Lock()
 
@@ -142,13 +178,10 @@ def test_concurrent_submissions_are_each_committed_once(tmp_path):
         t.join(timeout=60)
     s.close()
     assert len(ids) == len(set(ids)) == 400
-    s2 = Store(tmp_path / "s.db")  # everything acknowledged is on disk
-    try:
-        names = [r.name for r in s2.list_jobs()]
-        assert len(names) == len(set(names)) == 400 and s2.queued == 400
-        assert len(s2.list_jobs(limit=10, offset=395)) == 5
-    finally:
-        s2.close()
+    s2 = make_store()  # everything acknowledged is on disk
+    names = [r.name for r in s2.list_jobs()]
+    assert len(names) == len(set(names)) == 400 and s2.queued == 400
+    assert len(s2.list_jobs(limit=10, offset=395)) == 5
 
 
 def test_stale_allocations_are_released(store):
