@@ -70,19 +70,27 @@ def main() -> None:
         rows.append({"mode": mode, "actors": actors, "where": where, "steps": log.steps,
                      "gradient_steps": len(log.losses), "seconds": seconds, "steps_per_s": log.steps / seconds})
 
-    temp = tempfile.mkdtemp(prefix="r", dir="/tmp")
-    with ProcessExecutor(args.actors) as procs, RayExecutor(num_cpus=args.actors, temp_dir=temp) as ray_ex:
-        for ex in (procs, ray_ex):  # start the workers outside the timings
-            train_distributed(env_fn, agent(collect_cfg), args.actors, seed=0, executor=ex, actors=args.actors,
-                              round_steps=args.actors)
+    def distributed(cfg, ex):
+        return train_distributed(env_fn, agent(cfg), args.steps, seed=args.seed, executor=ex, actors=args.actors,
+                                 round_steps=args.round_steps)
+
+    def warm(ex) -> None:  # start the workers outside the timings
+        train_distributed(env_fn, agent(collect_cfg), args.actors, seed=0, executor=ex, actors=args.actors,
+                          round_steps=args.actors)
+
+    with ProcessExecutor(args.actors) as procs:
+        warm(procs)
         for mode, cfg in (("collection only", collect_cfg), ("end to end", learn_cfg)):
             s, log = timed(lambda: train(env_fn(), agent(cfg), args.steps, seed=args.seed))
             row(mode, 1, "this process (train)", s, log)
-            executors = [("processes", procs)] + ([("ray tasks", ray_ex)] if mode == "collection only" else [])
-            for where, ex in executors:
-                s, log = timed(lambda: train_distributed(env_fn, agent(cfg), args.steps, seed=args.seed, executor=ex,
-                                                         actors=args.actors, round_steps=args.round_steps))
-                row(mode, args.actors, where, s, log)
+            s, log = timed(lambda: distributed(cfg, procs))
+            row(mode, args.actors, "processes", s, log)
+    # Ray last: its daemons use CPU while it is up, which would slow the other rows
+    temp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    with RayExecutor(num_cpus=args.actors, temp_dir=temp) as ray_ex:
+        warm(ray_ex)
+        s, log = timed(lambda: distributed(collect_cfg, ray_ex))
+        row("collection only", args.actors, "ray tasks", s, log)
     shutil.rmtree(temp, ignore_errors=True)
     for r in rows:
         base = next(b for b in rows if b["mode"] == r["mode"] and b["actors"] == 1)
