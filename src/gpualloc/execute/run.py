@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.run import read_plan_doc
 from gpualloc.placement.simulate import StepResult, simulate
 
 __all__ = ["DeviceRun", "ExecutionResult", "PlanFile", "execute_plan", "predict", "read_plan", "torch_devices_for"]
@@ -76,14 +76,7 @@ class PlanFile:
 def read_plan(path: str | Path) -> PlanFile:
     """Read a plan file; errors name the file and the field."""
     where = str(path)
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise PlacementError(f"{where}: cannot read: {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise PlacementError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
-    if not isinstance(doc, dict) or not isinstance(doc.get("assignment"), dict):
-        raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
+    doc = read_plan_doc(path)
     micro = doc.get("microbatches", 1)
     if not isinstance(micro, int) or micro < 1:
         raise PlacementError(f"{where}: microbatches: expected a positive integer, got {micro!r}")

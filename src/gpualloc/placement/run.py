@@ -121,8 +121,8 @@ def save_plan(path: str | Path, problem: PlacementProblem, outcome: Outcome, clu
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def load_assignment(path: str | Path, problem: PlacementProblem) -> np.ndarray:
-    """Read a plan's assignment (node id -> device index) for ``problem``; errors name the file and field."""
+def read_plan_doc(path: str | Path) -> dict:
+    """A plan file's JSON object, checked to hold an ``assignment`` object; errors name the file and field."""
     where = str(path)
     try:
         doc = json.loads(Path(path).read_text())
@@ -132,7 +132,13 @@ def load_assignment(path: str | Path, problem: PlacementProblem) -> np.ndarray:
         raise PlacementError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("assignment"), dict):
         raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
-    mapping = doc["assignment"]
+    return doc
+
+
+def load_assignment(path: str | Path, problem: PlacementProblem) -> np.ndarray:
+    """Read a plan's assignment (node id -> device index) for ``problem``; errors name the file and field."""
+    where = str(path)
+    mapping = read_plan_doc(path)["assignment"]
     out = np.empty(problem.n, dtype=np.int64)
     for i, node in enumerate(problem.graph.nodes):
         if node.id not in mapping:
