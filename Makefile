@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/gpualloc demo
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
 clean:
