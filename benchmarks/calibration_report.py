@@ -42,8 +42,10 @@ def main() -> None:
     for app, x in sia["T4"]["apps"].items():
         measured, model = 1 / x["step_speed_vs_ref"], 1 / x["predicted_speed"]
         ref_r2 = sia[REFERENCE_DEVICE]["apps"][app]["r2"]
-        slope = f"{1 / x['speed_vs_ref']:.2f}" if x["speed_vs_ref"] else f"unused (R² {x['r2']:.2f} / V100 {ref_r2:.2f})"
-        print(f"| {app} | {x['step_speed_bsz']} | {measured:.2f} | {model:.2f} | {model / measured - 1:+.0%} | {slope} |")
+        slope = (f"{1 / x['speed_vs_ref']:.2f}" if x["speed_vs_ref"]
+                 else f"unused (R² {x['r2']:.2f} / V100 {ref_r2:.2f})")
+        print(f"| {app} | {x['step_speed_bsz']} | {measured:.2f} | {model:.2f} | {model / measured - 1:+.0%} "
+              f"| {slope} |")
 
     devices = [d for d in sia if d != REFERENCE_DEVICE]
     print("\nMeasured speed per sample relative to the V100 / the model's / error:\n")

@@ -81,9 +81,9 @@ def main() -> None:
     with ProcessExecutor(args.actors) as procs:
         warm(procs)
         for mode, cfg in (("collection only", collect_cfg), ("end to end", learn_cfg)):
-            s, log = timed(lambda: train(env_fn(), agent(cfg), args.steps, seed=args.seed))
+            s, log = timed(lambda cfg=cfg: train(env_fn(), agent(cfg), args.steps, seed=args.seed))
             row(mode, 1, "this process (train)", s, log)
-            s, log = timed(lambda: distributed(cfg, procs))
+            s, log = timed(lambda cfg=cfg: distributed(cfg, procs))
             row(mode, args.actors, "processes", s, log)
     # Ray last: its daemons use CPU while it is up, which would slow the other rows
     temp = tempfile.mkdtemp(prefix="r", dir="/tmp")

@@ -80,7 +80,8 @@ def main() -> None:
             m = measure_device(torch_device, default_catalog().device(dt), threads=nthreads,
                                models=[(name, b // k) for name, b, k in runs], repeats=args.repeats,
                                concurrent=sum(1 for x in devices if x == "cpu"),
-                               progress=lambda s, d=torch_device: print(f"[{setup}] calibrate {d}: {s}", flush=True))
+                               progress=lambda s, d=torch_device, setup=setup:
+                               print(f"[{setup}] calibrate {d}: {s}", flush=True))
             eff, report = efficiency_from(m, default_catalog().device(dt))
             cal = merge_calibration(cal, dt, eff, record(m, eff, report))
             measurements[dt] = m
@@ -115,7 +116,8 @@ def main() -> None:
                 "measured_step_s": measured, "step_times_s": list(result.step_times_s),
                 "predicted_profiled_s": result.predicted_step_s, "error_profiled": result.error,
                 "predicted_roofline_s": roof.step_time_s, "error_roofline": roof.step_time_s / measured - 1,
-                "predicted_roofline_loo_s": loo_sim.step_time_s, "error_roofline_loo": loo_sim.step_time_s / measured - 1,
+                "predicted_roofline_loo_s": loo_sim.step_time_s,
+                "error_roofline_loo": loo_sim.step_time_s / measured - 1,
                 "devices": [d.to_dict() for d in result.devices], "warnings": list(result.warnings),
                 "calibrate_s": calibrate_s,
             })

@@ -68,7 +68,7 @@ def run(n: int, nx_max: int, seed: int) -> dict:
 
         g = nx.Graph()
         g.add_nodes_from(range(n))
-        g.add_weighted_edges_from(zip(src.tolist(), dst.tolist(), w.tolist()))
+        g.add_weighted_edges_from(zip(src.tolist(), dst.tolist(), w.tolist(), strict=True))
         t = time.perf_counter()
         a, _b = kernighan_lin_bisection(g, weight="weight", seed=seed)
         row["nx_s"] = time.perf_counter() - t

@@ -82,13 +82,15 @@ def main() -> None:
         summary[cluster_name] = {
             "graphs": len(best_rows),
             "median_ratio_to_bound": statistics.median(r["ratio_to_bound"] for r in best_rows),
-            "share_gain_vs_round_robin_ge_25pct": sum(r["gain_vs_round_robin"] >= 0.25 for r in best_rows) / len(best_rows),
+            "share_gain_vs_round_robin_ge_25pct": sum(r["gain_vs_round_robin"] >= 0.25 for r in best_rows)
+            / len(best_rows),
             "share_gain_vs_metis_uniform_ge_10pct": sum((r["gain_vs_metis_uniform"] or 0) >= 0.10 for r in best_rows)
             / len(best_rows),
             "median_gain_vs_static": statistics.median(r["gain_vs_static"] for r in best_rows),
             "median_gain_vs_round_robin": statistics.median(r["gain_vs_round_robin"] for r in best_rows),
         }
-    command = f"python benchmarks/placement_quality.py --microbatches {args.microbatches}" + (" --quick" if args.quick else "")
+    command = (f"python benchmarks/placement_quality.py --microbatches {args.microbatches}"
+               + (" --quick" if args.quick else ""))
     args.out.write_text(json.dumps({"command": command, "seed": args.seed, "microbatches": args.microbatches,
                                     "summary": summary, "rows": rows}, indent=1) + "\n")
 
@@ -110,7 +112,8 @@ def main() -> None:
         targets.add_column(col)
     for cluster_name, s in summary.items():
         targets.add_row(cluster_name, str(s["graphs"]), f"{s['median_ratio_to_bound']:.3f}",
-                        f"{s['share_gain_vs_round_robin_ge_25pct']:.0%}", f"{s['share_gain_vs_metis_uniform_ge_10pct']:.0%}")
+                        f"{s['share_gain_vs_round_robin_ge_25pct']:.0%}",
+                        f"{s['share_gain_vs_metis_uniform_ge_10pct']:.0%}")
     console.print(targets)
     console.print(f"wrote {args.out}")
 

@@ -59,7 +59,7 @@ def main() -> None:
             vals = np.array([r[k] for r in rs], dtype=float)
             row[k], row[f"{k}_std"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan"), \
                 float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
-        ratios = [r["avg_jct_s"] / o["avg_jct_s"] for r, o in zip(rs, runs["oracle-lb"])]
+        ratios = [r["avg_jct_s"] / o["avg_jct_s"] for r, o in zip(rs, runs["oracle-lb"], strict=True)]
         row["x_bound"], row["x_bound_std"] = float(np.mean(ratios)), float(np.std(ratios))
         rows.append(row)
     fcfs = next(r for r in rows if r["policy"] == "fcfs")["avg_jct_s"] if "fcfs" in runs else None
@@ -73,7 +73,7 @@ def main() -> None:
                 "makespan (h)", "HyperScore"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in sorted(rows, key=lambda r: r["avg_jct_s"]):
-        def pm(k, scale=1.0, fmt=".2f"):
+        def pm(k, scale=1.0, fmt=".2f", r=r):
             v, s = r[k], r[f"{k}_std"]
             return "-" if v != v else f"{v / scale:{fmt}} ± {s / scale:{fmt}}"
         table.add_row(r["policy"], pm("avg_jct_s", 3600), f"{1 - r['avg_jct_s'] / fcfs:+.0%}" if fcfs else "-",

@@ -46,7 +46,7 @@ def read_philly(path: Path) -> Trace:
         stamp = pd.to_datetime(df["timestamp"]).to_numpy(dtype="datetime64[s]").astype(np.int64)
         arrival = (stamp - stamp.min()).astype(float)
         return Trace.of((Job(str(i), float(a), JobType.ML_TRAINING, float(d), int(g)) for i, (a, d, g)
-                         in enumerate(zip(arrival, df["duration"], df["num_gpus"]))),
+                         in enumerate(zip(arrival, df["duration"], df["num_gpus"], strict=True))),
                         source=str(path), format="philly")
     return read_trace(path, "philly")
 

@@ -46,14 +46,14 @@ def free_port() -> int:
 def p99_by_second(res: dict) -> list[float]:
     """p99 latency of the requests due in each second of the run (where the tail comes from)."""
     by: dict[int, list[float]] = {}
-    for sec, lat in zip(res["seconds"], res["latencies"]):
+    for sec, lat in zip(res["seconds"], res["latencies"], strict=True):
         by.setdefault(sec, []).append(lat)
     return [percentile(sorted(by[k]), 0.99) for k in sorted(by)]
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:  # None, not NaN: the JSON stays valid
+        return None
     return sorted_values[min(len(sorted_values) - 1, int(round(q * (len(sorted_values) - 1))))]
 
 
@@ -123,7 +123,8 @@ async def load(port: int, token: str, requests: int, rate: float, connections: i
     start = time.perf_counter()
     await asyncio.gather(producer(), *(connection() for _ in range(connections)))
     wall = time.perf_counter() - start - 0.2
-    return {"latencies": latencies, "seconds": seconds, "service_times": service_times, "statuses": statuses, "ids": ids, "wall_s": wall}
+    return {"latencies": latencies, "seconds": seconds, "service_times": service_times, "statuses": statuses,
+            "ids": ids, "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             "requests_done": len(lat), "acknowledged": ok, "statuses": {str(k): v for k, v in res["statuses"].items()},
             "wall_s": res["wall_s"], "rate_achieved_per_s": rate,
             "latency_p50_s": percentile(lat, 0.50), "latency_p90_s": percentile(lat, 0.90),
-            "latency_p99_s": percentile(lat, 0.99), "latency_p99_by_second_s": p99_by_second(res), "latency_max_s": lat[-1] if lat else float("nan"),
+            "latency_p99_s": percentile(lat, 0.99), "latency_p99_by_second_s": p99_by_second(res),
+            "latency_max_s": lat[-1] if lat else None,
             "service_time_p50_s": percentile(svc, 0.50), "service_time_p99_s": percentile(svc, 0.99),
             "jobs_in_store": len(jobs), "duplicates_in_store": len(names) - len(set(names)),
             "acknowledged_ids_all_in_store": set(res["ids"]) <= {j["id"] for j in jobs},
@@ -200,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    ms = lambda s: f"{s * 1e3:.1f} ms"
+
+    def ms(s: float | None) -> str:
+        return "-" if s is None else f"{s * 1e3:.1f} ms"
+
     rows = [("requests (done / acknowledged)", f"{result['requests_done']} / {result['acknowledged']}"),
             ("offered rate", f"{args.rate:.0f} req/s over {args.connections} connections"),
             ("achieved rate", f"{result['rate_achieved_per_s']:.0f} req/s (target >= {TARGET_RATE:.0f})"),

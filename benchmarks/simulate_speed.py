@@ -37,7 +37,8 @@ def layered_dag(layers: int, width: int, seed: int = 0) -> OpGraph:
                                 output_bytes=act))
             if layer:
                 for src in rng.choice(width, size=int(rng.integers(1, 4)), replace=False):
-                    edges.append(OpEdge(f"l{layer - 1}_{src}", f"l{layer}_{w}", nodes[(layer - 1) * width + src].output_bytes))
+                    upstream = nodes[(layer - 1) * width + src]
+                    edges.append(OpEdge(f"l{layer - 1}_{src}", f"l{layer}_{w}", upstream.output_bytes))
     return OpGraph("layered", nodes, edges, batch_size=64)
 
 
@@ -71,7 +72,8 @@ def main() -> None:
     print(f"{'placement':<12} {'schedule':<6} {'median ms':>10} {'min ms':>8} {'step ms':>9} {'exposed comm':>12}")
     for row in rows:
         print(f"{row['placement']:<12} {row['schedule']:<6} {row['median_wall_s'] * 1e3:>10.1f} "
-              f"{row['min_wall_s'] * 1e3:>8.1f} {row['simulated_step_s'] * 1e3:>9.2f} {row['comm_share_fraction']:>12.3f}")
+              f"{row['min_wall_s'] * 1e3:>8.1f} {row['simulated_step_s'] * 1e3:>9.2f} "
+              f"{row['comm_share_fraction']:>12.3f}")
     print(f"wrote {OUT}")
 
 
