@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpualloc.errors import ClusterError
 from gpualloc.hardware.catalog import default_catalog
-from gpualloc.hardware.cluster import PRESETS, ClusterSpec, load_cluster
+from gpualloc.hardware.cluster import PRESETS, ClusterSpec, build_cluster, load_cluster
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -206,3 +208,54 @@ def test_malformed_files_give_one_line_naming_the_field(tmp_path, name, text, pa
 def test_missing_file(tmp_path):
     with pytest.raises(ClusterError, match=r"nope.toml: cannot read"):
         load_cluster(tmp_path / "nope.toml")
+
+
+# ------------------------------------------------------------------------- cached index arrays
+
+def _old_index_arrays(c: ClusterSpec) -> dict[str, np.ndarray]:
+    """The per-device arrays as the simulator, the service and the policies used to rebuild them."""
+    names = [t.name for t in c.device_types]
+    gpu_type = np.array([names.index(d.type.name) for d in c.devices], dtype=np.int64)
+    gpu_node = np.array([d.node for d in c.devices], dtype=np.int64)
+    per_node = np.zeros((len(names), len(c.nodes)), dtype=np.int64)
+    np.add.at(per_node, (gpu_type, gpu_node), 1)
+    return {"gpu_type": gpu_type, "gpu_node": gpu_node, "gpus_per_type_node": per_node,
+            "gpus_per_type": np.array([c.type_counts()[n] for n in names], dtype=np.int64),
+            "largest_node_per_type": per_node.max(axis=1)}
+
+
+def _assert_cached_arrays_match(c: ClusterSpec) -> None:
+    assert c.type_names == tuple(t.name for t in c.device_types) == tuple(c.type_counts())
+    for name, want in _old_index_arrays(c).items():
+        got = getattr(c, name)
+        assert got.dtype == np.int64 and not got.flags.writeable, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        assert getattr(c, name) is got, name  # computed once
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_cached_index_arrays_equal_the_old_computation_on_presets(name):
+    _assert_cached_arrays_match(load_cluster(name))
+
+
+def test_cached_index_arrays_are_read_only():
+    c = load_cluster("adlro16")
+    with pytest.raises(ValueError, match="read-only"):
+        c.gpu_type[0] = 1
+    with pytest.raises(ValueError, match="read-only"):
+        c.gpus_per_type_node[0, 0] = 0
+    np.testing.assert_array_equal(c.gpus_per_type, [8, 4, 4])
+    np.testing.assert_array_equal(c.largest_node_per_type, [8, 4, 4])
+
+
+_TYPES = ["A100-40GB", "V100-16GB", "T4", "MI50", "K80"]
+
+
+@given(st.lists(st.lists(st.tuples(st.sampled_from(_TYPES), st.integers(1, 3)), min_size=1, max_size=3),
+                min_size=1, max_size=5))
+@settings(max_examples=40, deadline=None)
+def test_cached_index_arrays_equal_the_old_computation_on_random_clusters(nodes):
+    cat = default_catalog()
+    spec = [(f"n{k}", [cat.device(t) for t, n in node for _ in range(n)], cat.link("pcie3"))
+            for k, node in enumerate(nodes)]
+    _assert_cached_arrays_match(build_cluster("random", spec, cat.link("eth-100g"), cat))

@@ -19,6 +19,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -106,6 +107,43 @@ class ClusterSpec:
     def __len__(self) -> int:
         return len(self.devices)
 
+    # Index arrays, computed once per cluster: the simulator, the service, the policies and the
+    # features all index devices by type and node, and a frozen cluster never changes them.
+
+    @cached_property
+    def type_names(self) -> tuple[str, ...]:
+        """Device type names in order of first appearance; ``gpu_type`` values index this."""
+        return tuple(t.name for t in self.device_types)
+
+    @cached_property
+    def gpu_type(self) -> np.ndarray:
+        """``[n]`` int64: index in :attr:`type_names` of each device's type (read-only)."""
+        index = {name: i for i, name in enumerate(self.type_names)}
+        return _frozen(np.array([index[d.type.name] for d in self.devices], dtype=np.int64))
+
+    @cached_property
+    def gpu_node(self) -> np.ndarray:
+        """``[n]`` int64: node index of each device (read-only)."""
+        return _frozen(np.array([d.node for d in self.devices], dtype=np.int64))
+
+    @cached_property
+    def gpus_per_type_node(self) -> np.ndarray:
+        """``[types, nodes]`` int64: devices of each type on each node (read-only)."""
+        counts = np.zeros((len(self.type_names), len(self.nodes)), dtype=np.int64)
+        np.add.at(counts, (self.gpu_type, self.gpu_node), 1)
+        return _frozen(counts)
+
+    @cached_property
+    def gpus_per_type(self) -> np.ndarray:
+        """``[types]`` int64: devices of each type (read-only; :meth:`type_counts` as an array)."""
+        return _frozen(np.bincount(self.gpu_type, minlength=len(self.type_names)).astype(np.int64))
+
+    @cached_property
+    def largest_node_per_type(self) -> np.ndarray:
+        """``[types]`` int64: most devices of each type on one node (read-only)."""
+        counts = self.gpus_per_type_node
+        return _frozen(counts.max(axis=1) if counts.size else np.zeros(len(self.type_names), dtype=np.int64))
+
     def link_between(self, i: int, j: int) -> LinkType | None:
         """The link between devices ``i`` and ``j``; ``None`` when ``i == j``."""
         if i == j:
@@ -114,7 +152,7 @@ class ClusterSpec:
         return self.nodes[a.node].link if a.node == b.node else self.network
 
     def _pairwise(self, attr: str, diag: float) -> np.ndarray:
-        node_of = np.array([d.node for d in self.devices], dtype=np.int64)
+        node_of = self.gpu_node
         per_node = np.array([getattr(n.link, attr) for n in self.nodes], dtype=np.float64)
         same = node_of[:, None] == node_of[None, :]
         out = np.where(same, per_node[node_of][:, None], getattr(self.network, attr))
@@ -165,6 +203,11 @@ class ClusterSpec:
             "device_types": {t.name: t.to_dict() for t in self.device_types},
             "links": {name: link.to_dict() for name, link in links.items()},
         }
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 # ------------------------------------------------------------------------------------ building
