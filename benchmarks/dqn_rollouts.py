@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from gpualloc.experiments.parallel import ProcessExecutor, RayExecutor
+from gpualloc.parallel import ProcessExecutor, RayExecutor
 from gpualloc.rl.dqn import DQNAgent, train
 from gpualloc.rl.dqn.distributed import train_distributed
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv

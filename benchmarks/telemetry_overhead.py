@@ -33,7 +33,7 @@ from gpualloc.telemetry.base import TelemetryError
 from gpualloc.telemetry.exporter import start_exporter
 from gpualloc.telemetry.nvml import NvmlTelemetry
 from gpualloc.telemetry.replay import ReplayTelemetry, record
-from gpualloc.telemetry.sim import sim_backend
+from gpualloc.scheduling.timeline import sim_backend
 
 OUT = Path(__file__).resolve().parent / "results" / "telemetry_overhead.json"
 TARGET_SAMPLE_S = 1e-3

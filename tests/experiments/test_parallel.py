@@ -10,10 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpualloc.experiments.parallel import ProcessExecutor, RayExecutor, SerialExecutor, make_executor
+from gpualloc.parallel import ProcessExecutor, RayExecutor, SerialExecutor, make_executor
 from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table
 from gpualloc.rl.train_scheduler import DEFAULT_CONFIG, train_scheduler
-from gpualloc.scheduling.features import FeatureLayout
+from gpualloc.rl.features import FeatureLayout
 from tests.cli.test_cli import invoke
 
 SPEC = SchedTableSpec(loads=(0.8,), seeds=2, jobs=30, policies=("fcfs", "sjf", "dqn"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpualloc.errors import AgentError
-from gpualloc.experiments.parallel import ProcessExecutor, SerialExecutor
+from gpualloc.parallel import ProcessExecutor, SerialExecutor
 from gpualloc.rl.dqn import DQNAgent, evaluate
 from gpualloc.rl.dqn.distributed import RolloutTask, collect, train_distributed
 from gpualloc.rl.dqn.replay import ReplayBuffer

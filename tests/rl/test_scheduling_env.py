@@ -16,7 +16,7 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.envs.scheduling_env import INVALID_PENALTY, SchedulingEnv
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.base import Decision
-from gpualloc.scheduling.features import FeatureLayout
+from gpualloc.rl.features import FeatureLayout
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import Simulation, simulate
 from gpualloc.workload.jobs import Job, JobType, Trace

@@ -12,7 +12,7 @@ import pytest
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
-from gpualloc.scheduling.features import (GPU_CHANNELS, DecisionPoint, FeatureLayout, FeatureScaler, GpuMetrics,
+from gpualloc.rl.features import (GPU_CHANNELS, DecisionPoint, FeatureLayout, FeatureScaler, GpuMetrics,
                                           GridHistory, JobRequests, simulated_metrics)
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.workload.jobs import Job, JobType, Trace

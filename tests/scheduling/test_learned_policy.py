@@ -14,9 +14,9 @@ from gpualloc.rl.dqn import DQNAgent, DQNConfig, train
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
 from gpualloc.rl.train_scheduler import DEFAULT_CONFIG, train_scheduler
 from gpualloc.scheduling import metrics
-from gpualloc.scheduling.features import FeatureLayout, FeatureScaler
+from gpualloc.rl.features import FeatureLayout, FeatureScaler
 from gpualloc.scheduling.policies import make_policy
-from gpualloc.scheduling.policies.learned import DQNPolicy, bundled_agent_path, scheduler_extra
+from gpualloc.rl.sched_policy import DQNPolicy, bundled_agent_path, scheduler_extra
 from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Job, JobType, Trace
 from gpualloc.workload.traces import generate

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gpualloc.cli.monitor import app
 from gpualloc.telemetry.base import DeviceRecord
 from gpualloc.telemetry.exporter import LABELS, METRICS, DcgmCollector, start_exporter
-from gpualloc.telemetry.sim import sim_backend
+from gpualloc.scheduling.timeline import sim_backend
 
 LINE = re.compile(r'^(?P<name>[A-Z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
 MIB = 2**20

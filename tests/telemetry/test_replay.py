@@ -11,7 +11,7 @@ from gpualloc.cli.monitor import app
 from gpualloc.telemetry.backends import open_backend
 from gpualloc.telemetry.base import DeviceRecord, DeviceTelemetry, TelemetryError, TelemetryExhausted
 from gpualloc.telemetry.replay import ReplayTelemetry, read_records, record, write_records
-from gpualloc.telemetry.sim import sim_backend
+from gpualloc.scheduling.timeline import sim_backend
 
 FORMATS = ("parquet", "pq", "csv")
 

@@ -15,7 +15,8 @@ from gpualloc.placement.replan import SimulatedTelemetry
 from gpualloc.placement.simulate import simulate as simulate_step
 from gpualloc.telemetry.backends import open_backend
 from gpualloc.telemetry.base import DeviceSample, DeviceTelemetry, TelemetryError
-from gpualloc.telemetry.sim import AMBIENT_C, FULL_LOAD_RISE_C, THERMAL_TAU_S, ClusterTimeline, SimTelemetry, sim_backend
+from gpualloc.scheduling.timeline import ClusterTimeline, sim_backend
+from gpualloc.telemetry.sim import AMBIENT_C, FULL_LOAD_RISE_C, THERMAL_TAU_S, SimTelemetry
 from gpualloc.workload.traces import generate
 from tests.conftest import diamond
 

@@ -76,7 +76,7 @@ def scheduling_cmd(
     scaled to the cluster: every policy, the DQN agent and the lower bound."""
     from dataclasses import replace
 
-    from gpualloc.experiments.parallel import make_executor
+    from gpualloc.parallel import make_executor
     from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table, total_runs
     from gpualloc.reports.tables import plot_bars, scheduling_markdown
 

@@ -123,7 +123,7 @@ def scheduler_cmd(
                                     "the actors (with --actors > 1)."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
-    from gpualloc.experiments.parallel import make_executor
+    from gpualloc.parallel import make_executor
     from gpualloc.rl.train_scheduler import train_scheduler
     from gpualloc.workload.traces import read_trace
 

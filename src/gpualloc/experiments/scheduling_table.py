@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from gpualloc.experiments.parallel import Executor, SerialExecutor
+from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, summary
 from gpualloc.scheduling.policies import make_policy

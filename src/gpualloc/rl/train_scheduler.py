@@ -22,15 +22,15 @@ import numpy as np
 import torch
 
 from gpualloc.errors import AgentError
-from gpualloc.experiments.parallel import Executor, SerialExecutor
+from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.dqn.distributed import train_distributed
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
 from gpualloc.scheduling import metrics
-from gpualloc.scheduling.features import FeatureLayout, FeatureScaler, JobRequests
+from gpualloc.rl.features import FeatureLayout, FeatureScaler, JobRequests
 from gpualloc.scheduling.policies import make_policy
-from gpualloc.scheduling.policies.learned import DQNPolicy, scheduler_extra
+from gpualloc.rl.sched_policy import DQNPolicy, scheduler_extra
 from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
@@ -115,7 +115,7 @@ def evaluate_policies(cluster: ClusterSpec, traces: Sequence[Trace], policies: M
 @dataclass(frozen=True)
 class EvalRun:
     """One held-out evaluation: ``policy`` (a registry name; ``dqn`` loads the checkpoint ``agent``)
-    on ``trace``. Small and picklable, so any :class:`~gpualloc.experiments.parallel.Executor` runs it."""
+    on ``trace``. Small and picklable, so any :class:`~gpualloc.parallel.Executor` runs it."""
 
     cluster: ClusterSpec
     trace: Trace

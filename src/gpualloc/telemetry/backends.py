@@ -1,27 +1,28 @@
 """The telemetry backends by name: ``nvml`` (real GPUs), ``sim`` (the simulators), ``replay`` (a file).
 
-As with the scheduling policies, the registry maps a name to ``"module:factory"`` so that naming a
-backend imports only that backend (``pynvml`` is never imported for ``sim``). Factories take keyword
-options only and return a :class:`~gpualloc.telemetry.base.DeviceTelemetry`.
+:data:`BACKENDS` is a :class:`~gpualloc.registry.Registry` of lazy ``"module:factory"`` entries, so
+naming a backend imports only that backend (``pynvml`` is never imported for ``sim``). Factories take
+keyword options only and return a :class:`~gpualloc.telemetry.base.DeviceTelemetry`. The ``sim``
+backend replays a cluster simulation, so its factory lives with the scheduler
+(:mod:`gpualloc.scheduling.timeline`) and is only named here.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from gpualloc.registry import Registry
 from gpualloc.telemetry.base import DeviceTelemetry, TelemetryError
 
 __all__ = ["BACKENDS", "open_backend"]
 
-BACKENDS: dict[str, str] = {
-    "nvml": "gpualloc.telemetry.nvml:NvmlTelemetry",
-    "sim": "gpualloc.telemetry.sim:sim_backend",
-    "replay": "gpualloc.telemetry.replay:ReplayTelemetry",
-}
+BACKENDS: Registry[Any] = Registry("telemetry backend", TelemetryError)
 """Backend factories by name. ``nvml``: ``pcie``, ``nvml``, ``clock``; ``sim``: ``cluster``,
 ``trace``, ``jobs``, ``load``, ``policy``, ``seed``, ``step_s``, ``noise``; ``replay``: ``path``,
 ``loop``."""
+BACKENDS.register("nvml", "gpualloc.telemetry.nvml:NvmlTelemetry")
+BACKENDS.register("sim", "gpualloc.scheduling.timeline:sim_backend")
+BACKENDS.register("replay", "gpualloc.telemetry.replay:ReplayTelemetry")
 
 
 def open_backend(name: str, **options: Any) -> DeviceTelemetry:
@@ -30,9 +31,4 @@ def open_backend(name: str, **options: Any) -> DeviceTelemetry:
     Raises:
         TelemetryError: an unknown name, or the backend cannot start (no NVML, a bad file, ...).
     """
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise TelemetryError(f"unknown telemetry backend {name!r} (known: {', '.join(sorted(BACKENDS))})") from None
-    module, factory = target.split(":")
-    return getattr(importlib.import_module(module), factory)(**options)
+    return BACKENDS.create(name, **options)

@@ -2,7 +2,7 @@
 
 Training runs in rounds. Each round the learner sends its current Q-network weights to ``actors``
 rollout tasks; each task builds its own environment (in whatever process or Ray worker the
-:class:`~gpualloc.experiments.parallel.Executor` puts it), plays whole episodes epsilon-greedily
+:class:`~gpualloc.parallel.Executor` puts it), plays whole episodes epsilon-greedily
 until it has taken at least its share of steps, and returns the transitions. The learner appends
 them to its replay buffer in actor order and then takes as many gradient steps as the single-process
 loop would have taken for that many environment steps (``train_freq``, ``gradient_steps``), so the

@@ -2,7 +2,7 @@
 
 The environment drives :class:`gpualloc.scheduling.simulator.Simulation`, the engine behind
 ``simulate()``, so the agent meets exactly the events, validation and results every policy does.
-Observations, masks and action decoding come from :class:`gpualloc.scheduling.features.DecisionPoint`,
+Observations, masks and action decoding come from :class:`gpualloc.rl.features.DecisionPoint`,
 which the ``dqn`` policy uses too.
 
 * **Episode**: one trace: drawn from ``traces``, or generated (:func:`gpualloc.workload.traces.generate`,
@@ -14,7 +14,7 @@ which the ``dqn`` policy uses too.
   simulator runs to the next one. When no start is possible, the env moves on by itself, so every
   observation has at least one start to choose from (until the end).
 * **Observation**: ``{"grid": (channels, max_gpus, window), "features": (feature_dim,)}``
-  (:class:`~gpualloc.scheduling.features.FeatureLayout`).
+  (:class:`~gpualloc.rl.features.FeatureLayout`).
 * **Mask**: ``info["action_mask"]`` and :meth:`SchedulingEnv.action_masks`: a start is valid when its
   slot holds a job that may run on that type and enough GPUs of it are free (on one node for
   single-node jobs). Wait is valid unless nothing runs, nothing was started and some job could start
@@ -58,7 +58,7 @@ import numpy as np
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.base import PENDING, QUEUED, RUNNING, Decision
-from gpualloc.scheduling.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
+from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
                                           JobRequests, MetricsSource, simulated_metrics)
 from gpualloc.scheduling.simulator import SimResult, Simulation
 from gpualloc.workload.jobs import Trace
@@ -91,7 +91,7 @@ class SchedulingEnv(gym.Env):
         idle_weight: lambda in (0, 1), the weight of idle GPU time in the reward.
         reward_scale_s: divides every reward; default ``scaler.time_scale_s x GPUs``.
         shaping: add the potential-based shaping term (see the module docstring).
-        slot_order: ``"shortest"`` or ``"arrival"`` (:data:`~gpualloc.scheduling.features.SLOT_ORDERS`).
+        slot_order: ``"shortest"`` or ``"arrival"`` (:data:`~gpualloc.rl.features.SLOT_ORDERS`).
         work_conserving: wait is invalid while the cluster runs nothing and a job could start.
         max_steps: truncate an episode after this many steps (None: never).
         metrics: source of live GPU metrics (the simulator's by default).

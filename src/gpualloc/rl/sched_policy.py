@@ -1,7 +1,7 @@
 """``dqn``: a trained DQN agent as a scheduling policy.
 
 At each decision point the policy builds the observation of
-:mod:`gpualloc.rl.envs.scheduling_env` from the view (:class:`~gpualloc.scheduling.features.DecisionPoint`,
+:mod:`gpualloc.rl.envs.scheduling_env` from the view (:class:`~gpualloc.rl.features.DecisionPoint`,
 the code the environment uses) and takes the agent's greedy masked action, again and again, until it
 picks wait or no start is left; the starts form the :class:`Decision`. It is non-preemptive.
 
@@ -10,7 +10,8 @@ layout, the normalisation statistics and the environment settings it was trained
 (:func:`gpualloc.rl.train_scheduler.train_scheduler` writes it). Without ``agent``, the agent bundled
 for the ``adlro16`` cluster is used (``docs/scheduling-agent.md``).
 
-This module is where the scheduling layer meets the learning layer: it imports
+It lives in the learning layer and is registered lazily in the scheduling layer's policy registry
+(``"gpualloc.rl.sched_policy:DQNPolicy"``), so the scheduling layer never imports it; it imports
 :mod:`gpualloc.rl.dqn` (and so torch) only when a policy is created.
 """
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from gpualloc.errors import AgentError
 from gpualloc.scheduling.base import ClusterView, Decision
-from gpualloc.scheduling.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
+from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
                                           JobRequests, MetricsSource, simulated_metrics)
 
 if TYPE_CHECKING:

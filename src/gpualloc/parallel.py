@@ -8,6 +8,9 @@ Each item is computed independently from its own arguments (seeds included), so 
 depend on the executor.
 
 Ray is imported only by :class:`RayExecutor`; nothing else needs it installed.
+
+A utility below every domain layer (it imports nothing from gpualloc): the experiments and the
+learning code (:mod:`gpualloc.rl.train_scheduler`) both fan runs out through it.
 """
 
 from __future__ import annotations
