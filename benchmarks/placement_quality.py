@@ -55,7 +55,7 @@ def main() -> None:
         for cluster_name in args.clusters.split(","):
             problem = PlacementProblem(graph, load_cluster(cluster_name), microbatches=args.microbatches)
             start = time.perf_counter()
-            outcomes = compare(problem, list(PARTITIONERS), seed=args.seed)
+            outcomes = compare(problem, PARTITIONERS.names("heuristic"), seed=args.seed)
             by = {o.method: o for o in outcomes}
             best = min((o for o in outcomes if o.result.feasible), key=lambda o: o.result.step_time_s,
                        default=min(outcomes, key=lambda o: o.result.step_time_s))
@@ -98,7 +98,7 @@ def main() -> None:
     for col in ("cluster", "method", "x bound", "gain vs static", "gain vs round-robin", "feasible", "partition time"):
         per_method.add_column(col, justify="left" if col in ("cluster", "method") else "right")
     for cluster_name in args.clusters.split(","):
-        for method in PARTITIONERS:
+        for method in PARTITIONERS.names("heuristic"):
             rs = [r for r in rows if r["cluster"] == cluster_name and r["method"] == method]
             per_method.add_row(cluster_name, method, f"{statistics.median(r['ratio_to_bound'] for r in rs):.2f}",
                                f"{statistics.median(r['gain_vs_static'] for r in rs):+.0%}",

@@ -73,12 +73,7 @@ def run_cmd(
     from gpualloc.placement.run import place
 
     problem = _problem(graph, cluster, microbatches, batch, calibration)
-    if method == "dqn":
-        from gpualloc.rl.placer import place_dqn
-
-        outcome = place_dqn(problem, agent, seed=seed)
-    else:
-        outcome = place(problem, method, seed=seed)
+    outcome = place(problem, method, seed=seed, **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
 
 

@@ -16,16 +16,11 @@ import numpy as np
 
 from gpualloc.errors import PlacementError
 from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound
-from gpualloc.placement.partition import PARTITIONERS
+from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
 
 PLAN_FORMAT = "gpualloc-plan"
-
-FAST_METHODS = ("static", "params", "round-robin", "etf", "sct", "metis", "metis-uniform", "kahip", "kl",
-                "pipeline")
-"""What ``best`` tries (every registered heuristic)."""
-
 
 @dataclass(frozen=True)
 class Outcome:
@@ -78,18 +73,30 @@ def score(problem: PlacementProblem, method: str, assignment: np.ndarray, partit
     return Outcome(method, a, partition_time_s, simulate(problem, a, schedule=schedule), lower_bound_s(problem), note)
 
 
-def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str = "1f1b") -> Outcome:
-    """Partition with ``method`` (a registered name, or ``best``) and score the plan."""
+def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str = "1f1b",
+          **options: Any) -> Outcome:
+    """Partition with ``method`` (a registered name, or ``best``) and score the plan.
+
+    ``options`` go to the partitioner; each must be one its registry entry declares (e.g. ``agent``
+    for ``dqn``).
+
+    Raises:
+        PlacementError: an unknown method, or an option the method does not take.
+    """
+    if method != "best" and method not in PARTITIONERS:
+        raise PARTITIONERS.unknown(method, also=("best",))
+    extra = sorted(set(options) - (PARTITIONERS.entry(method).options if method != "best" else set()))
+    if extra:
+        raise PlacementError(f"method {method!r} takes no option {extra[0]!r}")
     if method == "best":
         return best(problem, seed=seed, schedule=schedule)
-    try:
-        partitioner = PARTITIONERS[method]
-    except KeyError:
-        raise PlacementError(f"unknown method {method!r}; known: {', '.join([*PARTITIONERS, 'best'])}") from None
+    partitioner = PARTITIONERS[method]
     start = time.perf_counter()
-    assignment = partitioner(problem, seed=seed)
+    plan = partitioner(problem, seed=seed, **options)
     elapsed = time.perf_counter() - start
-    return score(problem, method, assignment, elapsed, schedule=schedule)
+    if isinstance(plan, Partitioned):
+        return score(problem, method, plan.assignment, elapsed, schedule=schedule, note=plan.note)
+    return score(problem, method, plan, elapsed, schedule=schedule)
 
 
 def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed: int | None = 0,
@@ -104,9 +111,9 @@ def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed
 
 
 def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b") -> Outcome:
-    """Run the fast heuristics and return the plan the simulator scores best (feasible first)."""
+    """Run every partitioner tagged ``heuristic`` and return the plan the simulator scores best (feasible first)."""
     start = time.perf_counter()
-    tried = [place(problem, m, seed=seed, schedule=schedule) for m in FAST_METHODS if m in PARTITIONERS]
+    tried = [place(problem, m, seed=seed, schedule=schedule) for m in PARTITIONERS.names("heuristic")]
     winner = min(tried, key=lambda o: (not o.result.feasible, o.result.step_time_s))
     return Outcome("best", winner.assignment, time.perf_counter() - start, winner.result, winner.lower_bound_s,
                    note=f"best of {len(tried)} methods: {winner.method}")

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import AgentError
+from gpualloc.placement.partition import Partitioned
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import Outcome, score
+from gpualloc.placement.run import Outcome, best, score
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.envs.placement_env import PlacementEnv
 
@@ -105,6 +106,25 @@ def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = N
                    note=f"agent plan slower; kept best heuristic ({heuristic.note})")
 
 
+def dqn_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = 0,
+                  agent: DQNAgent | str | Path | None = None) -> Partitioned:
+    """The ``dqn`` entry of :data:`gpualloc.placement.partition.PARTITIONERS`: :func:`place_dqn`'s plan.
+
+    A cluster with more devices than the agent has slots gets the best heuristic's plan, as when the
+    agent's own plan is slower; the note says which plan was kept.
+    """
+    if not isinstance(seed, int):  # the agent's episode takes an int seed
+        seed = int(np.random.default_rng(seed).integers(2**31))
+    agent = agent if isinstance(agent, DQNAgent) else load_placer(agent)
+    slots = int(agent.extra["max_devices"])
+    if problem.k > slots:
+        heuristic = best(problem, seed=seed)
+        return Partitioned(heuristic.assignment, f"{problem.k} devices > the agent's {slots} slots; kept best "
+                                                 f"heuristic ({heuristic.note})")
+    outcome = place_dqn(problem, agent, seed=seed)
+    return Partitioned(outcome.assignment, outcome.note)
+
+
 def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, seed: int = 0) -> list[dict[str, Any]]:
     """Per problem: the agent's own plan vs the best heuristic (step times and gain)."""
     rows = []
@@ -118,8 +138,8 @@ def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, se
     return rows
 
 
-__all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "agent_plan", "bundled_agent_path", "dqn_planner", "evaluate_placer", "load_placer",
-           "place_dqn", "train_placer"]
+__all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "agent_plan", "bundled_agent_path", "dqn_partition", "dqn_planner",
+           "evaluate_placer", "load_placer", "place_dqn", "train_placer"]
 
 
 def dqn_planner(agent: DQNAgent, *, seed: int = 0, passes: int = 10):
