@@ -18,6 +18,7 @@ The scheduler speaks to a backend in :class:`RunRef` (job, attempt, handle) and 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,8 +33,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from gpualloc.registry import Registry
 from gpualloc.service.errors import BackendError
 from gpualloc.service.runner import EXIT_FILE, PID_FILE, PROGRAM_PID_FILE, SPEC_FILE, Execution, write_json_atomic
+
+log = logging.getLogger(__name__)
+"""Best-effort Ray clean-ups that fail are logged here, not raised: the run is over either way."""
 
 __all__ = ["BACKENDS", "Backend", "LocalBackend", "RayBackend", "RunRef", "RunRequest", "RunState", "RunStatus",
            "make_backend", "ray_resource_name"]
@@ -542,8 +547,9 @@ class RayBackend:
             refs = [a.stop.remote(self.stop_grace_s) for a in found.actors]
             try:
                 self._ray.wait(refs, num_returns=len(refs), timeout=self.stop_grace_s + 5.0)
-            except Exception:
-                pass
+            except Exception as err:  # Ray raises many types here; the actors are killed next anyway
+                log.warning("ray: stopping run %s: waiting for its actors failed: %s: %s", run.handle,
+                            type(err).__name__, err)
         self.release(run)
 
     def release(self, run: RunRef) -> None:
@@ -558,8 +564,9 @@ class RayBackend:
                 pass
         try:
             remove_placement_group(get_placement_group(run.handle))
-        except Exception:
-            pass
+        except Exception as err:  # often already removed; the table scan below catches the rest
+            log.debug("ray: releasing run %s: placement group not removed by name: %s: %s", run.handle,
+                      type(err).__name__, err)
         for pg_id, info in self._placement_groups().items():
             if info.get("name") == run.handle:
                 self._remove_pg(pg_id)
@@ -575,8 +582,8 @@ class RayBackend:
 
         try:
             remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
-        except Exception:
-            pass
+        except Exception as err:  # Ray raises many types here; a leftover group only holds resources
+            log.warning("ray: cannot remove placement group %s: %s: %s", pg_id, type(err).__name__, err)
 
     def cleanup(self, keep: Sequence[RunRef]) -> list[str]:
         prefix = f"gpualloc-{self.instance}-"
@@ -593,8 +600,9 @@ class RayBackend:
                 actor = self._ray.get_actor(entry["name"], namespace=self.namespace)
                 try:
                     self._ray.get(actor.stop.remote(self.stop_grace_s), timeout=self.stop_grace_s + 5.0)
-                except Exception:
-                    pass
+                except Exception as err:  # Ray raises many types here; the actor is killed next anyway
+                    log.warning("ray: cleanup: stopping actor %s failed: %s: %s", entry["name"],
+                                type(err).__name__, err)
                 self._ray.kill(actor)
             except ValueError:
                 pass
@@ -629,14 +637,16 @@ class RayBackend:
         self._drop_temp()
 
 
-BACKENDS: dict[str, type] = {"local": LocalBackend, "ray": RayBackend}
+BACKENDS: Registry[type] = Registry("backend", BackendError)
 """Backend classes by name."""
+BACKENDS.register("local", LocalBackend)
+BACKENDS.register("ray", RayBackend)
 
 
 def make_backend(name: str, **options: Any) -> Backend:
-    """The backend registered as ``name``, built with keyword ``options``."""
-    try:
-        cls = BACKENDS[name]
-    except KeyError:
-        raise BackendError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})") from None
-    return cls(**options)
+    """The backend registered as ``name``, built with keyword ``options``.
+
+    Raises:
+        BackendError: an unknown name (the message lists the known ones), or the backend cannot start.
+    """
+    return BACKENDS.create(name, **options)
