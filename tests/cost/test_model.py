@@ -161,3 +161,23 @@ def test_calibration_quality_is_what_the_docs_report():
         assert abs(t4["speed_vs_ref"] / measured - 1) < 0.3, app
     for rec in fit["leave_one_out"].values():
         assert abs(rec["error"]) < 0.3
+
+
+def _flat_graph(n: int, flops: float) -> OpGraph:
+    return OpGraph("flat", [OpNode(f"n{i}", f"n{i}", "matmul", flops=flops, bytes_read=1e3, bytes_written=1e3)
+                            for i in range(n)], [])
+
+
+def test_reused_model_never_returns_a_freed_graphs_times(model):
+    """A freed graph's address is reused by the next one of the same size: the cache must not see it."""
+    a100 = default_catalog().device("A100")
+    for flops in (1e9, 2e9, 4e9, 8e9) * 25:
+        got = model.op_times_s(_flat_graph(8, flops), a100)[0]  # the graph is freed after this line
+        np.testing.assert_array_equal(got, model.roofline_s(np.full(8, flops), np.full(8, 2e3), a100))
+
+
+def test_op_times_cached_while_the_graph_lives(model):
+    a100 = default_catalog().device("A100")
+    g = _flat_graph(4, 1e9)
+    first = model.op_times_s(g, a100)
+    assert model.op_times_s(g, a100)[0] is first[0]

@@ -10,12 +10,14 @@ Op time on device type ``d`` (forward; backward likewise with ``BWD_FACTOR`` x t
 
 The efficiencies ``eta`` are fitted on measured data by :mod:`gpualloc.cost.calibrate` and shipped as
 ``data/calibration.json``. Peaks are FP32 (the precision of the measurements they were fitted on).
-Link time is ``latency + bytes / bandwidth``; power is ``idle + (TDP - idle) * utilisation``.
+Link time is ``latency + bytes / bandwidth``; power is ``idle + (TDP - idle) * utilisation``; both
+formulas live in :mod:`gpualloc.cost.physics`, which every simulator calls too.
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType, LinkType
@@ -138,7 +141,10 @@ class CostModel:
 
         self.calibration = calibration if calibration is not None else Calibration.load()
         self.catalog = catalog if catalog is not None else default_catalog()
-        self._cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+        # keyed by the graph object itself, dropped with it: an id() key outlives the graph, and the
+        # next graph allocated at its address would get its times
+        self._cache: weakref.WeakKeyDictionary[OpGraph, dict[str, tuple[np.ndarray, np.ndarray]]] = (
+            weakref.WeakKeyDictionary())
 
     def efficiency(self, device: DeviceType) -> Efficiency:
         return self.calibration.efficiency(device)
@@ -148,9 +154,9 @@ class CostModel:
 
     def op_times_s(self, graph: OpGraph, device: DeviceType) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward time of every node of ``graph`` on ``device`` (seconds, arrays)."""
-        key = (id(graph), device.name)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0].shape == (len(graph),):
+        per_device = self._cache.setdefault(graph, {})
+        hit = per_device.get(device.name)
+        if hit is not None:
             return hit
         n = len(graph)
         fwd = np.full(n, np.nan)
@@ -182,7 +188,7 @@ class CostModel:
             bwd[idx] = self.roofline_s(BWD_FACTOR * flops, BWD_FACTOR * nbytes, device)
         fwd.setflags(write=False)
         bwd.setflags(write=False)
-        self._cache[key] = (fwd, bwd)
+        per_device[device.name] = (fwd, bwd)
         return fwd, bwd
 
     def _resolve(self, name: str) -> DeviceType | None:
@@ -205,22 +211,19 @@ class CostModel:
         """Time to move ``nbytes`` over ``link`` (zero on the same device, ``link`` None)."""
         if link is None or nbytes <= 0:
             return 0.0
-        return link.latency_s + nbytes / link.bandwidth_bytes_per_s
+        return float(physics.transfer_time_s(nbytes, link.latency_s, link.bandwidth_bytes_per_s))
 
     @staticmethod
     def power_w(device: DeviceType, utilisation: float | np.ndarray):
         """Board power at ``utilisation`` in [0, 1]: idle + (TDP - idle) x utilisation."""
-        u = np.clip(utilisation, 0.0, 1.0)
-        return device.idle_w + (device.tdp_w - device.idle_w) * u
+        return physics.power_w(device.idle_w, device.tdp_w, utilisation)
 
     def energy_j(self, device: DeviceType, busy_s: float, wall_s: float) -> float:
         """Energy over ``wall_s`` seconds of which ``busy_s`` were busy (power linear in utilisation)."""
-        if wall_s <= 0:
-            return 0.0
-        return float(self.power_w(device, busy_s / wall_s)) * wall_s
+        return float(physics.energy_j(device.idle_w, device.tdp_w, busy_s, wall_s))
 
 
-def training_memory_bytes(graph: OpGraph, optimizer_states: int = 2) -> float:
+def training_memory_bytes(graph: OpGraph, optimizer_states: int = physics.OPTIMIZER_STATES) -> float:
     """Memory to train ``graph`` on one device: weights, gradients, optimizer states (Adam keeps 2
     per weight) and every activation held for the backward pass."""
-    return float(graph.total_param_bytes * (2 + optimizer_states) + graph.total_activation_bytes)
+    return float(physics.training_mem_bytes(graph.total_param_bytes, graph.total_activation_bytes, optimizer_states))

@@ -1,0 +1,76 @@
+"""The physical formulas, each written once and vectorised over numpy arrays.
+
+Every simulator (placement step, re-planning run, simulated telemetry) and the cost model call these,
+so a change here (or a calibration feeding them) reaches all of them:
+
+* :func:`power_w`: board power, linear between idle and TDP in the busy fraction;
+* :func:`energy_j`: that power over a wall-clock interval;
+* :func:`weight_state_bytes` / :func:`training_mem_bytes`: what training pins in device memory;
+* :func:`transfer_time_s`: the alpha-beta link model, ``latency + bytes / bandwidth``;
+* :func:`microbatch_time_s`: an op's time on one microbatch, the launch overhead paid every time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ArrayLike = float | np.ndarray
+
+OPTIMIZER_STATES = 2
+"""Adam keeps two states per weight; with the weight and its gradient, 4 copies per parameter."""
+
+
+def power_w(idle_w: ArrayLike, tdp_w: ArrayLike, busy: ArrayLike) -> np.ndarray:
+    """Board power at busy fraction ``busy`` (clipped to [0, 1]): ``idle + (TDP - idle) x busy``."""
+    u = np.clip(np.asarray(busy, dtype=np.float64), 0.0, 1.0)
+    return idle_w + (np.asarray(tdp_w, dtype=np.float64) - idle_w) * u
+
+
+def energy_j(idle_w: ArrayLike, tdp_w: ArrayLike, busy_s: ArrayLike, wall_s: ArrayLike) -> np.ndarray:
+    """Energy over ``wall_s`` seconds of which ``busy_s`` were busy: :func:`power_w` times the wall time.
+
+    Zero where ``wall_s <= 0`` (nothing ran).
+    """
+    wall = np.asarray(wall_s, dtype=np.float64)
+    safe = np.where(wall > 0, wall, 1.0)
+    return np.where(wall > 0, power_w(idle_w, tdp_w, np.asarray(busy_s, dtype=np.float64) / safe) * wall, 0.0)
+
+
+def weight_state_bytes(param_bytes: ArrayLike, optimizer_states: int = OPTIMIZER_STATES, *,
+                       gradients: bool = True) -> np.ndarray:
+    """Bytes of the weights, their optimizer states and (``gradients``) their gradients.
+
+    A migration moves weights and optimizer states only: the gradients were consumed by the optimizer
+    step before the move.
+    """
+    return np.asarray(param_bytes, dtype=np.float64) * (1 + int(gradients) + optimizer_states)
+
+
+def training_mem_bytes(param_bytes: ArrayLike, activation_bytes: ArrayLike,
+                       optimizer_states: int = OPTIMIZER_STATES) -> np.ndarray:
+    """Memory to train: weights, gradients, optimizer states, and the activations kept for the backward."""
+    return weight_state_bytes(param_bytes, optimizer_states) + np.asarray(activation_bytes, dtype=np.float64)
+
+
+def transfer_time_s(nbytes: ArrayLike, latency_s: ArrayLike, bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:
+    """Alpha-beta model of one transfer: ``latency + bytes / bandwidth`` (arrays broadcast).
+
+    Callers decide when no transfer happens at all (same device, nothing to send).
+    """
+    return latency_s + np.asarray(nbytes, dtype=np.float64) / bandwidth_bytes_per_s
+
+
+def microbatch_time_s(batch_time_s: ArrayLike, launch_s: ArrayLike, microbatches: int) -> np.ndarray:
+    """Time of an op on one of ``microbatches`` equal microbatches, from its whole-batch time.
+
+    The work scales linearly with the batch (as :func:`gpualloc.placement.conditions.scaled_graph`
+    has it), the launch overhead does not: ``launch + (batch_time - launch) / M``, so ``M`` microbatches
+    cost ``(M - 1) x launch`` more than the whole batch. The overhead counted is at most the op's whole
+    time (a measured op faster than the calibrated launch cost is all overhead). ``M = 1`` returns
+    ``batch_time_s`` unchanged.
+    """
+    t = np.asarray(batch_time_s, dtype=np.float64)
+    if microbatches == 1:
+        return t
+    fixed = np.minimum(launch_s, t)
+    return fixed + (t - fixed) / microbatches
