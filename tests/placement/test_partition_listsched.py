@@ -92,7 +92,7 @@ def test_sct_keeps_favourite_child_with_its_parent():
 def test_forward_times_option():
     problem = PlacementProblem(random_dag(50), load_cluster("4xA100"))
     assert_valid(problem, etf_partition(problem, times="forward"))
-    with pytest.raises(ValueError):
+    with pytest.raises(PlacementError):
         etf_partition(problem, times="backward")
 
 

@@ -37,10 +37,6 @@ __all__ = ["kl_bisect", "kl_objective", "kl_partition", "kl_refine", "to_csr"]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-
-
 def to_csr(n: int, src: np.ndarray, dst: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     """Symmetric CSR ``(indptr, indices, data)`` of an undirected graph; parallel edges are summed."""
     src = np.asarray(src, dtype=np.int64)
@@ -133,7 +129,7 @@ def kl_bisect(
     Returns:
         Boolean array, ``True`` for nodes on the side that takes ``target_fraction`` of the work.
     """
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)  # a Generator comes back unchanged
     indptr, indices, data = _as_csr(adj)
     n = indptr.size - 1
     if n == 0:
@@ -272,7 +268,7 @@ def kl_refine(
     Raises:
         PlacementError: the start breaks a cap and no repair fits.
     """
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)  # a Generator comes back unchanged
     a = problem.check_assignment(assignment).copy()
     if problem.n == 0 or problem.k < 2:
         return a
@@ -370,7 +366,7 @@ def kl_partition(
     Raises:
         PlacementError: the graph cannot fit (says by how much), or no plan within the caps was found.
     """
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)  # a Generator comes back unchanged
     require_fit(problem)
     if refine_from is not None:
         return kl_refine(problem, refine_from, seed=rng, passes=passes)

@@ -39,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 
+from gpualloc.errors import PlacementError
 from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
 
@@ -102,7 +103,7 @@ def _merged_edges(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np
 
 def _list_schedule(problem: PlacementProblem, times: Times, favourite_parent: np.ndarray | None) -> np.ndarray:
     if times not in ("train", "forward"):
-        raise ValueError(f"times must be 'train' or 'forward', got {times!r}")
+        raise PlacementError(f"times must be 'train' or 'forward', got {times!r}")
     require_fit(problem)
     n, k = problem.n, problem.k
     dur = problem.compute_s if times == "train" else problem.fwd_s
