@@ -26,13 +26,30 @@ def test_chain_bound_is_critical_path():
 
 
 def test_balanced_work_is_harmonic_on_identical_speed_ratios():
+    # each microbatch pays its ops' launch overhead: a step works compute_s plus 2 x (M - 1) launches per
+    # op (the pinned values were w / 8 and compute_s before microbatches were costed at their real size)
     p = PlacementProblem(chain(3), load_cluster("2xA100"), microbatches=8)
     b = step_lower_bound(p)
-    w = p.compute_s.sum(axis=0)
+    launch = p.launch_s[0]
+    w = p.compute_s.sum(axis=0) + 3 * 2 * 7 * launch
+    np.testing.assert_allclose(p.step_compute_s.sum(axis=0), w, rtol=1e-12)
     assert b.balanced_work_s == pytest.approx(1 / np.sum(1 / w))
-    assert b.critical_path_s == pytest.approx(w[0] / 8)
-    assert b.largest_op_s == pytest.approx(p.compute_s[:, 0].max())
+    assert b.critical_path_s == pytest.approx(p.compute_s[:, 0].sum() / 8 + 3 * 2 * launch * 7 / 8)
+    assert b.largest_op_s == pytest.approx(p.compute_s[:, 0].max() + 2 * 7 * launch)
     assert pipeline_lower_bound(p).value_s >= b.value_s
+
+
+def test_lower_bound_is_computed_once_per_problem(monkeypatch):
+    import gpualloc.placement.bounds as bounds
+
+    calls = []
+    real = bounds.pipeline_lower_bound
+    monkeypatch.setattr(bounds, "pipeline_lower_bound", lambda p: calls.append(p) or real(p))
+    p = PlacementProblem(chain(3), load_cluster("2xA100"), microbatches=4)
+    assert p.lower_bound is p.lower_bound
+    assert p.lower_bound == real(p) and len(calls) == 1
+    one = PlacementProblem(chain(3), load_cluster("2xA100"))
+    assert one.lower_bound == step_lower_bound(one) and len(calls) == 1
 
 
 @settings(max_examples=80, deadline=None)

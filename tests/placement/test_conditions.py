@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpualloc.errors import PlacementError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import (
     Conditions,
@@ -81,11 +82,11 @@ def test_conditioning_composes(problem):
 
 
 def test_conditions_validate_and_compare():
-    with pytest.raises(ValueError, match="2 x 2"):
+    with pytest.raises(PlacementError, match="2 x 2"):
         Conditions((1.0, 1.0), ((1.0,),))
-    with pytest.raises(ValueError, match="> 0"):
+    with pytest.raises(PlacementError, match="> 0"):
         Conditions((0.0,), ((1.0,),))
-    with pytest.raises(ValueError, match="devices"):
+    with pytest.raises(PlacementError, match="devices"):
         conditioned(PlacementProblem(chain(2), load_cluster("2xA100")), Conditions.nominal(3))
     a = Conditions.nominal(2)
     assert a.departure(a) == 0.0
@@ -100,15 +101,15 @@ def test_drift_event_validation_and_link_pairs():
     e = DriftEvent(5, "link-degradation", (1, 0), 0.3)
     assert e.target == ((0, 1),)
     assert DriftEvent(5, "link-degradation", [(2, 3), (1, 0), (0, 1)], 0.3).target == ((0, 1), (2, 3))
-    with pytest.raises(ValueError, match="unknown kind"):
+    with pytest.raises(PlacementError, match="unknown kind"):
         DriftEvent(0, "meteor", 0, 0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="one device index"):
+    with pytest.raises(PlacementError, match="one device index"):
         DriftEvent(0, "device-slowdown", (0, 1), 0.5)
-    with pytest.raises(ValueError, match="two different devices"):
+    with pytest.raises(PlacementError, match="two different devices"):
         DriftEvent(0, "link-degradation", (1, 1), 0.5)
-    with pytest.raises(ValueError, match="no target"):
+    with pytest.raises(PlacementError, match="no target"):
         DriftEvent(0, "batch-size", 0, 2.0)
-    with pytest.raises(ValueError, match="factor"):
+    with pytest.raises(PlacementError, match="factor"):
         DriftEvent(0, "device-slowdown", 0, -1.0)
 
 
@@ -132,7 +133,7 @@ def test_conditions_at_follow_the_events():
     assert sched.conditions_at(10**6, 3).batch_scale == 2.0
     assert sched.change_points(1000) == (100, 120, 130, 140, 150, 200, 220)
     assert sched.change_points(125) == (100, 120)
-    with pytest.raises(ValueError, match="outside 0..0"):
+    with pytest.raises(PlacementError, match="outside 0..0"):
         sched.conditions_at(100, 1)
 
 

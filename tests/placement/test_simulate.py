@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
@@ -137,7 +138,9 @@ def test_diamond_on_one_device_has_no_transfers():
 def test_single_device_step_is_sum_of_compute(M, schedule):
     p = PlacementProblem(chain(4), load_cluster("2xA100"), microbatches=M)
     r = simulate(p, np.zeros(4, dtype=np.int64), schedule=schedule, record_events=True)
-    assert r.step_time_s == pytest.approx(p.compute_s[:, 0].sum(), rel=1e-12)
+    # every microbatch at its real size: the whole-batch work plus (M - 1) launches per forward and backward
+    assert r.step_time_s == pytest.approx(p.step_compute_s[:, 0].sum(), rel=1e-12)
+    assert r.step_time_s == pytest.approx(p.compute_s[:, 0].sum() + 2 * 4 * (M - 1) * p.launch_s[0], rel=1e-12)
     assert r.comm_bytes == 0
     check_invariants(p, np.zeros(4, dtype=np.int64), r)
 
@@ -182,7 +185,7 @@ def test_invariants_random(seed, schedule):
     check_invariants(p, a, r)
     again = simulate(p, a, schedule=schedule, record_events=True)
     assert again == r  # deterministic
-    assert sum(r.busy_s) == pytest.approx(p.compute_s[np.arange(p.n), a].sum())
+    assert sum(r.busy_s) == pytest.approx(p.step_compute_s[np.arange(p.n), a].sum())
     d = r.to_dict()
     assert d["step_time_s"] == r.step_time_s and len(d["events"]) == len(r.events)
 
@@ -212,7 +215,11 @@ def test_energy_and_mfu():
 
 def test_rejects_bad_input():
     p = PlacementProblem(chain(2), load_cluster("2xA100"))
-    with pytest.raises(ValueError):
+    with pytest.raises(PlacementError, match="zigzag"):
         simulate(p, np.array([0, 1]), schedule="zigzag")
-    with pytest.raises(ValueError):
+    with pytest.raises(PlacementError, match="outside"):
         simulate(p, np.array([0, 5]))
+    with pytest.raises(PlacementError, match="shape"):
+        simulate(p, np.array([0, 1, 1]))
+    with pytest.raises(PlacementError, match="microbatches"):
+        PlacementProblem(chain(2), load_cluster("2xA100"), microbatches=0)

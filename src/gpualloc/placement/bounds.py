@@ -1,22 +1,26 @@
 """Lower bounds on the step time of any placement of a problem (communication ignored).
 
 Every term is valid for every assignment and both pipeline schedules of
-:func:`gpualloc.placement.simulate.simulate`, with ``M = problem.microbatches`` (each op takes its
-whole-batch time divided by ``M`` per microbatch). With ``c[i, j] = fwd_s + bwd_s`` and
-``cmin[i] = min_j c[i, j]``:
+:func:`gpualloc.placement.simulate.simulate`, with ``M = problem.microbatches``: each op takes its
+one-microbatch time (``problem.mb_fwd_s`` / ``mb_bwd_s``, launch overhead included) per microbatch, so
+the step works ``s[i, j] = problem.step_compute_s`` on node ``i`` placed on ``j``. With
+``smin[i] = min_j s[i, j]`` and ``mmin[i] = min_j (mb_fwd_s + mb_bwd_s)[i, j]``:
 
-* ``critical_path_s``: the longest path of ``cmin`` divided by ``M``: one microbatch's forward
-  along the path, then its backward back along it, each op at least ``cmin / M``.
+* ``critical_path_s``: the longest path of ``mmin``: one microbatch's forward along the path, then
+  its backward back along it.
 * ``balanced_work_s``: perfect balancing. For any weights ``y`` on the simplex, the busiest device
-  works at least ``sum_j y_j load_j >= sum_i min_j y_j c[i, j]`` (weak LP duality). We take
-  ``y_j ~ 1 / W_j`` with ``W_j = sum_i c[i, j]``; when devices differ by one speed factor this is
+  works at least ``sum_j y_j load_j >= sum_i min_j y_j s[i, j]`` (weak LP duality). We take
+  ``y_j ~ 1 / W_j`` with ``W_j = sum_i s[i, j]``; when devices differ by one speed factor this is
   exactly ``1 / sum_j (1 / W_j)``, and it stays valid when relative speeds differ per op.
-* ``largest_op_s``: ``max_i cmin[i]``: all ``M`` forwards and backwards of an op run on one device.
+* ``largest_op_s``: ``max_i smin[i]``: all ``M`` forwards and backwards of an op run on one device.
 * ``pipeline_fill_s`` (:func:`pipeline_lower_bound` only): for every node ``v``, the device of
   ``v`` cannot start before microbatch 0 has gone forward through ``v``'s longest ancestor chain,
-  then runs ``cmin[v]`` of ``v``'s work, and after ``v``'s last backward that microbatch's gradient
-  still has to go back through ``v``'s longest ancestor chain: ``(F_head(v) + B_head(v)) / M +
-  cmin[v]``. It subsumes the largest op and, with ``M = 1``, the critical path.
+  then runs ``smin[v]`` of ``v``'s work, and after ``v``'s last backward that microbatch's gradient
+  still has to go back through ``v``'s longest ancestor chain: ``F_head(v) + B_head(v) + smin[v]``
+  (heads of one-microbatch times). It subsumes the largest op and, with ``M = 1``, the critical path.
+
+:attr:`PlacementProblem.lower_bound <gpualloc.placement.problem.PlacementProblem.lower_bound>`
+computes the bound a problem's plans are compared with once.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class Bound:
         value_s: the bound, the largest term.
         binding: name of the largest term (``"critical_path"``, ``"balanced_work"``,
             ``"largest_op"`` or ``"pipeline_fill"``).
-        critical_path_s: longest path of fastest-device fwd+bwd time, over ``M``.
+        critical_path_s: longest path of fastest-device fwd+bwd time of one microbatch.
         balanced_work_s: perfectly balanced total work.
         largest_op_s: the largest single op on its fastest device.
         pipeline_fill_s: head-chains-plus-op term (0.0 in :func:`step_lower_bound`).
@@ -51,11 +55,11 @@ class Bound:
 
 
 def _terms(problem: PlacementProblem) -> tuple[float, float, float]:
-    c = problem.compute_s
+    c = problem.step_compute_s
     if problem.n == 0:
         return 0.0, 0.0, 0.0
     cmin = c.min(axis=1)
-    crit, _ = problem.graph.critical_path(cmin)
+    crit, _ = problem.graph.critical_path((problem.mb_fwd_s + problem.mb_bwd_s).min(axis=1))
     work = c.sum(axis=0)
     if np.all(work > 0):
         y = 1.0 / work
@@ -63,7 +67,7 @@ def _terms(problem: PlacementProblem) -> tuple[float, float, float]:
         balanced = float(np.sum(np.min(c * y[None, :], axis=1)))
     else:  # a device doing everything for free: no balancing bound
         balanced = 0.0
-    return float(crit) / problem.microbatches, balanced, float(cmin.max())
+    return float(crit), balanced, float(cmin.max())
 
 
 def _pick(crit: float, balanced: float, largest: float, fill: float = 0.0) -> Bound:
@@ -73,7 +77,7 @@ def _pick(crit: float, balanced: float, largest: float, fill: float = 0.0) -> Bo
 
 
 def step_lower_bound(problem: PlacementProblem) -> Bound:
-    """Max of the critical path (over ``M``), the balanced-work and the largest-op bounds."""
+    """Max of the critical path (of one microbatch), the balanced-work and the largest-op bounds."""
     return _pick(*_terms(problem))
 
 
@@ -82,9 +86,9 @@ def pipeline_lower_bound(problem: PlacementProblem) -> Bound:
     crit, balanced, largest = _terms(problem)
     fill = 0.0
     if problem.n:
-        fmin = problem.fwd_s.min(axis=1)
-        bmin = problem.bwd_s.min(axis=1)
-        cmin = problem.compute_s.min(axis=1)
+        fmin = problem.mb_fwd_s.min(axis=1)
+        bmin = problem.mb_bwd_s.min(axis=1)
+        cmin = problem.step_compute_s.min(axis=1)
         preds = problem.graph.predecessors
         fhead = np.zeros(problem.n)  # longest ancestor chain ending just before the node
         bhead = np.zeros(problem.n)
@@ -92,5 +96,5 @@ def pipeline_lower_bound(problem: PlacementProblem) -> Bound:
             for u in preds[i]:
                 fhead[i] = max(fhead[i], fhead[u] + fmin[u])
                 bhead[i] = max(bhead[i], bhead[u] + bmin[u])
-        fill = float(np.max((fhead + bhead) / problem.microbatches + cmin))
+        fill = float(np.max(fhead + bhead + cmin))
     return _pick(crit, balanced, largest, fill)

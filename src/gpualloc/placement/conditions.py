@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpTiming
 from gpualloc.placement.problem import PlacementProblem
 
@@ -67,14 +68,14 @@ class Conditions:
         links = tuple(tuple(float(x) for x in row) for row in self.link_bandwidth)
         k = len(speed)
         if len(links) != k or any(len(row) != k for row in links):
-            raise ValueError(f"link_bandwidth must be {k} x {k} (one row and column per device)")
+            raise PlacementError(f"link_bandwidth must be {k} x {k} (one row and column per device)")
         s_arr, l_arr = np.array(speed), np.array(links)
         if not np.all(np.isfinite(s_arr) & (s_arr > 0)):
-            raise ValueError(f"device_speed factors must be finite and > 0, got {speed}")
+            raise PlacementError(f"device_speed factors must be finite and > 0, got {speed}")
         if not np.all(np.isfinite(l_arr) & (l_arr > 0)):
-            raise ValueError("link_bandwidth factors must be finite and > 0")
+            raise PlacementError("link_bandwidth factors must be finite and > 0")
         if not (np.isfinite(self.batch_scale) and self.batch_scale > 0):
-            raise ValueError(f"batch_scale must be finite and > 0, got {self.batch_scale!r}")
+            raise PlacementError(f"batch_scale must be finite and > 0, got {self.batch_scale!r}")
         object.__setattr__(self, "device_speed", speed)
         object.__setattr__(self, "link_bandwidth", links)
         object.__setattr__(self, "batch_scale", float(self.batch_scale))
@@ -112,7 +113,7 @@ class Conditions:
         A device at 0.5 against one at 1.0 departs by 1.0, as does one at 2.0; 0.9 against 1.0 by 0.111.
         """
         if other.k != self.k:
-            raise ValueError(f"conditions on {self.k} and {other.k} devices cannot be compared")
+            raise PlacementError(f"conditions on {self.k} and {other.k} devices cannot be compared")
         a = np.concatenate([self.speed_array, self.link_array.ravel(), [self.batch_scale]])
         b = np.concatenate([other.speed_array, other.link_array.ravel(), [other.batch_scale]])
         return float(np.max(np.maximum(a / b, b / a)) - 1.0)
@@ -158,8 +159,9 @@ class ConditionedProblem(PlacementProblem):
     """A problem under :class:`Conditions`: built by :func:`conditioned`, used like any problem.
 
     ``graph`` is ``base.graph`` at the conditions' batch scale. Op times are the base problem's, times
-    the batch scale, over the device's speed; bandwidths are the base's times the link factors;
-    latencies and memory caps are unchanged.
+    the batch scale, over the device's speed, and so is the per-op launch overhead (a throttled device
+    is slower at everything, so a microbatch's time scales with the speed exactly); bandwidths are the
+    base's times the link factors; latencies and memory caps are unchanged.
 
     Attributes:
         base: the problem the conditions are relative to.
@@ -179,6 +181,10 @@ class ConditionedProblem(PlacementProblem):
         return fwd, bwd
 
     @cached_property
+    def launch_s(self) -> np.ndarray:
+        return self.base.launch_s / self.conditions.speed_array
+
+    @cached_property
     def bandwidth(self) -> np.ndarray:
         factor = self.conditions.link_array.copy()
         np.fill_diagonal(factor, 1.0)
@@ -191,10 +197,10 @@ def conditioned(problem: PlacementProblem, conditions: Conditions) -> PlacementP
     Conditions are relative to the problem given, so conditioning a conditioned problem composes.
 
     Raises:
-        ValueError: the conditions describe a different number of devices.
+        PlacementError: the conditions describe a different number of devices.
     """
     if conditions.k != problem.k:
-        raise ValueError(f"conditions for {conditions.k} devices, problem has {problem.k}")
+        raise PlacementError(f"conditions for {conditions.k} devices, problem has {problem.k}")
     if conditions.is_nominal:
         return problem
     return ConditionedProblem(scaled_graph(problem.graph, conditions.batch_scale), problem.cluster, problem.cost,
@@ -229,21 +235,21 @@ class DriftEvent:
     def __post_init__(self) -> None:
         where = f"drift event at iteration {self.iteration}"
         if self.kind not in DRIFT_KINDS:
-            raise ValueError(f"{where}: unknown kind {self.kind!r}; expected one of {', '.join(DRIFT_KINDS)}")
+            raise PlacementError(f"{where}: unknown kind {self.kind!r}; expected one of {', '.join(DRIFT_KINDS)}")
         if int(self.iteration) != self.iteration or self.iteration < 0:
-            raise ValueError(f"{where}: iteration must be an integer >= 0")
+            raise PlacementError(f"{where}: iteration must be an integer >= 0")
         if not (np.isfinite(self.factor) and self.factor > 0):
-            raise ValueError(f"{where}: factor must be finite and > 0, got {self.factor!r}")
+            raise PlacementError(f"{where}: factor must be finite and > 0, got {self.factor!r}")
         if self.duration_iterations is not None and self.duration_iterations < 1:
-            raise ValueError(f"{where}: duration_iterations must be >= 1 or None")
+            raise PlacementError(f"{where}: duration_iterations must be >= 1 or None")
         if self.kind == "device-slowdown":
             if not isinstance(self.target, (int, np.integer)) or self.target < 0:
-                raise ValueError(f"{where}: a device-slowdown targets one device index, got {self.target!r}")
+                raise PlacementError(f"{where}: a device-slowdown targets one device index, got {self.target!r}")
             object.__setattr__(self, "target", int(self.target))
         elif self.kind == "link-degradation":
             object.__setattr__(self, "target", _pairs(self.target, where))
         elif self.target is not None:
-            raise ValueError(f"{where}: a batch-size event has no target, got {self.target!r}")
+            raise PlacementError(f"{where}: a batch-size event has no target, got {self.target!r}")
         object.__setattr__(self, "factor", float(self.factor))
 
     @property
@@ -269,10 +275,10 @@ def _pairs(target: Any, where: str) -> tuple[tuple[int, int], ...]:
         if len(items) == 2 and all(isinstance(x, (int, np.integer)) for x in items):
             items = [items]
         pairs = {(min(int(s), int(d)), max(int(s), int(d))) for s, d in items}
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: a link-degradation targets a device pair or pairs, got {target!r}") from None
+    except (TypeError, ValueError) as err:
+        raise PlacementError(f"{where}: a link-degradation targets a device pair or pairs, got {target!r}") from err
     if not pairs or any(s == d or s < 0 for s, d in pairs):
-        raise ValueError(f"{where}: link pairs must join two different devices, got {target!r}")
+        raise PlacementError(f"{where}: link pairs must join two different devices, got {target!r}")
     return tuple(sorted(pairs))
 
 
@@ -293,7 +299,7 @@ class DriftSchedule:
         """The conditions during ``iteration`` on ``k`` devices: the product of the active events.
 
         Raises:
-            ValueError: an event names a device outside ``0..k-1``.
+            PlacementError: an event names a device outside ``0..k-1``.
         """
         speed = np.ones(k)
         links = np.ones((k, k))
@@ -324,7 +330,7 @@ class DriftSchedule:
 
 def _check_device(device: Any, k: int, event: DriftEvent) -> None:
     if not 0 <= device < k:
-        raise ValueError(f"drift event at iteration {event.iteration}: device {device} outside 0..{k - 1}")
+        raise PlacementError(f"drift event at iteration {event.iteration}: device {device} outside 0..{k - 1}")
 
 
 # ------------------------------------------------------------------------------------------ schedules

@@ -4,6 +4,9 @@ A problem is a graph, a cluster and a cost model, turned into numpy arrays index
 (``n`` nodes, in ``graph.nodes`` order) and device (``k`` devices, in ``cluster.devices`` order):
 
 * ``fwd_s[i, j]``, ``bwd_s[i, j]``: time of node ``i`` on device ``j`` for the whole batch;
+  ``mb_fwd_s``, ``mb_bwd_s``: the same for one of the ``M`` microbatches, at its real size (the
+  launch overhead paid per microbatch, :func:`gpualloc.cost.physics.microbatch_time_s`), and
+  ``step_compute_s = M x (mb_fwd_s + mb_bwd_s)``, the work a step really costs;
 * ``mem_bytes[i]``: memory node ``i`` pins on its device for training (weights, gradients, optimizer
   states, and its activation kept for the backward pass); ``mem_cap_bytes[j]``: device memory;
 * ``bandwidth[j, l]``, ``latency[j, l]``: the link between devices (infinite / zero on the diagonal);
@@ -17,15 +20,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.cost.model import CostModel
+from gpualloc.cost.physics import OPTIMIZER_STATES
+from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 
-OPTIMIZER_STATES = 2
-"""Adam keeps two states per weight; with the weight and its gradient, 4 copies per parameter."""
+if TYPE_CHECKING:
+    from gpualloc.placement.bounds import Bound
+
+__all__ = ["OPTIMIZER_STATES", "PlacementProblem"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,7 +57,7 @@ class PlacementProblem:
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
-            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+            raise PlacementError(f"microbatches must be >= 1, got {self.microbatches}")
 
     @property
     def n(self) -> int:
@@ -80,13 +89,50 @@ class PlacementProblem:
 
     @cached_property
     def compute_s(self) -> np.ndarray:
-        """Forward + backward time of each node on each device, (n, k)."""
+        """Forward + backward time of each node on each device for the whole batch, (n, k)."""
         return self.fwd_s + self.bwd_s
+
+    @cached_property
+    def launch_s(self) -> np.ndarray:
+        """Per-op launch overhead of each device (its calibration), (k,)."""
+        return np.array([self.cost.efficiency(d.type).launch_s for d in self.cluster.devices], dtype=np.float64)
+
+    @cached_property
+    def _mb_times(self) -> tuple[np.ndarray, np.ndarray]:
+        M = self.microbatches
+        fwd = physics.microbatch_time_s(self.fwd_s, self.launch_s[None, :], M)
+        bwd = physics.microbatch_time_s(self.bwd_s, self.launch_s[None, :], M)
+        return fwd, bwd
+
+    @property
+    def mb_fwd_s(self) -> np.ndarray:
+        """Forward time of each node on each device for one microbatch, (n, k)."""
+        return self._mb_times[0]
+
+    @property
+    def mb_bwd_s(self) -> np.ndarray:
+        """Backward time of each node on each device for one microbatch, (n, k)."""
+        return self._mb_times[1]
+
+    @cached_property
+    def step_compute_s(self) -> np.ndarray:
+        """Forward + backward time of all ``M`` microbatches of each node on each device, (n, k)
+        (``compute_s`` when ``M = 1``; more by ``2 x (M - 1)`` launch overheads otherwise)."""
+        if self.microbatches == 1:
+            return self.compute_s
+        return self.microbatches * (self.mb_fwd_s + self.mb_bwd_s)
+
+    @cached_property
+    def lower_bound(self) -> Bound:
+        """The bound every plan is compared with (the pipelined one when ``M > 1``), computed once."""
+        from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound  # bounds imports this module
+
+        return pipeline_lower_bound(self) if self.microbatches > 1 else step_lower_bound(self)
 
     @cached_property
     def mem_bytes(self) -> np.ndarray:
         """Training memory each node pins on its device, (n,)."""
-        return self.graph.param_bytes * (2 + self.optimizer_states) + self.graph.output_bytes
+        return physics.training_mem_bytes(self.graph.param_bytes, self.graph.output_bytes, self.optimizer_states)
 
     @cached_property
     def mem_cap_bytes(self) -> np.ndarray:
@@ -111,8 +157,7 @@ class PlacementProblem:
         src = np.asarray(src)
         dst = np.asarray(dst)
         same = src == dst
-        t = self.latency[src, dst] + np.asarray(nbytes, dtype=np.float64) / self.bandwidth[src, dst]
-        return np.where(same, 0.0, t)
+        return np.where(same, 0.0, physics.transfer_time_s(nbytes, self.latency[src, dst], self.bandwidth[src, dst]))
 
     def edge_comm_s(self, assignment: np.ndarray) -> np.ndarray:
         """Forward transfer time of every edge under ``assignment`` (0 where both ends share a device)."""
@@ -131,7 +176,7 @@ class PlacementProblem:
         """Validate shape and range; returns the assignment as an int64 array."""
         a = np.asarray(assignment)
         if a.shape != (self.n,):
-            raise ValueError(f"assignment has shape {a.shape}, expected ({self.n},)")
+            raise PlacementError(f"assignment has shape {a.shape}, expected ({self.n},)")
         if a.size and (a.min() < 0 or a.max() >= self.k):
-            raise ValueError(f"assignment names a device outside 0..{self.k - 1}")
+            raise PlacementError(f"assignment names a device outside 0..{self.k - 1}")
         return a.astype(np.int64, copy=False)

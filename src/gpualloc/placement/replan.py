@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.conditions import Conditions, DriftSchedule, conditioned
 from gpualloc.placement.partition.kernighan_lin import kl_refine
@@ -60,10 +61,6 @@ Planner = Callable[[PlacementProblem, np.ndarray], np.ndarray]
 REFERENCE_BATCH = 1024
 """Batch the simulated telemetry reports at nominal conditions for a graph that records none (any
 number large enough to resolve a halved batch will do: the monitor reads the batch relative to nominal)."""
-
-
-def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
 def _plan_hash(assignment: np.ndarray) -> str:
@@ -133,7 +130,7 @@ def _moved(problem: PlacementProblem, old: np.ndarray, new: np.ndarray) -> tuple
     a = problem.check_assignment(old)
     b = problem.check_assignment(new)
     moved = a != b
-    state = problem.graph.param_bytes[moved] * (1 + problem.optimizer_states)
+    state = physics.weight_state_bytes(problem.graph.param_bytes[moved], problem.optimizer_states, gradients=False)
     per_pair = np.bincount(a[moved] * problem.k + b[moved], weights=state, minlength=problem.k * problem.k)
     return per_pair, moved
 
@@ -160,7 +157,7 @@ def migration_cost_s(problem: PlacementProblem, old: np.ndarray, new: np.ndarray
     k = problem.k
     pairs = np.flatnonzero(per_pair > 0)
     src, dst = pairs // k, pairs % k
-    times = problem.latency[src, dst] + per_pair[pairs] / problem.bandwidth[src, dst]
+    times = physics.transfer_time_s(per_pair[pairs], problem.latency[src, dst], problem.bandwidth[src, dst])
     return float(times.max(initial=0.0)) + overhead_s
 
 
@@ -266,7 +263,7 @@ class SimulatedTelemetry:
                  noise: float = 0.0, seed: int | np.random.Generator | None = None, pipeline: str = "1f1b",
                  cache: StepCache | None = None) -> None:
         if noise < 0:
-            raise ValueError(f"noise must be >= 0, got {noise!r}")
+            raise PlacementError(f"noise must be >= 0, got {noise!r}")
         self.problem = problem
         self.schedule = schedule
         self.noise = noise
@@ -274,7 +271,7 @@ class SimulatedTelemetry:
         self.iteration = 0
         self.time_s = 0.0
         self.plan = 0
-        self._rng = _rng(seed)
+        self._rng = np.random.default_rng(seed)  # a Generator comes back unchanged
         self._set_assignment(assignment)
         types = [d.type for d in problem.cluster.devices]
         self._idle_w = np.array([t.idle_w for t in types])
@@ -338,7 +335,7 @@ class SimulatedTelemetry:
         step = res.step_time_s * self._jitter()
         busy = np.asarray(res.busy_s) * self._jitter(k)
         util = np.clip(busy / step, 0.0, 1.0) if step > 0 else np.zeros(k)
-        power = self._idle_w + (self._tdp_w - self._idle_w) * util
+        power = physics.power_w(self._idle_w, self._tdp_w, util)
         clock = np.minimum(cond.speed_array, 1.0)
         t = self.time_s
         devices = tuple(
@@ -397,7 +394,7 @@ class Monitor:
                  alpha: float = 0.5, patience: int = 2, planned_for: Conditions | None = None,
                  nominal_batch_size: int | None = None) -> None:
         if threshold <= 0 or not 0 < alpha <= 1 or patience < 1:
-            raise ValueError("need threshold > 0, 0 < alpha <= 1 and patience >= 1")
+            raise PlacementError("need threshold > 0, 0 < alpha <= 1 and patience >= 1")
         self.problem = problem
         self.threshold = threshold
         self.alpha = alpha
@@ -416,7 +413,7 @@ class Monitor:
     def rebase(self, assignment: np.ndarray, planned_for: Conditions) -> None:
         """The running plan is now ``assignment``, made for (or kept under) ``planned_for``."""
         a = self.problem.check_assignment(assignment)
-        self._nominal_busy = np.bincount(a, weights=self.problem.compute_s[np.arange(self.problem.n), a],
+        self._nominal_busy = np.bincount(a, weights=self.problem.step_compute_s[np.arange(self.problem.n), a],
                                          minlength=self.problem.k)
         self.planned_for = planned_for
         self._strikes = 0
@@ -603,7 +600,7 @@ def run_training(
         The run's totals, timeline and decisions.
     """
     if iterations < 0 or check_every < 1:
-        raise ValueError("need iterations >= 0 and check_every >= 1")
+        raise PlacementError("need iterations >= 0 and check_every >= 1")
     current = problem.check_assignment(assignment).copy()
     cache = StepCache(problem, pipeline=pipeline)
     telemetry = SimulatedTelemetry(problem, current, schedule, noise=noise, seed=seed, cache=cache)
@@ -689,14 +686,17 @@ def _summarise(problem: PlacementProblem, segments: list[Segment], decisions: li
     timeline = _merge(segments)
     types = [d.type for d in problem.cluster.devices]
     peaks = np.array([(t.tensor_tflops or 0.0) * 1e12 for t in types])
-    idle_w = float(sum(t.idle_w for t in types))
+    idle_w = np.array([t.idle_w for t in types])
+    tdp_w = np.array([t.tdp_w for t in types])
     step_time = sum(s.time_s for s in timeline)
     total = step_time + migration_s
     busy = sum(s.iterations * float(np.sum(s.result.busy_s)) for s in timeline)
     flops = sum(s.time_s * float(np.dot(np.nan_to_num(np.array(s.result.mfu, dtype=float)), peaks))
                 for s in timeline)
     comm = sum(s.time_s * s.result.comm_share for s in timeline)
-    energy = sum(s.iterations * s.result.energy_per_step_j for s in timeline) + idle_w * migration_s
+    # devices sit idle while the plan migrates
+    energy = (sum(s.iterations * s.result.energy_per_step_j for s in timeline)
+              + float(np.sum(physics.energy_j(idle_w, tdp_w, 0.0, migration_s))))
     return TrainingRun(
         training_time_s=total,
         iterations=iterations,

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import PlacementError
-from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
@@ -61,9 +60,8 @@ class Outcome:
 
 
 def lower_bound_s(problem: PlacementProblem) -> float:
-    """The bound every result is compared with (the pipelined one when microbatches > 1)."""
-    bound = pipeline_lower_bound(problem) if problem.microbatches > 1 else step_lower_bound(problem)
-    return float(bound.value_s)
+    """The bound every result is compared with (the pipelined one when microbatches > 1), cached on the problem."""
+    return float(problem.lower_bound.value_s)
 
 
 def score(problem: PlacementProblem, method: str, assignment: np.ndarray, partition_time_s: float = 0.0,

@@ -3,9 +3,9 @@
 The step is a set of tasks, one per (node or transfer, microbatch, phase):
 
 * ``F i mb`` / ``B i mb``: the forward / backward of node ``i`` for microbatch ``mb`` on its device;
-  each takes ``fwd_s[i, a[i]] / M`` (resp. ``bwd_s``), i.e. the whole-batch time split evenly over
-  the ``M`` microbatches. Launch overheads that do not shrink with the microbatch are ignored, so
-  pipelining is modelled slightly optimistically.
+  each takes ``problem.mb_fwd_s[i, a[i]]`` (resp. ``mb_bwd_s``): the op's time at the microbatch's
+  real size, ``batch / M``, with its launch overhead paid once per microbatch
+  (:func:`gpualloc.cost.physics.microbatch_time_s`), so small microbatches are not flattered.
 * ``T u mb``: the activation of producer ``u`` sent to another device ``d`` (once per
   ``(producer, dst device)``, however many consumers sit on ``d``), ``latency + bytes / M / bandwidth``
   on the directed link ``a[u] -> d``; and the gradient coming back over ``d -> a[u]`` once the
@@ -29,19 +29,43 @@ Each device list-schedules its ready tasks by a priority that implements the pip
 
 Ties are broken deterministically: the event heap is keyed ``(time, seq)`` and the simultaneous
 completions at one instant are all applied before any resource picks its next task.
+
+The code follows those three steps: :func:`build_tasks` turns a placement into the static task graph
+of one microbatch (:class:`TaskGraph`), the numba-compiled :func:`_run` list-schedules ``M`` copies of
+it, and :func:`_metrics` turns the start and end times into a :class:`StepResult`. Power, memory and
+transfer times come from :mod:`gpualloc.cost.physics`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from numba import njit
 
+from gpualloc.cost import physics
+from gpualloc.errors import PlacementError
 from gpualloc.placement.problem import PlacementProblem
 
 SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to simulate a step; the one place its defaults are written.
+
+    Attributes:
+        schedule: ``"1f1b"`` (PipeDream-Flush) or ``"gpipe"``.
+        record_events: also return the event log.
+    """
+
+    schedule: str = "1f1b"
+    record_events: bool = False
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise PlacementError(f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
 
 
 @dataclass(frozen=True)
@@ -130,40 +154,88 @@ class StepResult:
         }
 
 
-def simulate(
-    problem: PlacementProblem,
-    assignment: np.ndarray,
-    *,
-    schedule: str = "1f1b",
-    record_events: bool = False,
-) -> StepResult:
+
+@dataclass(frozen=True)
+class TaskGraph:
+    """The static task graph of one microbatch of a placed step (``M`` copies are scheduled).
+
+    Tasks are numbered F: ``[0, n)``, B: ``[n, 2n)``, activation T: ``[2n, 2n+P)``, gradient T:
+    ``[2n+P, 2n+2P)`` for the ``P`` (producer, destination device) pairs.
+
+    Attributes:
+        assignment: device index per node.
+        fwd_s, bwd_s: one-microbatch forward / backward time of each node on its device.
+        pair_u: producer node of each transfer pair.
+        pair_bytes: bytes one microbatch sends over each pair.
+        t_act_s, t_grad_s: activation / gradient transfer time of each pair.
+        dur_s, res: duration and resource (device ``j``, or link ``k + src * k + dst``) of each task.
+        succ_ptr, succ_idx: successors of each task (CSR), in the order completions release them.
+        indeg: predecessors of each task.
+        prio: device priority of each compute task (lower first), less the microbatch term ``mb * n``.
+        limit: 1f1b in-flight microbatch limit of each device.
+        nodes_on: nodes placed on each device.
+        gpipe: the schedule is GPipe (else 1F1B).
+    """
+
+    assignment: np.ndarray
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    pair_u: np.ndarray
+    pair_bytes: np.ndarray
+    t_act_s: np.ndarray
+    t_grad_s: np.ndarray
+    dur_s: np.ndarray
+    res: np.ndarray
+    succ_ptr: np.ndarray
+    succ_idx: np.ndarray
+    indeg: np.ndarray
+    prio: np.ndarray
+    limit: np.ndarray
+    nodes_on: np.ndarray
+    gpipe: bool
+
+    @property
+    def n_tasks(self) -> int:
+        return self.dur_s.size
+
+
+def simulate(problem: PlacementProblem, assignment: np.ndarray, options: SimOptions | None = None,
+             **overrides: Any) -> StepResult:
     """Simulate one training step of ``problem.graph`` placed by ``assignment``.
 
     Args:
         problem: graph, cluster and costs (``problem.microbatches`` microbatches per step).
         assignment: device index per node, length ``problem.n``.
-        schedule: ``"1f1b"`` (PipeDream-Flush) or ``"gpipe"``.
-        record_events: also return the event log.
+        options: schedule and event log (default: :class:`SimOptions`).
+        **overrides: :class:`SimOptions` fields to change, e.g. ``schedule="gpipe"``.
 
     Returns:
         The step's time, utilisation, communication, memory and energy.
 
     Raises:
-        ValueError: on a bad assignment or an unknown schedule.
+        PlacementError: on a bad assignment or an unknown schedule.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    opts = options if options is not None else SimOptions()
+    if overrides:
+        opts = replace(opts, **overrides)
+    tasks = build_tasks(problem, assignment, gpipe=opts.schedule == "gpipe")
+    start, end, peak_inflight = _run(tasks.dur_s, tasks.res, tasks.succ_ptr, tasks.succ_idx, tasks.indeg, tasks.prio,
+                                     tasks.limit, tasks.nodes_on, problem.n, problem.k, problem.microbatches,
+                                     tasks.gpipe)
+    return _metrics(problem, tasks, start, end, peak_inflight, opts)
+
+
+def build_tasks(problem: PlacementProblem, assignment: np.ndarray, *, gpipe: bool) -> TaskGraph:
+    """The task graph of one microbatch of ``problem`` placed by ``assignment``."""
     a = problem.check_assignment(assignment)
     graph = problem.graph
     n, k, M = problem.n, problem.k, problem.microbatches
-    gpipe = schedule == "gpipe"
 
-    # ---------------------------------------------------------------- static task graph (one microbatch)
     rows = np.arange(n)
     pos = np.empty(n, dtype=np.int64)
     pos[graph.topo_order] = rows
-    fwd = problem.fwd_s[rows, a] / M
-    bwd = problem.bwd_s[rows, a] / M
+    fwd = problem.mb_fwd_s[rows, a]
+    bwd = problem.mb_bwd_s[rows, a]
 
     es, ed, eb = graph.edge_src, graph.edge_dst, graph.edge_bytes
     cross = a[es] != a[ed]
@@ -171,7 +243,7 @@ def simulate(
     pair_u: list[int] = []
     pair_d: list[int] = []
     pair_bytes: list[float] = []
-    for u, v, nb in zip(es[cross].tolist(), ed[cross].tolist(), eb[cross].tolist()):
+    for u, v, nb in zip(es[cross].tolist(), ed[cross].tolist(), eb[cross].tolist(), strict=True):
         key = (u, int(a[v]))
         p = pair_of.get(key)
         if p is None:
@@ -188,13 +260,14 @@ def simulate(
     pdv = np.asarray(pair_d, dtype=np.int64)
     pby = np.asarray(pair_bytes, dtype=np.float64) / M
     src_dev = a[pu]
-    t_act = problem.latency[src_dev, pdv] + pby / problem.bandwidth[src_dev, pdv]
-    t_grad = problem.latency[pdv, src_dev] + pby / problem.bandwidth[pdv, src_dev]
+    t_act = physics.transfer_time_s(pby, problem.latency[src_dev, pdv], problem.bandwidth[src_dev, pdv])
+    t_grad = physics.transfer_time_s(pby, problem.latency[pdv, src_dev], problem.bandwidth[pdv, src_dev])
 
     # dependency edges: sorted (producer, consumer) task pairs, then each node's F -> B edge last,
     # the order in which completions release successors (it decides ties, so it is fixed here)
     cu, cv = es[cross], ed[cross]
-    pidx = np.fromiter((pair_of[(u, d)] for u, d in zip(cu.tolist(), a[cv].tolist())), np.int64, len(cu))
+    pidx = np.fromiter((pair_of[(u, d)] for u, d in zip(cu.tolist(), a[cv].tolist(), strict=True)), np.int64,
+                       len(cu))
     lu, lv = es[~cross], ed[~cross]
     src = np.concatenate([lu, n + lv, cu, 2 * n + pidx, n + cv, 2 * n + P + pidx])
     dst = np.concatenate([lv, n + lu, 2 * n + pidx, cv, 2 * n + P + pidx, n + cu])
@@ -223,15 +296,20 @@ def simulate(
 
     dur = np.concatenate([fwd, bwd, t_act, t_grad]).astype(np.float64)
     res = np.concatenate([a, a, k + src_dev * k + pdv, k + pdv * k + src_dev]).astype(np.int64)
-    start, end, peak_inflight = _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base.astype(np.int64),
-                                     limit, nodes_on, n, k, M, gpipe)
-    total = nb_tasks * M
+    return TaskGraph(a, fwd, bwd, pu, pby, t_act, t_grad, dur, res, succ_ptr, succ_idx, indeg_base,
+                     prio_base.astype(np.int64), limit, nodes_on, gpipe)
 
-    # ---------------------------------------------------------------- metrics
-    step = float(end.max()) if total else 0.0
-    busy_s = np.bincount(a, weights=(fwd + bwd) * M, minlength=k)
-    link_busy = float(np.sum(t_act) + np.sum(t_grad)) * M
-    comm_bytes = float(2.0 * pby.sum() * M)
+
+def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray,
+             peak_inflight: np.ndarray, opts: SimOptions) -> StepResult:
+    """Step time, utilisation, communication, memory and energy from the scheduled tasks."""
+    graph, a = problem.graph, tasks.assignment
+    n, k, M = problem.n, problem.k, problem.microbatches
+    nb_tasks = tasks.n_tasks
+    step = float(end.max()) if nb_tasks * M else 0.0
+    busy_s = np.bincount(a, weights=(tasks.fwd_s + tasks.bwd_s) * M, minlength=k)
+    link_busy = float(np.sum(tasks.t_act_s) + np.sum(tasks.t_grad_s)) * M
+    comm_bytes = float(2.0 * tasks.pair_bytes.sum() * M)
     types = [d.type for d in problem.cluster.devices]
     flops_dev = np.bincount(a, weights=graph.flops, minlength=k)
     mfu: list[float | None] = []
@@ -240,32 +318,19 @@ def simulate(
             mfu.append(None)
         else:
             mfu.append(float(3.0 * flops_dev[j] / step / (ty.tensor_tflops * 1e12)))
-    weights_mem = np.bincount(a, weights=graph.param_bytes * (2 + problem.optimizer_states), minlength=k)
+    params = np.bincount(a, weights=graph.param_bytes, minlength=k)
     act_mem = np.bincount(a, weights=graph.output_bytes, minlength=k)
-    peak_mem = weights_mem + act_mem * np.asarray(peak_inflight, dtype=np.float64) / M
+    peak_mem = physics.training_mem_bytes(params, act_mem * np.asarray(peak_inflight, dtype=np.float64) / M,
+                                          problem.optimizer_states)
     excess = np.maximum(peak_mem - problem.mem_cap_bytes, 0.0)
     idle = np.array([ty.idle_w for ty in types])
     tdp = np.array([ty.tdp_w for ty in types])
-    energy = float(np.sum(idle * step + (tdp - idle) * busy_s))
-    comm_share = _exposed_comm(start, end, nb_tasks, 2 * n, step) if P else 0.0
-
-    log = None
-    if record_events:
-        ids = [node.id for node in graph.nodes]
-        names = [f"F {ids[i]}" for i in range(n)] + [f"B {ids[i]}" for i in range(n)]
-        names += [f"T {ids[u]}" for u in pair_u] * 2
-        res_list = res.tolist()
-        res_names = [f"dev:{j}" for j in range(k)] + [f"link:{s}->{d}" for s in range(k) for d in range(k)]
-        log = [
-            Event(s_, e_, res_names[res_list[tid % nb_tasks]], f"{names[tid % nb_tasks]} mb{tid // nb_tasks}")
-            for tid, (s_, e_) in enumerate(zip(start.tolist(), end.tolist()))
-        ]
-        log.sort(key=lambda e: (e.start_s, e.resource, e.end_s, e.task))
-        log = tuple(log)
+    energy = float(np.sum(physics.energy_j(idle, tdp, busy_s, step)))
+    comm_share = _exposed_comm(start, end, nb_tasks, 2 * n, step) if tasks.pair_u.size else 0.0
 
     return StepResult(
         step_time_s=float(step),
-        schedule=schedule,
+        schedule=opts.schedule,
         microbatches=M,
         throughput_samples_per_s=(graph.batch_size / step) if graph.batch_size and step > 0 else None,
         busy_s=tuple(float(x) for x in busy_s),
@@ -279,8 +344,24 @@ def simulate(
         memory_excess_bytes=tuple(float(x) for x in excess),
         feasible=bool(np.all(excess <= 0.0)),
         energy_per_step_j=energy,
-        events=log,
+        events=_event_log(problem, tasks, start, end) if opts.record_events else None,
     )
+
+
+def _event_log(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray) -> tuple[Event, ...]:
+    """Every task of every microbatch as an :class:`Event`, sorted by start, then resource."""
+    n, k, nb_tasks = problem.n, problem.k, tasks.n_tasks
+    ids = [node.id for node in problem.graph.nodes]
+    names = [f"F {ids[i]}" for i in range(n)] + [f"B {ids[i]}" for i in range(n)]
+    names += [f"T {ids[u]}" for u in tasks.pair_u.tolist()] * 2
+    res_list = tasks.res.tolist()
+    res_names = [f"dev:{j}" for j in range(k)] + [f"link:{s}->{d}" for s in range(k) for d in range(k)]
+    log = [
+        Event(s_, e_, res_names[res_list[tid % nb_tasks]], f"{names[tid % nb_tasks]} mb{tid // nb_tasks}")
+        for tid, (s_, e_) in enumerate(zip(start.tolist(), end.tolist(), strict=True))
+    ]
+    log.sort(key=lambda e: (e.start_s, e.resource, e.end_s, e.task))
+    return tuple(log)
 
 
 def _exposed_comm(start: np.ndarray, end: np.ndarray, nb_tasks: int, two_n: int, step: float) -> float:
@@ -352,7 +433,7 @@ def _heap_pop(k1, k2, ids, base, size):
 
 
 @njit(cache=True)
-def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n, k, M, gpipe):
+def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n, k, M, gpipe):  # noqa: C901
     """List-schedule every task of ``M`` microbatches; returns (start, end, peak in-flight per device)."""
     nb = dur.shape[0]
     two_n = 2 * n
