@@ -65,6 +65,9 @@ class DeviceType:
 class LinkType:
     """A kind of interconnect. Bandwidth is per direction, for one device pair.
 
+    What a transfer over it costs is :func:`gpualloc.cost.physics.transfer_time_s` (the hardware layer
+    describes links; the formula lives with the other costs).
+
     Attributes:
         name: e.g. ``"nvlink3"``, ``"pcie4"``, ``"ib-hdr"``.
         kind: ``"nvlink"``, ``"infinity-fabric"``, ``"pcie"`` or ``"network"``.
@@ -78,10 +81,6 @@ class LinkType:
     bandwidth_bytes_per_s: float
     latency_s: float
     source: str = ""
-
-    def transfer_time_s(self, nbytes: float) -> float:
-        """Alpha-beta model: latency plus bytes over bandwidth."""
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -643,9 +643,12 @@ def _decide(p_est: PlacementProblem, est: Conditions, cache: StepCache, planner:
     cur = cache.step(est, current)
     candidates: list[tuple[str, np.ndarray]] = []
     try:
-        candidates.append(("planner", p_est.check_assignment(planner(p_est, current))))
-    except PlacementError:
-        pass
+        proposal = planner(p_est, current)
+    except PlacementError:  # no plan fits under the estimated conditions
+        proposal = None
+    if proposal is not None:
+        # outside the try: a malformed proposal is the planner's bug, not "no plan"
+        candidates.append(("planner", p_est.check_assignment(proposal)))
     seen = {_plan_hash(current)}
     for i, plan in enumerate(plans):
         h = _plan_hash(plan)

@@ -12,7 +12,8 @@ then moves the clock on by ``step_s``. What runs where comes from a :class:`Devi
 
 From the load's utilisation the devices' physics follow, vectorised over devices:
 
-* power ``idle_w + (tdp_w - idle_w) x utilization`` (the cost model's energy model);
+* power ``idle_w + (tdp_w - idle_w) x utilization`` (:func:`gpualloc.cost.physics.power_w`, the cost
+  model's energy model);
 * energy: power integrated over simulated time since the backend started;
 * temperature: a first-order lag (time constant :data:`THERMAL_TAU_S`) towards
   ``AMBIENT_C + FULL_LOAD_RISE_C x power / tdp``;
@@ -33,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.telemetry.base import DeviceInfo, DeviceRecord, TelemetryError
 
@@ -170,7 +172,7 @@ class SimTelemetry:
             jitter = 1.0 + self.noise * self._rng.standard_normal(util.size)
             util = np.where(util > 0, np.clip(util * jitter, 0.0, 1.0), util)
         u = np.nan_to_num(util)
-        power = self._idle_w + (self._tdp_w - self._idle_w) * u
+        power = physics.power_w(self._idle_w, self._tdp_w, u)
         target = AMBIENT_C + FULL_LOAD_RISE_C * power / self._tdp_w
         if self._temp_c is None or self._last_s is None:
             self._temp_c = target

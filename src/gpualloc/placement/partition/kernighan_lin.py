@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
 
@@ -274,8 +275,7 @@ def kl_refine(
         return a
     a = repair_memory(problem, a)
     comp, mem, cap = problem.compute_s, problem.mem_bytes, problem.mem_cap_bytes
-    lat = problem.latency
-    inv_bw = np.where(np.isinf(problem.bandwidth), 0.0, 1.0 / problem.bandwidth)
+    lat, bw = problem.latency, problem.bandwidth
     k = problem.k
     ks = np.arange(k)
     iptr, other, nbytes = _incidence(problem)
@@ -295,7 +295,7 @@ def kl_refine(
             cur = a[i]
             o = a[other[iptr[i]:iptr[i + 1]]]
             b = nbytes[iptr[i]:iptr[i + 1]]
-            t = lat[:, o] + b[None, :] * inv_bw[:, o]
+            t = physics.transfer_time_s(b[None, :], lat[:, o], bw[:, o])
             t[ks[:, None] == o[None, :]] = 0.0
             comm = t.sum(axis=1)
             lm = loads.copy()

@@ -39,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
@@ -163,7 +164,7 @@ def _list_schedule(problem: PlacementProblem, times: Times, favourite_parent: np
             if indeg[s] == 0:
                 lo, hi = in_start[s], in_start[s + 1]
                 preds, dev = src[lo:hi], assign[src[lo:hi]]
-                arrive = finish[preds, None] + trips * (lat[dev] + nbytes[lo:hi, None] / bw[dev])
+                arrive = finish[preds, None] + trips * physics.transfer_time_s(nbytes[lo:hi, None], lat[dev], bw[dev])
                 data_ready[s] = arrive.max(axis=0)
                 ready[s] = True
     if overfull:

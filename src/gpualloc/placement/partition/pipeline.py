@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.partition.memory import require_fit
 from gpualloc.placement.problem import PlacementProblem
@@ -78,7 +79,8 @@ def stage_cut(problem: PlacementProblem, devices: np.ndarray, bound_s: float | N
             far = min(far, int(np.searchsorted(mem, mem[start] + cap[s], side="right")) - 1)
             if s < len(devices) - 1 and far < n:
                 # move the cut back until the link to the next stage also fits the bound
-                ok = lat[s] * problem.microbatches + cut[start + 1:far + 1] / bw[s] <= bound
+                # M transfers of a microbatch's share: M latencies, the whole batch's bytes
+                ok = physics.transfer_time_s(cut[start + 1:far + 1], lat[s] * problem.microbatches, bw[s]) <= bound
                 hits = np.flatnonzero(ok)
                 far = start + 1 + int(hits[-1]) if len(hits) else start
             if far <= start:
