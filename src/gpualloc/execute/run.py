@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,8 @@ from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.run import read_plan_doc
 from gpualloc.placement.simulate import StepResult, simulate
 
-__all__ = ["DeviceRun", "ExecutionResult", "PlanFile", "execute_plan", "predict", "read_plan", "torch_devices_for"]
+__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "execute_plan", "predict", "read_plan",
+           "torch_devices_for"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -213,26 +214,39 @@ def _max_abs(out: Sequence[Any], ref: Sequence[Any]) -> tuple[float, float]:
     return diff, scale
 
 
-def execute_plan(
-    model: str,
-    graph: OpGraph,
-    assignment: np.ndarray,
-    cluster: ClusterSpec,
-    *,
-    microbatches: int = 1,
-    calibration: Calibration | None = None,
-    calibration_name: str = "shipped",
-    steps: int = 5,
-    warmup: int = 1,
-    schedule: str = "1f1b",
-    torch_devices: Sequence[str] | None = None,
-    threads: int | None = None,
-    use_profiles: bool = True,
-    seed: int = 0,
-    lr: float = 1e-4,
-    timeout_s: float = 600.0,
-    progress: Progress | None = None,
-) -> ExecutionResult:
+@dataclass(frozen=True)
+class ExecuteOptions:
+    """How :func:`execute_plan` runs a plan (everything but the model, graph, plan and cluster)."""
+
+    microbatches: int = 1
+    """Microbatches per step (must divide the batch)."""
+    calibration: Calibration | None = None
+    """Cost model calibration (default: the shipped one)."""
+    calibration_name: str = "shipped"
+    """Where the calibration came from, for the report."""
+    steps: int = 5
+    """Timed training steps (the median is reported)."""
+    warmup: int = 1
+    """Untimed training steps first."""
+    schedule: str = "1f1b"
+    """``"1f1b"`` or ``"gpipe"``, for both the run and the simulation."""
+    torch_devices: Sequence[str] | None = None
+    """Torch device per cluster device (default: see :func:`torch_devices_for`)."""
+    threads: int | None = None
+    """CPU threads to split between workers (default: the CPUs this process may use)."""
+    use_profiles: bool = True
+    """Predict from the calibration's per-op profiles of this model when it has them."""
+    seed: int = 0
+    """Weights and inputs."""
+    lr: float = 1e-4
+    """SGD learning rate."""
+    timeout_s: float = 600.0
+    """Longest wait for any worker."""
+
+
+def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: ClusterSpec,
+                 options: ExecuteOptions | None = None, *, progress: Progress | None = None,
+                 **overrides: Any) -> ExecutionResult:
     """Run ``graph``'s plan ``assignment`` for ``model`` on real devices and predict it.
 
     Args:
@@ -240,25 +254,20 @@ def execute_plan(
         graph: the captured graph the plan is for (its batch is the step's batch).
         assignment: device index per node of ``graph``.
         cluster: the cluster the plan is for.
-        microbatches: microbatches per step (must divide the batch).
-        calibration: cost model calibration (default: the shipped one).
-        calibration_name: where it came from, for the report.
-        steps: timed training steps (the median is reported).
-        warmup: untimed training steps first.
-        schedule: ``"1f1b"`` or ``"gpipe"``, for both the run and the simulation.
-        torch_devices: torch device per cluster device (default: see :func:`torch_devices_for`).
-        threads: CPU threads to split between workers (default: the CPUs this process may use).
-        use_profiles: predict from the calibration's per-op profiles of this model when it has them.
-        seed: weights and inputs.
-        lr: SGD learning rate.
-        timeout_s: longest wait for any worker.
+        options: how to run it (:class:`ExecuteOptions`); default its defaults.
         progress: called ``(phase, done, total)`` as the run advances.
+        **overrides: fields of :class:`ExecuteOptions` replacing those of ``options``.
 
     Raises:
         ExecutionError: a device is missing, the model will not split, or a worker fails.
     """
-    if steps < 1 or warmup < 0:
-        raise ExecutionError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    try:
+        o = replace(options or ExecuteOptions(), **overrides)
+    except TypeError as err:
+        raise ExecutionError(f"execute_plan: {err}") from err
+    microbatches, schedule = o.microbatches, o.schedule
+    if o.steps < 1 or o.warmup < 0:
+        raise ExecutionError(f"need steps >= 1 and warmup >= 0, got steps={o.steps}, warmup={o.warmup}")
     batch = graph.batch_size
     if not batch or batch % microbatches:
         raise ExecutionError(f"{microbatches} microbatches do not divide the batch of {batch}")
@@ -266,18 +275,18 @@ def execute_plan(
     if a.shape != (len(graph),) or (a.size and (a.min() < 0 or a.max() >= len(cluster))):
         raise ExecutionError(f"the assignment does not fit graph {graph.name!r} on {len(cluster)} devices")
     note = progress or (lambda _p, _d, _t: None)
-    cal = calibration if calibration is not None else Calibration.load()
+    cal = o.calibration if o.calibration is not None else Calibration.load()
 
     note("building and splitting the model", 0, 1)
-    module, args = build_model(model, batch, seed=seed)
+    module, args = build_model(model, batch, seed=o.seed)
     mb_args = tuple(x[: batch // microbatches] for x in args)
     programs = {
         "train": split_model(export_runnable(module, mb_args, training=True, name=model).module, graph, a),
         "check": split_model(export_runnable(module, mb_args, training=False, name=model).module, graph, a),
     }
     used = list(programs["train"].devices)
-    placed = torch_devices_for(cluster, torch_devices)
-    total = threads or len(os.sched_getaffinity(0))
+    placed = torch_devices_for(cluster, o.torch_devices)
+    total = o.threads or len(os.sched_getaffinity(0))
     per_worker = dict(zip(used, threads_per_worker([placed[d] for d in used], total)))
 
     with torch.no_grad():
@@ -287,22 +296,22 @@ def execute_plan(
     step_times: list[float] = []
     worker_samples: dict[int, list[tuple[float, float, float]]] = {d: [] for d in used}
     with Pipeline(programs, {d: placed[d] for d in used}, per_worker, args, microbatches=microbatches,
-                  schedule=schedule, lr=lr, timeout_s=timeout_s) as pipe:
+                  schedule=schedule, lr=o.lr, timeout_s=o.timeout_s) as pipe:
         note("checking the output", 0, 1)
         out = pipe.forward("check")
         diff, scale = _max_abs(out, ref_flat)
         tolerance = OUTPUT_ATOL + OUTPUT_RTOL * scale
-        for i in range(warmup + steps):
-            note("training", i, warmup + steps)
+        for i in range(o.warmup + o.steps):
+            note("training", i, o.warmup + o.steps)
             timing = pipe.train_step("train")
-            if i >= warmup:
+            if i >= o.warmup:
                 step_times.append(timing.step_s)
                 for w in timing.workers:
                     worker_samples[w.device].append((w.busy_s, w.wait_s, w.optimizer_s))
-        note("training", warmup + steps, warmup + steps)
+        note("training", o.warmup + o.steps, o.warmup + o.steps)
 
     sim, how = predict(graph, a, cluster, cal, microbatches=microbatches, schedule=schedule,
-                       use_profiles=use_profiles)
+                       use_profiles=o.use_profiles)
     measured = summarize(step_times).median_s
 
     warnings = _calibration_warnings(cal, cluster, used, placed, per_worker)
@@ -322,8 +331,8 @@ def execute_plan(
         cluster=cluster.name, measured_step_s=measured, step_times_s=tuple(step_times),
         predicted_step_s=sim.step_time_s, error=sim.step_time_s / measured - 1.0 if measured > 0 else float("inf"),
         output_match=bool(diff <= tolerance), max_abs_diff=diff, output_tolerance=tolerance,
-        prediction=how, calibration=calibration_name,
-        stages=len(programs["train"].stages), devices=tuple(devices), warmup=warmup, warnings=tuple(warnings),
+        prediction=how, calibration=o.calibration_name,
+        stages=len(programs["train"].stages), devices=tuple(devices), warmup=o.warmup, warnings=tuple(warnings),
     )
 
 

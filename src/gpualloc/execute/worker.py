@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import TaskClock, synchronize
 from gpualloc.execute.split import Stage
 
@@ -319,10 +320,10 @@ class _Worker:
 
     def _receive(self, msg: tuple[Any, ...], table: ProgramTable, state: _StepState, step: int) -> None:
         if msg[0] != "data":
-            raise RuntimeError(f"worker {self.spec.rank}: unexpected {msg[0]!r} message during a step")
+            raise ExecutionError(f"worker {self.spec.rank}: unexpected {msg[0]!r} message during a step")
         _, kind, msg_step, name, m, value = msg
         if msg_step != step:
-            raise RuntimeError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
+            raise ExecutionError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
         value = _to_device(value, self.device)
         if kind == "act":
             state.values[(name, m)] = value

@@ -17,26 +17,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from gpualloc.errors import AgentError
-from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
+from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.dqn.distributed import train_distributed
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
-from gpualloc.scheduling import metrics
 from gpualloc.rl.features import FeatureLayout, FeatureScaler, JobRequests
-from gpualloc.scheduling.policies import make_policy
 from gpualloc.rl.sched_policy import DQNPolicy, scheduler_extra
+from gpualloc.scheduling import metrics
+from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
 
-__all__ = ["DEFAULT_CONFIG", "EvalPoint", "EvalRun", "eval_one", "SchedulerTrainReport", "evaluate_policies", "held_out_traces",
-           "train_scheduler"]
+__all__ = ["DEFAULT_CONFIG", "EvalPoint", "EvalRun", "SchedulerTrainReport", "SchedulerTraining", "baseline_jcts",
+           "eval_one", "evaluate_policies", "fit_scaler", "held_out_traces", "train_scheduler"]
 
 DEFAULT_CONFIG = DQNConfig(
     backbone="cnn", lr=1e-4, gamma=0.99, batch_size=64, buffer_size=50_000, learning_starts=2_000,
@@ -132,156 +133,207 @@ def eval_one(run: EvalRun) -> float:
     return metrics.avg_jct_s(simulate(run.trace, run.cluster, policy, drop_unplaceable=True, timeline=False))
 
 
-def train_scheduler(
-    cluster: ClusterSpec | str,
-    out_path: str | Path,
-    *,
-    steps: int = 80_000,
-    seed: int = 0,
-    traces: Sequence[Trace] | None = None,
-    num_jobs: tuple[int, int] = (100, 300),
-    loads: tuple[float, float] = (0.5, 1.0),
-    eval_traces: Sequence[Trace] | None = None,
-    eval_seeds: Sequence[int] = DEFAULT_EVAL_SEEDS,
-    eval_jobs: int = 300,
-    eval_load: float = 0.8,
-    eval_every: int = 5_000,
-    baselines: Sequence[str] = ("fcfs", "static-affinity", "sjf"),
-    config: DQNConfig | None = None,
-    layout: FeatureLayout | None = None,
-    env_options: Mapping | None = None,
-    plot_path: str | Path | None = None,
-    progress: Callable[[int, int, dict], None] | None = None,
-    threads: int | None = 1,
-    executor: Executor | None = None,
-    actors: int = 1,
-    round_steps: int = 1_000,
-) -> SchedulerTrainReport:
+@dataclass(frozen=True)
+class SchedulerTraining:
+    """Settings of one :func:`train_scheduler` run (everything but the cluster, the output and the
+    run-time services ``progress`` and ``executor``)."""
+
+    steps: int = 80_000
+    """Environment steps."""
+    seed: int = 0
+    """Seeds the agent (initialisation, exploration: ``config.seed`` is replaced by it), the training
+    episodes and replay sampling."""
+    traces: Sequence[Trace] | None = None
+    """Training traces; None generates one per episode (``num_jobs``, ``loads``)."""
+    num_jobs: tuple[int, int] = (100, 300)
+    """``(low, high)`` job counts of the generated training traces."""
+    loads: tuple[float, float] = (0.5, 1.0)
+    """``(low, high)`` loads of the generated training traces."""
+    eval_traces: Sequence[Trace] | None = None
+    """Held-out traces; default one per ``eval_seeds`` seed, ``eval_jobs`` jobs at ``eval_load``."""
+    eval_seeds: Sequence[int] = DEFAULT_EVAL_SEEDS
+    """Seeds of the default held-out traces."""
+    eval_jobs: int = 300
+    """Jobs per default held-out trace."""
+    eval_load: float = 0.8
+    """Load of the default held-out traces."""
+    eval_every: int = 5_000
+    """Steps between evaluations (one more runs at the end)."""
+    baselines: Sequence[str] = ("fcfs", "static-affinity", "sjf")
+    """Registry names of the heuristics to compare with on the held-out traces."""
+    config: DQNConfig | None = None
+    """DQN hyper-parameters; default :data:`DEFAULT_CONFIG`."""
+    layout: FeatureLayout | None = None
+    """Tensor sizes; default :class:`FeatureLayout()`."""
+    env_options: Mapping | None = None
+    """Other :class:`SchedulingEnv` keyword arguments (``idle_weight``, ``slot_order``,
+    ``work_conserving``, ``mix``, ``sim_options``, ...)."""
+    plot_path: str | Path | None = None
+    """Learning-curve PNG; default ``out_path`` with suffix ``.png``."""
+    threads: int | None = 1
+    """Torch intra-op threads while training (restored after); None leaves torch's setting. One thread
+    is fastest for these small networks: more threads cost start-up and contend with the simulator."""
+    actors: int = 1
+    """1 collects experience in this process, step by step (:func:`~gpualloc.rl.dqn.train`); more runs
+    that many rollout tasks per round on the executor
+    (:func:`~gpualloc.rl.dqn.distributed.train_distributed`), each with its own simulator, and keeps
+    gradient steps here. Evaluations then happen at the first round boundary past each multiple of
+    ``eval_every``."""
+    round_steps: int = 1_000
+    """Environment steps per round, shared by the actors (``actors > 1`` only)."""
+
+    def check(self) -> None:
+        """Raises AgentError on non-positive ``steps``, ``eval_every`` or ``actors``."""
+        if self.steps < 1 or self.eval_every < 1 or self.actors < 1:
+            raise AgentError(f"train_scheduler: steps ({self.steps}), eval_every ({self.eval_every}) and actors "
+                             f"({self.actors}) must be positive")
+
+
+def fit_scaler(spec: ClusterSpec, run: SchedulerTraining) -> FeatureScaler:
+    """Normalisation statistics from the training traces (or, when generated, traces like them)."""
+    if run.traces is not None:
+        return FeatureScaler.fit(list(run.traces))
+    mid = 0.5 * (run.loads[0] + run.loads[1])
+    mix = dict(run.env_options or {}).get("mix")
+    return FeatureScaler.fit([generate(run.num_jobs[1], spec, mid, seed=run.seed + k, mix=mix) for k in range(8)])
+
+
+def baseline_jcts(spec: ClusterSpec, held_out: Sequence[Trace], names: Sequence[str],
+                  executor: Executor) -> dict[str, float]:
+    """Average JCT of each heuristic over the held-out traces (one executor item per trace and policy)."""
+    per = executor.map(eval_one, [EvalRun(spec, t, name) for name in names for t in held_out])
+    n = len(held_out)
+    return {name: float(np.mean(per[k * n:(k + 1) * n])) for k, name in enumerate(names)}
+
+
+class _Evaluator:
+    """Periodic held-out evaluation during training: keeps the best checkpoint and the progress stats.
+
+    The agent reaches the executor's workers as a checkpoint file (``eval_ckpt``), so results do not
+    depend on where they run.
+    """
+
+    def __init__(self, agent: DQNAgent, spec: ClusterSpec, held_out: Sequence[Trace], executor: Executor,
+                 out_path: Path, eval_every: int, total_steps: int, report_every_step: bool,
+                 progress: Callable[[int, int, dict], None] | None) -> None:
+        self.agent, self.spec, self.held_out, self.executor = agent, spec, list(held_out), executor
+        self.out_path = out_path
+        self.eval_ckpt = out_path.with_name(f"{out_path.stem}.eval.pt")
+        self.eval_every, self.total_steps = eval_every, total_steps
+        self.report_every_step = report_every_step
+        self.progress = progress
+        self.next_eval = eval_every
+        self.evals: list[EvalPoint] = []
+        self.best: EvalPoint | None = None
+        self.stats: dict = {"episodes": 0, "epsilon": 1.0, "last_return": None, "eval_avg_jct_s": None,
+                            "best_avg_jct_s": None}
+
+    def evaluate(self, step: int) -> None:
+        """Evaluate the greedy agent now; save it to ``out_path`` when it is the best so far."""
+        self.agent.save(self.eval_ckpt)
+        runs = [EvalRun(self.spec, t, "dqn", str(self.eval_ckpt)) for t in self.held_out]
+        per = tuple(self.executor.map(eval_one, runs))
+        point = EvalPoint(step, float(np.mean(per)), per)
+        self.evals.append(point)
+        if self.best is None or point.avg_jct_s < self.best.avg_jct_s:
+            self.best = point
+            self.agent.save(self.out_path)
+        self.stats["eval_avg_jct_s"] = point.avg_jct_s
+        self.stats["best_avg_jct_s"] = self.best.avg_jct_s
+
+    def __call__(self, step: int, log: TrainLog) -> None:
+        """The training loop's callback: evaluate past each multiple of ``eval_every``, report progress."""
+        evaluated = step >= self.next_eval
+        if evaluated:
+            self.evaluate(step)
+            self.next_eval = (step // self.eval_every + 1) * self.eval_every
+        if step % 100 == 0 or evaluated or self.report_every_step:
+            self.stats["episodes"] = len(log.episode_returns)
+            self.stats["epsilon"] = self.agent.epsilon
+            self.stats["last_return"] = log.episode_returns[-1] if log.episode_returns else None
+            self._report(step)
+
+    def finish(self, steps: int) -> None:
+        """The last evaluation, at the final step, unless one just ran."""
+        if not self.evals or self.evals[-1].step != steps:
+            self.evaluate(steps)
+            self._report(steps)
+
+    def _report(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress(step, self.total_steps, dict(self.stats))
+
+
+def train_scheduler(cluster: ClusterSpec | str, out_path: str | Path, training: SchedulerTraining | None = None, *,
+                    progress: Callable[[int, int, dict], None] | None = None, executor: Executor | None = None,
+                    **overrides: Any) -> SchedulerTrainReport:
     """Train a scheduling agent on ``cluster`` and keep the best checkpoint at ``out_path``.
 
     Args:
         cluster: cluster spec or name.
         out_path: where the best checkpoint goes (``.pt``).
-        steps: environment steps.
-        seed: seeds the agent (initialisation, exploration: ``config.seed`` is replaced by it) and the
-            training episodes and replay sampling.
-        traces: training traces; None generates one per episode (``num_jobs``, ``loads``).
-        num_jobs, loads: ``(low, high)`` ranges of the generated training traces.
-        eval_traces: held-out traces; default one per ``eval_seeds`` seed, ``eval_jobs`` jobs at
-            ``eval_load``.
-        eval_every: steps between evaluations (one more runs at the end).
-        baselines: registry names of the heuristics to compare with on the held-out traces.
-        config: DQN hyper-parameters; default :data:`DEFAULT_CONFIG`.
-        layout: tensor sizes; default :class:`FeatureLayout()`.
-        env_options: other :class:`SchedulingEnv` keyword arguments (``idle_weight``,
-            ``slot_order``, ``work_conserving``, ``mix``, ``sim_options``, ...).
-        plot_path: learning-curve PNG; default ``out_path`` with suffix ``.png``.
+        training: the run's settings (:class:`SchedulerTraining`); default its defaults.
         progress: called as ``progress(step, steps, stats)`` every 100 steps and after each
             evaluation; ``stats`` has ``episodes``, ``epsilon``, ``last_return``, ``eval_avg_jct_s``
             and ``best_avg_jct_s`` (None until known).
-        threads: torch intra-op threads while training (restored after); None leaves torch's
-            setting. One thread is fastest for these small networks: more threads cost start-up
-            and contend with the simulator.
         executor: where the held-out runs go (baselines once, the agent at every evaluation: one
-            item per trace and policy); default in this process. The agent reaches the workers as a
-            checkpoint written next to ``out_path`` (``<stem>.eval.pt``, removed at the end), so on a
-            multi-node Ray cluster ``out_path`` must be on storage every node reads. Results do not
-            depend on the executor.
-        actors: 1 collects experience in this process, step by step (:func:`~gpualloc.rl.dqn.train`);
-            more runs that many rollout tasks per round on ``executor``
-            (:func:`~gpualloc.rl.dqn.distributed.train_distributed`), each with its own simulator,
-            and keeps gradient steps here. Evaluations then happen at the first round boundary
-            past each multiple of ``eval_every``.
-        round_steps: environment steps per round, shared by the actors (``actors > 1`` only).
+            item per trace and policy) and, with ``actors > 1``, the rollouts; default in this
+            process. The agent reaches the workers as a checkpoint written next to ``out_path``
+            (``<stem>.eval.pt``, removed at the end), so on a multi-node Ray cluster ``out_path`` must
+            be on storage every node reads. Results do not depend on the executor.
+        **overrides: fields of :class:`SchedulerTraining` replacing those of ``training``.
 
     Returns:
         The :class:`SchedulerTrainReport`.
 
     Raises:
-        AgentError: bad arguments.
+        AgentError: bad settings (an unknown one, or a non-positive count).
     """
     t0 = time.perf_counter()
+    try:
+        run = replace(training or SchedulerTraining(), **overrides)
+    except TypeError as err:
+        raise AgentError(f"train_scheduler: {err}") from err
+    run.check()
     spec = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    if steps < 1 or eval_every < 1 or actors < 1:
-        raise AgentError(f"train_scheduler: steps ({steps}), eval_every ({eval_every}) and actors ({actors}) "
-                         "must be positive")
     out_path = Path(out_path)
-    plot_path = out_path.with_suffix(".png") if plot_path is None else Path(plot_path)
-    config = replace(config or DEFAULT_CONFIG, seed=seed)
-    layout = layout or FeatureLayout()
-    options = dict(env_options or {})
-
-    # the normalisation statistics come from the training traces (or traces like them)
-    if traces is not None:
-        fit_on = list(traces)
-    else:
-        mid = 0.5 * (loads[0] + loads[1])
-        fit_on = [generate(num_jobs[1], spec, mid, seed=seed + k, mix=options.get("mix")) for k in range(8)]
-    scaler = FeatureScaler.fit(fit_on)
-    env = SchedulingEnv(spec, traces, num_jobs=num_jobs, loads=loads, layout=layout, scaler=scaler, **options)
-    agent = DQNAgent(env.observation_space, env.action_space, config)
+    plot_path = out_path.with_suffix(".png") if run.plot_path is None else Path(run.plot_path)
+    layout = run.layout or FeatureLayout()
+    options = dict(run.env_options or {})
+    scaler = fit_scaler(spec, run)
+    env_fn = partial(SchedulingEnv, spec, run.traces, num_jobs=run.num_jobs, loads=run.loads, layout=layout,
+                     scaler=scaler, **options)
+    env = env_fn()
+    agent = DQNAgent(env.observation_space, env.action_space, replace(run.config or DEFAULT_CONFIG, seed=run.seed))
     agent.extra = scheduler_extra(layout, scaler, slot_order=env.slot_order, work_conserving=env.work_conserving,
-                                  idle_weight=env.idle_weight, cluster=spec.name, trained_steps=steps, seed=seed)
+                                  idle_weight=env.idle_weight, cluster=spec.name, trained_steps=run.steps,
+                                  seed=run.seed)
 
-    held_out = list(eval_traces) if eval_traces is not None else held_out_traces(
-        spec, eval_seeds, num_jobs=eval_jobs, load=eval_load)
+    held_out = list(run.eval_traces) if run.eval_traces is not None else held_out_traces(
+        spec, run.eval_seeds, num_jobs=run.eval_jobs, load=run.eval_load)
     executor = executor or SerialExecutor()
-    eval_ckpt = out_path.with_name(f"{out_path.stem}.eval.pt")
-    base = executor.map(eval_one, [EvalRun(spec, t, name) for name in baselines for t in held_out])
-    base_avg = {name: float(np.mean(base[k * len(held_out):(k + 1) * len(held_out)]))
-                for k, name in enumerate(baselines)}
-
-    evals: list[EvalPoint] = []
-    best: list[EvalPoint] = []
-    stats = {"episodes": 0, "epsilon": 1.0, "last_return": None, "eval_avg_jct_s": None, "best_avg_jct_s": None}
-
-    def evaluate_now(step: int) -> None:
-        agent.save(eval_ckpt)
-        per = tuple(executor.map(eval_one, [EvalRun(spec, t, "dqn", str(eval_ckpt)) for t in held_out]))
-        point = EvalPoint(step, float(np.mean(per)), per)
-        evals.append(point)
-        if not best or point.avg_jct_s < best[0].avg_jct_s:
-            best[:] = [point]
-            agent.save(out_path)
-        stats["eval_avg_jct_s"] = point.avg_jct_s
-        stats["best_avg_jct_s"] = best[0].avg_jct_s
-
-    next_eval = [eval_every]
-
-    def callback(step: int, log: TrainLog) -> None:
-        evaluated = step >= next_eval[0]
-        if evaluated:
-            evaluate_now(step)
-            next_eval[0] = (step // eval_every + 1) * eval_every
-        if step % 100 == 0 or evaluated or actors > 1:
-            stats["episodes"] = len(log.episode_returns)
-            stats["epsilon"] = agent.epsilon
-            stats["last_return"] = log.episode_returns[-1] if log.episode_returns else None
-            if progress is not None:
-                progress(step, steps, dict(stats))
+    base_avg = baseline_jcts(spec, held_out, run.baselines, executor)
+    evaluator = _Evaluator(agent, spec, held_out, executor, out_path, run.eval_every, run.steps,
+                           report_every_step=run.actors > 1, progress=progress)
 
     before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if run.threads is not None:
+        torch.set_num_threads(run.threads)
     try:
-        if actors == 1:
-            log = train(env, agent, steps, seed=seed, callback=callback)
+        if run.actors == 1:
+            log = train(env, agent, run.steps, seed=run.seed, callback=evaluator)
         else:
-            env_fn = partial(SchedulingEnv, spec, traces, num_jobs=num_jobs, loads=loads, layout=layout,
-                             scaler=scaler, **options)
-            log = train_distributed(env_fn, agent, steps, seed=seed, executor=executor, actors=actors,
-                                    round_steps=round_steps, callback=callback)
-        if not evals or evals[-1].step != log.steps:
-            evaluate_now(log.steps)
-            if progress is not None:
-                progress(log.steps, steps, dict(stats))
+            log = train_distributed(env_fn, agent, run.steps, seed=run.seed, executor=executor, actors=run.actors,
+                                    round_steps=run.round_steps, callback=evaluator)
+        evaluator.finish(log.steps)
     finally:
         torch.set_num_threads(before)
-        eval_ckpt.unlink(missing_ok=True)
+        evaluator.eval_ckpt.unlink(missing_ok=True)
+    assert evaluator.best is not None  # finish() evaluated at least once
     report = SchedulerTrainReport(
         out_path=out_path, plot_path=plot_path, cluster=spec.name, steps=log.steps,
-        episodes=len(log.episode_returns), wall_s=0.0, evals=tuple(evals), best=best[0], baselines=base_avg,
-        losses=tuple(log.losses), episode_returns=tuple(log.episode_returns))
+        episodes=len(log.episode_returns), wall_s=0.0, evals=tuple(evaluator.evals), best=evaluator.best,
+        baselines=base_avg, losses=tuple(log.losses), episode_returns=tuple(log.episode_returns))
     if plot_path is not None:
         plot_learning_curve(report, log, plot_path)
     return replace(report, wall_s=time.perf_counter() - t0)

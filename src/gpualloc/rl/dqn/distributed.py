@@ -28,7 +28,7 @@ from gpualloc.errors import AgentError
 from gpualloc.rl.dqn.agent import DQNAgent
 from gpualloc.rl.dqn.config import DQNConfig
 from gpualloc.rl.dqn.replay import ReplayBuffer
-from gpualloc.rl.dqn.train import _SEED_MAX, TrainLog, _rng, action_mask
+from gpualloc.rl.dqn.train import _SEED_MAX, TrainLog, action_mask
 
 __all__ = ["Rollout", "RolloutTask", "collect", "train_distributed"]
 
@@ -174,7 +174,7 @@ def train_distributed(
         raise AgentError(f"train_distributed: need total_steps >= 0, actors >= 1 and round_steps >= actors "
                          f"(got {total_steps}, {actors}, {round_steps})")
     cfg = agent.config
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)  # a Generator passes through unchanged
     buffer = ReplayBuffer(cfg.buffer_size, agent.observation_space, agent.n_actions, seed=rng, device=agent.device)
     log = TrainLog()
     owed = 0.0  # gradient steps earned by collected steps and not yet taken

@@ -62,7 +62,7 @@ class ReplayBuffer:
         self.capacity = int(capacity)
         self.n_actions = int(n_actions)
         self.device = torch.device(device)
-        self._rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        self._rng = np.random.default_rng(seed)  # a Generator passes through unchanged
         if isinstance(obs_space, spaces.Box):
             self._keys: tuple[str, ...] | None = None
             boxes = {"": obs_space}

@@ -79,10 +79,6 @@ def action_mask(env: gym.Env, info: dict) -> np.ndarray | None:
     return np.asarray(masks(), dtype=bool)
 
 
-def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-
-
 def train(
     env: gym.Env,
     agent: DQNAgent,
@@ -127,7 +123,7 @@ def train(
         raise AgentError(f"train: total_steps {total_steps} must be >= 0")
     if eval_every is not None and (eval_env is None or eval_env is env or eval_every < 1):
         raise AgentError("train: eval_every needs a positive interval and an eval_env separate from env")
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)  # a Generator passes through unchanged
     buffer = ReplayBuffer(cfg.buffer_size, env.observation_space, agent.n_actions, seed=rng, device=agent.device)
     eval_seed = int(rng.integers(_SEED_MAX))
     log = TrainLog()
@@ -183,7 +179,7 @@ def evaluate(env: gym.Env, agent: DQNAgent, episodes: int,
              seed: int | np.random.Generator | None = None) -> list[float]:
     """Undiscounted returns of ``episodes`` greedy episodes (the env must end its episodes, e.g. by
     a time limit). Does not touch the agent's exploration RNG."""
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)  # a Generator passes through unchanged
     returns = []
     for _ in range(episodes):
         obs, info = env.reset(seed=int(rng.integers(_SEED_MAX)))
