@@ -41,7 +41,7 @@ from gpualloc.placement.run import read_plan_doc
 from gpualloc.placement.simulate import StepResult, simulate
 
 __all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "execute_plan", "predict", "read_plan",
-           "torch_devices_for"]
+           "torch_devices_for", "worker_threads"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -202,6 +202,13 @@ def torch_devices_for(cluster: ClusterSpec, devices: Sequence[str] | None = None
     return out
 
 
+def worker_threads(torch_devices: Mapping[int, str], threads: int | None = None) -> dict[int, int]:
+    """Torch threads of each worker (cluster device index -> torch device): ``threads`` (default: the
+    CPUs this process may use) split as :func:`gpualloc.execute.worker.threads_per_worker` does."""
+    total = threads or len(os.sched_getaffinity(0))
+    return dict(zip(torch_devices, threads_per_worker(list(torch_devices.values()), total)))
+
+
 def _max_abs(out: Sequence[Any], ref: Sequence[Any]) -> tuple[float, float]:
     if len(out) != len(ref):
         raise ExecutionError(f"the split model returns {len(out)} outputs, the model {len(ref)}")
@@ -286,8 +293,7 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
     }
     used = list(programs["train"].devices)
     placed = torch_devices_for(cluster, o.torch_devices)
-    total = o.threads or len(os.sched_getaffinity(0))
-    per_worker = dict(zip(used, threads_per_worker([placed[d] for d in used], total)))
+    per_worker = worker_threads({d: placed[d] for d in used}, o.threads)
 
     with torch.no_grad():
         ref = module.eval()(*args)
