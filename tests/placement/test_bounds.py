@@ -63,3 +63,16 @@ def test_bounds_never_exceed_simulated_step(seed, M, schedule, cluster):
         assert bound.value_s <= step * (1 + 1e-9)
         assert bound.value_s == max(bound.critical_path_s, bound.balanced_work_s, bound.largest_op_s,
                                     bound.pipeline_fill_s)
+
+
+def test_compare_computes_the_bound_once(monkeypatch):
+    import gpualloc.placement.bounds as bounds
+    from gpualloc.placement.run import compare
+
+    calls = []
+    real = bounds.pipeline_lower_bound
+    monkeypatch.setattr(bounds, "pipeline_lower_bound", lambda p: calls.append(p) or real(p))
+    p = PlacementProblem(chain(6), load_cluster("1xA100+1xT4"), microbatches=2)
+    outcomes = compare(p, ["static", "round-robin", "kl", "pipeline"])
+    assert len(outcomes) == 4 and len(calls) == 1
+    assert {o.lower_bound_s for o in outcomes} == {real(p).value_s}

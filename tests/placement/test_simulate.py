@@ -223,3 +223,34 @@ def test_rejects_bad_input():
         simulate(p, np.array([0, 1, 1]))
     with pytest.raises(PlacementError, match="microbatches"):
         PlacementProblem(chain(2), load_cluster("2xA100"), microbatches=0)
+
+
+def test_options_have_one_set_of_defaults_and_keywords_override_them():
+    from gpualloc.placement.simulate import SimOptions
+
+    p = PlacementProblem(chain(3), load_cluster("2xA100"), microbatches=2)
+    a = np.array([0, 1, 1])
+    assert simulate(p, a) == simulate(p, a, SimOptions())
+    g = simulate(p, a, SimOptions(schedule="gpipe", record_events=True))
+    assert g == simulate(p, a, schedule="gpipe", record_events=True)
+    assert g.schedule == "gpipe" and g.events is not None
+    # keywords override the options given
+    assert simulate(p, a, SimOptions(schedule="gpipe"), record_events=True) == g
+    with pytest.raises(PlacementError, match="zigzag"):
+        SimOptions(schedule="zigzag")
+    with pytest.raises(TypeError):
+        simulate(p, a, shedule="gpipe")  # a misspelt option is not silently ignored
+
+
+def test_task_graph_of_one_microbatch():
+    from gpualloc.placement.simulate import build_tasks
+
+    p = PlacementProblem(chain(3), load_cluster("2xA100"), microbatches=4)
+    t = build_tasks(p, np.array([0, 1, 1]), gpipe=False)
+    # 3 forwards, 3 backwards, one activation and one gradient transfer (a -> b crosses devices)
+    assert t.n_tasks == 8 and t.pair_u.tolist() == [0]
+    np.testing.assert_array_equal(t.dur_s[:3], p.mb_fwd_s[[0, 1, 2], [0, 1, 1]])
+    assert t.pair_bytes.tolist() == [4e6 / 4]
+    assert t.t_act_s[0] == p.latency[0, 1] + 1e6 / p.bandwidth[0, 1]
+    # F b waits for the activation, B a for its forward and the gradient, B c (the last node) for its forward
+    assert t.indeg.tolist() == [0, 1, 1, 2, 2, 1, 1, 1]
