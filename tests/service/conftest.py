@@ -57,8 +57,13 @@ def wait_state(client: TestClient, job_id: int, states: set[str], timeout_s: flo
     return wait_for(check, timeout_s, what=f"job {job_id} in {states}")
 
 
+BASE_URL = "http://127.0.0.1"
+"""Where the TestClients say they are (the service checks the Host header against its address)."""
+
+
 class LocalService:
-    """An in-process service (local backend unless told), its TestClient and auth headers."""
+    """An in-process service (local backend unless told): ``client`` sends the token, ``anon`` does
+    not; ``headers`` are the auth headers."""
 
     def __init__(self, tmp: Path, **config) -> None:
         config.setdefault("telemetry", "none")
@@ -67,9 +72,11 @@ class LocalService:
         self.config = ServiceConfig(store=str(tmp / "state.db"), **config)
         self.service = Service(self.config)
         self.app = create_app(self.service)
-        self.client = TestClient(self.app)
-        self.client.__enter__()
+        self.client = TestClient(self.app, base_url=BASE_URL)
+        self.client.__enter__()  # opens the service, which makes the token
         self.headers = {"Authorization": f"Bearer {self.service.token}"}
+        self.client.headers.update(self.headers)
+        self.anon = TestClient(self.app, base_url=BASE_URL)  # never entered: the service is opened once
         self.runs_dir = tmp / "state.db.runs"
 
     def submit(self, **spec) -> dict:

@@ -32,19 +32,58 @@ def test_token_comparison():
         assert not token_matches("abc", header)
 
 
-def test_mutating_endpoints_need_the_token_reads_do_not(local_service):
+def test_every_endpoint_but_health_needs_the_token(local_service):
     svc = local_service()
-    c = svc.client
+    job = svc.submit(name="secret", command="true", env={"API_KEY": "hunter2"})
+    anon = svc.anon
     body = {"name": "x", "command": "true"}
+    calls = [("POST", "/jobs", body), ("PUT", "/policy", {"name": "sjf"}), ("POST", f"/jobs/{job['id']}/cancel", None),
+             ("GET", "/jobs", None), ("GET", f"/jobs/{job['id']}", None), ("GET", f"/jobs/{job['id']}/events", None),
+             ("GET", f"/jobs/{job['id']}/logs", None), ("GET", "/cluster", None), ("GET", "/policy", None),
+             ("GET", "/openapi.json", None), ("GET", "/no-such-path", None)]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": svc.service.token}):
-        assert c.post("/jobs", json=body, headers=headers).status_code == 401
-        assert c.put("/policy", json={"name": "sjf"}, headers=headers).status_code == 401
-        assert c.post("/jobs/1/cancel", headers=headers).status_code == 401
-    assert c.get("/jobs").json() == []  # nothing was recorded
-    health = c.get("/health")
+        for method, path, payload in calls:
+            resp = anon.request(method, path, json=payload, headers=headers)
+            assert resp.status_code == 401, (method, path, headers, resp.status_code)
+            assert "hunter2" not in resp.text and "secret" not in resp.text
+    assert [j["name"] for j in svc.client.get("/jobs").json()] == ["secret"]  # nothing more was recorded
+    health = anon.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
-    assert c.get("/cluster").status_code == 200 and c.get("/policy").status_code == 200
+    for method, path, _ in calls[3:-1]:  # with the token: answered
+        assert svc.client.request(method, path).status_code == 200, path
     assert svc.service.token_path.read_text().strip() == svc.service.token
+
+
+def test_env_values_and_idempotency_keys_are_never_returned(local_service):
+    svc = local_service()
+    headers = {"Idempotency-Key": "key-0123456789"}
+    made = svc.client.post("/jobs", json={"name": "e", "command": "true", "env": {"API_KEY": "hunter2", "B": "x"}},
+                           headers=headers)
+    assert made.status_code == 201
+    job_id = made.json()["id"]
+    wait_state(svc.client, job_id, {"finished"})
+    answers = [made, svc.client.get("/jobs"), svc.client.get(f"/jobs/{job_id}"),
+               svc.client.get(f"/jobs/{job_id}/events"), svc.client.post(f"/jobs/{job_id}/cancel"),
+               svc.client.post("/jobs", json={"name": "e", "command": "true", "env": {"API_KEY": "hunter2", "B": "x"}},
+                               headers=headers)]
+    for resp in answers:
+        assert "hunter2" not in resp.text and "key-0123456789" not in resp.text, resp.text
+    one = svc.client.get(f"/jobs/{job_id}").json()
+    assert one["spec"]["target"]["env"] == ["API_KEY", "B"]  # names only
+    assert "idempotency_key" not in one
+    schema = svc.client.get("/openapi.json").json()["components"]["schemas"]["JobOut"]
+    assert "idempotency_key" not in schema["properties"]
+    # the job itself still got the values
+    assert svc.service.store.get(job_id).spec["target"]["env"]["API_KEY"] == "hunter2"
+
+
+def test_api_job_model_is_the_record_less_hidden_fields():
+    from dataclasses import fields
+
+    from gpualloc.service.models import API_HIDDEN, JobOut, JobRecord
+
+    assert list(JobOut.model_fields) == [f.name for f in fields(JobRecord) if f.name not in API_HIDDEN]
+    assert API_HIDDEN == {"idempotency_key"}
 
 
 # ------------------------------------------------------------------------------------- validation
@@ -163,6 +202,18 @@ def test_idempotency_key_returns_the_same_job(local_service):
     again = svc.client.post("/jobs", json={"name": "once", "command": "true"}, headers=headers)
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
+    assert len(svc.client.get("/jobs").json()) == 1
+
+
+def test_idempotency_key_reused_with_another_body_is_a_conflict(local_service):
+    svc = local_service()
+    headers = {**svc.headers, "Idempotency-Key": "abc"}
+    first = svc.client.post("/jobs", json={"name": "once", "command": "true"}, headers=headers)
+    other = svc.client.post("/jobs", json={"name": "once", "command": "false"}, headers=headers)
+    assert (first.status_code, other.status_code) == (201, 409)
+    assert "different request" in other.json()["detail"]
+    again = svc.client.post("/jobs", json={"name": "once", "command": "true"}, headers=headers)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
     assert len(svc.client.get("/jobs").json()) == 1
 
 

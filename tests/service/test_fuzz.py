@@ -86,7 +86,7 @@ def test_fuzz_submit(blocked, body, raw, key):
         headers["Idempotency-Key"] = key
     _no_5xx(svc.client.post("/jobs", content=_dump(body), headers=headers))
     _no_5xx(svc.client.post("/jobs", content=raw, headers=headers))
-    _no_5xx(svc.client.post("/jobs", content=_dump(body), headers={"Content-Type": "application/json"}))
+    _no_5xx(svc.anon.post("/jobs", content=_dump(body), headers={"Content-Type": "application/json"}))
 
 
 @FUZZ
@@ -99,8 +99,9 @@ def test_fuzz_policy(blocked, body, raw):
 
 
 @FUZZ
-@given(job=PATH_IDS, state=st.lists(st.text(max_size=12), max_size=3), limit=JSON, offset=JSON)
-def test_fuzz_paths_and_queries(blocked, job, state, limit, offset):
+@given(job=PATH_IDS, state=st.lists(st.text(max_size=12), max_size=3), limit=JSON, offset=JSON,
+       cursor=st.none() | st.text(max_size=80), stream=st.sampled_from(["stdout", "stderr"]) | st.text(max_size=8))
+def test_fuzz_paths_and_queries(blocked, job, state, limit, offset, cursor, stream):
     svc, holder = blocked
     c = svc.client
     if job == holder:
@@ -115,7 +116,12 @@ def test_fuzz_paths_and_queries(blocked, job, state, limit, offset):
             params.append((name, str(value)))
         elif isinstance(value, float) and math.isfinite(value):
             params.append((name, repr(value)))
+    if cursor is not None:
+        params.append(("cursor", cursor))
     _no_5xx(c.get("/jobs", params=params))
+    log_params = [("stream", stream), *((k, v) for k, v in params if k in ("offset", "limit"))]
+    _no_5xx(c.get(f"/jobs/{job}/logs", params=log_params))
+    _no_5xx(c.get(f"/jobs/{holder}/logs", params=log_params))
 
 
 def test_every_openapi_operation_was_fuzzed(blocked):
@@ -123,7 +129,7 @@ def test_every_openapi_operation_was_fuzzed(blocked):
     svc, _ = blocked
     ops = {(m.upper(), p) for p, item in svc.client.get("/openapi.json").json()["paths"].items() for m in item}
     covered = {("POST", "/jobs"), ("PUT", "/policy"), ("GET", "/jobs/{job_id}"), ("GET", "/jobs/{job_id}/events"),
-               ("POST", "/jobs/{job_id}/cancel"), ("GET", "/jobs")}
+               ("POST", "/jobs/{job_id}/cancel"), ("GET", "/jobs"), ("GET", "/jobs/{job_id}/logs")}
     read_only = {("GET", "/health"), ("GET", "/cluster"), ("GET", "/policy")}  # no input to fuzz
     assert ops == covered | read_only
     for method, path in read_only:

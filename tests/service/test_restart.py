@@ -71,7 +71,7 @@ def test_kill9_mid_stream_then_restart_loses_and_duplicates_nothing(server, tmp_
     # one long job that must survive the crash: running before, adopted after
     with Client(srv.url, token) as c:
         long = c.submit({"name": "long", "command": ["sleep", "4"], "device_type": "MI50", "num_gpus": 2})
-    wait_for(lambda: Client(srv.url).job(long["id"])["state"] == "running", 20, what="long job running")
+    wait_for(lambda: Client(srv.url, token).job(long["id"])["state"] == "running", 20, what="long job running")
     worker = threading.Thread(target=stream)
     worker.start()
     wait_for(lambda: len(acked) >= 60, 60, what="60 acknowledged submissions")

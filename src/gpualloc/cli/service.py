@@ -1,10 +1,13 @@
-"""``gpualloc serve`` (the scheduler service) and its clients: ``submit``, ``jobs``, ``cancel``, ``policy``."""
+"""``gpualloc serve`` (the scheduler service) and its clients: ``submit``, ``jobs``, ``logs``, ``cancel``,
+``policy``."""
 
 from __future__ import annotations
 
 import gc
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -51,26 +54,50 @@ def serve(
     telemetry: str = typer.Option("auto", "--telemetry", help="auto (NVML if present), none, nvml or sim."),
     tick: float = typer.Option(0.5, "--tick", min=0.01, help="Longest seconds between scheduler passes."),
     log_level: str = typer.Option("warning", "--log-level", help="Server log level."),
+    docs: bool = typer.Option(False, "--docs/--no-docs",
+                              help="Serve /docs and /redoc without the token; they load their scripts from a CDN "
+                                   "(cdn.jsdelivr.net), so they stay blank offline."),
+    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", file_okay=False,
+                                              help="The only folder a dqn policy's agent may be loaded from "
+                                                   "(default: the bundled agents)."),
+    allow_host: Optional[list[str]] = typer.Option(None, "--allow-host",
+                                                   help="Another Host header name to accept (a DNS name of this "
+                                                        "machine; repeatable)."),
 ) -> None:
-    """Run the scheduler service: a REST API (docs at /docs) over a policy deciding on live state."""
+    """Run the scheduler service: a REST API over a policy deciding on live state."""
+    from gpualloc.service.app import Service, ServiceConfig, listen_socket
+
+    # First, before printing anything or making a token: a port in use is one line and exit 2.
+    sock = listen_socket(host, port)
+    try:
+        port = sock.getsockname()[1]
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
+                              "(use TLS in front of it)")
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        config = ServiceConfig(store=store, cluster=cluster, backend=backend, ray_address=ray_address,
+                               ray_num_cpus=ray_num_cpus, policy=policy,
+                               token_file=None if token_file is None else str(token_file), max_queued=max_queued,
+                               max_body_bytes=max_body, on_lost=on_lost, max_attempts=max_attempts,
+                               preemption=preemption, telemetry=telemetry, tick_s=tick, host=host, port=port,
+                               allowed_hosts=tuple(allow_host or ()), docs=docs,
+                               agents_dir=None if agents_dir is None else str(agents_dir))
+        _serve(Service(config).open(), sock, config, log_level)
+    finally:
+        sock.close()
+
+
+def _serve(service, sock, config, log_level: str) -> None:
+    """Print the banner and answer requests on ``sock`` until stopped; then close ``service``."""
     import uvicorn
 
-    from gpualloc.service.app import Service, ServiceConfig, create_app
+    from gpualloc.service.app import create_app
 
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
-                          "(use TLS in front of it; reads need no token)")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ServiceConfig(store=store, cluster=cluster, backend=backend, ray_address=ray_address,
-                           ray_num_cpus=ray_num_cpus, policy=policy,
-                           token_file=None if token_file is None else str(token_file), max_queued=max_queued,
-                           max_body_bytes=max_body, on_lost=on_lost, max_attempts=max_attempts, preemption=preemption,
-                           telemetry=telemetry, tick_s=tick)
-    service = Service(config).open()
     try:
         rec = service.recovery
-        console.print(f"gpualloc service on http://{host}:{port} (docs /docs): backend {backend}, "
-                      f"policy {service.scheduler.policy_name}, cluster {service.cluster.name}, store {store}")
+        url = f"http://{f'[{config.host}]' if ':' in config.host else config.host}:{config.port}"
+        console.print(f"gpualloc service on {url}{' (docs /docs)' if config.docs else ''}: backend {config.backend}, "
+                      f"policy {service.scheduler.policy_name}, cluster {service.cluster.name}, store {config.store}")
         if any(rec.get(k) for k in ("adopted", "ended", "requeued", "failed")):
             console.print("recovered: " + ", ".join(f"{len(v)} {k}" for k, v in rec.items()))
         if service.token_created:
@@ -82,8 +109,9 @@ def serve(
         # collector's full passes, which would otherwise pause every request now and then.
         gc.collect()
         gc.freeze()
-        uvicorn.run(create_app(service), host=host, port=port, log_level=log_level.lower(), access_log=False,
-                    timeout_graceful_shutdown=5)
+        server = uvicorn.Server(uvicorn.Config(create_app(service), log_level=log_level.lower(), access_log=False,
+                                               timeout_graceful_shutdown=5))
+        server.run(sockets=[sock])
     finally:
         service.close()
 
@@ -102,7 +130,9 @@ def submit(
     single_node: bool = typer.Option(False, "--single-node", help="All GPUs on one node."),
     model: str = typer.Option("", "--model", help="Model name for the speed model (resnet50, bert, ...)."),
     env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for the job (repeatable)."),
-    cwd: Optional[str] = typer.Option(None, "--cwd", help="Working directory (absolute)."),
+    cwd: Optional[Path] = typer.Option(None, "--cwd", file_okay=False,
+                                       help="Working directory of the job on the service's host "
+                                            "[default: the current folder]."),
     server: str = _SERVER,
     token: Optional[str] = _TOKEN,
     token_file: Optional[Path] = _TOKEN_FILE,
@@ -131,8 +161,8 @@ def submit(
         if bad:
             raise ClientError(f"--env {bad[0]!r}: expected KEY=VALUE")
         spec["env"] = {k: v for k, _, v in pairs}
-    if cwd:
-        spec["cwd"] = cwd
+    # Relative paths in the command mean what they mean here, as for any command one types.
+    spec["cwd"] = os.path.abspath(cwd if cwd is not None else os.getcwd())
     with Client(server, _token(token, token_file)) as client:
         job = client.submit(spec, retry_s=retry)
     if as_json:
@@ -162,6 +192,24 @@ def jobs(
                       ",".join(map(str, j["gpus"])) or "-", str(j["attempts"]),
                       "-" if j["exit_code"] is None else str(j["exit_code"]), (j["error"] or "")[:60])
     console.print(table)
+
+
+def logs(
+    job_id: int = typer.Argument(..., min=1, help="The job's id."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
+    stderr: bool = typer.Option(False, "--stderr", help="Print its standard error instead of its standard output."),
+    server: str = _SERVER,
+    token: Optional[str] = _TOKEN,
+    token_file: Optional[Path] = _TOKEN_FILE,
+) -> None:
+    """Print a job's output (of its latest attempt), as bytes, unchanged."""
+    from gpualloc.service.client import Client
+
+    out = sys.stdout.buffer
+    with Client(server, _token(token, token_file)) as client:
+        for data in client.follow_logs(job_id, "stderr" if stderr else "stdout", follow=follow):
+            out.write(data)
+            out.flush()
 
 
 def cancel(
@@ -202,9 +250,10 @@ def policy(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``submit``, ``jobs``, ``cancel`` and ``policy`` to the ``gpualloc`` command."""
+    """Add ``serve``, ``submit``, ``jobs``, ``logs``, ``cancel`` and ``policy`` to the ``gpualloc`` command."""
     app.command("serve")(serve)
     app.command("submit")(submit)
     app.command("jobs")(jobs)
+    app.command("logs")(logs)
     app.command("cancel")(cancel)
     app.command("policy")(policy)

@@ -1,42 +1,55 @@
-"""The HTTP API (FastAPI; OpenAPI docs at ``/docs``) over one :class:`Service`.
+"""The HTTP API (FastAPI) over one :class:`Service`.
 
-Endpoints (mutating ones need ``Authorization: Bearer <token>``):
+Every endpoint but ``GET /health`` needs ``Authorization: Bearer <token>``, ``/openapi.json``
+included (an ASGI middleware checks it before anything else, so a new endpoint cannot forget it):
 
 =======  ==========================  ==========================================================
 GET      ``/health``                 liveness and a summary; no token
-POST     ``/jobs``                   submit (201; 200 when ``Idempotency-Key`` was seen before)
-GET      ``/jobs``                   list (``state``, ``limit``, ``offset``)
-GET      ``/jobs/{id}``              one job
+POST     ``/jobs``                   submit (201; 200 when ``Idempotency-Key`` was seen with the same body)
+GET      ``/jobs``                   list (``state``, ``limit``, ``cursor``); ``X-Next-Cursor`` when more
+GET      ``/jobs/{id}``              one job (``env`` values and idempotency keys are never shown)
 GET      ``/jobs/{id}/events``       its state changes
+GET      ``/jobs/{id}/logs``         its ``stdout``/``stderr`` bytes from ``offset`` (latest attempt)
 POST     ``/jobs/{id}/cancel``       cancel (a queued job at once, a running one is stopped)
 GET      ``/cluster``                devices, allocations, telemetry
 GET      ``/policy``                 the current policy and the ones available
-PUT      ``/policy``                 switch policy
+PUT      ``/policy``                 switch policy (a ``dqn`` agent only from the agents folder)
+GET      ``/openapi.json``           the schema
 =======  ==========================  ==========================================================
 
-Errors are JSON ``{"detail": ...}``: 401 bad token, 404 no such job, 409 wrong state, 413 body too
-large, 422 invalid body, 429 queue full.
+A request whose ``Host`` header does not name the bound address is refused with 400 (DNS
+rebinding). ``/docs`` and ``/redoc`` exist only with ``ServiceConfig.docs`` (their assets come from
+a CDN). Errors are JSON ``{"detail": ...}``: 400 bad Host, 401 bad token, 404 no such job, 409 wrong
+state or an idempotency key reused for another body, 413 body too large, 422 invalid request,
+429 queue full.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import errno
 import fcntl
+import importlib.util
+import ipaddress
 import json
 import logging
 import math
 import os
+import re
+import socket
 import threading
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Path as PathParam, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path as PathParam, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPBearer
 
 from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError
@@ -44,14 +57,29 @@ from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.policies import POLICIES
 from gpualloc.service.auth import default_token_path, load_or_create_token, token_matches
 from gpualloc.service.backends import Backend, make_backend
-from gpualloc.service.errors import Conflict, InvalidJob, NotFound, QueueFull, ServiceError
-from gpualloc.service.models import JobOut, JobRecord, JobSpec, JobState, PolicyChange
+from gpualloc.service.errors import Conflict, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
+from gpualloc.service.models import JobOut, JobSpec, JobState, PolicyChange
 from gpualloc.service.scheduler import DeviceTypes, Scheduler, normalise_spec, stored_policy
 from gpualloc.service.store import Store, sqlite_path
 
 log = logging.getLogger("gpualloc.service")
 
 MAX_PAGE = 10_000
+"""Most jobs one ``GET /jobs`` returns."""
+MAX_LOG_CHUNK = 1 << 20
+"""Most log bytes one ``GET /jobs/{id}/logs`` returns."""
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""``Host`` names accepted for a loopback bind, besides the bound one."""
+PUBLIC_PATHS = frozenset({"/health"})
+"""The only paths served without the token (plus ``/docs`` and ``/redoc`` when turned on)."""
+DOCS_PATHS = frozenset({"/docs", "/redoc"})
+
+
+def bundled_agents_dir() -> Path:
+    """``gpualloc/rl/data``: the scheduling agents shipped with the package (found without importing
+    the learning code, which pulls in torch)."""
+    spec = importlib.util.find_spec("gpualloc.rl")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 @dataclass
@@ -73,6 +101,11 @@ class ServiceConfig:
         telemetry: ``"auto"`` (NVML when it opens, else none), ``"none"``, ``"nvml"`` or ``"sim"``.
         runs_dir: local backend's run folders (default ``<store>.runs``); Ray backend's logs.
         synchronous: SQLite synchronous pragma.
+        host, port: the bound address; a request's ``Host`` header must name it (port None: any).
+        allowed_hosts: more ``Host`` names to accept (a DNS name of a non-loopback bind).
+        docs: serve ``/docs`` and ``/redoc`` (assets loaded from a CDN) without the token.
+        agents_dir: the only folder a ``dqn`` policy's ``agent`` option may name a file in
+            (default: the bundled agents, :func:`bundled_agents_dir`).
     """
 
     store: str = "gpualloc-service.db"
@@ -92,6 +125,11 @@ class ServiceConfig:
     tick_s: float = 0.5
     runs_dir: str | None = None
     synchronous: str = "FULL"
+    host: str = "127.0.0.1"
+    port: int | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    docs: bool = False
+    agents_dir: str | None = None
 
 
 class Service:
@@ -140,6 +178,7 @@ class Service:
             name, popts = cfg.policy, cfg.policy_options
             if name is None:
                 name, popts = stored_policy(self.store) or ("fcfs", {})
+            popts = self.checked_policy_options(popts)
             self.scheduler = Scheduler(self.store, self.backend, self.cluster, policy=name, policy_options=popts,
                                        tick_s=cfg.tick_s, on_lost=cfg.on_lost, max_attempts=cfg.max_attempts,
                                        preemption=cfg.preemption)
@@ -149,6 +188,50 @@ class Service:
             self.close()
             raise
         return self
+
+    @property
+    def agents_dir(self) -> Path:
+        return Path(self.config.agents_dir) if self.config.agents_dir else bundled_agents_dir()
+
+    def checked_policy_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` with ``agent`` (if any) resolved to a file inside :attr:`agents_dir`.
+
+        Loading an agent unpickles it, so only the operator's folder may provide one.
+
+        Raises:
+            InvalidRequest: ``agent`` is not a string naming a file in that folder (links followed).
+        """
+        agent = options.get("agent")
+        if agent is None:
+            return dict(options)
+        root = self.agents_dir.resolve()
+        path = (root / agent).resolve() if isinstance(agent, str) and agent and "\x00" not in agent else None
+        if path is None or not path.is_relative_to(root) or not path.is_file():
+            raise InvalidRequest(f"options.agent: {_printable(str(agent))[:300]!r} is not an agent file in {root} "
+                                 f"(the service loads agents only from its --agents-dir)")
+        return {**options, "agent": str(path)}
+
+    def read_log(self, job_id: int, stream: str, offset: int, limit: int) -> tuple[bytes, dict[str, str]]:
+        """Bytes ``offset`` .. ``offset + limit`` of the latest attempt's ``stream``, and headers
+        saying where the log ends and where the job is (``X-Next-Offset``, ``X-Log-Size``,
+        ``X-Job-State``, ``X-Job-Attempt``). A job not started yet has an empty log.
+
+        Raises:
+            NotFound: no such job.
+        """
+        rec = self.store.get(job_id)
+        data, size = b"", 0
+        path = self.backend.log_path(rec.handle, stream) if rec.handle and self.backend else None
+        if path is not None:
+            try:
+                with open(path, "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    fh.seek(offset)
+                    data = fh.read(limit)
+            except FileNotFoundError:
+                pass
+        return data, {"X-Next-Offset": str(offset + len(data)), "X-Log-Size": str(size),
+                      "X-Job-State": rec.state.value, "X-Job-Attempt": str(rec.attempts)}
 
     def _lock(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,8 +291,124 @@ class Service:
             self._lock_fd = None
 
 
-def _job(rec: JobRecord) -> dict[str, Any]:
-    return rec.to_dict()
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening), for the server to take over: binding
+    it first lets ``gpualloc serve`` fail before it prints or writes anything.
+
+    Raises:
+        ServiceError: the host does not resolve, or the port is in use or not allowed.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ServiceError(f"--host {host!r}: cannot resolve it: {err}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a listening socket still refuses
+    try:
+        sock.bind(addr)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ServiceError(f"cannot listen on {host}:{port}: port {port} is in use") from None
+        raise ServiceError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    return sock
+
+
+def _split_host(value: str) -> tuple[str, str | None] | None:
+    """``Host`` header -> ``(host, port or None)``, host lower-case without IPv6 brackets; None if
+    malformed."""
+    m = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^:\[\]]+))(?::(?P<port>\d{1,5}))?", value)
+    if m is None:
+        return None
+    return (m["v6"] or m["name"]).lower().rstrip("."), m["port"]
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostCheck:
+    """ASGI middleware: refuse (400) a request whose ``Host`` header names another host than the one
+    bound, so a web page whose DNS name was rebound to this address cannot reach the API.
+
+    Accepted: the bound host; for a loopback bind also ``localhost``, ``127.0.0.1`` and ``[::1]``; for
+    a wildcard bind (``0.0.0.0``, ``::``) those, this machine's name and any IP address (a rebinding
+    page has a DNS name); ``allowed`` names. The port, when given, must be the bound one.
+    """
+
+    def __init__(self, app, host: str, port: int | None, allowed: tuple[str, ...] = ()) -> None:
+        self.app, self.port = app, port
+        bound = host.strip("[]").lower()
+        names = {bound, *(a.lower() for a in allowed)}
+        wildcard = bound in ("", "0.0.0.0", "::")
+        if wildcard or bound == "localhost" or (_is_ip(bound) and ipaddress.ip_address(bound).is_loopback):
+            names |= LOOPBACK_HOSTS
+        if wildcard:
+            names.add(socket.gethostname().lower())
+        self.names, self.any_ip = frozenset(names), wildcard
+
+    def allows(self, header: str) -> bool:
+        parts = _split_host(header)
+        if parts is None:
+            return False
+        name, port = parts
+        if port is not None and self.port is not None and int(port) != self.port:
+            return False
+        return name in self.names or (self.any_ip and _is_ip(name))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        header = next((v for k, v in scope.get("headers", ()) if k == b"host"), b"").decode("latin-1")
+        if not self.allows(header):
+            return await _reply(send, 400, f"Host header {header[:100]!r} does not name this service")
+        return await self.app(scope, receive, send)
+
+
+class RequireToken:
+    """ASGI middleware: every path but ``public`` needs ``Authorization: Bearer <token>`` (401),
+    checked before the request is routed or its body read. ``token`` is read per request (the
+    service makes it when it opens)."""
+
+    def __init__(self, app, token, public: frozenset[str]) -> None:
+        self.app, self.token, self.public = app, token, public
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.public:
+            return await self.app(scope, receive, send)
+        auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if not token_matches(self.token(), None if auth is None else auth.decode("latin-1")):
+            return await _reply(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+        return await self.app(scope, receive, send)
+
+
+async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _cursor(job_id: int) -> str:
+    """The opaque ``X-Next-Cursor`` of a page ending at ``job_id``."""
+    return base64.urlsafe_b64encode(f"after:{job_id}".encode()).decode().rstrip("=")
+
+
+def _after_id(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (ValueError, UnicodeError):
+        text = ""
+    m = re.fullmatch(r"after:(\d{1,18})", text)
+    if m is None:
+        raise InvalidRequest("cursor: not a cursor this service gave (copy it from X-Next-Cursor)")
+    return int(m[1])
 
 
 class BodyLimit:
@@ -227,9 +426,9 @@ class BodyLimit:
                 try:
                     too_big = int(value) > self.limit
                 except ValueError:
-                    return await self._reject(send, 400, "bad Content-Length header")
+                    return await _reply(send, 400, "bad Content-Length header")
                 if too_big:
-                    return await self._reject(send, 413, f"request body larger than {self.limit} bytes")
+                    return await _reply(send, 413, f"request body larger than {self.limit} bytes")
         seen = 0
         sent_response = False
 
@@ -252,14 +451,7 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not sent_response:
-                await self._reject(send, 413, f"request body larger than {self.limit} bytes")
-
-    @staticmethod
-    async def _reject(send, status: int, detail: str) -> None:
-        body = json.dumps({"detail": detail}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+                await _reply(send, 413, f"request body larger than {self.limit} bytes")
 
 
 def _printable(value: Any) -> Any:
@@ -279,8 +471,8 @@ class _TooLarge(Exception):
     pass
 
 
-_STATUS = ((NotFound, 404), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422), (SchedulingError, 422),
-           (AgentError, 422))
+_STATUS = ((NotFound, 404), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422), (InvalidRequest, 422),
+           (SchedulingError, 422), (AgentError, 422))
 
 
 def create_app(service: Service) -> FastAPI:
@@ -298,12 +490,22 @@ def create_app(service: Service) -> FastAPI:
             if opened_here:
                 await run_in_threadpool(service.close)
 
+    cfg = service.config
     app = FastAPI(title="gpualloc scheduler service", version=__version__, lifespan=lifespan,
+                  openapi_url=None, docs_url=None, redoc_url=None,
                   description="Submit GPU jobs; a gpualloc scheduling policy allocates the cluster's devices "
-                              "and a backend (local processes or Ray) runs them. Mutating endpoints need "
-                              "`Authorization: Bearer <token>` (printed on first start, stored beside the store).")
-    app.add_middleware(BodyLimit, limit=service.config.max_body_bytes)
-    bearer = HTTPBearer(auto_error=False, description="The token from the file beside the store.")
+                              "and a backend (local processes or Ray) runs them. Every endpoint but `/health` "
+                              "needs `Authorization: Bearer <token>` (printed on first start, stored beside "
+                              "the store).")
+    # Outermost last: the Host check, then the token, then the body limit.
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    app.add_middleware(RequireToken, token=lambda: service.token,
+                       public=PUBLIC_PATHS | (DOCS_PATHS if cfg.docs else frozenset()))
+    app.add_middleware(HostCheck, host=cfg.host, port=cfg.port, allowed=tuple(cfg.allowed_hosts))
+    # RequireToken enforces the token; this dependency only declares it in the OpenAPI schema.
+    api = APIRouter(dependencies=[Depends(HTTPBearer(auto_error=False,
+                                                      description="The token from the file beside the store."))],
+                    responses={401: {"description": "Missing or wrong bearer token"}})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> Response:
@@ -320,10 +522,6 @@ def create_app(service: Service) -> FastAPI:
                 return JSONResponse({"detail": str(err)}, status_code=status, headers=headers)
         return JSONResponse({"detail": str(err)}, status_code=503)
 
-    def auth(request: Request, _cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if not token_matches(service.token, request.headers.get("authorization")):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-
     def store() -> Store:
         if service.store is None:
             raise ServiceError("the service is not open")
@@ -334,14 +532,15 @@ def create_app(service: Service) -> FastAPI:
         sched = service.scheduler
         return {"status": "ok" if sched is not None and sched.status()["thread_alive"] else "starting",
                 "version": __version__, "cluster": service.cluster.name,
-                "backend": service.config.backend, "store": "sqlite" if sqlite_path(service.config.store) else "sql",
+                "backend": cfg.backend, "store": "sqlite" if sqlite_path(cfg.store) else "sql",
                 "scheduler": None if sched is None else sched.status(),
                 "queued_in_store": None if service.store is None else service.store.queued}
 
-    @app.post("/jobs", status_code=201, response_model=JobOut, summary="Submit a job",
-              responses={200: {"description": "Already submitted with this Idempotency-Key"},
-                         401: {}, 413: {}, 422: {}, 429: {}})
-    async def submit(spec: JobSpec, _: None = Depends(auth),
+    @api.post("/jobs", status_code=201, response_model=JobOut, summary="Submit a job",
+              responses={200: {"description": "Already submitted with this Idempotency-Key and this body"},
+                         409: {"description": "This Idempotency-Key was used with another body"},
+                         413: {}, 422: {}, 429: {}})
+    async def submit(spec: JobSpec,
                      idempotency_key: str | None = Header(None, alias="Idempotency-Key", min_length=1, max_length=128,
                                                           description="Retries with the same key add no job.")
                      ) -> Response:
@@ -350,34 +549,55 @@ def create_app(service: Service) -> FastAPI:
         if created:
             service.scheduler.notify_submitted(rec)
         # Serialised here rather than re-validated through the response model (the hot path).
-        return Response(json.dumps(_printable(rec.to_dict())), status_code=201 if created else 200,
+        return Response(json.dumps(_printable(rec.to_api())), status_code=201 if created else 200,
                         media_type="application/json")
 
-    @app.get("/jobs", response_model=list[JobOut], summary="List jobs (id order)")
-    def list_jobs(state: list[JobState] | None = Query(None, description="Only these states."),
-                  limit: int = Query(1000, ge=1, le=MAX_PAGE), offset: int = Query(0, ge=0, le=2**62)
+    @api.get("/jobs", response_model=list[JobOut], summary="List jobs (id order), one page",
+             description="At most `limit` jobs. When there are more, the `X-Next-Cursor` response header holds "
+                         "an opaque cursor: pass it as `cursor` for the next page (no header: the last page).")
+    def list_jobs(response: Response, state: list[JobState] | None = Query(None, description="Only these states."),
+                  limit: int = Query(1000, ge=1, le=MAX_PAGE),
+                  cursor: str | None = Query(None, min_length=1, max_length=64,
+                                             description="`X-Next-Cursor` of the previous page."),
+                  offset: int = Query(0, ge=0, le=2**62, description="Skip this many (after `cursor`).")
                   ) -> list[dict[str, Any]]:
-        return [_job(r) for r in store().list_jobs(state, limit=limit, offset=offset)]
+        after = None if cursor is None else _after_id(cursor)
+        recs = store().list_jobs(state, limit=limit + 1, offset=offset, after_id=after)
+        if len(recs) > limit:
+            recs = recs[:limit]
+            response.headers["X-Next-Cursor"] = _cursor(recs[-1].id)
+        return [r.to_api() for r in recs]
 
     job_id_param = PathParam(ge=1, le=2**62, description="The job's id.")
 
-    @app.get("/jobs/{job_id}", response_model=JobOut, summary="One job", responses={404: {}})
+    @api.get("/jobs/{job_id}", response_model=JobOut, summary="One job", responses={404: {}})
     def get_job(job_id: int = job_id_param) -> dict[str, Any]:
-        return _job(store().get(job_id))
+        return store().get(job_id).to_api()
 
-    @app.get("/jobs/{job_id}/events", summary="A job's state changes, oldest first", responses={404: {}})
+    @api.get("/jobs/{job_id}/events", summary="A job's state changes, oldest first", responses={404: {}})
     def job_events(job_id: int = job_id_param) -> list[dict[str, Any]]:
         store().get(job_id)
         return store().events(job_id)
 
-    @app.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job",
-              responses={401: {}, 404: {}, 409: {}})
-    def cancel_job(job_id: int = job_id_param, _: None = Depends(auth)) -> dict[str, Any]:
+    @api.get("/jobs/{job_id}/logs", summary="A job's output, from a byte offset", response_class=Response,
+             responses={200: {"content": {"application/octet-stream": {}},
+                              "description": "The bytes; headers `X-Next-Offset` (ask from there next), "
+                                             "`X-Log-Size`, `X-Job-State`, `X-Job-Attempt` (a new attempt "
+                                             "starts a new log)."},
+                        404: {}})
+    def job_logs(job_id: int = job_id_param, stream: Literal["stdout", "stderr"] = Query("stdout"),
+                 offset: int = Query(0, ge=0, le=2**62), limit: int = Query(MAX_LOG_CHUNK, ge=1, le=MAX_LOG_CHUNK)
+                 ) -> Response:
+        data, headers = service.read_log(job_id, stream, offset, limit)
+        return Response(data, media_type="application/octet-stream", headers=headers)
+
+    @api.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job", responses={404: {}, 409: {}})
+    def cancel_job(job_id: int = job_id_param) -> dict[str, Any]:
         rec = store().cancel(job_id)
         service.scheduler.notify_cancel(job_id)
-        return _job(rec)
+        return rec.to_api()
 
-    @app.get("/cluster", summary="Devices, allocations and telemetry")
+    @api.get("/cluster", summary="Devices, allocations and telemetry")
     def cluster() -> dict[str, Any]:
         allocs = store().allocations()
         down = set(service.scheduler.down_gpus()) if service.scheduler else set()
@@ -397,15 +617,44 @@ def create_app(service: Service) -> FastAPI:
                 "allocations": [{"device": g, "job_id": j, "attempt": a} for g, (j, a) in sorted(allocs.items())],
                 "telemetry": service.telemetry_sample()}
 
-    @app.get("/policy", summary="The current policy")
+    @api.get("/policy", summary="The current policy")
     def get_policy() -> dict[str, Any]:
         sched = service.scheduler
         return {"name": sched.policy_name, "options": sched.policy_options, "preemption": sched.preemption,
                 "available": sorted(POLICIES)}
 
-    @app.put("/policy", summary="Switch policy", responses={401: {}, 422: {}})
-    def put_policy(change: PolicyChange, _: None = Depends(auth)) -> dict[str, Any]:
-        service.scheduler.set_policy(change.name, change.options)
+    @api.put("/policy", summary="Switch policy", responses={422: {}})
+    def put_policy(change: PolicyChange) -> dict[str, Any]:
+        service.scheduler.set_policy(change.name, service.checked_policy_options(change.options))
         return get_policy()
 
+    @api.get("/openapi.json", include_in_schema=False)
+    def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    app.include_router(api)
+    if cfg.docs:
+        _add_docs(app)
     return app
+
+
+REDOC_JS = "https://cdn.jsdelivr.net/npm/redoc@2/bundles/redoc.standalone.js"
+
+
+def _add_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc``, assets from a CDN. A browser cannot send the bearer
+    token for the schema, so each page carries the schema in itself (no job data is in it)."""
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger() -> HTMLResponse:
+        # Swagger UI reads `spec` instead of fetching `url` when it is given.
+        return get_swagger_ui_html(openapi_url="", title=f"{app.title} - Swagger UI",
+                                   swagger_ui_parameters={"spec": app.openapi()})
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        # Escaped so that no "</script>" inside a string can end the element.
+        spec = json.dumps(app.openapi()).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        return HTMLResponse(f"""<!DOCTYPE html><html><head><title>{app.title} - ReDoc</title>
+<meta charset="utf-8"/></head><body><div id="redoc"></div><script src="{REDOC_JS}"></script>
+<script>Redoc.init({spec}, {{}}, document.getElementById("redoc"))</script></body></html>""")

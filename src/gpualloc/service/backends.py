@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from gpualloc.registry import Registry
 from gpualloc.service.errors import BackendError
-from gpualloc.service.runner import EXIT_FILE, PID_FILE, PROGRAM_PID_FILE, SPEC_FILE, Execution, write_json_atomic
+from gpualloc.service.runner import (EXIT_FILE, LOG_FILES, PID_FILE, PROGRAM_PID_FILE, SPEC_FILE, Execution,
+                                     open_private, private_dir, write_json_atomic)
 
 log = logging.getLogger(__name__)
 """Best-effort Ray clean-ups that fail are logged here, not raised: the run is over either way."""
@@ -130,6 +132,11 @@ class Backend(Protocol):
         """Usable devices per device type name as the backend sees them (None: all of the cluster)."""
         ...
 
+    def log_path(self, handle: str, stream: str) -> Path | None:
+        """The file holding a run's ``stream`` (``"stdout"`` or ``"stderr"``; rank 0 of a multi-node
+        run) on this host, or None when the backend keeps no logs here."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         ...
 
@@ -180,8 +187,11 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, runs_dir: str | Path, *, python: str = sys.executable, stop_grace_s: float = 5.0) -> None:
-        self.runs_dir = Path(runs_dir)
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.runs_dir = private_dir(Path(runs_dir))
+        if stat.S_IMODE(self.runs_dir.stat().st_mode) & 0o077:
+            # Made 0755 by earlier versions: the runs' output and environment are the owner's alone.
+            log.warning("local: %s was open to group or others; setting it to mode 0700", self.runs_dir)
+            self.runs_dir.chmod(0o700)
         self.python = python
         self.stop_grace_s = float(stop_grace_s)
         self._procs: dict[str, subprocess.Popen] = {}
@@ -200,14 +210,14 @@ class LocalBackend:
         if (d / PID_FILE).exists():  # launched before a crash: never start an attempt twice
             return handle
         try:
-            d.mkdir(parents=True, exist_ok=True)
+            private_dir(d)
             target = rank_target(req, 0)
             if len(req.groups) > 1:  # one host: every GPU of the allocation is visible to the one process
                 target["env"].update(visible_devices_env(req.vendor, [i for _, loc in req.groups for i in loc]))
             write_json_atomic(d / SPEC_FILE, target)
-            with open(d / "runner.log", "ab") as log:
+            with open_private(d / "runner.log") as runner_log:
                 proc = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", str(d)],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+                                        stdin=subprocess.DEVNULL, stdout=runner_log, stderr=runner_log, close_fds=True,
                                         start_new_session=True)
         except OSError as err:
             raise BackendError(f"local: cannot start job {req.job_id}: {err}") from err
@@ -305,6 +315,9 @@ class LocalBackend:
     def capacity(self) -> dict[str, int] | None:
         return None
 
+    def log_path(self, handle: str, stream: str) -> Path | None:
+        return self.run_dir(handle) / LOG_FILES[stream]
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "runs_dir": str(self.runs_dir)}
 
@@ -401,7 +414,7 @@ class RayBackend:
         self.resources = dict(resources)
         self.instance = instance
         self.namespace = namespace
-        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.log_dir = None if log_dir is None else private_dir(Path(log_dir))
         self.launch_timeout_s = float(launch_timeout_s)
         self.stop_grace_s = float(stop_grace_s)
         self._temp_dir: str | None = None
@@ -622,6 +635,10 @@ class RayBackend:
         cap = {t: int(total.get(res, 0)) for t, res in self.resources.items()}
         self._capacity = (time.monotonic(), cap)
         return cap
+
+    def log_path(self, handle: str, stream: str) -> Path | None:
+        self._ranks(handle)  # a malformed handle never becomes a path
+        return None if self.log_dir is None else self.log_dir / f"{handle}-r0" / LOG_FILES[stream]
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "resources": dict(self.resources), "namespace": self.namespace,

@@ -1,4 +1,5 @@
-"""A small HTTP client of the service (used by ``gpualloc submit`` / ``jobs`` / ``cancel`` / ``policy``).
+"""A small HTTP client of the service (used by ``gpualloc submit`` / ``jobs`` / ``logs`` / ``cancel`` /
+``policy``).
 
 :meth:`Client.submit` sends an ``Idempotency-Key`` and retries on connection errors, 5xx and 429
 until ``retry_s`` runs out: the job is recorded exactly once, and a return means the service has
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -34,8 +37,29 @@ def _detail(resp: httpx.Response) -> str:
     return str(detail)
 
 
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of a job's log from ``offset``; ask from ``next_offset`` next.
+
+    Attributes:
+        data: the bytes.
+        next_offset: where the next read starts.
+        state: the job's state when read (its log is complete once the state is terminal).
+        attempt: the attempt the log belongs to (a re-queued job writes a new log).
+    """
+
+    data: bytes
+    next_offset: int
+    state: str
+    attempt: int
+
+
+TERMINAL_STATES = frozenset({"finished", "failed", "cancelled"})
+
+
 class Client:
-    """The service at ``server`` (``http://127.0.0.1:8765``), with ``token`` for mutating calls."""
+    """The service at ``server`` (``http://127.0.0.1:8765``), with ``token`` (every call but
+    :meth:`health` needs it)."""
 
     def __init__(self, server: str, token: str | None = None, *, timeout_s: float = 30.0) -> None:
         if not server.startswith(("http://", "https://")):
@@ -53,14 +77,17 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             resp = self._http.request(method, path, **kw)
         except httpx.HTTPError as err:
             raise ClientError(f"{self.server}: {type(err).__name__}: {err}") from err
         if resp.status_code >= 400:
             raise ClientError(f"{method} {path}: HTTP {resp.status_code}: {_detail(resp)}", resp.status_code)
-        return resp.json()
+        return resp
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        return self._request(method, path, **kw).json()
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/health")
@@ -85,14 +112,17 @@ class Client:
             delay = min(2 * delay, 2.0)
 
     def jobs(self, states: list[str] | None = None, *, page: int = 1000) -> list[dict[str, Any]]:
-        """Every job (optionally of some states), fetched page by page."""
+        """Every job (optionally of some states), page by page, following ``X-Next-Cursor``."""
         out: list[dict[str, Any]] = []
+        cursor: str | None = None
         while True:
-            params: list[tuple[str, Any]] = [("limit", page), ("offset", len(out))]
-            params += [("state", s) for s in states or ()]
-            batch = self._call("GET", "/jobs", params=params)
-            out.extend(batch)
-            if len(batch) < page:
+            params: list[tuple[str, Any]] = [("limit", page), *(("state", s) for s in states or ())]
+            if cursor is not None:
+                params.append(("cursor", cursor))
+            resp = self._request("GET", "/jobs", params=params)
+            out.extend(resp.json())
+            cursor = resp.headers.get("X-Next-Cursor")
+            if cursor is None:
                 return out
 
     def job(self, job_id: int) -> dict[str, Any]:
@@ -100,6 +130,31 @@ class Client:
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self._call("GET", f"/jobs/{int(job_id)}/events")
+
+    def logs(self, job_id: int, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        """Bytes of the job's ``stream`` (``"stdout"`` or ``"stderr"``) from ``offset``."""
+        resp = self._request("GET", f"/jobs/{int(job_id)}/logs", params={"stream": stream, "offset": int(offset)})
+        h = resp.headers
+        return LogChunk(resp.content, int(h["X-Next-Offset"]), h["X-Job-State"], int(h["X-Job-Attempt"]))
+
+    def follow_logs(self, job_id: int, stream: str = "stdout", *, follow: bool = True,
+                    poll_s: float = 0.5) -> Iterator[bytes]:
+        """The job's ``stream`` in pieces, as it grows; with ``follow``, until the job has ended and
+        all of its output was read (a new attempt's log is followed from its start)."""
+        offset, attempt = 0, None
+        while True:
+            chunk = self.logs(job_id, stream, offset)
+            if attempt is not None and chunk.attempt != attempt:  # re-queued: a new log, from 0
+                offset, attempt = 0, chunk.attempt
+                continue
+            attempt = chunk.attempt
+            if chunk.data:
+                yield chunk.data
+                offset = chunk.next_offset
+                continue  # more may be waiting beyond one response
+            if not follow or chunk.state in TERMINAL_STATES:
+                return
+            time.sleep(poll_s)
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{int(job_id)}/cancel")

@@ -29,3 +29,8 @@ class InvalidJob(ServiceError):
 
 class BackendError(ServiceError):
     """The execution backend could not launch, poll or stop a run."""
+
+
+class InvalidRequest(ServiceError):
+    """A request the service refuses whatever the cluster's state (HTTP 422): a policy agent outside
+    the agents folder, a paging cursor it did not make. The message starts with the field."""

@@ -3,17 +3,19 @@
 A :class:`JobSpec` is the simulator's job model (:class:`gpualloc.workload.jobs.Job`: type, work,
 GPUs, priority, allowed device types, single node) plus what to run: a ``command`` (argv, never
 given to a shell) or a Python ``callable`` (``"package.module:function"`` with JSON ``args`` and
-``kwargs``). A :class:`JobRecord` is one row of the store.
+``kwargs``). A :class:`JobRecord` is one row of the store; :class:`JobOut`, what the API shows of
+it, is derived from its fields, less :data:`API_HIDDEN`, with ``env`` values redacted.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
-from typing import Any
+from typing import Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from gpualloc.workload.jobs import Job, JobType
 
@@ -80,7 +82,9 @@ class JobSpec(BaseModel):
     args: list[Any] = Field(default_factory=list, max_length=MAX_ARGS, description="callable: positional arguments.")
     kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_ARGS, description="callable: keyword arguments.")
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV, description="Extra environment variables.")
-    cwd: str | None = Field(None, min_length=1, max_length=4096, description="Working directory (absolute).")
+    cwd: str | None = Field(None, min_length=1, max_length=4096,
+                            description="Working directory: an absolute path to an existing folder on the service's "
+                                        "host (`gpualloc submit` sends the submitter's current folder).")
 
     @field_validator("command")
     @classmethod
@@ -125,9 +129,16 @@ class JobSpec(BaseModel):
     @field_validator("cwd")
     @classmethod
     def _cwd(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
+        if value is None:
+            return None
+        if not value.startswith("/"):
             raise ValueError("cwd must be an absolute path")
-        return value if value is None else _no_control(value, "cwd")
+        _no_control(value, "cwd")
+        # Checked here, not only when the job starts: a missing folder is the submitter's mistake,
+        # and answered at once (a run would otherwise fail long after, looking like a missing program).
+        if not os.path.isdir(value):
+            raise ValueError(f"cwd {value!r} is not an existing directory on the service's host")
+        return value
 
     @model_validator(mode="after")
     def _one_target(self) -> "JobSpec":
@@ -200,30 +211,40 @@ class JobRecord:
                    priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]), single_node=bool(s["single_node"]))
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON values (internal: holds env values and the idempotency key)."""
         d = asdict(self)
         d["state"] = self.state.value
         d["gpus"] = list(self.gpus)
         return d
 
+    def to_api(self) -> dict[str, Any]:
+        """The fields of :class:`JobOut`: no :data:`API_HIDDEN` field, ``env`` values redacted."""
+        d = {name: getattr(self, name) for name in JobOut.model_fields}
+        d["state"] = self.state.value
+        d["gpus"] = list(self.gpus)
+        d["spec"] = redact_spec(self.spec)
+        return d
 
-class JobOut(BaseModel):
-    """A job as the API shows it (times are Unix seconds)."""
 
-    id: int
-    name: str
-    state: JobState
-    spec: dict[str, Any]
-    attempts: int
-    requeues: int
-    submitted_at: float
-    allocated_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    device_type: str | None
-    gpus: list[int]
-    handle: str | None
-    exit_code: int | None
-    error: str | None
-    result: Any
-    cancel_requested: bool
-    idempotency_key: str | None
+API_HIDDEN = frozenset({"idempotency_key"})
+"""Fields of :class:`JobRecord` the API never returns: a key would let whoever reads it pass as the
+client that made it."""
+
+
+def redact_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with its target's ``env`` reduced to the variable names (values may be secrets)."""
+    target = spec.get("target")
+    if not isinstance(target, dict) or "env" not in target:
+        return spec
+    return {**spec, "target": {**target, "env": sorted(target["env"])}}
+
+
+def _api_model() -> type[BaseModel]:
+    hints = get_type_hints(JobRecord)
+    return create_model(
+        "JobOut", __doc__="A job as the API shows it (times are Unix seconds; ``spec.target.env``: names only).",
+        **{f.name: (hints[f.name], ...) for f in fields(JobRecord) if f.name not in API_HIDDEN})
+
+
+JobOut = _api_model()
+"""The API's job: :class:`JobRecord`'s fields (one list, kept there) less :data:`API_HIDDEN`."""

@@ -7,6 +7,7 @@ folder), the ``ray`` backend inside a Ray actor.
 
 A run folder holds ``spec.json`` (what to run), ``runner.pid`` and ``program.pid``,
 ``stdout.log`` / ``stderr.log`` and, once the run ended, ``exit.json`` (``exit_code``, ``error``, ``result``), written atomically.
+Folders are created 0700 and files 0600: a job's output and environment are its owner's alone.
 
 Standard library only: this module is imported by every run.
 """
@@ -25,7 +26,22 @@ from pathlib import Path
 from typing import Any
 
 SPEC_FILE, EXIT_FILE, PID_FILE, PROGRAM_PID_FILE = "spec.json", "exit.json", "runner.pid", "program.pid"
+LOG_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
+"""The log file of each output stream, in a run folder."""
 MAX_RESULT_CHARS = 65536
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) with mode 0700 for the last part; returns it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def open_private(path: Path, *, append: bool = True):
+    """``path`` opened for binary writing, created with mode 0600 (in the ``open`` call itself, so
+    the file is never readable by others, not even for a moment)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, 0o600), "ab" if append else "wb")
 
 
 def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -40,6 +56,10 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         pass
     if os.getppid() != parent:
         os._exit(137)
+
+
+def _no_cwd(cwd: str) -> dict[str, Any]:
+    return {"exit_code": 126, "error": f"working directory not found: {cwd}", "result": None}
 
 
 def _jsonable(value: Any) -> Any:
@@ -74,23 +94,31 @@ class Execution:
     def _streams(self):
         if self.log_dir is None:
             return subprocess.DEVNULL, subprocess.DEVNULL
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        return open(self.log_dir / "stdout.log", "ab"), open(self.log_dir / "stderr.log", "ab")
+        private_dir(self.log_dir)
+        return open_private(self.log_dir / LOG_FILES["stdout"]), open_private(self.log_dir / LOG_FILES["stderr"])
 
     def start(self) -> int:
         """Start the target; returns the program's pid (0 for a callable)."""
         env = {**os.environ, **self.target.get("env", {})}
+        cwd = self.target.get("cwd")
+        if cwd and not os.path.isdir(cwd):
+            # Popen raises the same FileNotFoundError for a missing cwd as for a missing program.
+            self.outcome = _no_cwd(cwd)
+            return 0
         if "argv" in self.target:
             argv = [str(a) for a in self.target["argv"]]
             out, err = self._streams()
             parent = os.getpid()
             try:
-                self.proc = subprocess.Popen(argv, cwd=self.target.get("cwd"), env=env, stdin=subprocess.DEVNULL,
+                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                              stdout=out, stderr=err, close_fds=True, start_new_session=True,
                                              preexec_fn=(lambda: _die_with_parent(parent))
                                              if sys.platform == "linux" else None)
             except FileNotFoundError:
-                self.outcome = {"exit_code": 127, "error": f"command not found: {argv[0]}", "result": None}
+                if cwd and not os.path.isdir(cwd):  # removed between the check above and the start
+                    self.outcome = _no_cwd(cwd)
+                else:
+                    self.outcome = {"exit_code": 127, "error": f"command not found: {argv[0]}", "result": None}
             except PermissionError:
                 self.outcome = {"exit_code": 126, "error": f"permission denied: {argv[0]}", "result": None}
             except OSError as exc:
@@ -168,8 +196,8 @@ class Execution:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` so readers see the old file or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
+    with open_private(tmp, append=False) as fh:
+        fh.write(json.dumps(data).encode())
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

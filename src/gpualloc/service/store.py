@@ -363,8 +363,13 @@ class Store:
 
     # -------------------------------------------------------------------------------- writes
     def submit_future(self, spec: dict[str, Any], idempotency_key: str | None = None) -> "Future[tuple[JobRecord, bool]]":
-        """Record a new queued job; resolves to ``(record, created)``. A key seen before returns that
-        job (``created`` False) instead of adding another."""
+        """Record a new queued job; resolves to ``(record, created)``. A key seen before with the same
+        spec returns that job (``created`` False) instead of adding another.
+
+        Raises:
+            Conflict: the key was used before with a different spec (a client bug, not a retry).
+            QueueFull: the queue holds ``max_queued`` jobs.
+        """
         name = str(spec["name"])
         spec_json = json.dumps(spec, separators=(",", ":"))
 
@@ -372,6 +377,9 @@ class Store:
             if idempotency_key is not None:
                 row = tx.conn.execute(_BY_KEY, {"key": idempotency_key}).mappings().first()
                 if row is not None:
+                    if json.loads(row["spec"]) != json.loads(spec_json):
+                        raise Conflict(f"Idempotency-Key already used for job {row['id']} with a different "
+                                       f"request; use a new key for a new job")
                     return _record(row), False
             if self._queued + tx.queued_delta >= self.max_queued:
                 raise QueueFull(f"the queue is full ({self.max_queued} jobs)")
