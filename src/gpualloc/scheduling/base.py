@@ -77,7 +77,7 @@ class JobTable:
         return len(self.arrival_s)
 
     @classmethod
-    def from_trace(cls, trace: Trace, speed: np.ndarray) -> "JobTable":
+    def from_trace(cls, trace: Trace, speed: np.ndarray) -> JobTable:
         """Build the table; ``speed`` is the (jobs x device types) matrix from the speed model."""
         jobs = trace.jobs
         code = {t: i for i, t in enumerate(JOB_TYPES)}
@@ -93,6 +93,12 @@ class JobTable:
             single_node=np.fromiter((j.single_node for j in jobs), bool, len(jobs)),
             speed=speed,
         )
+
+    def fresh(self) -> JobTable:
+        """A table of the same jobs, as before any simulation: the static columns are shared (treat
+        them as read-only), the dynamic state is new."""
+        return JobTable(arrival_s=self.arrival_s, work_s=self.work_s, num_gpus=self.num_gpus, priority=self.priority,
+                        type_code=self.type_code, single_node=self.single_node, speed=self.speed)
 
     def best_speed(self) -> np.ndarray:
         """Each job's speed on its fastest allowed device type."""
@@ -167,7 +173,7 @@ class ClusterView:
         """The GPUs running ``job`` (empty when it is not running)."""
         return tuple(int(g) for g in np.flatnonzero(self.gpu_job == job))
 
-    def free_gpus(self) -> "FreeGpus":
+    def free_gpus(self) -> FreeGpus:
         """A working copy of the free GPUs, for planning several starts in one decision."""
         return FreeGpus(self)
 
@@ -175,32 +181,17 @@ class ClusterView:
         return np.bincount(self.gpu_type, minlength=len(self.type_names))
 
     def find_gpus(self, job: int, type_index: int, free: np.ndarray | None = None) -> tuple[int, ...] | None:
-        """GPUs of one type for ``job``, or ``None`` if they are not free.
+        """GPUs of one type for ``job``, or ``None`` if they are not free (:func:`best_fit`).
 
-        Consolidated best fit: the job goes on the fewest nodes, filling the nodes with the fewest
-        free GPUs of that type first, so large gangs keep finding whole nodes. ``free`` overrides the
-        free mask (a policy planning several starts passes its own working copy).
+        ``free`` overrides the free mask (a policy planning several starts passes its own working copy).
         """
-        need = int(self.jobs.num_gpus[job])
-        free = self.free_mask() if free is None else free
-        cand = np.flatnonzero(free & (self.gpu_type == type_index))
-        if len(cand) < need:
-            return None
-        nodes = self.gpu_node[cand]
-        uniq, counts = np.unique(nodes, return_counts=True)
-        fits = uniq[counts >= need]
-        if len(fits):  # one node suffices: the fullest node that fits
-            node = fits[np.argmin(counts[counts >= need])]
-            return tuple(int(g) for g in cand[nodes == node][:need])
-        if self.jobs.single_node[job]:
-            return None
-        order = np.argsort(-counts, kind="stable")  # spread over the fewest nodes: largest first
-        picked: list[int] = []
-        for node in uniq[order]:
-            picked.extend(int(g) for g in cand[nodes == node][: need - len(picked)])
-            if len(picked) == need:
-                return tuple(picked)
-        return None
+        if free is None:
+            free, on_node = self.free_mask(), self.free_by_type_node()[type_index]
+        else:
+            on_node = np.bincount(self.gpu_node[free & (self.gpu_type == type_index)],
+                                  minlength=len(self.cluster.nodes))
+        return best_fit(int(self.jobs.num_gpus[job]), bool(self.jobs.single_node[job]), on_node,
+                        self.gpus_by_type_node()[type_index], free)
 
 
 @dataclass
@@ -234,7 +225,12 @@ PolicyFactory = Callable[..., Policy]
 
 def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: Sequence[np.ndarray],
              free: np.ndarray) -> tuple[int, ...] | None:
-    """The rule of :meth:`ClusterView.find_gpus` on per-node free counts of one device type.
+    """Consolidated best fit: which free GPUs of one device type a job gets.
+
+    The job goes on the fewest nodes: on one node when one has room (the fullest such node, so large
+    gangs keep finding whole nodes), else over the nodes with the most free GPUs first (never for a
+    single-node job). Inside a node it takes the lowest GPU indices. :meth:`ClusterView.find_gpus`,
+    :class:`FreeGpus` and the simulator's view all place with this one function.
 
     Args:
         need: GPUs wanted.
@@ -297,7 +293,6 @@ class FreeGpus:
         """``(type index, GPUs)`` on the fastest of ``types`` (default: every type, fastest first)
         where ``job`` may run and its GPUs are free, or ``None``."""
         jobs = self.view.jobs
-        need = int(jobs.num_gpus[job])
         row = jobs.speed[job]
         for t in (jobs.type_order()[job] if types is None else types):
             t = int(t)
@@ -305,9 +300,7 @@ class FreeGpus:
                 if types is None:
                     return None  # the rest are forbidden too
                 continue
-            if self.by_type[t] < need:
-                continue
-            gpus = best_fit(need, bool(jobs.single_node[job]), self.count[t], self._node_gpus[t], self.free)
+            gpus = self.find(job, t)
             if gpus is not None:
                 return t, gpus
         return None

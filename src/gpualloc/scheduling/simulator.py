@@ -49,8 +49,8 @@ from gpualloc.scheduling.base import (
     Decision,
     JobTable,
     Policy,
-    best_fit,
 )
+from gpualloc.scheduling.rules import fits_types, unplaceable_reason, validate_decision
 from gpualloc.workload.jobs import Trace
 
 # Event kinds; the kind is also the priority among events at one timestamp: completions free GPUs
@@ -184,6 +184,66 @@ class SimResult:
         return np.isfinite(self.finish_s)
 
 
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """A trace made ready for one cluster: what every simulated run of it shares, built once by
+    :func:`prepare` (``simulate compare`` runs many policies on one workload).
+
+    Attributes:
+        trace, cluster: as given to :func:`prepare`.
+        jobs: the job table's static columns, read-only (each run starts from :meth:`JobTable.fresh`).
+        best_speed: each job's speed on its fastest device type that can ever hold it; 0 when none
+            can (the job is unplaceable).
+    """
+
+    trace: Trace
+    cluster: ClusterSpec
+    jobs: JobTable
+    best_speed: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def speed(self) -> np.ndarray:
+        """Jobs x device types throughput relative to the reference device (read-only)."""
+        return self.jobs.speed
+
+
+def prepare(trace: Trace, cluster: ClusterSpec, speed: np.ndarray | None = None) -> Workload:
+    """The speed matrix, static job table and placeability of ``trace`` on ``cluster``, for
+    :func:`simulate` to replay under any number of policies.
+
+    Args:
+        trace: the jobs.
+        cluster: the machines; device types are indexed as ``cluster.type_names``.
+        speed: jobs x device types throughput (0 = may not run there); default
+            :func:`gpualloc.workload.speed.speed_matrix`. Copied.
+
+    Raises:
+        SchedulingError: a speed matrix of the wrong shape, or with negative or non-finite entries.
+    """
+    jobs = trace.jobs
+    n, names = len(jobs), cluster.type_names
+    if speed is None:
+        from gpualloc.workload.speed import speed_matrix
+
+        speed = speed_matrix(jobs, cluster.device_types)
+    speed = np.array(speed, dtype=float)  # a copy: it is made read-only below
+    if speed.shape != (n, len(names)):
+        raise SchedulingError(f"speed matrix has shape {speed.shape}, expected ({n}, {len(names)}) "
+                              f"for {n} jobs and device types {', '.join(names)}")
+    if not np.isfinite(speed).all() or (speed < 0).any():
+        raise SchedulingError("speed matrix has negative or non-finite entries")
+    table = JobTable.from_trace(trace, speed)
+    fits = fits_types(cluster, table.num_gpus, table.single_node, speed)
+    best = np.where(fits, speed, 0.0).max(axis=1) if len(names) else np.zeros(n)
+    for a in (table.arrival_s, table.work_s, table.num_gpus, table.priority, table.type_code,
+              table.single_node, table.speed, best):
+        a.flags.writeable = False  # shared by every run of the workload
+    return Workload(trace, cluster, table, best)
+
+
 class _LiveView(ClusterView):
     """The simulator's view: the base fields plus incrementally kept free counts, so that the
     per-decision queries cost O(types x nodes), not O(GPUs) or O(jobs)."""
@@ -205,24 +265,12 @@ class _LiveView(ClusterView):
     def gpus_of(self, job: int) -> tuple[int, ...]:
         return self._job_gpus[job] or ()
 
-    def find_gpus(self, job: int, type_index: int, free: np.ndarray | None = None) -> tuple[int, ...] | None:
-        need = int(self.jobs.num_gpus[job])
-        if free is None:
-            if self._free_type[type_index] < need:
-                return None
-            on_node, free = self._free_tn[type_index], self.gpu_job == GPU_FREE
-        else:  # the caller's own mask: count per node with one bincount (the base class sorts)
-            on_node = np.bincount(self.gpu_node[free & (self.gpu_type == type_index)],
-                                  minlength=self._free_tn.shape[1])
-        return best_fit(need, bool(self.jobs.single_node[job]), on_node,
-                        self.gpus_by_type_node()[type_index], free)
-
 
 def _policy_name(policy: Policy) -> str:
     return str(getattr(policy, "name", type(policy).__name__))
 
 
-def simulate(trace: Trace, cluster: ClusterSpec, policy: Policy, *, speed: np.ndarray | None = None,
+def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, speed: np.ndarray | None = None,
              preemption: bool | None = None, restart_penalty_s: float = 30.0,
              failures: Sequence[Failure] = (), checkpoint_interval_s: float = 0.0,
              round_s: float | None = None, drop_unplaceable: bool = False,
@@ -232,7 +280,7 @@ def simulate(trace: Trace, cluster: ClusterSpec, policy: Policy, *, speed: np.nd
     """Replay ``trace`` on ``cluster`` under ``policy``.
 
     Args:
-        trace: the jobs.
+        trace: the jobs, or a :class:`Workload` already prepared for ``cluster`` (then no ``speed``).
         cluster: the machines; device types are indexed in order of first appearance.
         policy: asked for a :class:`Decision` at decision points.
         speed: jobs x device types throughput relative to the reference device (0 = may not run
@@ -365,6 +413,17 @@ _SIM_OPTIONS = frozenset({"speed", "restart_penalty_s", "failures", "checkpoint_
                           "seed", "progress", "timeline", "check"})
 
 
+def _workload(trace: Trace | Workload, cluster: ClusterSpec, speed: np.ndarray | None) -> Workload:
+    if not isinstance(trace, Workload):
+        return prepare(trace, cluster, speed)
+    if speed is not None:
+        raise SchedulingError("simulate: give the speed matrix to prepare(), not with a prepared workload")
+    if trace.cluster is not cluster and trace.cluster != cluster:
+        raise SchedulingError(f"simulate: the workload was prepared for cluster {trace.cluster.name}, "
+                              f"not {cluster.name}")
+    return trace
+
+
 class _Engine:
     """One run's state. Hot paths read Python lists for static per-job data and write the
     :class:`JobTable` arrays policies see."""
@@ -372,29 +431,18 @@ class _Engine:
     def __init__(self, trace, cluster, policy, speed, preemption, restart_penalty_s, failures,
                  checkpoint_interval_s, round_s, drop_unplaceable, seed, progress, timeline, check):
         self.wall0 = time.perf_counter()
-        self.trace, self.cluster, self.policy = trace, cluster, policy
+        work = _workload(trace, cluster, speed)
+        self.trace, self.cluster, self.policy = work.trace, cluster, policy
         self.name = _policy_name(policy)
-        jobs = trace.jobs
+        jobs = work.trace.jobs
         n = len(jobs)
         self.n = n
-        types = cluster.device_types
-        self.type_names = tuple(t.name for t in types)
-        n_types = len(types)
-        if speed is None:
-            from gpualloc.workload.speed import speed_matrix
-
-            speed = speed_matrix(jobs, types)
-        speed = np.asarray(speed, dtype=float)
-        if speed.shape != (n, n_types):
-            raise SchedulingError(f"speed matrix has shape {speed.shape}, expected ({n}, {n_types}) "
-                                  f"for {n} jobs and device types {', '.join(self.type_names)}")
-        if not np.isfinite(speed).all() or (speed < 0).any():
-            raise SchedulingError("speed matrix has negative or non-finite entries")
+        self.type_names = cluster.type_names
         if not restart_penalty_s >= 0:
             raise SchedulingError(f"restart_penalty_s must be >= 0, got {restart_penalty_s}")
         if not checkpoint_interval_s >= 0:
             raise SchedulingError(f"checkpoint_interval_s must be >= 0, got {checkpoint_interval_s}")
-        self.table = table = JobTable.from_trace(trace, speed)
+        self.table = table = work.jobs.fresh()
         self.penalty = float(restart_penalty_s)
         self.ckpt = float(checkpoint_interval_s)
         self.allow_preempt = bool(policy.preemptive if preemption is None else preemption)
@@ -406,17 +454,12 @@ class _Engine:
         self.seed = seed if isinstance(seed, int) or seed is None else None
 
         # GPUs
-        type_index = {name: i for i, name in enumerate(self.type_names)}
         self.G = G = len(cluster.devices)
-        n_nodes = len(cluster.nodes)
-        self.gpu_type = np.array([type_index[d.type.name] for d in cluster.devices], dtype=np.int64)
-        self.gpu_node = np.array([d.node for d in cluster.devices], dtype=np.int64)
+        self.gpu_type, self.gpu_node = cluster.gpu_type, cluster.gpu_node
         self.gpu_type_l = self.gpu_type.tolist()
         self.gpu_node_l = self.gpu_node.tolist()
         self.gpu_job = np.full(G, GPU_FREE, dtype=np.int64)
-        self.free_tn = np.zeros((n_types, n_nodes), dtype=np.int64)
-        np.add.at(self.free_tn, (self.gpu_type, self.gpu_node), 1)
-        self.total_tn = self.free_tn.copy()
+        self.free_tn = cluster.gpus_per_type_node.copy()
         self.free_type = self.free_tn.sum(axis=1)
         self.n_free, self.n_down = G, 0
         self.down = [0] * G
@@ -429,17 +472,14 @@ class _Engine:
         ids = [j.id for j in jobs]
         self.ids = ids
         need = table.num_gpus
-        cap_any = self.total_tn.sum(axis=1)
-        cap_node = self.total_tn.max(axis=1) if n_nodes else np.zeros(n_types, dtype=np.int64)
-        cap = np.where(table.single_node[:, None], cap_node[None, :], cap_any[None, :])
-        allowed = speed > 0
-        ok = allowed & (need[:, None] <= cap)
-        best = np.where(ok, speed, 0.0).max(axis=1) if n_types else np.zeros(n)
+        best = work.best_speed
         bad = np.flatnonzero(best <= 0)
         self.rejected: list[int] = []
         for j in bad.tolist():
             if not drop_unplaceable:
-                raise SchedulingError(self._unplaceable(j, allowed[j], cap_any, cap_node))
+                job = jobs[j]
+                raise SchedulingError(f"job {job.id} "
+                                      f"{unplaceable_reason(cluster, job.num_gpus, job.single_node, table.speed[j])}")
             self.rejected.append(j)
         self.is_rejected = np.zeros(n, dtype=bool)
         self.is_rejected[bad] = True
@@ -497,16 +537,6 @@ class _Engine:
         self.queue_t: list[int] = []
 
     # ----------------------------------------------------------------------------- helpers
-
-    def _unplaceable(self, j: int, allowed: np.ndarray, cap_any: np.ndarray, cap_node: np.ndarray) -> str:
-        job = self.trace.jobs[j]
-        if not allowed.any():
-            return (f"job {job.id} may run on none of the device types of cluster {self.cluster.name} "
-                    f"({', '.join(self.type_names)})")
-        if job.single_node:
-            return (f"job {job.id} needs {job.num_gpus} GPUs of one type on one node; "
-                    f"largest node has {int(cap_node[allowed].max())}")
-        return f"job {job.id} needs {job.num_gpus} GPUs of one type; largest type has {int(cap_any[allowed].max())}"
 
     def _push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
@@ -666,56 +696,27 @@ class _Engine:
             tb.remaining_s[r] = np.maximum(self.rem_base[r] - done, 0.0)
 
     def _apply(self, decision: Decision, now: float) -> None:
-        tb, n = self.table, self.n
-        status = tb.status
-        if decision.preempt:
-            if not self.allow_preempt:
-                raise self._bad(decision.preempt[0], "preempted, but preemption is off for this run")
-            seen: set[int] = set()
-            for j in decision.preempt:
-                if not isinstance(j, (int, np.integer)) or not 0 <= j < n:
-                    raise self._bad(j, "preempted, but there is no such job")
-                j = int(j)
-                if j in seen or status[j] != RUNNING:
-                    raise self._bad(j, "preempted, but it is not running")
-                seen.add(j)
-                self._stop(j, now, _PREEMPT)
-                tb.preemptions[j] += 1
-                self._enqueue(j, now)
+        """Check ``decision`` (:func:`~gpualloc.scheduling.rules.validate_decision`: the first rule
+        broken stops the run), then stop its preempted jobs and start its starts."""
+        if not (decision.preempt or decision.starts):
+            return
+        problems = validate_decision(decision, self.view, self.ids.__getitem__)
+        if problems:
+            raise SchedulingError(f"policy {self.name}: {problems[0]}") from problems[0]
+        tb = self.table
+        for j in decision.preempt:
+            j = int(j)
+            self._stop(j, now, _PREEMPT)
+            tb.preemptions[j] += 1
+            self._enqueue(j, now)
         if not decision.starts:
             return
         started: set[int] = set()
-        G, gpu_job, t_of, node_of = self.G, self.gpu_job, self.gpu_type_l, self.gpu_node_l
-        for item in decision.starts:
-            try:
-                j, gpus = item
-            except (TypeError, ValueError):
-                raise SchedulingError(f"policy {self.name}: start {item!r} is not (job, gpus)") from None
-            if not isinstance(j, (int, np.integer)) or not 0 <= j < n:
-                raise self._bad(j, "started, but there is no such job")
+        t_of = self.gpu_type_l
+        for j, gpus in decision.starts:
             j = int(j)
-            if j in started or status[j] != QUEUED:
-                raise self._bad(j, "started, but it is not queued")
             gl = tuple(int(g) for g in gpus)
-            need = self.ng[j]
-            if len(gl) != need:
-                raise self._bad(j, f"needs {need} GPUs, given {len(gl)}")
-            for g in gl:
-                if not 0 <= g < G:
-                    raise self._bad(j, f"GPU {g} is not in the cluster")
-                if gpu_job[g] != GPU_FREE:
-                    what = "down" if gpu_job[g] == GPU_DOWN else f"running job {self.ids[int(gpu_job[g])]}"
-                    raise self._bad(j, f"GPU {g} is not free ({what})")
-            if len(set(gl)) != need:
-                raise self._bad(j, f"GPUs {gl} repeat a GPU")
-            t = t_of[gl[0]]
-            if any(t_of[g] != t for g in gl):
-                raise self._bad(j, f"GPUs {gl} mix device types")
-            if not tb.speed[j, t] > 0:
-                raise self._bad(j, f"may not run on {self.type_names[t]}")
-            if tb.single_node[j] and any(node_of[g] != node_of[gl[0]] for g in gl):
-                raise self._bad(j, f"needs one node, GPUs {gl} span several")
-            self._start(j, gl, t, now)
+            self._start(j, gl, t_of[gl[0]], now)
             started.add(j)
         if len(started) == 1:
             self.queue.remove(next(iter(started)))
