@@ -7,9 +7,8 @@ from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from gpualloc.cli.common import DefaultToRun, console, err_console, print_json
+from gpualloc.cli.common import DefaultToRun, ImpliedCommand, console, err_console, print_json
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Simulate a GPU cluster: `simulate --cluster C --trace T --policy P`, `simulate compare`.")
@@ -30,7 +29,7 @@ _DROP = typer.Option(False, "--drop-unplaceable",
 _AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled adlro16 one).")
 
 
-def _workload(cluster: str | None, trace: Path | None, fmt: str | None, generate: int | None, load: float,
+def workload(cluster: str | None, trace: Path | None, fmt: str | None, generate: int | None, load: float,
               nodes: Path | None, head: int | None, seed: int):
     from gpualloc.errors import TraceError
     from gpualloc.hardware.cluster import load_cluster
@@ -45,11 +44,12 @@ def _workload(cluster: str | None, trace: Path | None, fmt: str | None, generate
     return spec, jobs
 
 
-def _run(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None):
-    from gpualloc.scheduling.policies import make_policy
+def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None):
+    from gpualloc.scheduling.policies import POLICIES, make_policy
     from gpualloc.scheduling.simulator import simulate
 
-    policy = make_policy(policy_name, **({"agent": agent} if policy_name == "dqn" and agent else {}))
+    takes_agent = "agent" in POLICIES.entry(policy_name).options
+    policy = make_policy(policy_name, **({"agent": agent} if takes_agent and agent else {}))
     with Progress(TextColumn(f"{policy_name:<16}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("jobs", total=len(trace))
@@ -58,7 +58,7 @@ def _run(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | 
     return result
 
 
-@app.command("run")
+@app.command("run", hidden=True, cls=ImpliedCommand)
 def run_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
@@ -68,17 +68,17 @@ def run_cmd(
     out: Path = typer.Option(None, "-o", "--out", help="Write the metrics and every job's record here (JSON)."),
 ) -> None:
     """Run one policy and print its metrics, with the lower bound beside them."""
-    from gpualloc.scheduling.metrics import summary
+    from gpualloc.scheduling.metrics import summary, with_ratios
 
-    spec, jobs = _workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    result = _run(jobs, spec, policy, seed, drop, agent)
+    spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
+    result = run_policy(jobs, spec, policy, seed, drop, agent)
     row = summary(result)
     if out is not None:
         out.write_text(json.dumps({**row, "jobs_records": _records(result)}, indent=1) + "\n")
     if as_json:
         print_json(row)
         return
-    _table([row], f"{policy} on {spec.name}: {len(jobs):,} jobs")
+    print_policies(with_ratios([row]), f"{policy} on {spec.name}: {len(jobs):,} jobs")
 
 
 @app.command("compare")
@@ -91,48 +91,37 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),
 ) -> None:
     """Run several policies on the same jobs and cluster, side by side with the lower bound (oracle-lb)."""
-    from gpualloc.scheduling.metrics import oracle_summary, summary
-
-    spec, jobs = _workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    results = [_run(jobs, spec, name.strip(), seed, drop, agent) for name in policies.split(",") if name.strip()]
-    rows = [summary(r) for r in results] + [oracle_summary(results[0])]
-    if plots is not None:
-        from gpualloc.reports.sched_plots import plot_runs
-
-        plot_runs(results, plots, title=f"({spec.name})")
+    spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
+    names = [name.strip() for name in policies.split(",") if name.strip()]
+    rows = compare_policies(jobs, spec, names, seed=seed, drop=drop, agent=agent, plots=plots)
     if as_json:
         print_json({"cluster": spec.name, "trace": str(trace) if trace else f"synthetic {generate} jobs load {load}",
                     "seed": seed, "results": rows})
         return
-    _table(rows, f"{len(jobs):,} jobs on {spec.name} ({len(spec)} GPUs)")
+    print_policies(rows, f"{len(jobs):,} jobs on {spec.name} ({len(spec)} GPUs)")
     if plots is not None:
         console.print(f"plots: {plots}/jct_cdf.png, utilization.png, queue.png")
 
 
-def _table(rows: list[dict], title: str) -> None:
-    lb = rows[0]["lower_bound_avg_jct_s"]
-    fcfs = next((r["avg_jct_s"] for r in rows if r["policy"] == "fcfs"), None)
-    table = Table(title=title)
-    for col in ("policy", "avg JCT", "p50", "p99", "avg queue", "jobs/h", "util", "eff. util", "sat. util", "makespan",
-                "slowdown", "x bound", "vs fcfs", "HyperScore", "preempt", "wall"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in sorted(rows, key=lambda r: r["avg_jct_s"]):
-        def pct(x):
-            return "-" if x != x else f"{x:.0%}"
-        table.add_row(
-            r["policy"], _h(r["avg_jct_s"]), _h(r["p50_jct_s"]), _h(r["p99_jct_s"]), _h(r["avg_queue_s"]),
-            f"{r['throughput_jobs_per_h']:.3f}", pct(r["utilization"]), pct(r["effective_utilization"]),
-            pct(r.get("saturated_utilization", float("nan"))),
-            _h(r["makespan_s"]), f"{r['avg_slowdown']:.2f}", f"{r['avg_jct_s'] / lb:.2f}" if lb else "-",
-            f"{1 - r['avg_jct_s'] / fcfs:+.0%}" if fcfs else "-", f"{r['hyperscore']:.3f}",
-            str(r["preemptions"]), f"{r['sim_wall_s']:.2f} s")
-    console.print(table)
-    console.print("times in hours; x bound = avg JCT / oracle-lb avg JCT (each job alone on its fastest GPU type); "
-                  "vs fcfs = avg JCT reduction")
+def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = False, agent: Path | None = None,
+                     plots: Path | None = None) -> list[dict]:
+    """Each policy's summary on the same jobs, then the oracle-lb row, with x bound and vs fcfs; the
+    JCT CDF, utilisation and queue plots go to ``plots`` when given."""
+    from gpualloc.scheduling.metrics import oracle_summary, summary, with_ratios
+
+    results = [run_policy(jobs, spec, name, seed, drop, agent) for name in names]
+    if plots is not None:
+        from gpualloc.reports.sched_plots import plot_runs
+
+        plot_runs(results, plots, title=f"({spec.name})")
+    return with_ratios([summary(r) for r in results] + [oracle_summary(results[0])])
 
 
-def _h(seconds: float) -> str:
-    return "-" if seconds != seconds else f"{seconds / 3600:.2f} h"
+def print_policies(rows: list[dict], title: str) -> None:
+    """The policies' rows as a table (ratios already in the rows, rendering from reports)."""
+    from gpualloc.reports.scheduling import policies_table
+
+    console.print(policies_table(rows, title))
 
 
 def _records(result) -> list[dict]:

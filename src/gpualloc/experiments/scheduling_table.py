@@ -26,6 +26,7 @@ from scipy import stats
 from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, summary
+from gpualloc.scheduling.policies import POLICIES as REGISTRY
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Trace
@@ -123,7 +124,8 @@ def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
     cluster = load_cluster(run.cluster)
     trace = _trace(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
-    policy = make_policy(run.policy, **({"agent": run.agent} if run.policy == "dqn" and run.agent else {}))
+    takes_agent = "agent" in REGISTRY.entry(run.policy).options
+    policy = make_policy(run.policy, **({"agent": run.agent} if takes_agent and run.agent else {}))
     result = simulate(trace, cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
     return summary(result), oracle_summary(result)
 

@@ -38,6 +38,7 @@ from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.base import DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable, Policy
 from gpualloc.scheduling.policies import POLICIES, make_policy
+from gpualloc.scheduling.rules import InvalidDecision, check_preempt, check_start, unplaceable_reason
 from gpualloc.service.backends import Backend, RunRef, RunRequest, RunState, RunStatus, ray_resource_name
 from gpualloc.service.errors import BackendError, Conflict, InvalidJob, NotFound
 from gpualloc.service.models import HOLDING, JobRecord, JobSpec, JobState
@@ -111,20 +112,11 @@ def normalise_spec(spec: JobSpec, cluster: ClusterSpec, types: DeviceTypes) -> d
     job = Job("check", 0.0, spec.job_type, spec.work_s, spec.num_gpus, model=spec.model, priority=spec.priority,
               gpu_types=tuple(allowed), single_node=spec.single_node)
     speed = speed_matrix([job], cluster.device_types)[0]
-    gpu_type = np.array([types.names.index(d.type.name) for d in cluster.devices])
-    gpu_node = np.array([d.node for d in cluster.devices])
-    fits = []
-    for t, name in enumerate(types.names):
-        if speed[t] <= 0:
-            continue
-        on_type = gpu_type == t
-        room = (np.bincount(gpu_node[on_type]).max() if spec.single_node else on_type.sum())
-        if room >= spec.num_gpus:
-            fits.append(name)
-    if not fits:
+    reason = unplaceable_reason(cluster, spec.num_gpus, spec.single_node, speed)
+    if reason is not None:
         where = ", ".join(allowed) if allowed else "any device type"
-        raise InvalidJob(f"no device type can ever hold this job: {spec.num_gpus} GPU(s)"
-                         f"{' on one node' if spec.single_node else ''} of {where} on cluster {cluster.name!r}")
+        raise InvalidJob(f"no device type can ever hold this job on cluster {cluster.name!r} "
+                         f"(allowed: {where}): it {reason}")
     return out
 
 
@@ -247,8 +239,7 @@ class Scheduler:
         self.on_lost, self.max_attempts, self.preemption = on_lost, int(max_attempts), bool(preemption)
         self.clock = clock
         self.epoch = store.epoch
-        self.gpu_type = np.array([self.types.names.index(d.type.name) for d in cluster.devices], dtype=np.int64)
-        self.gpu_node = np.array([d.node for d in cluster.devices], dtype=np.int64)
+        self.gpu_type, self.gpu_node = cluster.gpu_type, cluster.gpu_node
         self.gpu_local = np.array([d.local_index for d in cluster.devices], dtype=np.int64)
         self.gpu_job = np.full(len(cluster.devices), GPU_FREE, dtype=np.int64)
         self.live = LiveTable(len(self.types.names))
@@ -309,7 +300,7 @@ class Scheduler:
             SchedulingError: unknown name or bad options.
         """
         if name not in POLICIES:
-            raise SchedulingError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+            raise POLICIES.unknown(name)
         try:
             policy = make_policy(name, **(options or {}))
         except TypeError as err:
@@ -600,37 +591,27 @@ class Scheduler:
         if not isinstance(decision, Decision):
             self.last_error = f"policy {self.policy_name} returned {type(decision).__name__}, not a Decision"
             return
-        if view.preemption:
-            for row in decision.preempt:
-                self._preempt(int(row))
-        for row, gpus in decision.starts:
-            problem = self._check_start(int(row), tuple(int(g) for g in gpus))
-            if problem:
-                self.last_error = f"policy {self.policy_name}: invalid start ignored: {problem}"
+        # the simulator's rules, item by item on the live state: an invalid item is skipped, the rest go on
+        label = self._job_label
+        for row in decision.preempt:
+            try:
+                row = check_preempt(row, self.live.table, preemption=view.preemption, label=label)
+            except InvalidDecision as err:
+                log.info("policy %s: preemption ignored: %s", self.policy_name, err)
+                continue
+            self._preempt(row)
+        for item in decision.starts:
+            try:
+                row, gpus, _ = check_start(item, self.live.table, self.gpu_job, self.gpu_type, self.gpu_node,
+                                           self.types.names, label)
+            except InvalidDecision as err:
+                self.last_error = f"policy {self.policy_name}: invalid start ignored: {err}"
                 log.warning(self.last_error)
                 continue
-            self._start(int(row), tuple(int(g) for g in gpus))
+            self._start(row, gpus)
 
-    def _check_start(self, row: int, gpus: tuple[int, ...]) -> str | None:
-        t = self.live.table
-        if row not in self.queue:
-            return f"row {row} is not queued"
-        n = int(t.num_gpus[row])
-        if len(gpus) != n or len(set(gpus)) != n:
-            return f"job {self.live.job_of_row[row]} needs {n} distinct GPUs, got {list(gpus)}"
-        if any(not 0 <= g < len(self.gpu_job) for g in gpus):
-            return f"GPU index out of range in {list(gpus)}"
-        if any(self.gpu_job[g] != GPU_FREE for g in gpus):
-            return f"GPUs {list(gpus)} are not all free"
-        types = {int(self.gpu_type[g]) for g in gpus}
-        if len(types) != 1:
-            return f"GPUs {list(gpus)} mix device types"
-        ti = types.pop()
-        if t.speed[row, ti] <= 0:
-            return f"job {self.live.job_of_row[row]} may not run on {self.types.names[ti]}"
-        if t.single_node[row] and len({int(self.gpu_node[g]) for g in gpus}) != 1:
-            return f"job {self.live.job_of_row[row]} must run on one node"
-        return None
+    def _job_label(self, row: int) -> str:
+        return str(int(self.live.job_of_row[row]))
 
     def _start(self, row: int, gpus: tuple[int, ...]) -> None:
         rec = self.store.get(int(self.live.job_of_row[row]))
