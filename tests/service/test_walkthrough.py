@@ -1,0 +1,134 @@
+"""The README's service walkthrough as a user runs it, and what it needs: ``--cwd`` (default: the
+submitter's folder, checked by the service), ``GET /jobs/{id}/logs`` and ``gpualloc logs``, and
+paging of ``GET /jobs``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpualloc.service.client import Client
+from gpualloc.service.runner import Execution
+from tests.service.conftest import GPUALLOC, wait_for, wait_state
+
+TRAIN_PY = """\
+import sys
+print("hello from a job")
+print(open("data.txt").read().strip())  # relative: only found in the submitter's folder
+print("a warning", file=sys.stderr)
+"""
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*GPUALLOC, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_readme_walkthrough(server, tmp_path, monkeypatch):
+    # `python` on PATH is this interpreter, as in an activated venv
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    srv = server(cluster="4xV100+2xT4").start()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN_PY)
+    (project / "data.txt").write_text("data from the project folder\n")
+    env = {**os.environ, "GPUALLOC_SERVER": srv.url, "GPUALLOC_TOKEN": srv.token}
+
+    sub = _cli("submit", "--name", "hello", "--gpus", "1", "--command", "python train.py", cwd=project, env=env)
+    assert sub.returncode == 0, sub.stderr
+    assert sub.stdout.strip() == "job 1 queued: hello"
+    listed = _cli("jobs", cwd=project, env=env)
+    assert listed.returncode == 0 and "hello" in listed.stdout, listed.stderr
+    out = _cli("logs", "1", "--follow", cwd=project, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "hello from a job\ndata from the project folder\n"
+    err = _cli("logs", "1", "--stderr", cwd=project, env=env)
+    assert err.returncode == 0 and err.stdout == "a warning\n"
+    with Client(srv.url, srv.token) as c:
+        job = c.job(1)
+    assert (job["state"], job["exit_code"], job["spec"]["target"]["cwd"]) == ("finished", 0, str(project))
+    # logs of a job that does not exist: one line, exit 2
+    missing = _cli("logs", "99", cwd=project, env=env)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no job 99" in missing.stderr
+
+
+def test_cwd_must_be_an_existing_directory(local_service, tmp_path):
+    svc = local_service()
+    for cwd in (str(tmp_path / "nope"), str(tmp_path / "file.txt")):
+        (tmp_path / "file.txt").write_text("x")
+        resp = svc.client.post("/jobs", json={"name": "x", "command": "true", "cwd": cwd})
+        assert resp.status_code == 422, resp.text
+        detail = resp.json()["detail"][0]
+        assert detail["loc"][-1] == "cwd" and "not an existing directory" in detail["msg"]
+
+
+def test_a_cwd_removed_before_the_start_is_reported_as_such(tmp_path):
+    gone = tmp_path / "gone"
+    for target in ({"argv": ["true"]}, {"argv": ["/nonexistent/program"]}, {"callable": "math:sqrt", "args": [4]}):
+        run = Execution({**target, "cwd": str(gone)}, tmp_path / "logs")
+        run.start()
+        outcome = run.wait()
+        assert outcome["exit_code"] == 126 and outcome["error"] == f"working directory not found: {gone}", outcome
+        assert "command not found" not in outcome["error"]
+
+
+def test_logs_endpoint_reads_from_an_offset(local_service):
+    svc = local_service(cluster="1xT4")
+    c = svc.client
+    script = "import sys; sys.stdout.write('0123456789'); sys.stderr.write('err')"
+    job = svc.submit(name="out", command=[sys.executable, "-c", script])
+    blocker = svc.submit(name="wait", command="sleep 30")
+    queued = svc.submit(name="queued", command="true")
+    wait_state(c, job["id"], {"finished"})
+    resp = c.get(f"/jobs/{job['id']}/logs")
+    assert resp.status_code == 200 and resp.content == b"0123456789"
+    assert resp.headers["X-Next-Offset"] == "10" and resp.headers["X-Log-Size"] == "10"
+    assert resp.headers["X-Job-State"] == "finished" and resp.headers["X-Job-Attempt"] == "1"
+    part = c.get(f"/jobs/{job['id']}/logs", params={"offset": 4, "limit": 3})
+    assert part.content == b"456" and part.headers["X-Next-Offset"] == "7"
+    assert c.get(f"/jobs/{job['id']}/logs", params={"offset": 50}).content == b""
+    assert c.get(f"/jobs/{job['id']}/logs", params={"stream": "stderr"}).content == b"err"
+    assert c.get(f"/jobs/{job['id']}/logs", params={"stream": "spec"}).status_code == 422
+    assert c.get("/jobs/999/logs").status_code == 404
+    wait_state(c, blocker["id"], {"running"})
+    early = c.get(f"/jobs/{queued['id']}/logs")  # not started: empty, and says so
+    assert early.content == b"" and early.headers["X-Job-State"] == "queued"
+
+
+def test_client_follows_a_running_job_until_it_ends(local_service):
+    svc = local_service()
+    script = "import time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)"
+    job = svc.submit(name="slow", command=[sys.executable, "-c", script])
+    wait_state(svc.client, job["id"], {"running", "finished"})
+    client = Client("http://127.0.0.1")
+    client._http = svc.client  # the in-process app, with the token
+    pieces = list(client.follow_logs(job["id"], poll_s=0.05))
+    assert b"".join(pieces) == b"0\n1\n2\n"
+    assert svc.client.get(f"/jobs/{job['id']}").json()["state"] == "finished"
+
+
+def test_jobs_are_paged_with_a_cursor(local_service):
+    svc = local_service(cluster="1xT4")
+    c = svc.client
+    blocker = svc.submit(name="b", command="sleep 30")
+    ids = [blocker["id"]] + [svc.submit(name=f"j{i}", command="true")["id"] for i in range(4)]
+    first = c.get("/jobs", params={"limit": 2})
+    assert [j["id"] for j in first.json()] == ids[:2] and "X-Next-Cursor" in first.headers
+    second = c.get("/jobs", params={"limit": 2, "cursor": first.headers["X-Next-Cursor"]})
+    assert [j["id"] for j in second.json()] == ids[2:4]
+    last = c.get("/jobs", params={"limit": 2, "cursor": second.headers["X-Next-Cursor"]})
+    assert [j["id"] for j in last.json()] == ids[4:] and "X-Next-Cursor" not in last.headers
+    exact = c.get("/jobs", params={"limit": 5})
+    assert len(exact.json()) == 5 and "X-Next-Cursor" not in exact.headers  # no empty last page
+    queued = c.get("/jobs", params={"limit": 1, "state": "queued"})
+    nxt = c.get("/jobs", params={"limit": 10, "state": "queued", "cursor": queued.headers["X-Next-Cursor"]})
+    assert [j["id"] for j in queued.json() + nxt.json()] == ids[1:]
+    for bad in ("abc", "YWZ0ZXI6eA", "!!"):
+        resp = c.get("/jobs", params={"cursor": bad})
+        assert resp.status_code == 422 and resp.json()["detail"].startswith("cursor:"), resp.text
+    client = Client("http://127.0.0.1")
+    client._http = c
+    assert [j["id"] for j in client.jobs(page=2)] == ids
+    assert [j["id"] for j in client.jobs(["queued"], page=3)] == ids[1:]
+    wait_for(lambda: c.post(f"/jobs/{blocker['id']}/cancel").status_code == 200, what="cancel")
