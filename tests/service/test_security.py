@@ -131,3 +131,17 @@ def test_serve_on_a_port_in_use_fails_before_printing_or_making_a_token(tmp_path
     assert res.stdout == ""
     assert res.stderr.strip().splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: port {port} is in use"]
     assert not (tmp_path / "state.db.token").exists() and not store.exists()
+
+
+def test_a_stored_policy_with_an_agent_outside_the_folder_is_not_loaded(tmp_path):
+    import json
+
+    from gpualloc.service.app import Service, ServiceConfig
+    from gpualloc.service.errors import ServiceError
+    from gpualloc.service.store import Store
+
+    store = Store(tmp_path / "state.db")
+    store.set_meta("policy", json.dumps({"name": "dqn", "options": {"agent": str(tmp_path / "evil.pt")}}))
+    store.close()
+    with pytest.raises(ServiceError, match="options.agent"):
+        Service(ServiceConfig(store=str(tmp_path / "state.db"), telemetry="none")).open()

@@ -155,6 +155,8 @@ def test_idempotency_key_and_queue_limit(make_store):
     with pytest.raises(QueueFull):
         s.submit(spec("d"))
     assert s.submit(spec("a"), "key-1")[0].id == first.id  # a retry is answered even when full
+    with pytest.raises(Conflict, match="different request"):  # the same key for another job: a client bug
+        s.submit(spec("other"), "key-1")
     s.cancel(first.id)
     s.submit(spec("d"))
     assert s.counts()["queued"] == 3
