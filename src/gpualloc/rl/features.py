@@ -362,9 +362,7 @@ class GridHistory:
         self.rows = np.lexsort((np.arange(n_gpus), view.gpu_type, view.gpu_node))  # row -> GPU
         self.grid = np.zeros(layout.grid_shape, dtype=np.float32)
         self.total = view.total_by_type()
-        per_node = np.zeros((n_types, len(view.cluster.nodes)), dtype=np.int64)
-        np.add.at(per_node, (view.gpu_type, view.gpu_node), 1)
-        self.node_cap = per_node.max(axis=1) if per_node.size else np.zeros(n_types, dtype=np.int64)
+        self.node_cap = view.cluster.largest_node_per_type
         self.jobs_id = id(view.jobs)
         self.last_decision_s: float | None = None
 

@@ -816,7 +816,7 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
     n_gpus = sum(counts.values())
     rate = 0.0
     if n:
-        speeds = mean_speed(speed_matrix(jobs, device_types), [counts[d.name] for d in device_types])
+        speeds = mean_speed(speed_matrix(jobs, device_types), cluster.gpus_per_type)
         if not (speeds > 0).all():
             i = int(np.argmin(speeds))
             raise TraceError(f"generate: no device of cluster {cluster.name!r} can run "

@@ -122,7 +122,7 @@ class SchedulingEnv(gym.Env):
         if max_steps is not None and max_steps < 1:
             raise AgentError(f"SchedulingEnv: max_steps {max_steps} must be positive")
         self.layout = layout or FeatureLayout()
-        n_gpus, n_types = len(self.cluster.devices), len(self.cluster.device_types)
+        n_gpus, n_types = len(self.cluster.devices), len(self.cluster.type_names)
         if n_gpus > self.layout.max_gpus or n_types > self.layout.max_types:
             raise AgentError(f"SchedulingEnv: cluster {self.cluster.name} ({n_gpus} GPUs, {n_types} types) "
                              f"exceeds the layout ({self.layout.max_gpus} GPUs, {self.layout.max_types} types)")

@@ -18,6 +18,7 @@ import numpy as np
 
 from gpualloc.errors import CatalogError, SchedulingError
 from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus
+from gpualloc.scheduling.rules import fits_types
 from gpualloc.workload.jobs import JOB_TYPES, JobType
 
 
@@ -129,11 +130,7 @@ class StaticAffinity:
             by_code[code] = index[name]
         jobs = view.jobs
         target = by_code[jobs.type_code]
-        total = view.total_by_type()
-        per_node = np.zeros((len(view.type_names), len(view.cluster.nodes)), dtype=np.int64)
-        np.add.at(per_node, (view.gpu_type, view.gpu_node), 1)
-        cap = np.where(jobs.single_node[:, None], per_node.max(axis=1)[None, :], total[None, :])
-        holds = (jobs.speed > 0) & (jobs.num_gpus[:, None] <= cap)
+        holds = fits_types(view.cluster, jobs.num_gpus, jobs.single_node, jobs.speed)
         cannot = ~holds[np.arange(len(target)), target]
         if cannot.any():  # fall back to the fastest type that can hold the job
             alt = np.argmax(np.where(holds, jobs.speed, -1.0), axis=1)
