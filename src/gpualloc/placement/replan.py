@@ -35,6 +35,7 @@ from gpualloc.placement.conditions import Conditions, DriftSchedule, conditioned
 from gpualloc.placement.partition.kernighan_lin import kl_refine
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
+from gpualloc.registry import Registry
 from gpualloc.telemetry.base import DeviceSample, LinkSample, StepSample
 
 __all__ = [
@@ -96,8 +97,10 @@ def best_of_planner(*, seed: int | None = 0, passes: int = 10, pipeline: str = "
     return plan
 
 
-PLANNERS: dict[str, Callable[..., Planner]] = {"kl": kl_planner, "best-of": best_of_planner}
-"""Planner factories by name."""
+PLANNERS: Registry[Callable[..., Planner]] = Registry("planner", PlacementError)
+"""Planner factories by name (keyword options only)."""
+PLANNERS.register("kl", kl_planner)
+PLANNERS.register("best-of", best_of_planner)
 
 DEFAULT_PLANNER: Planner = kl_planner()
 
