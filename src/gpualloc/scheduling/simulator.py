@@ -32,7 +32,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -302,8 +302,28 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
         SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
             decision (naming the policy and the job), or jobs left that no event can ever start.
     """
-    return _Engine(trace, cluster, policy, speed, preemption, restart_penalty_s, failures,
-                   checkpoint_interval_s, round_s, drop_unplaceable, seed, progress, timeline, check).run()
+    options = SimOptions(speed=speed, preemption=preemption, restart_penalty_s=restart_penalty_s, failures=failures,
+                         checkpoint_interval_s=checkpoint_interval_s, round_s=round_s,
+                         drop_unplaceable=drop_unplaceable, seed=seed, progress=progress, timeline=timeline,
+                         check=check)
+    return _Engine(trace, cluster, policy, options).run()
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How one run goes: the keyword arguments of :func:`simulate` (see there), in one value."""
+
+    speed: np.ndarray | None = None
+    preemption: bool | None = None
+    restart_penalty_s: float = 30.0
+    failures: Sequence[Failure] = ()
+    checkpoint_interval_s: float = 0.0
+    round_s: float | None = None
+    drop_unplaceable: bool = False
+    seed: int | np.random.Generator | None = 0
+    progress: Callable[[float, int, int], None] | None = None
+    timeline: bool = True
+    check: bool = False
 
 
 class _Caller:
@@ -345,12 +365,8 @@ class Simulation:
         unknown = sorted(set(options) - _SIM_OPTIONS)
         if unknown:
             raise SchedulingError(f"Simulation: unknown option(s) {', '.join(unknown)}")
-        kw = {"speed": None, "restart_penalty_s": 30.0, "failures": (), "checkpoint_interval_s": 0.0,
-              "drop_unplaceable": False, "seed": 0, "progress": None, "timeline": True, "check": False}
-        kw.update(options)
-        self._engine = _Engine(trace, cluster, _Caller(name, preemptive, round_s), kw["speed"], None,
-                               kw["restart_penalty_s"], kw["failures"], kw["checkpoint_interval_s"], round_s,
-                               kw["drop_unplaceable"], kw["seed"], kw["progress"], kw["timeline"], kw["check"])
+        opts = replace(SimOptions(round_s=round_s), **options)
+        self._engine = _Engine(trace, cluster, _Caller(name, preemptive, round_s), opts)
         self._steps = self._engine.steps()
         self._result: SimResult | None = None
         self.view: ClusterView | None = None
@@ -409,8 +425,8 @@ class Simulation:
             self._result, self.view = stop.value, None
 
 
-_SIM_OPTIONS = frozenset({"speed", "restart_penalty_s", "failures", "checkpoint_interval_s", "drop_unplaceable",
-                          "seed", "progress", "timeline", "check"})
+_SIM_OPTIONS = frozenset(f.name for f in fields(SimOptions)) - {"preemption", "round_s"}
+"""What :class:`Simulation` takes as ``**options`` (it sets ``round_s`` itself and never preempts for the caller)."""
 
 
 def _workload(trace: Trace | Workload, cluster: ClusterSpec, speed: np.ndarray | None) -> Workload:
@@ -428,29 +444,29 @@ class _Engine:
     """One run's state. Hot paths read Python lists for static per-job data and write the
     :class:`JobTable` arrays policies see."""
 
-    def __init__(self, trace, cluster, policy, speed, preemption, restart_penalty_s, failures,
-                 checkpoint_interval_s, round_s, drop_unplaceable, seed, progress, timeline, check):
+    def __init__(self, trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, opts: SimOptions) -> None:
         self.wall0 = time.perf_counter()
-        work = _workload(trace, cluster, speed)
+        work = _workload(trace, cluster, opts.speed)
         self.trace, self.cluster, self.policy = work.trace, cluster, policy
         self.name = _policy_name(policy)
         jobs = work.trace.jobs
         n = len(jobs)
         self.n = n
         self.type_names = cluster.type_names
-        if not restart_penalty_s >= 0:
-            raise SchedulingError(f"restart_penalty_s must be >= 0, got {restart_penalty_s}")
-        if not checkpoint_interval_s >= 0:
-            raise SchedulingError(f"checkpoint_interval_s must be >= 0, got {checkpoint_interval_s}")
+        if not opts.restart_penalty_s >= 0:
+            raise SchedulingError(f"restart_penalty_s must be >= 0, got {opts.restart_penalty_s}")
+        if not opts.checkpoint_interval_s >= 0:
+            raise SchedulingError(f"checkpoint_interval_s must be >= 0, got {opts.checkpoint_interval_s}")
         self.table = table = work.jobs.fresh()
-        self.penalty = float(restart_penalty_s)
-        self.ckpt = float(checkpoint_interval_s)
-        self.allow_preempt = bool(policy.preemptive if preemption is None else preemption)
-        rs = round_s if round_s is not None else getattr(policy, "round_s", None)
+        self.penalty = float(opts.restart_penalty_s)
+        self.ckpt = float(opts.checkpoint_interval_s)
+        self.allow_preempt = bool(policy.preemptive if opts.preemption is None else opts.preemption)
+        rs = opts.round_s if opts.round_s is not None else getattr(policy, "round_s", None)
         if rs is not None and not rs > 0:
             raise SchedulingError(f"round_s must be > 0, got {rs}")
         self.round_s = rs
-        self.progress, self.record, self.check = progress, timeline, check
+        self.progress, self.record, self.check = opts.progress, opts.timeline, opts.check
+        seed = opts.seed
         self.seed = seed if isinstance(seed, int) or seed is None else None
 
         # GPUs
@@ -476,7 +492,7 @@ class _Engine:
         bad = np.flatnonzero(best <= 0)
         self.rejected: list[int] = []
         for j in bad.tolist():
-            if not drop_unplaceable:
+            if not opts.drop_unplaceable:
                 job = jobs[j]
                 raise SchedulingError(f"job {job.id} "
                                       f"{unplaceable_reason(cluster, job.num_gpus, job.single_node, table.speed[j])}")
@@ -519,7 +535,7 @@ class _Engine:
         # events
         self.heap: list = []
         self.seq = 0
-        self.failures = tuple(failures)
+        self.failures = tuple(opts.failures)
         for k, f in enumerate(self.failures):
             bad_g = [g for g in f.gpus if not 0 <= g < G]
             if bad_g:
