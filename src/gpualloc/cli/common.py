@@ -7,49 +7,99 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from typer.core import TyperGroup
+from typer import Context
+from typer.core import TyperCommand, TyperGroup
+
+from gpualloc.reports.format import gib, ms, num, si  # noqa: F401 - re-exported for the CLI modules
 
 # Piped output (logs, CI) is not cut to 80 columns: tables keep their full width.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 
+class _ImpliedContext(Context):
+    """The context of an implied sub-command: it has no name of its own, so usage lines and errors
+    name the group (``gpualloc place``), never the hidden ``run``."""
+
+    @property
+    def command_path(self) -> str:
+        return super().command_path.rstrip()
+
+
+class ImpliedCommand(TyperCommand):
+    """The hidden default sub-command of a :class:`DefaultToRun` group."""
+
+    context_class = _ImpliedContext
+
+
 class DefaultToRun(TyperGroup):
     """A command group whose ``run`` sub-command is implied: ``gpualloc place GRAPH ...`` runs
-    ``place run GRAPH ...``, while its other sub-commands (``evaluate``, ``compare``) stay reachable."""
+    ``place run GRAPH ...``, while its other sub-commands (``evaluate``, ``compare``) stay reachable.
+
+    ``run`` must be registered with ``cls=ImpliedCommand, hidden=True``. The group's help shows
+    ``run``'s arguments and options beside the sub-commands; usage errors of ``run`` speak as the group.
+    """
+
+    default = "run"
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = ["run", *args]
+            args = [self.default, *args]
         return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        # No name for the implied command: its usage line and errors then read `gpualloc place ...`.
+        return (None if name == self.default else name), cmd, rest
+
+    def format_help(self, ctx, formatter):
+        own = self.params
+        self.params = [*self.commands[self.default].params, *own]
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.params = own
+
+    def collect_usage_pieces(self, ctx):
+        # `gpualloc place [OPTIONS] GRAPH | COMMAND [ARGS]...`: the implied form first, then the sub-commands.
+        run = self.commands[self.default]
+        args = [piece for p in run.params if p.param_type_name == "argument" for piece in p.get_usage_pieces(ctx)]
+        return ["[OPTIONS]", *([*args, "|"] if args else []), "COMMAND", "[ARGS]..."]
+
+
+class OrderedGroup(TyperGroup):
+    """The root group: sub-commands in the order a user meets them (:data:`COMMAND_ORDER`), the rest after."""
+
+    def list_commands(self, ctx):
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda n: rank.get(n, len(rank)))
+
+
+COMMAND_ORDER = ("demo", "hw", "graph", "cost", "place", "simulate", "run", "calibrate", "monitor", "train",
+                 "reproduce", "serve", "submit", "jobs", "logs", "cancel", "policy")
+
+
+def device_types(names: str) -> list:
+    """Catalog device types from a comma-separated list (``A100,V100,T4``); unknown names raise CatalogError."""
+    from gpualloc.hardware.catalog import default_catalog
+
+    cat = default_catalog()
+    return [cat.device(name.strip()) for name in names.split(",") if name.strip()]
+
+
+def progress_bar(*, transient: bool = True):
+    """A Rich progress bar on stderr, so stdout stays clean for results and ``--json``: description, bar,
+    done/total, elapsed. Silent when stderr is not a terminal (logs stay free of redraws)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=transient)
 
 
 def print_json(data: Any) -> None:
     """Plain JSON on stdout (no Rich markup), for scripts."""
     sys.stdout.write(json.dumps(data, indent=1) + "\n")
-
-
-def si(value: float | None, unit: str = "", digits: int = 3) -> str:
-    """Human-readable SI number: 8.21e9 -> '8.21 G'."""
-    if value is None:
-        return "-"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.{digits}g} {prefix}{unit}"
-    return f"{value:.{digits}g} {unit}".rstrip()
-
-
-def gib(nbytes: float | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
-
-
-def num(value: float | None, scale: float = 1.0) -> str:
-    """``value / scale`` in %g form, or '-' when unknown."""
-    return "-" if value is None else f"{value / scale:g}"
 
 
 def load_graph(source: str, batch: int = 32):

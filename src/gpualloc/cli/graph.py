@@ -6,10 +6,10 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from gpualloc.cli.common import console, gib, print_json, si
+from gpualloc.cli.common import console, print_json
 from gpualloc.graph.ir import OpGraph, summarize
+from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
 
 app = typer.Typer(help="Operator graphs: capture from PyTorch, import published profiles, inspect.",
                   no_args_is_help=True)
@@ -38,9 +38,7 @@ def capture_cmd(
     with console.status(f"tracing {model} at batch {batch}..."):
         graph = capture(model, batch=batch, granularity=granularity.value)
     graph.save(output)
-    s = summarize(graph)
-    console.print(f"wrote {output}: {s['nodes']} nodes, {s['edges']} edges, {si(s['total_flops'], 'FLOP')} forward, "
-                  f"{gib(s['param_bytes'])} parameters")
+    console.print(capture_line(output, summarize(graph)))
 
 
 @app.command("import")
@@ -63,7 +61,7 @@ def import_cmd(
         graph.save(output)
         console.print(f"wrote {output}: {s['nodes']} nodes, {s['edges']} edges")
     else:
-        _print_summary(s)
+        console.print(summary_view(s))
 
 
 @app.command("show")
@@ -78,16 +76,9 @@ def show_cmd(
     if as_json:
         print_json(s)
         return
-    _print_summary(s)
+    console.print(summary_view(s))
     if top > 0 and len(graph):
-        table = Table(title=f"Heaviest {min(top, len(graph))} nodes by forward FLOPs")
-        for col in ("id", "kind", "name", "FLOPs", "params", "output"):
-            table.add_column(col)
-        order = graph.flops.argsort()[::-1][:top]
-        for i in order:
-            n = graph.nodes[i]
-            table.add_row(n.id, n.kind, n.name[:48], si(n.flops), si(n.param_bytes, "B"), si(n.output_bytes, "B"))
-        console.print(table)
+        console.print(heaviest_nodes_table(graph, top))
 
 
 @app.command("schema")
@@ -96,25 +87,3 @@ def schema_cmd() -> None:
     from gpualloc.graph.schema import json_schema
 
     print_json(json_schema())
-
-
-def _print_summary(s: dict) -> None:
-    batch = f", batch {s['batch_size']}" if s["batch_size"] else ""
-    console.print(f"[bold]{s['name']}[/]{batch}: {s['nodes']} nodes, {s['edges']} edges")
-    rows = [
-        ("forward FLOPs", si(s["total_flops"], "FLOP")),
-        ("parameters", gib(s["param_bytes"])),
-        ("activations", gib(s["activation_bytes"])),
-        ("bytes on edges", gib(s["edge_bytes"])),
-        ("critical path", f"{si(s['critical_path_flops'], 'FLOP')} over {s['critical_path_nodes']} nodes"),
-        ("measured on", ", ".join(s["measured_on"]) or "-"),
-        ("kinds", ", ".join(f"{k} {v}" for k, v in list(s["kinds"].items())[:8])),
-    ]
-    if "flops_per_sample" in s:
-        rows.insert(1, ("forward FLOPs per sample", si(s["flops_per_sample"], "FLOP")))
-    table = Table(show_header=False)
-    table.add_column()
-    table.add_column()
-    for r in rows:
-        table.add_row(*r)
-    console.print(table)

@@ -12,16 +12,17 @@ from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import service as service_cli
-from gpualloc.cli.common import console, err_console
+from gpualloc.cli.common import OrderedGroup, console, err_console
 from gpualloc.errors import GpuallocError
 
 app = typer.Typer(
     name="gpualloc",
     help="Allocate GPU resources for deep learning: place a model's operators on heterogeneous GPUs, "
     "and schedule jobs on a GPU cluster.",
+    cls=OrderedGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
 )
 app.add_typer(hw.app, name="hw")
 app.add_typer(graph.app, name="graph")
@@ -56,21 +57,36 @@ def demo(
 ) -> None:
     """Capture ResNet-50, cost a training step on A100/V100/T4, place it on 4 A100 + 4 V100 with every
     method, and schedule 200 jobs on adlro16 under every policy."""
-    out.mkdir(parents=True, exist_ok=True)
+    from gpualloc.graph.capture import capture
+    from gpualloc.graph.ir import summarize
+    from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise GpuallocError(f"--out {out}: cannot create the folder: {err.strerror}") from err
     path = out / "resnet50.json"
     console.rule("[bold]1. capture ResNet-50 (torch.export + FLOP counter)")
-    graph.capture_cmd("resnet50", path, batch, graph.Granularity.op)
+    with console.status(f"tracing resnet50 at batch {batch}..."):
+        g = capture("resnet50", batch=batch)
+    g.save(path)
+    console.print(capture_line(path, summarize(g)))
     console.rule("[bold]2. the graph")
-    graph.show_cmd(path, as_json=False, top=5)
+    console.print(summary_view(summarize(g)))
+    console.print(heaviest_nodes_table(g, 5))
     console.rule("[bold]3. one training step on A100 vs V100 vs T4 (calibrated cost model)")
-    cost.estimate_cmd(str(path), "A100,V100,T4", batch, as_json=False)
+    cost.print_estimates(g, "A100,V100,T4")
     console.rule("[bold]4. place it on hetero8 (4 A100 + 4 V100): every method vs the lower bound")
-    place.compare_cmd(graph=str(path), cluster="hetero8", microbatches=1, batch=batch, seed=0, as_json=False)
+    problem = place.make_problem(str(path), "hetero8", microbatches=1, batch=batch)
+    place.print_outcomes(problem, place.compare_all(problem, seed=0),
+                         f"{g.name} on hetero8 ({len(problem.cluster)} devices, 1 microbatch(es))")
     console.rule("[bold]5. schedule 200 synthetic jobs on adlro16 (8 V100 + 4 T4 + 4 MI50) under every policy")
-    simulate.compare_cmd(cluster="adlro16", trace=None, fmt=None, generate=200, load=0.8, nodes=None, head=None,
-                         seed=0, drop=False, agent=None, policies=simulate.DEFAULT_POLICIES,
-                         plots=out / "sched-plots", as_json=False)
-    console.print(f"\nNext: gpualloc place --help | gpualloc simulate --help | gpualloc reproduce --help")
+    spec, jobs = simulate.workload("adlro16", None, None, 200, 0.8, None, None, seed=0)
+    plots = out / "sched-plots"
+    rows = simulate.compare_policies(jobs, spec, simulate.DEFAULT_POLICIES.split(","), seed=0, plots=plots)
+    simulate.print_policies(rows, f"{len(jobs):,} jobs on {spec.name} ({len(spec)} GPUs)")
+    console.print(f"plots: {plots}/jct_cdf.png, utilization.png, queue.png")
+    console.print("\nNext: gpualloc place --help | gpualloc simulate --help | gpualloc reproduce --help")
 
 
 def main() -> None:

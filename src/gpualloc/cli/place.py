@@ -6,9 +6,8 @@ from pathlib import Path
 
 import typer
 from rich.progress import Progress
-from rich.table import Table
 
-from gpualloc.cli.common import DefaultToRun, console, load_graph, ms, print_json
+from gpualloc.cli.common import DefaultToRun, ImpliedCommand, console, load_graph, print_json
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Place a graph on a cluster: `place GRAPH --cluster C --method M`, `place evaluate`, "
@@ -21,7 +20,8 @@ CLUSTER_HELP = "Preset (8xA100, adlro16, mixed-gen), shorthand (4xA100+4xV100) o
 CALIBRATION_HELP = "A calibration file from `gpualloc calibrate` (default: the shipped one)."
 
 
-def _problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None):
+def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None):
+    """The placement problem of the command-line arguments (graph source, cluster spec, calibration file)."""
     from gpualloc.cost.model import Calibration, CostModel
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
@@ -30,33 +30,39 @@ def _problem(graph: str, cluster: str, microbatches: int, batch: int, calibratio
     return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches)
 
 
-def _print_outcomes(problem, outcomes, title: str) -> None:
-    by = {o.method: o for o in outcomes}
-    table = Table(title=title)
-    for col in ("method", "step", "samples/s", "x bound", "vs static", "vs round-robin", "comm", "comm share",
-                "max mem", "feasible", "partition time"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    for o in sorted(outcomes, key=lambda o: (not o.result.feasible, o.result.step_time_s)):
-        r = o.result
+def compare_all(problem, *, seed: int, quiet: bool = False) -> list:
+    """Every registered method on ``problem``, with a progress bar unless ``quiet``."""
+    from gpualloc.placement.partition import PARTITIONERS
+    from gpualloc.placement.run import compare
 
-        def gain(ref: str) -> str:
-            base = by.get(ref)
-            return f"{1 - r.step_time_s / base.result.step_time_s:+.0%}" if base else "-"
-
-        fill = max(r.peak_mem_bytes / problem.mem_cap_bytes)
-        table.add_row(
-            o.method + (f" ({o.note})" if o.note else ""), ms(r.step_time_s),
-            f"{r.throughput_samples_per_s:,.1f}" if r.throughput_samples_per_s else "-",
-            f"{o.ratio_to_bound:.2f}", gain("static"), gain("round-robin"), f"{r.comm_bytes / 1e6:,.0f} MB",
-            f"{r.comm_share:.0%}", f"{fill:.0%}", "yes" if r.feasible else "[red]no[/]", ms(o.partition_time_s))
-    console.print(table)
-    console.print(f"lower bound: {ms(outcomes[0].lower_bound_s)} (gains are step-time reductions; "
-                  "x bound = step time / lower bound)")
+    methods = list(PARTITIONERS)
+    with Progress(console=console, transient=True, disable=quiet) as progress:
+        task = progress.add_task("partitioning", total=len(methods))
+        return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task))
 
 
-@app.command("run", hidden=True)
+def comparison_doc(problem, outcomes, cluster: str) -> dict:
+    """The JSON of ``place compare``: every outcome with its gains over the reference methods."""
+    from gpualloc.placement.run import gains, lower_bound_s
+
+    return {"graph": problem.graph.name, "cluster": cluster, "microbatches": problem.microbatches,
+            "lower_bound_s": lower_bound_s(problem),
+            "results": [{**o.to_dict(problem, with_assignment=False),
+                         **{f"gain_vs_{ref.replace('-', '_')}": None if v != v else v for ref, v in g.items()}}
+                        for o, g in zip(outcomes, gains(outcomes), strict=True)]}
+
+
+def print_outcomes(problem, outcomes, title: str) -> None:
+    """The outcomes as a table (ratios from placement.run, rendering from reports)."""
+    from gpualloc.placement.run import gains, memory_fill
+    from gpualloc.reports.placement import outcomes_table
+
+    console.print(outcomes_table(outcomes, gains(outcomes), [memory_fill(problem, o) for o in outcomes], title))
+
+
+@app.command("run", hidden=True, cls=ImpliedCommand)
 def run_cmd(
-    graph: str = typer.Argument(..., help=GRAPH_HELP),
+    graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
     method: str = typer.Option("best", "--method", "-m",
                                help="Partitioner (see `place compare`), best, or dqn (the learned agent)."),
@@ -72,14 +78,14 @@ def run_cmd(
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import place
 
-    problem = _problem(graph, cluster, microbatches, batch, calibration)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration)
     outcome = place(problem, method, seed=seed, **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
 
 
 @app.command("evaluate")
 def evaluate_cmd(
-    graph: str = typer.Argument(..., help=GRAPH_HELP),
+    graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
     plan: Path = typer.Option(..., "--plan", help="A plan JSON (from `place -o`, or hand-made)."),
     microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
@@ -93,7 +99,7 @@ def evaluate_cmd(
 
     from gpualloc.placement.run import load_assignment, score
 
-    problem = _problem(graph, cluster, microbatches, batch, calibration)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration)
     assignment = load_assignment(plan, problem)
     try:
         method = json.loads(plan.read_text()).get("method", "plan")
@@ -104,7 +110,7 @@ def evaluate_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    graph: str = typer.Argument(..., help=GRAPH_HELP),
+    graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
     microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
     batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
@@ -113,21 +119,13 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
-    from gpualloc.placement.partition import PARTITIONERS
-    from gpualloc.placement.run import compare, lower_bound_s
-
-    problem = _problem(graph, cluster, microbatches, batch, calibration)
-    methods = list(PARTITIONERS)
-    with Progress(console=console, transient=True, disable=as_json) as progress:
-        task = progress.add_task("partitioning", total=len(methods))
-        outcomes = compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task))
+    problem = make_problem(graph, cluster, microbatches, batch, calibration)
+    outcomes = compare_all(problem, seed=seed, quiet=as_json)
     if as_json:
-        print_json({"graph": problem.graph.name, "cluster": cluster, "microbatches": microbatches,
-                    "lower_bound_s": lower_bound_s(problem),
-                    "results": [o.to_dict(problem, with_assignment=False) for o in outcomes]})
+        print_json(comparison_doc(problem, outcomes, cluster))
         return
-    _print_outcomes(problem, outcomes, f"{problem.graph.name} on {cluster} ({len(problem.cluster)} devices, "
-                                       f"{microbatches} microbatch(es))")
+    print_outcomes(problem, outcomes, f"{problem.graph.name} on {cluster} ({len(problem.cluster)} devices, "
+                                      f"{microbatches} microbatch(es))")
 
 
 def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None) -> None:
@@ -144,7 +142,7 @@ def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, 
     if as_json:
         print_json(outcome.to_dict(problem))
         return
-    _print_outcomes(problem, [outcome], f"{problem.graph.name} on {cluster}: {outcome.method}")
+    print_outcomes(problem, [outcome], f"{problem.graph.name} on {cluster}: {outcome.method}")
     if output is not None:
         console.print(f"wrote {output}")
     if plot is not None:

@@ -108,8 +108,10 @@ def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = Fa
     """Each policy's summary on the same jobs, then the oracle-lb row, with x bound and vs fcfs; the
     JCT CDF, utilisation and queue plots go to ``plots`` when given."""
     from gpualloc.scheduling.metrics import oracle_summary, summary, with_ratios
+    from gpualloc.scheduling.simulator import prepare
 
-    results = [run_policy(jobs, spec, name, seed, drop, agent) for name in names]
+    work = prepare(jobs, spec)  # the speed matrix and job table, once for every policy
+    results = [run_policy(work, spec, name, seed, drop, agent) for name in names]
     if plots is not None:
         from gpualloc.reports.sched_plots import plot_runs
 

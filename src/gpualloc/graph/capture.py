@@ -45,6 +45,7 @@ import importlib
 import io
 import logging
 import operator
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -100,6 +101,26 @@ class _Op:
 
 
 # ------------------------------------------------------------------------------------------ loading
+def import_factory_module(model: str) -> tuple[Any, str]:
+    """Import the module of ``"package.module:factory"`` and return it with the factory's name.
+
+    The current folder is on the import path, as with ``python -m``: ``gpualloc graph capture
+    mypkg.models:build`` works from the folder holding ``mypkg/``. It is appended (installed packages
+    are never shadowed) and stays (the factory and ``example_inputs`` may import siblings later).
+
+    Raises:
+        CaptureError: the module cannot be imported (one line).
+    """
+    mod_name, _, attr = model.partition(":")
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(mod_name), attr
+    except Exception as err:  # noqa: BLE001 - any import failure is the user's model problem
+        raise CaptureError(f"cannot import {mod_name!r} for {model!r}: {_one_line(err)}") from err
+
+
 def _load_model(
     model: nn.Module | str, example_inputs: ExampleInputs | None = None
 ) -> tuple[nn.Module, Callable[[int], Sequence[torch.Tensor]] | Sequence[torch.Tensor], str, bool]:
@@ -123,11 +144,8 @@ def _load_model(
         with torch.device("meta"):  # no weights allocated, no initialisation computed
             module = entry.factory()
         return module, entry.example_inputs, model, True
-    mod_name, _, attr = model.partition(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except Exception as err:  # noqa: BLE001 - any import failure is the user's model problem
-        raise CaptureError(f"cannot import {mod_name!r} for {model!r}: {_one_line(err)}") from err
+    mod, attr = import_factory_module(model)
+    mod_name = mod.__name__
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise CaptureError(f"{model!r}: module {mod_name!r} has no callable {attr!r}")
@@ -184,6 +202,9 @@ def capture(
         for m, training in modes:
             m.training = training
 
+    if not ops:
+        raise CaptureError(f"cannot trace {name}: no operators between its inputs and its output "
+                           "(does forward return a tensor computed from its inputs?)")
     graph_ops = ops if granularity == "op" else _coarsen_by_layer(ops)
     nodes = [
         OpNode(id=o.id, name=(o.layer or o.id) if granularity == "layer" else _op_name(o), kind=o.kind,
@@ -239,10 +260,13 @@ def _export(module: nn.Module, args: tuple[Any, ...], name: str) -> tuple[torch.
 def _quiet_torch_logs() -> Iterator[None]:
     """Hold back what a failing trace dumps (warnings, a partial graph printed to stderr): the
     CaptureError says it in one line. On success, whatever was printed is passed on."""
-    loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
+    # Every torch logger, not a fixed list: a failing export logs hundreds of ERROR lines from
+    # torch._subclasses, torch._dynamo, ... through handlers bound to the real stderr.
+    names = {"torch", *_NOISY_LOGGERS, *(n for n in logging.root.manager.loggerDict if n.startswith("torch."))}
+    loggers = [logging.getLogger(n) for n in sorted(names)]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL + 1)
     held = io.StringIO()
     try:
         with contextlib.redirect_stderr(held):

@@ -14,7 +14,6 @@ graph node id is owned by the graph node of its module path.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 from gpualloc.errors import CaptureError
-from gpualloc.graph.capture import _deepest_module, _export, _one_line
+from gpualloc.graph.capture import _deepest_module, _export, _one_line, import_factory_module
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.zoo import get_model
 
@@ -58,11 +57,8 @@ def build_model(model: str, batch: int, *, seed: int = 0) -> tuple[nn.Module, tu
             entry = get_model(model)
             module, make = entry.factory(), entry.example_inputs
         else:
-            mod_name, _, attr = model.partition(":")
-            try:
-                mod = importlib.import_module(mod_name)
-            except Exception as err:  # noqa: BLE001 - any import failure is the user's model problem
-                raise CaptureError(f"cannot import {mod_name!r} for {model!r}: {_one_line(err)}") from err
+            mod, attr = import_factory_module(model)
+            mod_name = mod.__name__
             factory, make = getattr(mod, attr, None), getattr(mod, "example_inputs", None)
             if not callable(factory) or not callable(make):
                 raise CaptureError(f"{model!r}: module {mod_name!r} needs a callable {attr!r} and example_inputs(batch)")

@@ -20,6 +20,7 @@ from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
 
 PLAN_FORMAT = "gpualloc-plan"
+GAIN_REFERENCES = ("static", "round-robin")
 
 @dataclass(frozen=True)
 class Outcome:
@@ -57,6 +58,24 @@ class Outcome:
         if with_assignment:
             out["assignment"] = {problem.graph.nodes[i].id: int(d) for i, d in enumerate(self.assignment)}
         return out
+
+
+def gain(step_time_s: float, reference_s: float) -> float:
+    """Step-time reduction over a reference plan: ``1 - step / reference`` (NaN without a reference)."""
+    return 1.0 - step_time_s / reference_s if reference_s > 0 else float("nan")
+
+
+def gains(outcomes: list[Outcome], references: tuple[str, ...] = GAIN_REFERENCES) -> list[dict[str, float]]:
+    """Each outcome's :func:`gain` over each reference method's plan among ``outcomes`` (NaN where the
+    reference is absent), in the order of ``outcomes``."""
+    by = {o.method: o.result.step_time_s for o in outcomes}
+    return [{ref: gain(o.result.step_time_s, by[ref]) if ref in by else float("nan") for ref in references}
+            for o in outcomes]
+
+
+def memory_fill(problem: PlacementProblem, outcome: Outcome) -> float:
+    """The fullest device's peak memory as a fraction of its capacity."""
+    return float(max(outcome.result.peak_mem_bytes / problem.mem_cap_bytes))
 
 
 def lower_bound_s(problem: PlacementProblem) -> float:

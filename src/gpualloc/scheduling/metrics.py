@@ -139,6 +139,25 @@ def jct_ratio(result: SimResult) -> float:
     return min(1.0, lower_bound_avg_jct_s(result) / avg)
 
 
+def x_bound(avg_jct: float, lower_bound_avg_jct: float) -> float:
+    """avg JCT / the oracle-lb avg JCT (1 = the bound met); NaN without a positive bound."""
+    return avg_jct / lower_bound_avg_jct if lower_bound_avg_jct > 0 else math.nan
+
+
+def reduction(value: float, reference: float) -> float:
+    """How much smaller ``value`` is than ``reference``: ``1 - value / reference`` (NaN without a reference)."""
+    return 1.0 - value / reference if reference > 0 else math.nan
+
+
+def with_ratios(rows: list[dict[str, Any]], reference: str = "fcfs") -> list[dict[str, Any]]:
+    """``rows`` (from :func:`summary`, one per policy on the same jobs) with ``x_bound`` and
+    ``vs_<reference>`` (avg JCT reduction over the ``reference`` policy, NaN when it did not run)."""
+    ref = next((r["avg_jct_s"] for r in rows if r["policy"] == reference), math.nan)
+    key = "vs_" + reference.replace("-", "_")
+    return [{**r, "x_bound": x_bound(r["avg_jct_s"], r["lower_bound_avg_jct_s"]),
+             key: reduction(r["avg_jct_s"], ref)} for r in rows]
+
+
 def summary(result: SimResult) -> dict[str, Any]:
     """Every metric of one run, as a flat dict of numbers (and the policy and cluster names)."""
     v = jct_ratio(result)

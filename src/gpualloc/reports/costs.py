@@ -1,0 +1,79 @@
+"""Cost-model results as Rich tables: per-device step estimates and the calibration behind them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gpualloc.reports.format import gib, ms
+
+
+def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_from: Sequence[str]) -> Group:
+    """One training step of a graph on each device, then each step time relative to the fastest.
+
+    Args:
+        graph_name, batch: the graph's name and batch size, for the title.
+        rows: :class:`~gpualloc.cost.estimate.DeviceEstimate` per device.
+        fitted_from: where each device's efficiency comes from (``CostModel.efficiency(d).fitted_from``).
+    """
+    table = Table(title=f"{graph_name} (batch {batch}): one training step on one device")
+    for col in ("device", "step", "fwd", "bwd", "samples/s", "TFLOP/s", "FP32 util", "memory", "fits",
+                "J/step", "efficiency from"):
+        table.add_column(col, justify="left" if col in ("device", "efficiency from") else "right")
+    for r, source in zip(rows, fitted_from, strict=True):
+        table.add_row(
+            r.device, ms(r.step_time_s), ms(r.fwd_time_s), ms(r.bwd_time_s),
+            f"{r.samples_per_s:,.1f}" if r.samples_per_s else "-", f"{r.achieved_tflops:.1f}",
+            f"{r.fp32_utilisation:.0%}" if r.fp32_utilisation is not None else "-",
+            f"{gib(r.memory_bytes)} / {gib(r.device_mem_bytes)}", "yes" if r.fits else "[red]no[/]",
+            f"{r.energy_per_step_j:.1f}", source,
+        )
+    fastest = min(r.step_time_s for r in rows)
+    relative = Text("relative step time: " + ", ".join(f"{r.device} {r.step_time_s / fastest:.2f}x" for r in rows))
+    return Group(table, relative)
+
+
+def calibration_view(cal) -> Group:
+    """A :class:`~gpualloc.cost.model.Calibration`: fitted efficiencies, then each fit's error tables."""
+    parts: list[RenderableType] = []
+    table = Table(title="Fitted efficiencies (FP32 peaks)")
+    for col in ("device", "compute", "memory", "launch us", "fitted from"):
+        table.add_column(col)
+    for name, e in [*cal.devices.items(), ("(other GPUs)", cal.default), ("(cpu)", cal.cpu_default)]:
+        table.add_row(name, f"{e.compute:.3f}", f"{e.memory:.3f}", f"{e.launch_s * 1e6:.1f}", e.fitted_from)
+    parts.append(table)
+    fit = cal.fit
+    if "pipedream" in fit:
+        pd = fit["pipedream"]
+        t = Table(title=f"PipeDream per-layer fit on {fit['reference_device']}: one minibatch (fwd+bwd), "
+                        f"median layer error {pd['layer_median_abs_error']:.0%}")
+        for col in ("model", "measured", "predicted", "error"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for name, m in pd["models"].items():
+            t.add_row(name, f"{m['measured_ms']:.1f} ms", f"{m['predicted_ms']:.1f} ms", f"{m['error']:+.0%}")
+        parts.append(t)
+    if "sia" in fit:
+        t = Table(title=f"Sia: measured speed per sample vs {fit['reference_device']} (marginal time per sample)")
+        for col in ("device", "app", "ms/sample", "R^2", "measured speed", "model speed", "error"):
+            t.add_column(col)
+        for dev, rec in fit["sia"].items():
+            for app, a in rec["apps"].items():
+                measured = a["speed_vs_ref"]
+                pred = a.get("predicted_speed")
+                err = f"{pred / measured - 1:+.0%}" if measured and pred else "-"
+                t.add_row(dev, app, f"{a['ms_per_sample']:.3f}", f"{a['r2']:.2f}",
+                          f"{measured:.2f}x" if measured else "(unused)", f"{pred:.2f}x" if pred else "-", err)
+        parts.append(t)
+    if fit.get("leave_one_out"):
+        t = Table(title="Leave-one-out: the default rule (for devices without measurements) on measured GPUs")
+        for col in ("device", "measured speed", "predicted", "error"):
+            t.add_column(col)
+        for dev, r in fit["leave_one_out"].items():
+            t.add_row(dev, f"{r['measured_speed']:.2f}x", f"{r['predicted_speed']:.2f}x", f"{r['error']:+.0%}")
+        parts.append(t)
+    if "command" in fit:
+        parts.append(Text(f"regenerate: {fit['command']}"))
+    return Group(*parts)

@@ -1,0 +1,38 @@
+"""Scheduling results as Rich tables: one row per policy. The numbers come computed (scheduling.metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from gpualloc.reports.format import hours, pct, ratio, signed_pct
+
+COLUMNS = ("policy", "avg JCT", "p50", "p99", "avg queue", "jobs/h", "util", "eff. util", "sat. util", "makespan",
+           "slowdown", "x bound", "vs fcfs", "HyperScore", "preempt", "wall")
+
+
+def policies_table(rows: Sequence[dict[str, Any]], title: str) -> Group:
+    """Policies side by side, lowest average JCT first.
+
+    Args:
+        rows: :func:`~gpualloc.scheduling.metrics.with_ratios` of the runs' summaries (keys ``x_bound``
+            and ``vs_fcfs`` included).
+        title: the table's title.
+    """
+    table = Table(title=title)
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in sorted(rows, key=lambda r: r["avg_jct_s"]):
+        table.add_row(
+            r["policy"], hours(r["avg_jct_s"]), hours(r["p50_jct_s"]), hours(r["p99_jct_s"]), hours(r["avg_queue_s"]),
+            f"{r['throughput_jobs_per_h']:.3f}", pct(r["utilization"]), pct(r["effective_utilization"]),
+            pct(r.get("saturated_utilization")), hours(r["makespan_s"]), f"{r['avg_slowdown']:.2f}",
+            ratio(r.get("x_bound")), signed_pct(r.get("vs_fcfs")), f"{r['hyperscore']:.3f}",
+            str(r["preemptions"]), f"{r['sim_wall_s']:.2f} s")
+    note = Text("times in hours; x bound = avg JCT / oracle-lb avg JCT (each job alone on its fastest GPU type); "
+                "vs fcfs = avg JCT reduction")
+    return Group(table, note)
