@@ -49,3 +49,20 @@ class AgentError(GpuallocError):
 
 class ExecutionError(GpuallocError):
     """A plan cannot be run on real devices: a missing device, a failing worker, a model that will not split."""
+
+
+def read_text(path, error: type[GpuallocError], where: str | None = None) -> str:
+    """The UTF-8 text of ``path``; an unreadable, missing or binary file raises ``error`` in one line.
+
+    Every file reader goes through here, so a binary file is one message everywhere, never a
+    ``UnicodeDecodeError`` traceback.
+    """
+    from pathlib import Path
+
+    where = where or str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{where}: not UTF-8 text (a binary file?): byte {err.start}: {err.reason}") from err
+    except OSError as err:
+        raise error(f"{where}: cannot read: {err.strerror or err}") from err

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import GraphError
+from gpualloc.errors import GraphError, read_text
+from gpualloc.limits import MAX_BATCH
 
 FORMAT = "gpualloc-graph"
 VERSION = 1
@@ -109,8 +110,7 @@ class OpGraph:
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
         where = f"graph {self.name!r}"
-        if self.batch_size is not None and (int(self.batch_size) != self.batch_size or self.batch_size < 1):
-            raise GraphError(f"{where}: batch_size must be a positive integer, got {self.batch_size!r}")
+        self._validate_header(where)
         for i, node in enumerate(self.nodes):
             if not isinstance(node.id, str) or not node.id:
                 raise GraphError(f"{where}: node #{i} has an empty or non-string id")
@@ -136,6 +136,14 @@ class OpGraph:
             if not np.isfinite(edge.bytes) or edge.bytes < 0:
                 raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes must be >= 0, got {edge.bytes!r}")
         self.topo_order  # raises on a cycle
+
+    def _validate_header(self, where: str) -> None:
+        if self.batch_size is not None and (int(self.batch_size) != self.batch_size
+                                            or not 1 <= self.batch_size <= MAX_BATCH):
+            raise GraphError(f"{where}: batch_size must be an integer in 1..{MAX_BATCH:,}, got {self.batch_size!r}")
+        if not self.nodes:
+            # Nothing to place or cost: every step time would be 0 and every ratio to a bound inf.
+            raise GraphError(f"{where}: nodes: the graph has no operators")
 
     # ------------------------------------------------------------------ structure
     def __len__(self) -> int:
@@ -312,14 +320,13 @@ class OpGraph:
     @classmethod
     def load(cls, path: str | Path) -> "OpGraph":
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise GraphError(f"{path}: cannot read: {err.strerror}") from err
+        text = read_text(path, GraphError)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise GraphError(f"{path}:{err.lineno}: not valid JSON: {err.msg}") from err
+        except RecursionError as err:  # "[[[[...": deeper than the JSON decoder can nest
+            raise GraphError(f"{path}: not valid JSON: nested too deeply") from err
         return cls.from_dict(data, str(path))
 
 

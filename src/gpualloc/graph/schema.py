@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpualloc.errors import GraphError
 from gpualloc.graph.ir import FORMAT, VERSION, OpEdge, OpGraph, OpNode, OpTiming
+from gpualloc.limits import MAX_BATCH
 
 NonNeg = Field(default=0.0, ge=0)
 
@@ -57,9 +58,9 @@ class GraphDoc(_Strict):
     format: Literal["gpualloc-graph"]
     version: Literal[1]
     name: str = "graph"
-    batch_size: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     meta: dict[str, Any] = Field(default_factory=dict)
-    nodes: list[NodeDoc]
+    nodes: list[NodeDoc] = Field(min_length=1)
     edges: list[EdgeDoc] = Field(default_factory=list)
 
 

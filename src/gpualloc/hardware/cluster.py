@@ -27,9 +27,10 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpualloc.errors import CatalogError, ClusterError
+from gpualloc.errors import CatalogError, ClusterError, read_text
 from gpualloc.hardware.catalog import Catalog, DeviceType, LinkType, default_catalog
 from gpualloc.hardware.schema import DeviceRow, format_validation_error
+from gpualloc.limits import MAX_DEVICES, MAX_NODE_COUNT, check_size
 
 NODE_SIZE = 8
 """Devices per node when shorthand fills nodes (a DGX/HGX-style 8-GPU server)."""
@@ -214,7 +215,14 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 def build_cluster(name: str, nodes: Sequence[tuple[str, Sequence[DeviceType], LinkType]],
                   network: LinkType, catalog: Catalog) -> ClusterSpec:
-    """Number the devices of ``nodes`` (``(node name, device types, intra-node link)``) in order."""
+    """Number the devices of ``nodes`` (``(node name, device types, intra-node link)``) in order.
+
+    Raises:
+        ClusterError: more than :data:`~gpualloc.limits.MAX_DEVICES` devices in all.
+    """
+    total = sum(len(types) for _, types, _ in nodes)
+    if total > MAX_DEVICES:
+        raise ClusterError(f"{name}: {total:,} devices: at most {MAX_DEVICES:,} per cluster")
     out_nodes: list[Node] = []
     devices: list[Device] = []
     for k, (node_name, types, link) in enumerate(nodes):
@@ -303,6 +311,7 @@ def parse_shorthand(spec: str, catalog: Catalog | None = None) -> ClusterSpec:
         count = int(m.group(1))
         if count <= 0:
             raise ClusterError(f"{spec!r}: term {term.strip()!r}: count must be positive")
+        check_size(count, f"{spec!r}: term {term.strip()!r}: count", MAX_DEVICES, ClusterError)
         try:
             nodes += _fill(m.group(2), count, cat, len(nodes))
         except CatalogError as err:
@@ -317,7 +326,7 @@ class _NodeIn(BaseModel):
 
     name: str | None = None
     devices: list[tuple[str, int]]
-    count: Annotated[int, Field(gt=0)] = 1
+    count: Annotated[int, Field(gt=0, le=MAX_NODE_COUNT)] = 1
     link: str | None = None
 
     @field_validator("devices", mode="before")
@@ -327,10 +336,12 @@ class _NodeIn(BaseModel):
         if isinstance(v, Mapping):
             items = list(v.items())
             for type_name, n in items:
-                if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-                    raise ValueError(f"count of {type_name!r} must be a positive integer, got {n!r}")
+                if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_DEVICES:
+                    raise ValueError(f"count of {type_name!r} must be a positive integer <= {MAX_DEVICES:,}, got {n!r}")
         elif isinstance(v, list):
             items = []
+            if len(v) > MAX_DEVICES:
+                raise ValueError(f"{len(v):,} devices: at most {MAX_DEVICES:,} per node")
             for type_name in v:
                 if not isinstance(type_name, str):
                     raise ValueError(f"expected device type names, got {type_name!r}")
@@ -355,10 +366,7 @@ _LINE = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")
 
 
 def _read(path: Path, where: str) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ClusterError(f"{where}: cannot read: {err.strerror}") from err
+    text = read_text(path, ClusterError, where)
     if path.suffix.lower() == ".toml":
         try:
             return tomllib.loads(text)
@@ -376,6 +384,15 @@ def _read(path: Path, where: str) -> Any:
         if mark is not None:
             raise ClusterError(f"{where}:{mark.line + 1}: {problem}") from err
         raise ClusterError(f"{where}: {problem}") from err
+
+
+def _check_total(spec: _ClusterIn, where: str) -> None:
+    """Refuse a file of more than MAX_DEVICES devices before any device is built."""
+    total = 0
+    for k, node in enumerate(spec.nodes):
+        total += sum(n for _, n in node.devices) * node.count
+        if total > MAX_DEVICES:
+            raise ClusterError(f"{where}: nodes[{k}]: more than {MAX_DEVICES:,} devices in the cluster")
 
 
 def load_cluster_file(path: str | Path, catalog: Catalog | None = None) -> ClusterSpec:
@@ -417,6 +434,7 @@ def load_cluster_file(path: str | Path, catalog: Catalog | None = None) -> Clust
     except CatalogError as err:
         raise ClusterError(f"{where}: network: {err}") from err
 
+    _check_total(spec, where)
     nodes: list = []
     for k, node in enumerate(spec.nodes):
         try:
