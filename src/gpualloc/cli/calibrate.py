@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from gpualloc.cli.common import console, ms, print_json, si
+from gpualloc.cli.common import console, print_json
+from gpualloc.reports.costs import device_calibration_view
 
 DEFAULT_MODELS = "resnet-tiny:4,bert-tiny:4"
 
@@ -65,23 +65,5 @@ def calibrate_cmd(
     if as_json:
         print_json({"output": str(output), **rec})
         return
-    eff = rec["efficiency"]
     name = next(k for k, v in cal.fit["measured"].items() if v is rec)
-    console.print(f"[bold]{name}[/] measured as {rec['torch_device']} ({rec['threads']} thread(s), "
-                  f"{rec['concurrent']} concurrent worker(s)): "
-                  f"FP32 matmul up to {si(rec['peak_fp32_tflops_measured'] * 1e12, 'FLOP/s')}, copy "
-                  f"{si(rec['copy_bandwidth_bytes_per_s_measured'], 'B/s')}, op overhead "
-                  f"{rec['op_overhead_s'] * 1e6:.1f} us")
-    console.print(f"fitted efficiency: compute {eff['compute']:.4f}, memory {eff['memory']:.4f}, "
-                  f"launch {eff['launch_s'] * 1e6:.1f} us (of the catalog peaks)")
-    if rec.get("graphs"):
-        table = Table(title="one training step (fwd + bwd), measured vs the fitted roofline")
-        for col in ("model", "batch", "measured", "predicted", "error"):
-            table.add_column(col, justify="left" if col == "model" else "right")
-        for g, r in rec["graphs"].items():
-            table.add_row(g, str(r["batch_size"]), ms(r["measured_step_s"]), ms(r["predicted_step_s"]),
-                          f"{r['error']:+.1%}")
-        console.print(table)
-        console.print(f"contiguous runs of ops (what stages are made of): median |error| "
-                      f"{rec['chunk_median_abs_error']:.1%}, max {rec['chunk_max_abs_error']:.1%}")
-    console.print(f"wrote {output}; use it with: gpualloc run MODEL --plan plan.json --calibration {output}")
+    console.print(device_calibration_view(name, rec, output))

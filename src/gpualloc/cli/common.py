@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from typer import Context
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 
 from gpualloc.reports.format import gib, ms, num, si  # noqa: F401 - re-exported for the CLI modules
 
@@ -26,21 +26,21 @@ class _ImpliedContext(Context):
         return super().command_path.rstrip()
 
 
-class ImpliedCommand(TyperCommand):
-    """The hidden default sub-command of a :class:`DefaultToRun` group."""
-
-    context_class = _ImpliedContext
-
-
 class DefaultToRun(TyperGroup):
     """A command group whose ``run`` sub-command is implied: ``gpualloc place GRAPH ...`` runs
     ``place run GRAPH ...``, while its other sub-commands (``evaluate``, ``compare``) stay reachable.
 
-    ``run`` must be registered with ``cls=ImpliedCommand, hidden=True``. The group's help shows
-    ``run``'s arguments and options beside the sub-commands; usage errors of ``run`` speak as the group.
+    ``run`` is hidden; the group's help shows its arguments and options beside the sub-commands, and
+    its usage errors speak as the group.
     """
 
     default = "run"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        run = self.commands[self.default]
+        run.hidden = True
+        run.context_class = _ImpliedContext
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):

@@ -13,9 +13,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpualloc.cli.common import DefaultToRun, console, err_console, gib, print_json, si
+from gpualloc.cli.common import DefaultToRun, console, err_console, print_json
+from gpualloc.reports.telemetry import records_table
 from gpualloc.telemetry.backends import BACKENDS, open_backend
-from gpualloc.telemetry.base import DeviceRecord, DeviceTelemetry, TelemetryError, TelemetryExhausted
+from gpualloc.telemetry.base import DeviceTelemetry, TelemetryError, TelemetryExhausted
 
 
 class _DefaultToLive(DefaultToRun):
@@ -76,32 +77,6 @@ def _parse_export(value: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise typer.BadParameter(f"expected [HOST]:PORT, got {value!r}", param_hint="--export")
     return host, int(port)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _table(records: list[DeviceRecord], title: str) -> Table:
-    table = Table(title=title)
-    for col, justify in (("gpu", "right"), ("name", "left"), ("util", "right"), ("mem util", "right"),
-                         ("memory", "right"), ("power", "right"), ("energy", "right"), ("temp", "right"),
-                         ("SM MHz", "right"), ("mem MHz", "right"), ("PCIe tx", "right"), ("PCIe rx", "right"),
-                         ("throttle", "left"), ("procs", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for r in records:
-        throttle = "-" if r.throttle_reasons is None else (", ".join(r.throttle_reasons) or "none")
-        table.add_row(
-            str(r.index), r.name, _pct(r.utilization), _pct(r.mem_utilization),
-            f"{gib(r.mem_used_bytes)} / {gib(r.mem_total_bytes)}", _num(r.power_w, ".0f") + " W",
-            si(r.energy_j, "J"), _num(r.temperature_c, ".0f") + " C", _num(r.sm_clock_mhz, ".0f"),
-            _num(r.mem_clock_mhz, ".0f"), si(r.pcie_tx_bytes_per_s, "B/s"), si(r.pcie_rx_bytes_per_s, "B/s"),
-            throttle, _num(r.processes, "d"))
-    return table
 
 
 def _samples(source: DeviceTelemetry, count: int | None, interval_s: float):
@@ -179,7 +154,7 @@ def _live(samples, name: str, exporter) -> None:
                 exporter.update(records)
             t = records[0].time_s if records else None
             clock = "" if t is None else f", t = {t:,.1f} s"
-            live.update(_table(records, f"{title}: sample {i + 1}{clock}"), refresh=True)
+            live.update(records_table(records, f"{title}: sample {i + 1}{clock}"), refresh=True)
 
 
 @app.command("record")

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.progress import Progress
 
-from gpualloc.cli.common import DefaultToRun, ImpliedCommand, console, load_graph, print_json
+from gpualloc.cli.common import DefaultToRun, console, load_graph, print_json
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Place a graph on a cluster: `place GRAPH --cluster C --method M`, `place evaluate`, "
@@ -60,7 +60,7 @@ def print_outcomes(problem, outcomes, title: str) -> None:
     console.print(outcomes_table(outcomes, gains(outcomes), [memory_fill(problem, o) for o in outcomes], title))
 
 
-@app.command("run", hidden=True, cls=ImpliedCommand)
+@app.command("run")
 def run_cmd(
     graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),

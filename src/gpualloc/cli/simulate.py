@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gpualloc.cli.common import DefaultToRun, ImpliedCommand, console, err_console, print_json
+from gpualloc.cli.common import DefaultToRun, console, err_console, print_json
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Simulate a GPU cluster: `simulate --cluster C --trace T --policy P`, `simulate compare`.")
@@ -58,7 +58,7 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
     return result
 
 
-@app.command("run", hidden=True, cls=ImpliedCommand)
+@app.command("run")
 def run_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,

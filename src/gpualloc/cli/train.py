@@ -8,6 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from gpualloc.cli.common import console, load_graph
+from gpualloc.reports.learning import placer_learning_curve
 
 app = typer.Typer(no_args_is_help=True, help="Train the DQN agents: `train placer`, `train scheduler`.")
 
@@ -30,33 +31,6 @@ def _progress_callback(bar: Progress, task, total: int):
         if step % 50 == 0 or step == total:
             bar.update(task, completed=step, stats=_stats(log))
     return callback
-
-
-def learning_curve(log, path: Path, title: str) -> None:
-    """Episode returns (moving average) and greedy evaluations over training steps, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    returns = np.asarray(log.episode_returns)
-    if len(returns):
-        ends = np.cumsum(log.episode_lengths)
-        w = max(1, len(returns) // 50)
-        smooth = np.convolve(returns, np.ones(w) / w, mode="valid")
-        ax.plot(ends[w - 1:], smooth, label=f"training return (moving mean of {w})", linewidth=1)
-    if log.evals:
-        ax.plot([e.step for e in log.evals], [e.mean for e in log.evals], "o-", label="greedy eval (held out)")
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("return")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 @app.command("placer")
@@ -97,7 +71,7 @@ def placer_cmd(
         agent, log = train_placer(train_p, steps, out, seed=seed, eval_problems=eval_p,
                                   callback=_progress_callback(bar, task, steps))
     curve = out.with_suffix(".png")
-    learning_curve(log, curve, f"placement agent ({len(train_p)} training problems)")
+    placer_learning_curve(log, curve, f"placement agent ({len(train_p)} training problems)")
     best = "-" if log.best_eval is None else f"{log.best_eval:+.4f}"
     console.print(f"wrote {out} (best held-out return {best}: mean gain over the best heuristic) and {curve}")
 

@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpualloc.reports.format import gib, ms
+from gpualloc.reports.format import gib, ms, si
 
 
 def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_from: Sequence[str]) -> Group:
@@ -76,4 +76,31 @@ def calibration_view(cal) -> Group:
         parts.append(t)
     if "command" in fit:
         parts.append(Text(f"regenerate: {fit['command']}"))
+    return Group(*parts)
+
+
+def device_calibration_view(name: str, rec: dict, output: object) -> Group:
+    """One measured device of ``gpualloc calibrate``: its microbenchmarks, the fitted efficiency, and the
+    per-model step times measured vs predicted (``rec`` is the device's record in ``Calibration.fit``)."""
+    eff = rec["efficiency"]
+    parts: list[RenderableType] = [
+        Text.assemble((name, "bold"), f" measured as {rec['torch_device']} ({rec['threads']} thread(s), "
+                      f"{rec['concurrent']} concurrent worker(s)): "
+                      f"FP32 matmul up to {si(rec['peak_fp32_tflops_measured'] * 1e12, 'FLOP/s')}, copy "
+                      f"{si(rec['copy_bandwidth_bytes_per_s_measured'], 'B/s')}, op overhead "
+                      f"{rec['op_overhead_s'] * 1e6:.1f} us"),
+        Text(f"fitted efficiency: compute {eff['compute']:.4f}, memory {eff['memory']:.4f}, "
+             f"launch {eff['launch_s'] * 1e6:.1f} us (of the catalog peaks)"),
+    ]
+    if rec.get("graphs"):
+        table = Table(title="one training step (fwd + bwd), measured vs the fitted roofline")
+        for col in ("model", "batch", "measured", "predicted", "error"):
+            table.add_column(col, justify="left" if col == "model" else "right")
+        for g, r in rec["graphs"].items():
+            table.add_row(g, str(r["batch_size"]), ms(r["measured_step_s"]), ms(r["predicted_step_s"]),
+                          f"{r['error']:+.1%}")
+        parts.append(table)
+        parts.append(Text(f"contiguous runs of ops (what stages are made of): median |error| "
+                          f"{rec['chunk_median_abs_error']:.1%}, max {rec['chunk_max_abs_error']:.1%}"))
+    parts.append(Text(f"wrote {output}; use it with: gpualloc run MODEL --plan plan.json --calibration {output}"))
     return Group(*parts)
