@@ -107,7 +107,7 @@ def test_restart_reconciles_runs_that_ended_or_vanished_while_down(server, tmp_p
     with Client(srv.url, token) as c:
         quick = c.submit({"name": "quick", "command": ["sleep", "1.5"], "device_type": "V100"})
         doomed = c.submit({"name": "doomed", "command": ["sleep", "30"], "device_type": "T4"})
-        keeps = c.submit({"name": "keeps", "command": ["sleep", "5"], "device_type": "MI50"})
+        keeps = c.submit({"name": "keeps", "command": ["sleep", "15"], "device_type": "MI50"})
         waiting = c.submit({"name": "waiting", "command": ["true"], "device_type": "MI50"})
         for j in (quick, doomed, keeps):
             wait_for(lambda j=j: c.job(j["id"])["state"] == "running", 20, what=f"{j['name']} running")
