@@ -145,3 +145,12 @@ def test_a_stored_policy_with_an_agent_outside_the_folder_is_not_loaded(tmp_path
     store.close()
     with pytest.raises(ServiceError, match="options.agent"):
         Service(ServiceConfig(store=str(tmp_path / "state.db"), telemetry="none")).open()
+
+
+def test_runs_folder_that_cannot_be_made_is_one_error(tmp_path):
+    from gpualloc.service.backends import LocalBackend
+    from gpualloc.service.errors import BackendError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BackendError, match="runs folder"):
+        LocalBackend(tmp_path / "file" / "runs")

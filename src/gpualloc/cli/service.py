@@ -57,7 +57,7 @@ def serve(
     docs: bool = typer.Option(False, "--docs/--no-docs",
                               help="Serve /docs and /redoc without the token; they load their scripts from a CDN "
                                    "(cdn.jsdelivr.net), so they stay blank offline."),
-    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", file_okay=False,
+    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", exists=True, file_okay=False,
                                               help="The only folder a dqn policy's agent may be loaded from "
                                                    "(default: the bundled agents)."),
     allow_host: Optional[list[str]] = typer.Option(None, "--allow-host",

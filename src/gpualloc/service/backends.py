@@ -187,11 +187,14 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, runs_dir: str | Path, *, python: str = sys.executable, stop_grace_s: float = 5.0) -> None:
-        self.runs_dir = private_dir(Path(runs_dir))
-        if stat.S_IMODE(self.runs_dir.stat().st_mode) & 0o077:
-            # Made 0755 by earlier versions: the runs' output and environment are the owner's alone.
-            log.warning("local: %s was open to group or others; setting it to mode 0700", self.runs_dir)
-            self.runs_dir.chmod(0o700)
+        try:
+            self.runs_dir = private_dir(Path(runs_dir))
+            if stat.S_IMODE(self.runs_dir.stat().st_mode) & 0o077:
+                # Made 0755 by earlier versions: the runs' output and environment are the owner's alone.
+                log.warning("local: %s was open to group or others; setting it to mode 0700", self.runs_dir)
+                self.runs_dir.chmod(0o700)
+        except OSError as err:
+            raise BackendError(f"local: runs folder {runs_dir}: {err.strerror}") from err
         self.python = python
         self.stop_grace_s = float(stop_grace_s)
         self._procs: dict[str, subprocess.Popen] = {}
