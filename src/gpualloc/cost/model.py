@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpualloc.cost import physics
-from gpualloc.errors import CostModelError
+from gpualloc.errors import CostModelError, read_text
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType, LinkType
+from gpualloc.hardware.schema import format_validation_error
 
 BWD_FACTOR = 2.0
 """Backward work relative to forward: gradients w.r.t. inputs and w.r.t. weights, each ~ forward."""
@@ -50,6 +52,28 @@ class Efficiency:
     memory: float
     launch_s: float
     fitted_from: str = "default"
+
+
+class _EfficiencyDoc(BaseModel):
+    """One efficiency record of a calibration file: positive finite fractions of peak, a launch time >= 0."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    compute: float = Field(gt=0)
+    memory: float = Field(gt=0)
+    launch_s: float = Field(ge=0)
+    fitted_from: str = "default"
+
+
+class _CalibrationDoc(BaseModel):
+    """A gpualloc-calibration document (what :meth:`Calibration.to_dict` writes)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    devices: dict[str, _EfficiencyDoc]
+    default: _EfficiencyDoc
+    cpu_default: _EfficiencyDoc
+    fit: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,20 +104,21 @@ class Calibration:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "calibration") -> "Calibration":
+    def from_dict(cls, data: Any, where: str = "calibration") -> "Calibration":
+        """Validate a decoded calibration document; errors name ``where`` and the field."""
+        if not isinstance(data, Mapping):
+            raise CostModelError(f"{where}: malformed calibration: expected a JSON object with devices, "
+                                 "default and cpu_default")
         try:
-            def eff(d: Mapping[str, Any]) -> Efficiency:
-                return Efficiency(float(d["compute"]), float(d["memory"]), float(d["launch_s"]),
-                                  str(d.get("fitted_from", "default")))
+            doc = _CalibrationDoc.model_validate(dict(data))
+        except ValidationError as err:
+            raise CostModelError(f"{where}: malformed calibration: {format_validation_error(err)}") from err
 
-            return cls(
-                devices={k: eff(v) for k, v in data["devices"].items()},
-                default=eff(data["default"]),
-                cpu_default=eff(data["cpu_default"]),
-                fit=data.get("fit", {}),
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise CostModelError(f"{where}: malformed calibration ({type(err).__name__}: {err})") from err
+        def eff(d: _EfficiencyDoc) -> Efficiency:
+            return Efficiency(d.compute, d.memory, d.launch_s, d.fitted_from)
+
+        return cls(devices={k: eff(v) for k, v in doc.devices.items()}, default=eff(doc.default),
+                   cpu_default=eff(doc.cpu_default), fit=doc.fit)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "Calibration":
@@ -103,14 +128,14 @@ class Calibration:
             where = "calibration.json"
         else:
             where = str(path)
-            try:
-                text = Path(path).read_text()
-            except OSError as err:
-                raise CostModelError(f"{where}: cannot read: {err.strerror}") from err
+            text = read_text(path, CostModelError)
         try:
-            return cls.from_dict(json.loads(text), where)
+            data = json.loads(text)
         except json.JSONDecodeError as err:
             raise CostModelError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
+        except RecursionError as err:
+            raise CostModelError(f"{where}: not valid JSON: nested too deeply") from err
+        return cls.from_dict(data, where)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
