@@ -25,10 +25,10 @@ from scipy import stats
 
 from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
-from gpualloc.scheduling.metrics import oracle_summary, summary
+from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
 from gpualloc.scheduling.policies import POLICIES as REGISTRY
 from gpualloc.scheduling.policies import make_policy
-from gpualloc.scheduling.simulator import simulate
+from gpualloc.scheduling.simulator import Workload, prepare, simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate, read_trace
 
@@ -78,7 +78,7 @@ def _aggregate(runs: Sequence[dict[str, Any]], oracle: Sequence[dict[str, Any]])
     if len(jct) > 1:
         half = stats.t.ppf(0.975, len(jct) - 1) * np.std(jct, ddof=1) / np.sqrt(len(jct))
         row["avg_jct_s_ci95"] = [float(jct.mean() - half), float(jct.mean() + half)]
-    row["x_bound"] = float(np.mean([r["avg_jct_s"] / o["avg_jct_s"] for r, o in zip(runs, oracle)]))
+    row["x_bound"] = float(np.mean([x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(runs, oracle)]))
     row["rejected"] = int(sum(r["rejected"] for r in runs))
     return row
 
@@ -112,21 +112,24 @@ class SchedRun:
 
 
 @lru_cache(maxsize=4)
-def _trace(cluster: str, load: float, jobs: int, trace_seed: int | None, path: str | None, fmt: str | None) -> Trace:
-    # cached: every policy of one (trace, seed) replays the same trace, often in the same worker
+def _workload(cluster: str, load: float, jobs: int, trace_seed: int | None, path: str | None,
+              fmt: str | None) -> Workload:
+    # cached: every policy of one (trace, seed) replays the same trace, often in the same worker, so
+    # the trace, its speed matrix and its job table are built once
     spec = load_cluster(cluster)
     if path is None:
-        return generate(jobs, spec, load, seed=trace_seed)
-    return scale_to_load(read_trace(path, fmt).head(jobs), spec, load)
+        trace = generate(jobs, spec, load, seed=trace_seed)
+    else:
+        trace = scale_to_load(read_trace(path, fmt).head(jobs), spec, load)
+    return prepare(trace, spec)
 
 
 def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
-    cluster = load_cluster(run.cluster)
-    trace = _trace(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
+    work = _workload(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
     takes_agent = "agent" in REGISTRY.entry(run.policy).options
     policy = make_policy(run.policy, **({"agent": run.agent} if takes_agent and run.agent else {}))
-    result = simulate(trace, cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
+    result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
     return summary(result), oracle_summary(result)
 
 
@@ -199,7 +202,7 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
         same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]]
         fcfs = next((x["avg_jct_s"] for x in same if x["policy"] == "fcfs"), None)
         if fcfs is not None:
-            r["vs_fcfs"] = 1.0 - r["avg_jct_s"] / fcfs
+            r["vs_fcfs"] = reduction(r["avg_jct_s"], fcfs)
     return {"spec": {"cluster": spec.cluster, "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
                      "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
             "rows": rows, "wall_s": time.perf_counter() - start}
