@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import console, print_json
+from gpualloc.cli.common import console, print_json, progress_bar
 from gpualloc.reports.costs import device_calibration_view
 
 DEFAULT_MODELS = "resnet-tiny:4,bert-tiny:4"
@@ -45,14 +45,12 @@ def calibrate_cmd(
 ) -> None:
     """Measure DEVICE (matmul, copies, per-op timings of captured models), fit the cost model's efficiencies
     for its device type, and write a calibration file for `gpualloc run --calibration` and the cost model."""
-    from rich.progress import Progress
-
     from gpualloc.cost.microbench import calibrate_device
     from gpualloc.cost.model import Calibration
 
     pairs = _models(models)
     base_cal = Calibration.load(base) if base is not None else None
-    with Progress(console=console, transient=True, disable=as_json) as bar:
+    with progress_bar() as bar:  # on stderr: stdout stays pure JSON under --json
         task = bar.add_task("calibrating", total=3 + len(pairs))
 
         def progress(label: str) -> None:

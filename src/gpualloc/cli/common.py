@@ -94,7 +94,7 @@ def progress_bar(*, transient: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=transient)
+                    console=err_console, transient=transient, disable=not err_console.is_terminal)
 
 
 def print_json(data: Any) -> None:

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpualloc.cli.common import DefaultToRun, console, err_console, print_json
+from gpualloc.cli.common import DefaultToRun, console, err_console, print_json, progress_bar
 from gpualloc.reports.telemetry import records_table
 from gpualloc.telemetry.backends import BACKENDS, open_backend
 from gpualloc.telemetry.base import DeviceTelemetry, TelemetryError, TelemetryExhausted
@@ -157,6 +157,13 @@ def _live(samples, name: str, exporter) -> None:
             live.update(records_table(records, f"{title}: sample {i + 1}{clock}"), refresh=True)
 
 
+def _counted(samples, bar, task):
+    """``samples``, advancing ``task`` of ``bar`` by one for each."""
+    for records in samples:
+        yield records
+        bar.advance(task)
+
+
 @app.command("record")
 def record_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="Recording to write: .parquet, .pq or .csv."),
@@ -173,7 +180,9 @@ def record_cmd(
     name, source = _open(backend, fallback, options)
     devices = len(source.devices())
     try:
-        written = write_records(_samples(source, samples, interval), out)
+        with progress_bar() as bar:
+            task = bar.add_task(f"recording {name} to {out.name}", total=samples)
+            written = write_records(_counted(_samples(source, samples, interval), bar, task), out)
     finally:
         source.close()
     console.print(f"recorded {written} samples x {devices} devices from {name} to {out}")

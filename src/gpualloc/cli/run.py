@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from gpualloc.cli.common import console, ms, print_json
+from gpualloc.cli.common import console, err_console, ms, print_json, progress_bar
 
 MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSON captured from one "
               "(its meta.model names the model).")
@@ -20,7 +22,12 @@ def run_cmd(
     steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (the median is reported)."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed training steps run first."),
     calibration: Path = typer.Option(None, "--calibration",
-                                     help="A calibration file from `gpualloc calibrate` (default: the shipped one)."),
+                                     help="A calibration file from `gpualloc calibrate` (default: a quick CPU "
+                                          "calibration, measured once and cached, where the plan uses a CPU; "
+                                          "else the shipped one)."),
+    no_calibrate: bool = typer.Option(False, "--no-calibrate",
+                                      help="Predict CPU devices with the shipped, uncalibrated efficiency instead "
+                                           "of calibrating them on the fly."),
     cluster: str = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's)."),
     devices: str = typer.Option(None, "--devices",
                                 help="Torch device per cluster device, comma-separated (e.g. cuda:0,cpu); "
@@ -39,7 +46,6 @@ def run_cmd(
 ) -> None:
     """Run a placement plan on real devices: split MODEL by the plan, check its output against the unsplit
     model, train N steps, and report the measured step time beside the simulator's prediction."""
-    from gpualloc.cost.model import Calibration
     from gpualloc.errors import ExecutionError
     from gpualloc.execute.run import execute_plan, read_plan
     from gpualloc.graph.ir import OpGraph
@@ -62,10 +68,10 @@ def run_cmd(
         model_name, graph = model, _capture(model, batch or spec.batch_size or 32, set(spec.assignment))
     problem = PlacementProblem(graph, clus)
     assignment = load_assignment(plan, problem)
-    cal = Calibration.load(calibration) if calibration is not None else None
+    torch_devices = devices.split(",") if devices else None
+    cal, cal_info = _calibration(calibration, no_calibrate, clus, assignment, torch_devices, threads, seed)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True, disable=as_json) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("starting", total=1)
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -73,13 +79,49 @@ def run_cmd(
 
         result = execute_plan(
             model_name, graph, assignment, clus, microbatches=microbatches or spec.microbatches, calibration=cal,
-            calibration_name=str(calibration) if calibration is not None else "shipped", steps=steps, warmup=warmup,
-            schedule=schedule, torch_devices=devices.split(",") if devices else None, threads=threads,
-            use_profiles=not roofline, seed=seed, progress=progress)
+            calibration_name=cal_info["path"] or "shipped", steps=steps, warmup=warmup, schedule=schedule,
+            torch_devices=torch_devices, threads=threads, use_profiles=not roofline, seed=seed, progress=progress)
     if as_json:
-        print_json({**result.to_dict(), "plan": str(plan)})
+        print_json({**result.to_dict(), "plan": str(plan), "calibration": cal_info})
         return
-    _print(result)
+    _print(result, cal_info)
+
+
+def cache_folder() -> Path:
+    """Where quick calibrations are kept: ``$XDG_CACHE_HOME/gpualloc`` else ``~/.cache/gpualloc``."""
+    root = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(root) if os.path.isabs(root) else Path.home() / ".cache") / "gpualloc"
+
+
+def _calibration(given: Path | None, no_calibrate: bool, cluster, assignment, torch_devices, threads: int | None,
+                 seed: int) -> tuple[Any, dict[str, Any]]:
+    """The calibration to predict with, and where it came from: ``{"path", "source"}`` with source
+    ``given``, ``cached``, ``fresh`` (a quick CPU calibration measured now) or ``shipped``."""
+    import numpy as np
+
+    from gpualloc.cost.microbench import QUICK_STEPS, cached_cpu_calibration
+    from gpualloc.cost.model import Calibration
+    from gpualloc.execute.run import torch_devices_for, worker_threads
+
+    if given is not None:
+        return Calibration.load(given), {"path": str(given), "source": "given"}
+    placed = torch_devices_for(cluster, torch_devices)
+    used = {int(d): placed[int(d)] for d in np.unique(assignment)}
+    per_worker = worker_threads(used, threads)
+    cpu = [d for d, name in used.items() if name == "cpu"]
+    if not cpu:
+        return None, {"path": None, "source": "shipped"}
+    if no_calibrate:
+        err_console.print(Text.assemble(("warning: ", "bold yellow"), "--no-calibrate: CPU predictions use the "
+                                        "shipped, uncalibrated efficiency and may be off by an order of magnitude"),
+                          soft_wrap=True)
+        return None, {"path": None, "source": "shipped"}
+    with progress_bar() as bar:
+        task = bar.add_task("calibrating the CPU (once; cached)", total=QUICK_STEPS)
+        cal, path, fresh = cached_cpu_calibration(
+            cache_folder(), threads=per_worker[cpu[0]], concurrent=len(cpu), seed=seed,
+            progress=lambda label: bar.update(task, description=f"calibrating the CPU: {label}", advance=1))
+    return cal, {"path": str(path), "source": "fresh" if fresh else "cached"}
 
 
 def _capture(model: str, batch: int, ids: set[str]):
@@ -95,7 +137,7 @@ def _capture(model: str, batch: int, ids: set[str]):
     return graph
 
 
-def _print(r) -> None:
+def _print(r, cal_info: dict[str, Any]) -> None:
     table = Table(title=f"{r.model} (batch {r.batch_size}, {r.microbatches} microbatch(es), {r.schedule}) on "
                         f"{r.cluster}: {r.stages} stage(s)")
     for col in ("device", "torch", "threads", "stages", "predicted busy", "measured busy", "waiting"):
@@ -108,7 +150,9 @@ def _print(r) -> None:
     console.print(f"output equals the unsplit model's: {match} (max |diff| {r.max_abs_diff:.2e}, "
                   f"tolerance {r.output_tolerance:.2e})")
     console.print(f"step time: measured {ms(r.measured_step_s)} (median of {len(r.step_times_s)}), "
-                  f"predicted {ms(r.predicted_step_s)} ({r.prediction}, calibration: {r.calibration}), "
-                  f"error {r.error:+.1%}")
+                  f"predicted {ms(r.predicted_step_s)} ({r.prediction}), error {r.error:+.1%}")
+    source = {"fresh": "measured now and cached", "cached": "cached", "given": "given",
+              "shipped": "shipped, not measured on this machine"}[cal_info["source"]]
+    console.print(f"calibration: {cal_info['path'] or 'shipped'} ({source})")
     for w in r.warnings:
         console.print(f"[yellow]warning:[/] {w}")

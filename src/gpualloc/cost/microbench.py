@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import math
+import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,11 +58,15 @@ __all__ = [
     "DeviceMeasurement",
     "GraphTiming",
     "MatmulPoint",
+    "cached_cpu_calibration",
     "calibrate_device",
     "catalog_type_for",
     "fit_efficiency",
+    "fit_launch",
+    "host_cpu_model",
     "measure_device",
     "merge_calibration",
+    "quick_cache_name",
     "time_graph",
 ]
 
@@ -185,7 +192,7 @@ def bench_matmul(device: torch.device, sizes: Sequence[int], dtypes: Sequence[to
             gen = torch.Generator().manual_seed(n)
             a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
             b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
-            secs = time_call(lambda: torch.mm(a, b), device)
+            secs = time_call(lambda a=a, b=b: torch.mm(a, b), device)
             out.append(MatmulPoint(n, str(dtype).removeprefix("torch."), secs, 2.0 * n**3 / secs / TERA))
     return out
 
@@ -264,7 +271,7 @@ class _OpTimer(torch.fx.Interpreter):
             torch.cuda.synchronize(self.device)
         out: dict[str, float] = {}
         stamps = self.bwd + [("", end)]
-        for (name, t0), (_, t1) in zip(stamps, stamps[1:]):
+        for (name, t0), (_, t1) in zip(stamps, stamps[1:], strict=False):
             out[name] = out.get(name, 0.0) + max(self._elapsed(t0, t1), 0.0)
         return out
 
@@ -520,7 +527,8 @@ def neighbours(count: int, model: str, batch: int, threads: int, seed: int = 0) 
 def measure_device(torch_device: str, device_type: DeviceType, *, threads: int | None = None,
                    models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
                    matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None, seed: int = 0,
-                   concurrent: int = 1, progress: Progress | None = None) -> DeviceMeasurement:
+                   concurrent: int = 1, matmul_dtypes: Sequence[torch.dtype] | None = None,
+                   progress: Progress | None = None) -> DeviceMeasurement:
     """Run the microbenchmarks and time ``models`` (``(model, batch)`` pairs) on ``torch_device``.
 
     On the CPU, ``concurrent - 1`` neighbour processes train the same model with the same threads
@@ -531,7 +539,8 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
     if cuda:
         torch.cuda.set_device(device)
     sizes = matmul_sizes or ((1024, 2048, 4096, 8192) if cuda else (128, 256, 512, 1024))
-    dtypes = (torch.float32, torch.float16, torch.bfloat16) if cuda else (torch.float32, torch.bfloat16)
+    default_dtypes = (torch.float32, torch.float16, torch.bfloat16) if cuda else (torch.float32, torch.bfloat16)
+    dtypes = matmul_dtypes or default_dtypes
     note = progress or (lambda _msg: None)
     with torch_threads(None if cuda else threads), _fp32_exact(cuda):
         note("matmul")
@@ -594,7 +603,8 @@ def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, An
         "copies": [dataclasses.asdict(c) for c in measurement.copies],
         "op_overhead_s": measurement.op_overhead_s,
         "profiles": {t.graph.name: {"batch_size": t.graph.batch_size,
-                                    "ops": {n.id: [float(f), float(b)] for n, f, b in zip(t.graph.nodes, t.fwd_s, t.bwd_s)}}
+                                    "ops": {n.id: [float(f), float(b)]
+                                            for n, f, b in zip(t.graph.nodes, t.fwd_s, t.bwd_s, strict=True)}}
                      for t in measurement.graphs},
         "peak_fp32_tflops_measured": measurement.peak_tflops,
         "copy_bandwidth_bytes_per_s_measured": measurement.copy_bandwidth_bytes_per_s,
@@ -616,6 +626,8 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
                      models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
                      base: Calibration | None = None, device_type: str | None = None, chunks: int = 4,
                      catalog: Catalog | None = None, seed: int = 0, concurrent: int = 1,
+                     matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None,
+                     matmul_dtypes: Sequence[torch.dtype] | None = None,
                      progress: Progress | None = None) -> tuple[Calibration, dict[str, Any]]:
     """Measure ``torch_device`` and return ``base`` (default: the shipped calibration) with its
     device type's efficiency fitted on the measurements, and the record of the fit.
@@ -632,15 +644,120 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
         seed: weights and inputs of the timed models.
         concurrent: CPU workers that will share the CPU; ``concurrent - 1`` neighbours run the timed
             model beside each per-op measurement.
+        matmul_sizes / copy_bytes / matmul_dtypes: microbenchmark sizes and matmul types (default: see
+            :func:`measure_device`).
         progress: called with a short label before each measurement.
     """
     cat = catalog or default_catalog()
     dt = cat.device(device_type) if device_type else catalog_type_for(torch_device, cat)
     measurement = measure_device(torch_device, dt, threads=threads, models=models, repeats=repeats, seed=seed,
-                                 concurrent=concurrent, progress=progress)
+                                 matmul_sizes=matmul_sizes, copy_bytes=copy_bytes, concurrent=concurrent,
+                                 matmul_dtypes=matmul_dtypes, progress=progress)
     eff, report = efficiency_from(measurement, dt, chunks)
     rec = record(measurement, eff, report)
     return merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec), rec
+
+
+# ------------------------------------------------------------------------------------------ quick CPU calibration
+QUICK_MATMUL_SIZES = (256, 512, 1024)
+QUICK_COPY_BYTES = 32 << 20
+QUICK_MODEL = ("resnet-tiny", 8)
+"""The model whose whole training pass sets a quick calibration's per-op overhead."""
+QUICK_STEPS = 4
+"""Progress labels a quick calibration reports: three microbenchmarks, then the model."""
+
+
+def fit_launch(timing: GraphTiming, device: DeviceType, eff: Efficiency) -> Efficiency:
+    """``eff`` with the per-op overhead that makes the roofline reproduce ``timing``'s measured forward +
+    backward pass, compute and memory kept: what small ops cost beyond their FLOPs and bytes (dispatch,
+    autograd, kernels far from their peak). Never below ``eff.launch_s``."""
+    g = timing.graph
+    bare = dataclasses.replace(eff, launch_s=0.0)
+    core = float(roofline_s(g.flops, g.bytes_accessed, device, bare).sum()
+                 + roofline_s(BWD_FACTOR * g.flops, BWD_FACTOR * g.bytes_accessed, device, bare).sum())
+    per_op = (timing.fwd_total_s + timing.bwd_total_s - core) / (2 * max(len(g), 1))
+    return dataclasses.replace(eff, launch_s=float(max(eff.launch_s, per_op)),
+                               fitted_from=f"measured (microbenchmarks; per-op overhead from {g.name})")
+
+
+def host_cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform` knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+def quick_cache_name(threads: int, concurrent: int = 1, cpu_model: str | None = None) -> str:
+    """File name of a quick CPU calibration: one per CPU model, thread count, concurrent workers and
+    torch version, the four things a CPU efficiency depends on here."""
+    key = f"{cpu_model or host_cpu_model()}-t{threads}-c{concurrent}-torch{torch.__version__}"
+    slug = "".join(c if c.isalnum() or c in ".+" else "-" for c in key)
+    return f"cpu-{'-'.join(p for p in slug.split('-') if p)}.json"
+
+
+def cached_cpu_calibration(folder: str | Path, *, threads: int, concurrent: int = 1,
+                           base: Calibration | None = None, seed: int = 0,
+                           progress: Progress | None = None) -> tuple[Calibration, Path, bool]:
+    """A quick CPU calibration from ``folder``, measured and stored there (mode 0600) when missing.
+
+    A quick calibration runs :func:`measure_device` at a small size: FP32 matmuls and an on-device copy
+    (compute and memory efficiencies, as :func:`efficiency_from` reads them off microbenchmarks), and one
+    small model's whole training pass with ``concurrent - 1`` neighbours busy (the per-op overhead,
+    :func:`fit_launch`). It takes seconds, against minutes for ``gpualloc calibrate``, and is coarser:
+    it fixes the order of magnitude of a CPU prediction, not its last 20 %.
+
+    Args:
+        folder: the cache folder (created when missing).
+        threads: torch threads of each CPU worker.
+        concurrent: CPU workers that share the CPU (neighbours run beside the measurement).
+        base: the calibration the CPU efficiency is merged into (default: the shipped one).
+        seed: weights and inputs of the timed models.
+        progress: called with a short label before each measurement.
+
+    Returns:
+        The calibration, its file, and whether it was measured now (False: read from the cache).
+
+    Raises:
+        CostModelError: the cache folder or file cannot be written.
+    """
+    path = Path(folder) / quick_cache_name(threads, concurrent)
+    if path.is_file():
+        try:
+            return Calibration.load(path), path, False
+        except (CostModelError, UnicodeDecodeError):
+            pass  # a damaged cache entry is measured again and replaced, not an error
+    dt = default_catalog().device("cpu")
+    m = measure_device("cpu", dt, threads=threads, models=(QUICK_MODEL,), repeats=3, seed=seed,
+                       matmul_sizes=QUICK_MATMUL_SIZES, copy_bytes=QUICK_COPY_BYTES, concurrent=concurrent,
+                       matmul_dtypes=(torch.float32,), progress=progress)
+    eff, _ = efficiency_from(dataclasses.replace(m, graphs=()), dt)
+    eff = fit_launch(m.graphs[0], dt, eff)
+    rec = record(m, eff, {"quick": True, **fit_report(m.graphs, dt, eff)})
+    cal = merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec)
+    _write_private(path, json.dumps(cal.to_dict(), indent=1) + "\n")
+    return cal, path, True
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only, atomically (a crash leaves no half-written cache)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o600)  # O_CREAT's mode is masked by the umask; the cache must not be wider
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CostModelError(f"{path}: cannot write the calibration cache: {err.strerror or err} "
+                             "(pass --calibration FILE or --no-calibrate)") from err
 
 
 def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Sequence[str]) -> OpGraph | None:

@@ -206,14 +206,14 @@ def worker_threads(torch_devices: Mapping[int, str], threads: int | None = None)
     """Torch threads of each worker (cluster device index -> torch device): ``threads`` (default: the
     CPUs this process may use) split as :func:`gpualloc.execute.worker.threads_per_worker` does."""
     total = threads or len(os.sched_getaffinity(0))
-    return dict(zip(torch_devices, threads_per_worker(list(torch_devices.values()), total)))
+    return dict(zip(torch_devices, threads_per_worker(list(torch_devices.values()), total), strict=True))
 
 
 def _max_abs(out: Sequence[Any], ref: Sequence[Any]) -> tuple[float, float]:
     if len(out) != len(ref):
         raise ExecutionError(f"the split model returns {len(out)} outputs, the model {len(ref)}")
     diff, scale = 0.0, 0.0
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         if a.shape != b.shape:
             return float("inf"), 0.0
         diff = max(diff, float((a.double() - b.double()).abs().max()) if a.numel() else 0.0)
