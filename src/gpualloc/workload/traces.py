@@ -28,6 +28,7 @@ import pandas as pd
 from gpualloc.errors import CatalogError, TraceError
 from gpualloc.hardware.catalog import Catalog, default_catalog
 from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
+from gpualloc.limits import MAX_JOBS, check_seed
 from gpualloc.workload.jobs import Job, JobType, Trace
 from gpualloc.workload.speed import (gavel_steps_per_s, load_measured_speeds, mean_speed,
                                      measured_models, speed_matrix)
@@ -738,7 +739,11 @@ def read_trace(path: str | Path, format: str | None = None) -> Trace:
     reader = READERS.get(format)
     if reader is None:
         raise TraceError(f"unknown trace format {format!r}; known: {', '.join(READERS)}")
-    return reader(Path(path))
+    trace = reader(Path(path))
+    if not len(trace):
+        # An empty run has no JCT, makespan or utilisation: every metric would be NaN.
+        raise TraceError(f"{path}: no jobs (a header and no rows?)")
+    return trace
 
 
 # --------------------------------------------------------------------------- synthetic generator
@@ -785,15 +790,15 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
 
     ``seed`` is normalised once with ``numpy.random.default_rng``; global RNG state is not touched.
     """
-    if isinstance(num_jobs, bool) or not isinstance(num_jobs, (int, np.integer)) or num_jobs < 0:
-        raise TraceError(f"generate: num_jobs: expected a non-negative integer, got {num_jobs!r}")
+    if isinstance(num_jobs, bool) or not isinstance(num_jobs, (int, np.integer)) or not 0 <= num_jobs <= MAX_JOBS:
+        raise TraceError(f"generate: num_jobs: expected a non-negative integer <= {MAX_JOBS:,}, got {num_jobs!r}")
     if not isinstance(load, (int, float, np.floating, np.integer)) or not math.isfinite(load) or load <= 0:
         raise TraceError(f"generate: load: expected a positive number, got {load!r}")
     counts = cluster.type_counts()
     if not counts:
         raise TraceError(f"generate: cluster {cluster.name!r} has no devices")
     types, p_types = _normalise_mix(mix)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed, TraceError, "generate: seed"))
     n = int(num_jobs)
     models = measured_models()
 
