@@ -66,3 +66,7 @@ def read_text(path, error: type[GpuallocError], where: str | None = None) -> str
         raise error(f"{where}: not UTF-8 text (a binary file?): byte {err.start}: {err.reason}") from err
     except OSError as err:
         raise error(f"{where}: cannot read: {err.strerror or err}") from err
+
+
+class OutputError(GpuallocError):
+    """An output file or folder cannot be created or written."""

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import console, print_json, progress_bar
+from gpualloc.cli.common import console, output_file, print_json, progress_bar
 from gpualloc.reports.costs import device_calibration_view
+from gpualloc.limits import MAX_DEVICES, MAX_SEED, MAX_STEPS
 
 DEFAULT_MODELS = "resnet-tiny:4,bert-tiny:4"
 
@@ -33,14 +34,16 @@ def calibrate_cmd(
     models: str = typer.Option(DEFAULT_MODELS, "--models",
                                help="Models to time op by op, MODEL:BATCH comma-separated (zoo names or "
                                     "package.module:factory)."),
-    concurrent: int = typer.Option(1, "--concurrent", min=1,
+    concurrent: int = typer.Option(1, "--concurrent", max=MAX_DEVICES, min=1,
                                    help="CPU workers that will share the CPU (e.g. 2 for a 2xcpu plan): the "
                                         "others' load runs beside the per-op timings."),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed passes per measurement (median kept)."),
+    repeats: int = typer.Option(3, "--repeats", max=MAX_STEPS, min=1,
+                                help="Timed passes per measurement (median kept)."),
     device_type: str = typer.Option(None, "--as", help="Catalog device type measured (default: guessed)."),
     base: Path = typer.Option(None, "--base", help="Calibration to update (default: the shipped one)."),
-    output: Path = typer.Option(Path("calibration.json"), "-o", "--output", help="Calibration file to write."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the timed models' weights and inputs."),
+    output: Path = typer.Option(Path("calibration.json"), "-o", "--output", callback=output_file,
+                                help="Calibration file to write."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the timed models' weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the device's calibration record as JSON."),
 ) -> None:
     """Measure DEVICE (matmul, copies, per-op timings of captured models), fit the cost model's efficiencies

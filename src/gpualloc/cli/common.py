@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from typer import Context
 from typer.core import TyperGroup
 
+from gpualloc.errors import CatalogError, OutputError
 from gpualloc.reports.format import gib, ms, num, si  # noqa: F401 - re-exported for the CLI modules
 
 # Piped output (logs, CI) is not cut to 80 columns: tables keep their full width.
@@ -85,7 +88,10 @@ def device_types(names: str) -> list:
     from gpualloc.hardware.catalog import default_catalog
 
     cat = default_catalog()
-    return [cat.device(name.strip()) for name in names.split(",") if name.strip()]
+    types = [cat.device(name.strip()) for name in names.split(",") if name.strip()]
+    if not types:
+        raise CatalogError(f"devices: no device type in {names!r}; expected e.g. 'A100,V100,T4'")
+    return types
 
 
 def progress_bar(*, transient: bool = True):
@@ -98,8 +104,48 @@ def progress_bar(*, transient: bool = True):
 
 
 def print_json(data: Any) -> None:
-    """Plain JSON on stdout (no Rich markup), for scripts."""
-    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+    """Plain JSON on stdout (no Rich markup), for scripts: an undefined number (NaN, infinity) is
+    ``null``, never the ``NaN`` token that strict JSON parsers refuse."""
+    sys.stdout.write(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
+def output_file(path: Path | None) -> Path | None:
+    """The one rule for every output file option (``-o``, ``--out``, ``--plot``): missing parent
+    folders are created. Used as the option's Typer ``callback``.
+
+    Raises:
+        OutputError: the folder cannot be created, or the path is a folder.
+    """
+    if path is None:
+        return None
+    if path.is_dir():
+        raise OutputError(f"{path}: is a folder, expected a file name")
+    _make_folder(path.parent)
+    return path
+
+
+def output_folder(path: Path | None) -> Path | None:
+    """Like :func:`output_file` for options naming a folder (``demo --out``, ``--plots``): it is created."""
+    if path is not None:
+        _make_folder(path)
+    return path
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"{folder}: cannot create the folder: {err.strerror or err}") from err
 
 
 def load_graph(source: str, batch: int = 32):

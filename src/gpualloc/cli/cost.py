@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import console, device_types, load_graph, print_json
+from gpualloc.cli.common import console, device_types, load_graph, output_file, print_json
 from gpualloc.reports.costs import calibration_view, estimates_view
+from gpualloc.limits import MAX_BATCH
 
 app = typer.Typer(help="The cost model: per-device estimates and the calibration behind them.",
                   no_args_is_help=True)
@@ -17,7 +18,7 @@ app = typer.Typer(help="The cost model: per-device estimates and the calibration
 def estimate_cmd(
     graph: str = typer.Argument(..., help="A gpualloc-graph JSON file, a zoo model name or package.module:factory."),
     devices: str = typer.Option("A100,V100,T4", "--devices", help="Comma-separated device types."),
-    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimates as JSON."),
 ) -> None:
     """Estimate one training step of a graph on each device (alone, ops in sequence)."""
@@ -60,7 +61,8 @@ def calibration_cmd(
 @app.command("calibrate")
 def calibrate_cmd(
     data: Path = typer.Option(Path("../shared/data"), "--data", help="The shared data folder (PipeDream, Sia)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the calibration JSON."),
+    output: Path = typer.Option(..., "-o", "--output", callback=output_file,
+                                help="Where to write the calibration JSON."),
 ) -> None:
     """Fit the efficiencies on the measured data and write a calibration file."""
     from gpualloc.cost.calibrate import calibrate

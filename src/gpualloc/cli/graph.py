@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import console, print_json
+from gpualloc.cli.common import console, output_file, print_json
 from gpualloc.graph.ir import OpGraph, summarize
 from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
+from gpualloc.limits import MAX_BATCH, MAX_TOP
 
 app = typer.Typer(help="Operator graphs: capture from PyTorch, import published profiles, inspect.",
                   no_args_is_help=True)
@@ -28,8 +29,9 @@ class ImportFormat(str, Enum):
 @app.command("capture")
 def capture_cmd(
     model: str = typer.Argument(..., help="A zoo name (resnet50, bert-base, gpt2-small, ...) or package.module:factory."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the gpualloc-graph JSON."),
-    batch: int = typer.Option(1, "--batch", min=1, help="Batch size the graph is captured at."),
+    output: Path = typer.Option(..., "-o", "--output", callback=output_file,
+                                help="Where to write the gpualloc-graph JSON."),
+    batch: int = typer.Option(1, "--batch", max=MAX_BATCH, min=1, help="Batch size the graph is captured at."),
     granularity: Granularity = typer.Option(Granularity.op, "--granularity", help="op: every aten op; layer: one node per module."),
 ) -> None:
     """Trace a PyTorch model (torch.export) into an operator graph with per-op FLOPs and bytes."""
@@ -45,7 +47,8 @@ def capture_cmd(
 def import_cmd(
     file: Path = typer.Argument(..., help="The profile to import.", exists=True, dir_okay=False),
     fmt: ImportFormat = typer.Option(..., "--format", help="Format of FILE."),
-    output: Path = typer.Option(None, "-o", "--output", help="Where to write the gpualloc-graph JSON."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_file,
+                                help="Where to write the gpualloc-graph JSON."),
     device: str = typer.Option("V100", "--device", help="Device type the profile was measured on."),
 ) -> None:
     """Import a published profile (PipeDream per-layer times) as an operator graph."""
@@ -68,7 +71,7 @@ def import_cmd(
 def show_cmd(
     file: Path = typer.Argument(..., help="A gpualloc-graph JSON file."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    top: int = typer.Option(10, "--top", help="How many of the heaviest nodes to list."),
+    top: int = typer.Option(10, "--top", min=0, max=MAX_TOP, help="How many of the heaviest nodes to list."),
 ) -> None:
     """Summarise a graph: nodes, edges, total FLOPs, parameters, activations, critical path."""
     graph = OpGraph.load(file)

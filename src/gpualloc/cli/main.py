@@ -12,8 +12,9 @@ from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import service as service_cli
-from gpualloc.cli.common import OrderedGroup, console, err_console
+from gpualloc.cli.common import OrderedGroup, console, err_console, output_folder
 from gpualloc.errors import GpuallocError
+from gpualloc.limits import MAX_BATCH
 
 app = typer.Typer(
     name="gpualloc",
@@ -52,8 +53,8 @@ def _root(
 
 @app.command("demo")
 def demo(
-    out: Path = typer.Option(Path("out/demo"), "--out", help="Folder for the demo's files."),
-    batch: int = typer.Option(32, "--batch", min=1, help="Batch size."),
+    out: Path = typer.Option(Path("out/demo"), "--out", callback=output_folder, help="Folder for the demo's files."),
+    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size."),
 ) -> None:
     """Capture ResNet-50, cost a training step on A100/V100/T4, place it on 4 A100 + 4 V100 with every
     method, and schedule 200 jobs on adlro16 under every policy."""

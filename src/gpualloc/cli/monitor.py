@@ -13,10 +13,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpualloc.cli.common import DefaultToRun, console, err_console, print_json, progress_bar
+from gpualloc.cli.common import DefaultToRun, console, err_console, output_file, print_json, progress_bar
 from gpualloc.reports.telemetry import records_table
 from gpualloc.telemetry.backends import BACKENDS, open_backend
 from gpualloc.telemetry.base import DeviceTelemetry, TelemetryError, TelemetryExhausted
+from gpualloc.limits import MAX_JOBS, MAX_SEED, MAX_STEPS
 
 
 class _DefaultToLive(DefaultToRun):
@@ -37,9 +38,9 @@ _FILE = typer.Option(None, "--file", "-f", help="replay: the recording (.parquet
 _LOOP = typer.Option(False, "--loop", help="replay: start over at the end of the recording.")
 _CLUSTER = typer.Option("adlro16", "--cluster", "-c", help="sim: preset, shorthand or cluster file.")
 _TRACE = typer.Option(None, "--trace", "-t", help="sim: trace file (default: synthetic jobs).")
-_JOBS = typer.Option(200, "--jobs", min=1, help="sim: synthetic jobs.")
+_JOBS = typer.Option(200, "--jobs", max=MAX_JOBS, min=1, help="sim: synthetic jobs.")
 _POLICY = typer.Option("fcfs", "--policy", "-p", help="sim: scheduling policy.")
-_SEED = typer.Option(0, "--seed", help="sim: seed of the trace, the run and the noise.")
+_SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="sim: seed of the trace, the run and the noise.")
 _SIM_STEP = typer.Option(600.0, "--sim-step", min=1e-6, help="sim: simulated seconds per sample.")
 _PCIE = typer.Option(False, "--pcie", help="nvml: read PCIe throughput (NVML blocks ~20 ms per reading).")
 _INTERVAL = typer.Option(1.0, "--interval", "-i", min=0.0, help="Wall seconds between samples.")
@@ -100,7 +101,8 @@ def run_cmd(
     backend: str = _BACKEND, fallback: str = _FALLBACK, file: Path = _FILE, loop: bool = _LOOP,
     cluster: str = _CLUSTER, trace: Path = _TRACE, jobs: int = _JOBS, policy: str = _POLICY, seed: int = _SEED,
     sim_step: float = _SIM_STEP, pcie: bool = _PCIE, interval: float = _INTERVAL,
-    count: int = typer.Option(None, "--count", "-n", min=1, help="Stop after this many samples (default: Ctrl-C)."),
+    count: int = typer.Option(None, "--count", "-n", max=MAX_STEPS, min=1,
+                              help="Stop after this many samples (default: Ctrl-C)."),
     once: bool = typer.Option(False, "--once", help="One sample, then exit (same as --count 1)."),
     as_json: bool = typer.Option(False, "--json",
                                  help="JSON instead of a table: with --once one list of per-device records, "
@@ -166,8 +168,9 @@ def _counted(samples, bar, task):
 
 @app.command("record")
 def record_cmd(
-    out: Path = typer.Option(..., "-o", "--out", help="Recording to write: .parquet, .pq or .csv."),
-    samples: int = typer.Option(60, "--samples", "-n", min=1, help="Samples to record."),
+    out: Path = typer.Option(..., "-o", "--out", callback=output_file,
+                             help="Recording to write: .parquet, .pq or .csv."),
+    samples: int = typer.Option(60, "--samples", "-n", max=MAX_STEPS, min=1, help="Samples to record."),
     backend: str = _BACKEND, fallback: str = _FALLBACK, file: Path = _FILE, loop: bool = _LOOP,
     cluster: str = _CLUSTER, trace: Path = _TRACE, jobs: int = _JOBS, policy: str = _POLICY, seed: int = _SEED,
     sim_step: float = _SIM_STEP, pcie: bool = _PCIE, interval: float = _INTERVAL,

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.progress import Progress
 
-from gpualloc.cli.common import DefaultToRun, console, load_graph, print_json
+from gpualloc.cli.common import DefaultToRun, console, load_graph, output_file, print_json
+from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Place a graph on a cluster: `place GRAPH --cluster C --method M`, `place evaluate`, "
@@ -67,13 +68,15 @@ def run_cmd(
     method: str = typer.Option("best", "--method", "-m",
                                help="Partitioner (see `place compare`), best, or dqn (the learned agent)."),
     agent: Path = typer.Option(None, "--agent", help="Agent checkpoint for --method dqn (default: the bundled one)."),
-    microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
-    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    microbatches: int = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1,
+                                     help="Pipeline microbatches per step."),
+    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
     calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    output: Path = typer.Option(None, "-o", "--output", help="Write the plan (re-scorable) as JSON."),
-    plot: Path = typer.Option(None, "--plot", help="Write a Gantt chart of one step (PNG)."),
+    output: Path = typer.Option(None, "-o", "--output", callback=output_file,
+                                help="Write the plan (re-scorable) as JSON."),
+    plot: Path = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG)."),
 ) -> None:
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import place
@@ -88,11 +91,12 @@ def evaluate_cmd(
     graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
     plan: Path = typer.Option(..., "--plan", help="A plan JSON (from `place -o`, or hand-made)."),
-    microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
-    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    microbatches: int = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1,
+                                     help="Pipeline microbatches per step."),
+    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
     calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    plot: Path = typer.Option(None, "--plot", help="Write a Gantt chart of one step (PNG)."),
+    plot: Path = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG)."),
 ) -> None:
     """Score a given assignment (node id -> device index) with the same simulator."""
     import json
@@ -112,10 +116,11 @@ def evaluate_cmd(
 def compare_cmd(
     graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
-    microbatches: int = typer.Option(1, "--microbatches", min=1, help="Pipeline microbatches per step."),
-    batch: int = typer.Option(32, "--batch", min=1, help="Batch size when GRAPH is a model to capture."),
+    microbatches: int = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1,
+                                     help="Pipeline microbatches per step."),
+    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
     calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""

@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gpualloc.cli.common import console, err_console, print_json
+from gpualloc.cli.common import console, err_console, output_folder, print_json
+from gpualloc.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_STEPS
 
 app = typer.Typer(no_args_is_help=True, help="Regenerate the results tables: `reproduce placement`, `reproduce scheduling`.")
 
@@ -16,11 +17,14 @@ app = typer.Typer(no_args_is_help=True, help="Regenerate the results tables: `re
 @app.command("placement")
 def placement_cmd(
     quick: bool = typer.Option(False, "--quick", help="One seed, 2,000 iterations: the CI smoke version."),
-    seeds: int = typer.Option(None, "--seeds", min=1, help="Seeds (drift schedules) per model and cluster."),
-    iterations: int = typer.Option(None, "--iterations", min=1, help="Training iterations per run."),
-    microbatches: int = typer.Option(4, "--microbatches", min=1, help="Pipeline microbatches per step."),
+    seeds: int = typer.Option(None, "--seeds", max=MAX_STEPS, min=1,
+                              help="Seeds (drift schedules) per model and cluster."),
+    iterations: int = typer.Option(None, "--iterations", max=MAX_STEPS, min=1, help="Training iterations per run."),
+    microbatches: int = typer.Option(4, "--microbatches", max=MAX_MICROBATCHES, min=1,
+                                     help="Pipeline microbatches per step."),
     agent: Path = typer.Option(None, "--agent", help="Placement agent (default: the bundled one)."),
-    out: Path = typer.Option(Path("out/reproduce-placement"), "--out", help="Folder for table.md, results.json, plots."),
+    out: Path = typer.Option(Path("out/reproduce-placement"), "--out", callback=output_folder,
+                          help="Folder for table.md, results.json, plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
 ) -> None:
     """ResNet-50, BERT-base and GPT-2 small on 8xA100 and hetero8 over a training run with drift:
@@ -58,11 +62,12 @@ def placement_cmd(
 @app.command("scheduling")
 def scheduling_cmd(
     quick: bool = typer.Option(False, "--quick", help="Load 0.8 only, 2 seeds, 120 jobs: the CI smoke version."),
-    seeds: int = typer.Option(None, "--seeds", min=2, help="Seeds (synthetic traces) per load."),
+    seeds: int = typer.Option(None, "--seeds", max=MAX_STEPS, min=2, help="Seeds (synthetic traces) per load."),
     data: Path = typer.Option(Path("../shared/data"), "--data",
                               help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); skipped if absent."),
     agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled adlro16 one)."),
-    out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", help="Folder for table.md, results.json, plots."),
+    out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", callback=output_folder,
+                          help="Folder for table.md, results.json, plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run the simulations as Ray tasks (local Ray unless "
                                  "--ray-address)."),
@@ -70,7 +75,8 @@ def scheduling_cmd(
     workers: int = typer.Option(1, "--workers", min=1, help="Parallel simulations: local processes without --ray, "
                                 "CPUs of a local Ray with it."),
     loads: str = typer.Option(None, "--loads", hidden=True, help="Comma-separated loads (tests)."),
-    jobs: int = typer.Option(None, "--jobs", min=1, hidden=True, help="Jobs per synthetic trace (tests)."),
+    jobs: int = typer.Option(None, "--jobs", max=MAX_JOBS, min=1, hidden=True,
+                             help="Jobs per synthetic trace (tests)."),
 ) -> None:
     """adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
     scaled to the cluster: every policy, the DQN agent and the lower bound."""

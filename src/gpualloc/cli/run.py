@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpualloc.cli.common import console, err_console, ms, print_json, progress_bar
+from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED, MAX_STEPS
 
 MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSON captured from one "
               "(its meta.model names the model).")
@@ -19,8 +20,9 @@ MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSO
 def run_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o`."),
-    steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (the median is reported)."),
-    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed training steps run first."),
+    steps: int = typer.Option(5, "--steps", max=MAX_STEPS, min=1,
+                              help="Timed training steps (the median is reported)."),
+    warmup: int = typer.Option(1, "--warmup", max=MAX_STEPS, min=0, help="Untimed training steps run first."),
     calibration: Path = typer.Option(None, "--calibration",
                                      help="A calibration file from `gpualloc calibrate` (default: a quick CPU "
                                           "calibration, measured once and cached, where the plan uses a CPU; "
@@ -34,14 +36,15 @@ def run_cmd(
                                      "default: cpu for CPU types, cuda:0, cuda:1, ... for the others."),
     threads: int = typer.Option(None, "--threads", min=1,
                                 help="CPU threads split between the CPU workers (default: all available)."),
-    batch: int = typer.Option(None, "--batch", min=1,
+    batch: int = typer.Option(None, "--batch", max=MAX_BATCH, min=1,
                               help="Batch size (default: the plan's, else 32; a graph JSON brings its own)."),
-    microbatches: int = typer.Option(None, "--microbatches", min=1, help="Microbatches (default: the plan's)."),
+    microbatches: int = typer.Option(None, "--microbatches", max=MAX_MICROBATCHES, min=1,
+                                     help="Microbatches (default: the plan's)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
     roofline: bool = typer.Option(False, "--roofline",
                                   help="Predict with the calibrated roofline even where the calibration has "
                                        "per-op profiles of this model."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a placement plan on real devices: split MODEL by the plan, check its output against the unsplit

@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gpualloc.cli.common import DefaultToRun, console, err_console, print_json
+from gpualloc.cli.common import (DefaultToRun, console, err_console, output_file, output_folder,
+                                 print_json)
+from gpualloc.limits import MAX_JOBS, MAX_SEED
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Simulate a GPU cluster: `simulate --cluster C --trace T --policy P`, `simulate compare`.")
@@ -19,11 +21,12 @@ _CLUSTER = typer.Option(None, "--cluster", "-c",
 _TRACE = typer.Option(None, "--trace", "-t", help="Trace file.")
 _FORMAT = typer.Option(None, "--format", "-f",
                        help="native, gavel, philly, pollux, tiresias, alibaba (default: from the file).")
-_GENERATE = typer.Option(None, "--generate", min=1, help="Generate this many synthetic jobs instead of a trace.")
+_GENERATE = typer.Option(None, "--generate", max=MAX_JOBS, min=1,
+                         help="Generate this many synthetic jobs instead of a trace.")
 _LOAD = typer.Option(0.8, "--load", min=0.01, help="Offered load of the synthetic jobs (1.0 = cluster capacity).")
 _NODES = typer.Option(None, "--nodes", help="Alibaba node list (openb_node_list_gpu_node.csv) to use as the cluster.")
-_HEAD = typer.Option(None, "--head", min=1, help="Only the first N jobs of the trace.")
-_SEED = typer.Option(0, "--seed", help="Seed of the generator and of the policies.")
+_HEAD = typer.Option(None, "--head", max=MAX_JOBS, min=1, help="Only the first N jobs of the trace.")
+_SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the generator and of the policies.")
 _DROP = typer.Option(False, "--drop-unplaceable",
                      help="Reject jobs larger than any device type of the cluster instead of stopping.")
 _AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled adlro16 one).")
@@ -65,7 +68,8 @@ def run_cmd(
     agent: Path = _AGENT,
     policy: str = typer.Option("fcfs", "--policy", "-p", help="Scheduling policy (see `simulate compare --help`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
-    out: Path = typer.Option(None, "-o", "--out", help="Write the metrics and every job's record here (JSON)."),
+    out: Path = typer.Option(None, "-o", "--out", callback=output_file,
+                             help="Write the metrics and every job's record here (JSON)."),
 ) -> None:
     """Run one policy and print its metrics, with the lower bound beside them."""
     from gpualloc.scheduling.metrics import summary, with_ratios
@@ -87,7 +91,8 @@ def compare_cmd(
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
     agent: Path = _AGENT,
     policies: str = typer.Option(DEFAULT_POLICIES, "--policies", help="Comma-separated policy names."),
-    plots: Path = typer.Option(None, "--plots", help="Folder for the JCT CDF, utilisation and queue plots."),
+    plots: Path = typer.Option(None, "--plots", callback=output_folder,
+                               help="Folder for the JCT CDF, utilisation and queue plots."),
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),
 ) -> None:
     """Run several policies on the same jobs and cluster, side by side with the lower bound (oracle-lb)."""

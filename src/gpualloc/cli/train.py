@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from gpualloc.cli.common import console, load_graph
+from gpualloc.cli.common import console, load_graph, output_file
 from gpualloc.reports.learning import placer_learning_curve
+from gpualloc.limits import MAX_BATCH, MAX_SEED, MAX_STEPS
 
 app = typer.Typer(no_args_is_help=True, help="Train the DQN agents: `train placer`, `train scheduler`.")
 
@@ -44,10 +45,11 @@ def placer_cmd(
     microbatches: str = typer.Option("1,4", "--microbatches", help="Comma-separated microbatch counts."),
     data: Path = typer.Option(Path("../shared/data/pipedream-profiles"), "--data",
                               help="Folder of PipeDream profiles (NAME.txt) for bare graph names."),
-    steps: int = typer.Option(30_000, "--steps", min=100, help="Environment steps."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the agent and the episodes."),
-    out: Path = typer.Option(Path("placer.pt"), "-o", "--out", help="Checkpoint to write (the best by held-out return)."),
-    batch: int = typer.Option(32, "--batch", min=1, help="Batch size of captured zoo models."),
+    steps: int = typer.Option(30_000, "--steps", max=MAX_STEPS, min=100, help="Environment steps."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the agent and the episodes."),
+    out: Path = typer.Option(Path("placer.pt"), "-o", "--out", callback=output_file,
+                             help="Checkpoint to write (the best by held-out return)."),
+    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size of captured zoo models."),
 ) -> None:
     """Train the placement agent on graphs x clusters x microbatches; keep the best checkpoint."""
     from gpualloc.hardware.cluster import load_cluster
@@ -83,9 +85,11 @@ def scheduler_cmd(
     fmt: str = typer.Option(None, "--format", "-f", help="Trace format (default: from the file)."),
     generator: bool = typer.Option(True, "--generator/--no-generator",
                                    help="Train on synthetic traces (ignored when --trace is given)."),
-    steps: int = typer.Option(80_000, "--steps", min=100, help="Environment steps (scheduling decisions)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the agent and the generated traces."),
-    out: Path = typer.Option(Path("sched.pt"), "-o", "--out", help="Checkpoint (the best by held-out avg JCT)."),
+    steps: int = typer.Option(80_000, "--steps", max=MAX_STEPS, min=100,
+                              help="Environment steps (scheduling decisions)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the agent and the generated traces."),
+    out: Path = typer.Option(Path("sched.pt"), "-o", "--out", callback=output_file,
+                             help="Checkpoint (the best by held-out avg JCT)."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run the rollouts and held-out evaluations as Ray "
                                  "tasks (local Ray unless --ray-address)."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (implies --ray), e.g. 'auto'."),
@@ -93,7 +97,8 @@ def scheduler_cmd(
                                 "CPUs of a local Ray with it."),
     actors: int = typer.Option(1, "--actors", min=1, help="Rollout tasks per round, each with its own simulator "
                                "(1: experience collected step by step in this process)."),
-    round_steps: int = typer.Option(1_000, "--round-steps", min=1, help="Environment steps per round, shared by "
+    round_steps: int = typer.Option(1_000, "--round-steps", max=MAX_STEPS, min=1,
+                                    help="Environment steps per round, shared by "
                                     "the actors (with --actors > 1)."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""

@@ -30,6 +30,7 @@ from gpualloc.cost.physics import OPTIMIZER_STATES
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
+from gpualloc.limits import MAX_MICROBATCHES, check_size
 
 if TYPE_CHECKING:
     from gpualloc.placement.bounds import Bound
@@ -58,6 +59,7 @@ class PlacementProblem:
     def __post_init__(self) -> None:
         if self.microbatches < 1:
             raise PlacementError(f"microbatches must be >= 1, got {self.microbatches}")
+        check_size(self.microbatches, "microbatches", MAX_MICROBATCHES, PlacementError)
 
     @property
     def n(self) -> int:

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import PlacementError
+from gpualloc.errors import PlacementError, read_text
+from gpualloc.limits import MAX_MICROBATCHES, check_size
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
@@ -148,21 +149,43 @@ def save_plan(path: str | Path, problem: PlacementProblem, outcome: Outcome, clu
 def read_plan_doc(path: str | Path) -> dict:
     """A plan file's JSON object, checked to hold an ``assignment`` object; errors name the file and field."""
     where = str(path)
+    text = read_text(path, PlacementError)
     try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise PlacementError(f"{where}: cannot read: {err.strerror}") from err
+        doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise PlacementError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
+    except RecursionError as err:
+        raise PlacementError(f"{where}: not valid JSON: nested too deeply") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("assignment"), dict):
         raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
+    if "microbatches" in doc:
+        check_size(doc["microbatches"], f"{where}: microbatches", MAX_MICROBATCHES, PlacementError)
+    devices = doc.get("devices")
+    if devices is not None and (not isinstance(devices, list) or not all(isinstance(d, str) for d in devices)):
+        raise PlacementError(f"{where}: devices: expected a list of device labels like 'n0.A100-40GB.0'")
     return doc
+
+
+def _check_devices(where: str, labels: list[str] | None, problem: PlacementProblem) -> None:
+    """A plan that lists its devices must have been made for this cluster's devices, in this order."""
+    if labels is None:
+        return
+    ours = [d.label for d in problem.cluster.devices]
+    if len(labels) != len(ours):
+        raise PlacementError(f"{where}: devices: the plan was made for {len(labels)} devices, "
+                             f"cluster {problem.cluster.name!r} has {len(ours)}")
+    for i, (theirs, mine) in enumerate(zip(labels, ours, strict=True)):
+        if theirs != mine:
+            raise PlacementError(f"{where}: devices[{i}]: the plan was made for {theirs!r}, "
+                                 f"cluster {problem.cluster.name!r} has {mine!r} there")
 
 
 def load_assignment(path: str | Path, problem: PlacementProblem) -> np.ndarray:
     """Read a plan's assignment (node id -> device index) for ``problem``; errors name the file and field."""
     where = str(path)
-    mapping = read_plan_doc(path)["assignment"]
+    doc = read_plan_doc(path)
+    _check_devices(where, doc.get("devices"), problem)
+    mapping = doc["assignment"]
     out = np.empty(problem.n, dtype=np.int64)
     for i, node in enumerate(problem.graph.nodes):
         if node.id not in mapping:
