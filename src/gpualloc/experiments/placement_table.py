@@ -22,7 +22,7 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import random_schedule
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import best_of_planner, run_training
-from gpualloc.placement.run import place
+from gpualloc.placement.run import gain, place
 from gpualloc.rl.dqn import DQNAgent
 from gpualloc.rl.placer import dqn_planner, load_placer, place_dqn
 
@@ -95,4 +95,4 @@ def _gains(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         for ref in ("static", "best"):
             base = by[(r["model"], r["cluster"], ref)]["training_time_s"]
-            r[f"gain_vs_{ref}"] = 1.0 - r["training_time_s"] / base if base > 0 else float("nan")
+            r[f"gain_vs_{ref}"] = gain(r["training_time_s"], base)
