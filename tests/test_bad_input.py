@@ -1,0 +1,309 @@
+"""Bad input through the real entry point: exit status 2 and one line on stderr naming the file or
+field, never a traceback, a hang or NaN (issue 13, "bad input")."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from gpualloc.cli.main import main
+from gpualloc.errors import CaptureError, ClusterError, GraphError, PlacementError, TraceError
+from gpualloc.limits import MAX_DEVICES, MAX_JOBS, MAX_MICROBATCHES, MAX_SEED
+
+from tests.conftest import diamond
+
+BINARY = bytes(range(256)) * 4  # not UTF-8 from byte 0x80 on
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run ``gpualloc ARGS...`` through ``main()`` (where domain errors become one line and exit 2)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["gpualloc", *map(str, args)])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        out, err = capsys.readouterr()
+        code = exc.value.code
+        return (0 if code is None else code), out, err
+
+    return run
+
+
+def one_line_error(cli, *args: str, names: str) -> str:
+    code, _, err = cli(*args)
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and names in lines[0], err
+    return lines[0]
+
+
+def usage_error(cli, *args: str, option: str) -> None:
+    """A value outside an option's documented range: Typer's usage error, exit 2, the option named."""
+    code, _, err = cli(*args)
+    assert code == 2, err
+    assert "Traceback" not in err and option in err, err
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "diamond.json"
+    diamond().save(path)
+    return path
+
+
+@pytest.fixture
+def binary(tmp_path):
+    def make(name: str):
+        path = tmp_path / name
+        path.write_bytes(BINARY)
+        return path
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------- binary files
+@pytest.mark.parametrize("args, name", [
+    (("graph", "show", "{f}"), "g.json"),
+    (("graph", "import", "{f}", "--format", "pipedream"), "g.txt"),
+    (("hw", "show", "{f}"), "c.toml"),
+    (("hw", "show", "{f}"), "c.yaml"),
+    (("cost", "calibration", "--file", "{f}"), "cal.json"),
+    (("simulate", "-c", "adlro16", "-t", "{f}"), "t.csv"),
+])
+def test_binary_input_files(cli, binary, args, name):
+    f = binary(name)
+    line = one_line_error(cli, *(a.format(f=f) for a in args), names=str(f))
+    assert "Unicode" not in line
+
+
+def test_binary_plan_and_calibration_to_place(cli, binary, graph_file):
+    plan = binary("plan.json")
+    one_line_error(cli, "place", "evaluate", graph_file, "-c", "2xA100", "--plan", plan, names=str(plan))
+    cal = binary("cal.json")
+    one_line_error(cli, "place", graph_file, "-c", "2xA100", "--calibration", cal, names=str(cal))
+
+
+# ---------------------------------------------------------------------------------------- outputs
+def test_outputs_into_missing_folders_are_created(cli, tmp_path, graph_file):
+    plan, gantt = tmp_path / "a" / "b" / "plan.json", tmp_path / "c" / "gantt.png"
+    code, _, err = cli("place", graph_file, "-c", "2xA100", "-m", "static", "-o", plan, "--plot", gantt)
+    assert code == 0, err
+    assert json.loads(plan.read_text())["assignment"] and gantt.stat().st_size > 0
+    out = tmp_path / "d" / "run.json"
+    code, _, err = cli("simulate", "run", "-c", "adlro16", "--generate", "5", "-o", out)
+    assert code == 0, err
+    assert json.loads(out.read_text())["jobs_records"]
+    folder = tmp_path / "f" / "plots"
+    code, _, err = cli("simulate", "compare", "-c", "adlro16", "--generate", "5", "--policies", "fcfs",
+                       "--plots", folder)
+    assert code == 0, err
+    assert (folder / "jct_cdf.png").is_file()
+
+
+def test_graph_import_into_missing_folder(cli, tmp_path, shared_data):
+    out = tmp_path / "e" / "g.json"
+    code, _, err = cli("graph", "import", shared_data / "pipedream-profiles" / "resnet18.txt", "--format",
+                       "pipedream", "-o", out)
+    assert code == 0, err
+    assert json.loads(out.read_text())["nodes"]
+
+
+def test_output_under_a_file_is_one_line(cli, tmp_path, graph_file):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    one_line_error(cli, "place", graph_file, "-c", "2xA100", "-o", blocker / "plan.json", names=str(blocker))
+    one_line_error(cli, "place", graph_file, "-c", "2xA100", "-o", tmp_path, names=str(tmp_path))
+
+
+def test_output_folder_helper_creates_the_folder(tmp_path):
+    from gpualloc.cli.common import output_file, output_folder
+
+    assert output_folder(tmp_path / "x" / "y") == tmp_path / "x" / "y" and (tmp_path / "x" / "y").is_dir()
+    assert output_file(tmp_path / "p" / "q.json") == tmp_path / "p" / "q.json" and (tmp_path / "p").is_dir()
+    assert output_file(None) is None and output_folder(None) is None
+
+
+# ---------------------------------------------------------------------------------------- sizes
+def test_size_options_have_documented_bounds(cli, graph_file):
+    usage_error(cli, "place", graph_file, "-c", "2xA100", "--microbatches", "1000000000", option="--microbatches")
+    usage_error(cli, "simulate", "-c", "adlro16", "--generate", "1000000000", option="--generate")
+    usage_error(cli, "simulate", "-c", "adlro16", "--generate", "5", "--seed", "-1", option="--seed")
+    usage_error(cli, "place", graph_file, "-c", "2xA100", "--seed", str(MAX_SEED + 1), option="--seed")
+    code, out, _ = cli("place", "--help")
+    assert code == 0 and str(MAX_MICROBATCHES) in out
+
+
+def test_huge_clusters_are_refused(cli, tmp_path):
+    one_line_error(cli, "hw", "show", "100000000xV100", names="100000000xV100")
+    one_line_error(cli, "hw", "show", f"{MAX_DEVICES}xV100+8xT4", names=f"{MAX_DEVICES + 8:,} devices")
+    toml = tmp_path / "big.toml"
+    toml.write_text("[[nodes]]\ndevices = {V100 = 8}\ncount = 100000000\n")
+    one_line_error(cli, "hw", "show", toml, names="nodes[0].count")
+    toml.write_text("[[nodes]]\ndevices = {V100 = 8}\ncount = 4000\n")
+    one_line_error(cli, "hw", "show", toml, names="nodes[0]")
+    yml = tmp_path / "big.yaml"
+    yml.write_text("nodes:\n  - devices: {V100: 100000000}\n")
+    one_line_error(cli, "hw", "show", yml, names="nodes[0].devices")
+
+
+def test_library_enforces_the_same_bounds():
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.workload.traces import generate
+
+    spec = load_cluster("adlro16")
+    with pytest.raises(TraceError, match="num_jobs"):
+        generate(MAX_JOBS + 1, spec, 0.8, seed=0)
+    with pytest.raises(TraceError, match="seed"):
+        generate(5, spec, 0.8, seed=-1)
+    assert len(generate(5, spec, 0.8, seed=np.random.default_rng(0))) == 5
+    with pytest.raises(PlacementError, match="microbatches"):
+        PlacementProblem(diamond(), load_cluster("2xA100"), microbatches=MAX_MICROBATCHES + 1)
+    with pytest.raises(ClusterError, match="count"):
+        load_cluster(f"{MAX_DEVICES + 1}xA100")
+
+
+def test_empty_device_list(cli, graph_file):
+    one_line_error(cli, "cost", "estimate", graph_file, "--devices", "", names="devices")
+    one_line_error(cli, "cost", "estimate", graph_file, "--devices", " , ", names="devices")
+
+
+# ---------------------------------------------------------------------------------------- traces, NaN
+def test_header_only_trace_is_an_error(cli, tmp_path):
+    trace = tmp_path / "empty.csv"
+    trace.write_text("id,arrival_s,job_type,work_s\n")
+    one_line_error(cli, "simulate", "-c", "adlro16", "-t", trace, "--json", names=f"{trace}: no jobs")
+    one_line_error(cli, "simulate", "compare", "-c", "adlro16", "-t", trace, names=f"{trace}: no jobs")
+
+
+def test_print_json_never_writes_nan(capsys):
+    from gpualloc.cli.common import print_json
+
+    print_json({"a": math.nan, "b": [math.inf, 1.5, -math.inf], "c": (2, "x")})
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "Infinity" not in out
+    assert json.loads(out) == {"a": None, "b": [None, 1.5, None], "c": [2, "x"]}
+
+
+# ---------------------------------------------------------------------------------------- calibration
+CAL_OK = {"compute": 0.5, "memory": 0.5, "launch_s": 1e-5}
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"devices": {"T4": {**CAL_OK, "compute": -1}}, "default": CAL_OK, "cpu_default": CAL_OK}, "devices.T4.compute"),
+    ({"devices": {}, "default": {**CAL_OK, "memory": 0}, "cpu_default": CAL_OK}, "default.memory"),
+    ({"devices": {}, "default": CAL_OK, "cpu_default": {**CAL_OK, "launch_s": -1e-3}}, "cpu_default.launch_s"),
+    ({"devices": {}, "cpu_default": CAL_OK}, "default"),
+    ({"devices": {"T4": {"compute": 0.5}}, "default": CAL_OK, "cpu_default": CAL_OK}, "devices.T4.memory"),
+    ([1, 2], "malformed calibration"),
+])
+def test_bad_calibrations_name_the_field(cli, tmp_path, graph_file, doc, field):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    one_line_error(cli, "cost", "calibration", "--file", path, names=field)
+    code, out, err = cli("place", graph_file, "-c", "2xA100", "--calibration", path, "--json")
+    assert code == 2 and "inf" not in out and field in err
+
+
+def test_non_finite_calibration(tmp_path):
+    from gpualloc.cost.model import Calibration
+    from gpualloc.errors import CostModelError
+
+    path = tmp_path / "cal.json"
+    path.write_text('{"devices": {}, "default": {"compute": NaN, "memory": 1, "launch_s": 0}, '
+                    '"cpu_default": {"compute": 1, "memory": 1, "launch_s": 0}}')
+    with pytest.raises(CostModelError, match="default.compute"):
+        Calibration.load(path)
+
+
+# ---------------------------------------------------------------------------------------- plans
+def test_plan_for_another_cluster(cli, tmp_path, graph_file):
+    plan = tmp_path / "plan.json"
+    code, _, err = cli("place", graph_file, "-c", "2xA100+2xV100", "-m", "static", "-o", plan)
+    assert code == 0, err
+    one_line_error(cli, "place", "evaluate", graph_file, "-c", "2xA100", "--plan", plan, names="devices")
+    one_line_error(cli, "place", "evaluate", graph_file, "-c", "2xA100+2xT4", "--plan", plan, names="devices[2]")
+    doc = json.loads(plan.read_text())
+    plan.write_text(json.dumps({**doc, "microbatches": -3}))
+    one_line_error(cli, "place", "evaluate", graph_file, "-c", "2xA100+2xV100", "--plan", plan,
+                   names="microbatches")
+    plan.write_text(json.dumps({**doc, "devices": "all"}))
+    one_line_error(cli, "place", "evaluate", graph_file, "-c", "2xA100+2xV100", "--plan", plan, names="devices")
+
+
+# ---------------------------------------------------------------------------------------- graphs
+def test_empty_graph_is_an_error(cli, tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"format": "gpualloc-graph", "version": 1, "nodes": []}))
+    one_line_error(cli, "place", path, "-c", "2xA100", names="nodes")
+    with pytest.raises(GraphError, match="no operators"):
+        from gpualloc.graph.ir import OpGraph
+
+        OpGraph("g", [], [])
+
+
+MODELS = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Constant(nn.Module):
+        def forward(self, x):
+            return 3
+
+    def constant():
+        return Constant()
+
+    def wrong_shape():
+        return nn.Sequential(nn.Linear(10, 5), nn.ReLU())
+
+    def example_inputs(batch):
+        return (torch.randn(batch, 7),)
+""")
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    (tmp_path / "badmodels_bi.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield "badmodels_bi"
+    sys.modules.pop("badmodels_bi", None)
+
+
+def test_model_computing_nothing(models):
+    from gpualloc.graph.capture import capture
+
+    with pytest.raises(CaptureError, match="no operators"):
+        capture(f"{models}:constant")
+
+
+def test_wrong_input_shape_is_one_line_without_torch_logs(models, tmp_path):
+    """A subprocess: torch's log handlers hold the real stderr, which capsys would not see."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", "graph", "capture", f"{models}:wrong_shape",
+                             "-o", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot trace") and "RuntimeError" in lines[0], lines[:5]
+
+
+def test_capture_restores_torch_log_levels(models):
+    import logging
+
+    from gpualloc.graph.capture import capture
+
+    names = ("torch", "torch._subclasses.fake_tensor", "torch.export")
+    levels = {n: logging.getLogger(n).level for n in names}
+    with pytest.raises(CaptureError, match="cannot trace"):
+        capture(f"{models}:wrong_shape")
+    assert {n: logging.getLogger(n).level for n in names} == levels
