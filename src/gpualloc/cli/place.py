@@ -143,7 +143,8 @@ def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, 
         from gpualloc.reports.gantt import plot_gantt
 
         events = simulate(problem, outcome.assignment, record_events=True).events
-        plot_gantt(events, plot, title=f"{problem.graph.name}: {outcome.method} on {cluster}")
+        plot_gantt(events, plot, title=f"{problem.graph.name}: {outcome.method} on {cluster}",
+                   device_names=[d.label for d in problem.cluster.devices])
     if as_json:
         print_json(outcome.to_dict(problem))
         return

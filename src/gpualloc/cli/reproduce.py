@@ -51,7 +51,8 @@ def placement_cmd(
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
     plot_bars(result["rows"], ("model", "cluster"), "method", "training_time_s", out / "training_time.png",
               ylabel="training time (s)", title=f"{spec.iterations:,} iterations with drift")
-    plot_bars(result["rows"], ("model", "cluster"), "method", "energy_j", out / "energy.png", ylabel="energy (J)")
+    plot_bars(result["rows"], ("model", "cluster"), "method", "energy_j", out / "energy.png", ylabel="energy (MJ)",
+              scale=1e-6, title=f"energy of {spec.iterations:,} iterations with drift")
     if as_json:
         print_json(result)
         return
@@ -109,11 +110,13 @@ def scheduling_cmd(
     table = scheduling_markdown(result["rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic"]
-    plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (s)",
+    plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
+              scale=1 / 3600,
               title=f"{spec.cluster}: average JCT by load")
     real = [r for r in result["rows"] if r["part"] == "real"]
     if real:  # no real traces found: nothing to plot
-        plot_bars(real, ("trace",), "policy", "avg_jct_s", out / "real_traces.png", ylabel="average JCT (s)",
+        plot_bars(real, ("trace",), "policy", "avg_jct_s", out / "real_traces.png", ylabel="average JCT (h)",
+                  scale=1 / 3600,
                   title="real traces scaled to the cluster")
     if as_json:
         print_json(result)

@@ -29,10 +29,10 @@ def placement_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str,
-              path: str | Path, *, ylabel: str, title: str = "") -> Path:
-    """Grouped bar chart: one group per distinct ``group_keys`` tuple, one bar per ``series_key``, error
-    bars from ``value_key + "_std"``."""
+def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str, *,
+                ylabel: str, title: str, scale: float = 1.0):
+    """Grouped bar chart as a Figure: one group per distinct ``group_keys`` tuple, one bar per
+    ``series_key``, error bars from ``value_key + "_std"``; values times ``scale`` (the table's unit)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,18 +43,29 @@ def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_
     series = list(dict.fromkeys(r[series_key] for r in rows))
     by = {(tuple(r[k] for k in group_keys), r[series_key]): r for r in rows}
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(groups) * max(1, len(series) / 4)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(groups) * max(1, len(series) / 4)) + 2, 4.5))
     x = np.arange(len(groups))
     for i, s in enumerate(series):
-        vals = [by[(g, s)][value_key] if (g, s) in by else np.nan for g in groups]
-        errs = [by[(g, s)].get(f"{value_key}_std", 0.0) if (g, s) in by else 0.0 for g in groups]
+        vals = [by[(g, s)][value_key] * scale if (g, s) in by else np.nan for g in groups]
+        errs = [(by[(g, s)].get(f"{value_key}_std") or 0.0) * scale if (g, s) in by else 0.0 for g in groups]
         ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, yerr=errs, label=str(s), capsize=2)
     ax.set_xticks(x, ["\n".join(map(str, g)) for g in groups])
+    ax.set_xlabel(" / ".join(group_keys))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8, ncol=min(len(series), 4))
+    # beside the axes, so that it never covers a bar
+    ax.legend(fontsize=8, title=series_key, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str,
+              path: str | Path, *, ylabel: str, title: str = "", scale: float = 1.0) -> Path:
+    """Write :func:`bars_figure` to a PNG at ``path``; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = bars_figure(rows, group_keys, series_key, value_key, ylabel=ylabel, title=title or ylabel, scale=scale)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
