@@ -35,4 +35,4 @@ def test_demo_bad_out_folder_is_one_line(tmp_path):
                           timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "--out" in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(blocker) in lines[0], proc.stderr

@@ -62,11 +62,7 @@ def demo(
     from gpualloc.graph.ir import summarize
     from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise GpuallocError(f"--out {out}: cannot create the folder: {err.strerror}") from err
-    path = out / "resnet50.json"
+    path = out / "resnet50.json"  # --out is created by its callback (output_folder)
     console.rule("[bold]1. capture ResNet-50 (torch.export + FLOP counter)")
     with console.status(f"tracing resnet50 at batch {batch}..."):
         g = capture("resnet50", batch=batch)
