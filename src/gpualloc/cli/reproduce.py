@@ -50,7 +50,8 @@ def placement_cmd(
     table = placement_markdown(result["rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
     plot_bars(result["rows"], ("model", "cluster"), "method", "training_time_s", out / "training_time.png",
-              ylabel="training time (s)", title=f"{spec.iterations:,} iterations with drift")
+              ylabel="training time (s)",
+              title=f"training time of {spec.iterations:,} iterations with drift")
     plot_bars(result["rows"], ("model", "cluster"), "method", "energy_j", out / "energy.png", ylabel="energy (MJ)",
               scale=1e-6, title=f"energy of {spec.iterations:,} iterations with drift")
     if as_json:
