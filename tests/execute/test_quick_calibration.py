@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import stat
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+import gpualloc.cli.common as common
 from gpualloc.cli.main import app
 from gpualloc.cli.run import cache_folder
 from gpualloc.cost.microbench import cached_cpu_calibration, quick_cache_name
@@ -56,12 +59,15 @@ def _plan(tmp_path, batch: int = 4):
     return plan
 
 
-def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache):
+def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache, monkeypatch):
     plan = _plan(tmp_path)
+    screen = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=screen, force_terminal=True, width=120))
     args = ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0", "--threads", "2", "--json"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
-    doc = json.loads(first.stdout)
+    doc = json.loads(first.stdout)  # stdout is pure JSON; the progress went to the (terminal) stderr
+    assert "calibrating the CPU" in screen.getvalue() and "training" in screen.getvalue()
     files = list(private_cache.glob("cpu-*.json"))
     assert len(files) == 1
     assert doc["calibration"] == {"path": str(files[0]), "source": "fresh"}
