@@ -123,12 +123,17 @@ def test_output_under_a_file_is_one_line(cli, tmp_path, graph_file):
     one_line_error(cli, "place", graph_file, "-c", "2xA100", "-o", tmp_path, names=str(tmp_path))
 
 
-def test_output_folder_helper_creates_the_folder(tmp_path):
-    from gpualloc.cli.common import output_file, output_folder
+def test_ensure_output_is_the_one_rule(tmp_path):
+    from gpualloc.cli.common import ensure_output
+    from gpualloc.errors import OutputError
 
-    assert output_folder(tmp_path / "x" / "y") == tmp_path / "x" / "y" and (tmp_path / "x" / "y").is_dir()
-    assert output_file(tmp_path / "p" / "q.json") == tmp_path / "p" / "q.json" and (tmp_path / "p").is_dir()
-    assert output_file(None) is None and output_folder(None) is None
+    assert ensure_output(tmp_path / "x" / "y", folder=True) == tmp_path / "x" / "y"
+    assert (tmp_path / "x" / "y").is_dir()
+    assert ensure_output(tmp_path / "p" / "q.json") == tmp_path / "p" / "q.json" and (tmp_path / "p").is_dir()
+    assert ensure_output(None) is None
+    (tmp_path / "f").write_text("")
+    with pytest.raises(OutputError, match=r"^--out .*f/d: cannot create the folder"):
+        ensure_output(tmp_path / "f" / "d", folder=True, option="--out")
 
 
 # ---------------------------------------------------------------------------------------- sizes

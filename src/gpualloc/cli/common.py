@@ -119,33 +119,39 @@ def _finite(data: Any) -> Any:
     return data
 
 
-def output_file(path: Path | None) -> Path | None:
-    """The one rule for every output file option (``-o``, ``--out``, ``--plot``): missing parent
-    folders are created. Used as the option's Typer ``callback``.
+def ensure_output(path: Path | None, *, folder: bool = False, option: str = "") -> Path | None:
+    """The one rule for every output path (``-o``, ``--out``, ``--plot``, ``--plots``): missing folders
+    are created -- the parents of a file, or the folder itself when ``folder``.
 
     Raises:
-        OutputError: the folder cannot be created, or the path is a folder.
+        OutputError: the folder cannot be created, or a file path names a folder (one line, naming
+            ``option`` and the path).
     """
     if path is None:
         return None
-    if path.is_dir():
-        raise OutputError(f"{path}: is a folder, expected a file name")
-    _make_folder(path.parent)
-    return path
-
-
-def output_folder(path: Path | None) -> Path | None:
-    """Like :func:`output_file` for options naming a folder (``demo --out``, ``--plots``): it is created."""
-    if path is not None:
-        _make_folder(path)
-    return path
-
-
-def _make_folder(folder: Path) -> None:
+    where = f"{option} {path}".strip()
+    if not folder and path.is_dir():
+        raise OutputError(f"{where}: is a folder, expected a file name")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        (path if folder else path.parent).mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OutputError(f"{folder}: cannot create the folder: {err.strerror or err}") from err
+        raise OutputError(f"{where}: cannot create the folder: {err.strerror or err}") from err
+    return path
+
+
+def output_file(ctx, param, path: Path | None) -> Path | None:
+    """Typer ``callback`` of an option naming an output file: :func:`ensure_output`."""
+    return ensure_output(path, option=_option_name(param))
+
+
+def output_folder(ctx, param, path: Path | None) -> Path | None:
+    """Typer ``callback`` of an option naming an output folder: :func:`ensure_output` with ``folder``."""
+    return ensure_output(path, folder=True, option=_option_name(param))
+
+
+def _option_name(param) -> str:
+    opts = getattr(param, "opts", None) or [""]
+    return max(opts, key=len)
 
 
 def load_graph(source: str, batch: int = 32):

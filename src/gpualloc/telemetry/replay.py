@@ -169,13 +169,13 @@ def read_records(path: str | Path) -> list[list[DeviceRecord]]:
         else:
             import pyarrow.csv as pcsv
 
-            with path.open(newline="") as f:
+            with path.open(newline="", encoding="utf-8") as f:
                 names = set(next(csv.reader(f), []))
             types = {f.name: f.type for f in SCHEMA if f.name in names}
             table = pcsv.read_csv(str(path), convert_options=pcsv.ConvertOptions(
                 column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=False))
-    except (pa.ArrowException, OSError) as err:
-        raise TelemetryError(f"{path}: cannot read the recording: {err}") from err
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+        raise TelemetryError(f"{path}: cannot read the recording: {' '.join(str(err).split())[:200]}") from err
     missing = [name for name in ("sample", "index", "name") if name not in table.column_names]
     if missing:
         raise TelemetryError(f"{path}: not a telemetry recording (missing column {missing[0]!r})")
