@@ -38,8 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpualloc.errors import ImportFormatError
+from gpualloc.errors import ImportFormatError, read_text
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode, OpTiming
+from gpualloc.limits import MAX_BATCH
 
 __all__ = [
     "IMPORTERS",
@@ -144,12 +145,7 @@ def import_pipedream(
             self loop or cycle, no nodes. The message is one line naming ``file:line``.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ImportFormatError(f"{path}: not UTF-8 text: {err.reason}") from err
-    except OSError as err:
-        raise ImportFormatError(f"{path}: cannot read: {err.strerror or err}") from err
+    text = read_text(path, ImportFormatError)
 
     rows, edges = _parse_lines(path, text)
     preds: dict[str, list[str]] = {r.id: [] for r in rows}
@@ -158,8 +154,9 @@ def import_pipedream(
     by_id = {r.id: r for r in rows}
     if batch_size is None:
         batch_size = _infer_batch_size(rows) or DEFAULT_BATCH_SIZE
-    elif int(batch_size) != batch_size or batch_size < 1:
-        raise ImportFormatError(f"{path}: batch_size must be a positive integer, got {batch_size!r}")
+    elif int(batch_size) != batch_size or not 1 <= batch_size <= MAX_BATCH:
+        raise ImportFormatError(f"{path}: batch_size must be a positive integer <= {MAX_BATCH:,}, "
+                                f"got {batch_size!r}")
 
     unknown: set[str] = set()
     nodes = []
