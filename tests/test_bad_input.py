@@ -312,3 +312,15 @@ def test_capture_restores_torch_log_levels(models):
     with pytest.raises(CaptureError, match="cannot trace"):
         capture(f"{models}:wrong_shape")
     assert {n: logging.getLogger(n).level for n in names} == levels
+
+
+@pytest.mark.parametrize("args, name, text", [
+    (("hw", "show", "{f}"), "c.yaml", "[" * 100_000),
+    (("hw", "show", "{f}"), "c.toml", "a = " + "[" * 100_000),
+    (("graph", "show", "{f}"), "g.json", "[" * 100_000),
+    (("cost", "calibration", "--file", "{f}"), "cal.json", "[" * 100_000),
+])
+def test_deeply_nested_documents(cli, tmp_path, args, name, text):
+    f = tmp_path / name
+    f.write_text(text)
+    one_line_error(cli, *(a.format(f=f) for a in args), names=f"{f}: ")

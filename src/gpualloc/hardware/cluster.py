@@ -367,6 +367,13 @@ _LINE = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")
 
 def _read(path: Path, where: str) -> Any:
     text = read_text(path, ClusterError, where)
+    try:
+        return _parse(path, text, where)
+    except RecursionError as err:  # "[[[[...": deeper than the parsers can nest
+        raise ClusterError(f"{where}: nested too deeply") from err
+
+
+def _parse(path: Path, text: str, where: str) -> Any:
     if path.suffix.lower() == ".toml":
         try:
             return tomllib.loads(text)
