@@ -84,7 +84,7 @@ class Pipeline:
             raise ExecutionError(f"no torch device given for cluster device {missing[0]}")
         rank = {d: r for r, d in enumerate(self.devices)}
         chunks = {name: tuple(t.contiguous().clone() for t in x.chunk(microbatches)) for name, x in
-                  zip(first.inputs, inputs)}
+                  zip(first.inputs, inputs, strict=False)}
         limits = inflight_limits([s.device for s in first.stages], microbatches)
         self.specs = []
         for d in self.devices:
@@ -106,7 +106,7 @@ class Pipeline:
         self._step = 0
 
     # ------------------------------------------------------------------ life cycle
-    def start(self) -> "Pipeline":
+    def start(self) -> Pipeline:
         """Spawn the workers and wait until each has set up its stages."""
         ctx = tmp.get_context("spawn")
         self._outbox = ctx.Queue()
@@ -138,7 +138,7 @@ class Pipeline:
                 proc.join(timeout=1.0)
         self._procs = []
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -161,7 +161,7 @@ class Pipeline:
         """One training step (forward, backward, optimizer) of ``program``; its measured times."""
         reports = self._command(program, train=True, sink=None)
         workers = []
-        for d, rep in zip(self.devices, reports):
+        for d, rep in zip(self.devices, reports, strict=False):
             fwd = {int(k): float(v) for k, v in rep["fwd_s"].items()}
             bwd = {int(k): float(v) for k, v in rep["bwd_s"].items()}
             workers.append(WorkerTiming(d, sum(fwd.values()) + sum(bwd.values()), fwd, bwd,

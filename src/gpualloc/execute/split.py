@@ -84,10 +84,10 @@ class SplitModel:
 
     def run(self, *args: torch.Tensor) -> tuple[object, ...]:
         """Run every stage in order in this process (a reference for the pipelined execution)."""
-        values: dict[str, object] = dict(zip(self.inputs, args))
+        values: dict[str, object] = dict(zip(self.inputs, args, strict=False))
         for stage in self.stages:
             out = stage.module(*(values[name] for name in stage.inputs))
-            values.update(zip(stage.outputs, out))
+            values.update(zip(stage.outputs, out, strict=False))
         return tuple(values[name] for name in self.outputs)
 
 

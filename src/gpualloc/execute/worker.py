@@ -277,14 +277,14 @@ class _Worker:
         self.clock.stop(("F", s, m))
         if train:
             state.saved[(s, m)] = (leaves, tuple(out))
-        for name, value in zip(stage.outputs, out):
+        for name, value in zip(stage.outputs, out, strict=False):
             self._route_value(table, state, name, m, value, train)
 
     def _backward(self, table: ProgramTable, state: _StepState, s: int, m: int) -> None:
         stage = table.stages[s]
         leaves, out = state.saved.pop((s, m))
         tensors, grads = [], []
-        for name, value in zip(stage.outputs, out):
+        for name, value in zip(stage.outputs, out, strict=False):
             g = state.grads.pop((name, m), None)
             if g is not None and isinstance(value, torch.Tensor) and value.requires_grad:
                 tensors.append(value)
