@@ -324,3 +324,14 @@ def test_deeply_nested_documents(cli, tmp_path, args, name, text):
     f = tmp_path / name
     f.write_text(text)
     one_line_error(cli, *(a.format(f=f) for a in args), names=f"{f}: ")
+
+
+def test_placement_seed_is_checked_by_the_library():
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.placement.run import place
+
+    problem = PlacementProblem(diamond(), load_cluster("2xA100"))
+    with pytest.raises(PlacementError, match="seed"):
+        place(problem, "kl", seed=-1)
+    assert place(problem, "kl", seed=np.random.default_rng(0)).result.step_time_s > 0

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import PlacementError, read_text
-from gpualloc.limits import MAX_MICROBATCHES, check_size
+from gpualloc.limits import MAX_MICROBATCHES, check_seed, check_size
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
@@ -99,10 +99,12 @@ def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, sched
     for ``dqn``).
 
     Raises:
-        PlacementError: an unknown method, or an option the method does not take.
+        PlacementError: an unknown method, an option the method does not take, or a seed outside
+            ``0..MAX_SEED``.
     """
     if method != "best" and method not in PARTITIONERS:
         raise PARTITIONERS.unknown(method, also=("best",))
+    check_seed(seed, PlacementError)
     extra = sorted(set(options) - (PARTITIONERS.entry(method).options if method != "best" else set()))
     if extra:
         raise PlacementError(f"method {method!r} takes no option {extra[0]!r}")
