@@ -335,3 +335,10 @@ def test_placement_seed_is_checked_by_the_library():
     with pytest.raises(PlacementError, match="seed"):
         place(problem, "kl", seed=-1)
     assert place(problem, "kl", seed=np.random.default_rng(0)).result.step_time_s > 0
+
+
+def test_infinite_device_peak_in_a_cluster_file(cli, tmp_path):
+    toml = tmp_path / "inf.toml"
+    toml.write_text('[device_types.X]\nmem_gb = 16\nfp32_tflops = 1e309\ntdp_w = 300\nidle_w = 30\n'
+                    'mem_bandwidth_gbps = 900\n[[nodes]]\ndevices = {X = 2}\n')
+    one_line_error(cli, "hw", "show", toml, names="device_types.X: fp32_tflops")

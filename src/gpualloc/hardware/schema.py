@@ -55,7 +55,8 @@ def _exactly_one(values: Mapping[str, Any], names: tuple[str, ...], *, required:
 
 
 class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    # No NaN or infinity: a peak of 1e309 (inf) would make every op take 0 s.
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
 
     @classmethod
     def parse(cls, row: Mapping[str, Any], where: str, *, require_source: bool = True):
