@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from gpualloc.experiments.scheduling_table import POLICIES, SchedTableSpec, run_table, scale_to_load
+from gpualloc.experiments.scheduling_table import POLICIES, scale_to_load
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.workload.traces import generate
 

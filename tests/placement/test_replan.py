@@ -37,7 +37,7 @@ def heavy_chain(n: int = 6, params: float = 2e9) -> OpGraph:
     ids = [f"l{i}" for i in range(n)]
     nodes = [OpNode(i, i, "linear", flops=2e11, bytes_read=params + 4e6, bytes_written=4e6, param_bytes=params,
                     output_bytes=4e6) for i in ids]
-    return OpGraph("heavy", nodes, [OpEdge(s, d, 4e6) for s, d in zip(ids, ids[1:])], batch_size=8)
+    return OpGraph("heavy", nodes, [OpEdge(s, d, 4e6) for s, d in zip(ids, ids[1:], strict=False)], batch_size=8)
 
 
 @pytest.fixture(scope="module")

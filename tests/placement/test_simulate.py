@@ -20,7 +20,7 @@ def chain(n: int = 2, nbytes: float = 4e6) -> OpGraph:
     ids = "abcdefgh"[:n]
     nodes = [OpNode(i, i, "matmul", flops=2e10, bytes_read=2 * nbytes, bytes_written=nbytes, param_bytes=1e6,
                     output_bytes=nbytes) for i in ids]
-    edges = [OpEdge(s, d, nbytes) for s, d in zip(ids, ids[1:])]
+    edges = [OpEdge(s, d, nbytes) for s, d in zip(ids, ids[1:], strict=False)]
     return OpGraph("chain", nodes, edges, batch_size=16)
 
 
@@ -51,7 +51,7 @@ def check_invariants(problem: PlacementProblem, a: np.ndarray, result) -> None:
     assert list(events) == sorted(events, key=lambda e: (e.start_s, e.resource, e.end_s, e.task))
     for evs in by_resource(events).values():
         evs.sort(key=lambda e: e.start_s)
-        for x, y in zip(evs, evs[1:]):
+        for x, y in zip(evs, evs[1:], strict=False):
             assert y.start_s >= x.end_s - 1e-15
     compute = {}
     transfers = defaultdict(list)
@@ -108,7 +108,7 @@ def test_chain_on_two_devices_golden_log():
     ]
     got = [(e.start_s, e.end_s, e.resource, e.task) for e in r.events]
     assert len(got) == len(expected)
-    for g, x in zip(got, expected):
+    for g, x in zip(got, expected, strict=False):
         assert g[2:] == x[2:]
         assert g[0] == pytest.approx(x[0], rel=1e-12) and g[1] == pytest.approx(x[1], rel=1e-12)
     assert r.step_time_s == pytest.approx(t6, rel=1e-12)

@@ -355,9 +355,9 @@ def test_target_network_is_copied_every_interval():
     before = [p.clone() for p in agent.target_net.parameters()]
     for _ in range(2):
         agent.update(batch)
-    assert all(torch.equal(a, b) for a, b in zip(before, agent.target_net.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, agent.target_net.parameters(), strict=False))
     agent.update(batch)
-    assert all(torch.equal(a, b) for a, b in zip(agent.qnet.parameters(), agent.target_net.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(agent.qnet.parameters(), agent.target_net.parameters(), strict=False))
 
 
 # ------------------------------------------------------------------------------- (3) checkpoints
@@ -402,7 +402,7 @@ def test_checkpoint_round_trip(tmp_path):
         batch.add(rng.uniform(-1, 1, 8), int(rng.integers(6)), 1.0, rng.uniform(-1, 1, 8), False, None)
     sample = batch.sample(16)
     assert agent.update(sample) == loaded.update(sample)
-    for a, b in zip(agent.qnet.state_dict().values(), loaded.qnet.state_dict().values()):
+    for a, b in zip(agent.qnet.state_dict().values(), loaded.qnet.state_dict().values(), strict=False):
         assert torch.equal(a, b)
 
 

@@ -88,7 +88,7 @@ def test_reward_arithmetic_on_a_hand_computed_case(shaping):
     _, info = env.reset(seed=0)
     assert not info["action_mask"][W]  # idle cluster and A can start: wait is invalid
     costs = [0.0, 15.0, 405.0, 0.0] if shaping else [0.0, 25.0, 795.0, 50.0]
-    for action, cost, done in zip([0, W, 0, 0], costs, [False, False, False, True]):
+    for action, cost, done in zip([0, W, 0, 0], costs, [False, False, False, True], strict=False):
         assert info["action_mask"][action]
         obs, r, terminated, truncated, info = env.step(action)
         assert r == pytest.approx(-cost / 10.0, abs=1e-12)

@@ -123,7 +123,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.log = tmp / "serve.log"
 
-    def start(self, timeout_s: float = 60.0) -> "ServerProcess":
+    def start(self, timeout_s: float = 60.0) -> ServerProcess:
         from gpualloc.service.client import Client
 
         cmd = [*GPUALLOC, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--backend", self.backend,

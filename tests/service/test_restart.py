@@ -43,7 +43,7 @@ def gpu_intervals_never_overlap(store_path) -> None:
             per_gpu[g].append((start, float("inf"), key[0]))
     for g, spans in per_gpu.items():
         spans.sort()
-        for (a0, a1, ja), (b0, b1, jb) in zip(spans, spans[1:]):
+        for (a0, a1, ja), (b0, b1, jb) in zip(spans, spans[1:], strict=False):
             assert b0 >= a1, f"GPU {g} held by job {ja} [{a0}, {a1}] and job {jb} from {b0}"
 
 

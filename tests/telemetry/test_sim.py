@@ -35,7 +35,7 @@ def test_timeline_reproduces_the_cluster_run(adlro16, timeline):
     tl, result = timeline
     busy_s = np.bincount(tl.gpu, weights=tl.end_s - tl.start_s, minlength=len(adlro16))
     assert busy_s == pytest.approx(result.gpu_busy_s)
-    for t, busy in zip(result.times_s, result.busy_gpus):
+    for t, busy in zip(result.times_s, result.busy_gpus, strict=False):
         assert tl.at(float(t)).processes.sum() == busy  # the GPUs held after each decision point
 
 
@@ -60,7 +60,7 @@ def test_records_follow_the_power_and_thermal_model(adlro16, timeline):
     first = tele.sample()
     second = tele.sample()
     assert second[0].time_s - first[0].time_s == 30.0
-    for d, a, b in zip(adlro16.devices, first, second):
+    for d, a, b in zip(adlro16.devices, first, second, strict=False):
         idle, tdp = d.type.idle_w, d.type.tdp_w
         assert b.power_w == pytest.approx(idle + (tdp - idle) * b.utilization)
         assert a.energy_j == 0.0 and b.energy_j == pytest.approx(b.power_w * 30.0)

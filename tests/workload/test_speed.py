@@ -60,7 +60,7 @@ def test_k80_slower_than_v100_for_resnet():
 def test_gavel_job_type_uses_its_scale_factor():
     name = "ResNet-50 (batch size 64)"
     m = speed_matrix([job(name, id="1"), job(name, id="4", num_gpus=4)], DEVICES)
-    for row, sf in zip(m, (1, 4)):
+    for row, sf in zip(m, (1, 4), strict=False):
         assert row[COL["P100"]] == pytest.approx(gavel_steps_per_s(name, sf, "P100") / gavel_steps_per_s(name, sf))
     # Out of memory on K80 at batch 128 and 2+ GPUs: Gavel measured 0 steps/s.
     oom = speed_matrix([job("ResNet-50 (batch size 128)", num_gpus=2)], DEVICES)

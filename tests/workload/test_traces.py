@@ -349,14 +349,14 @@ def test_generate_leaves_global_rng_alone(gavel108):
     state = np.random.get_state()
     generate(50, gavel108, 1.0, seed=None)
     after = np.random.get_state()
-    assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(state, after))
+    assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(state, after, strict=False))
 
 
 def test_generate_statistics(gavel108):
     n = 5000
     t = generate(n, gavel108, 1.5, seed=3)
     gpus = np.array([j.num_gpus for j in t])
-    for sf, p in zip((1, 2, 4, 8), (0.70, 0.10, 0.15, 0.05)):
+    for sf, p in zip((1, 2, 4, 8), (0.70, 0.10, 0.15, 0.05), strict=False):
         assert abs((gpus == sf).mean() - p) < 0.03, sf
     minutes = np.array([j.work_s for j in t]) / 60
     assert minutes.min() >= 10**1.5 * 0.999 and minutes.max() <= 10**4 * 1.001

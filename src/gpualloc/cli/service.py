@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -38,13 +37,13 @@ def serve(
     store: str = typer.Option("gpualloc-service.db", "--store",
                               help="SQLite file (WAL) or database URL (postgresql://...); the token file sits beside it."),
     cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Preset, shorthand or cluster file scheduled."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address",
+    ray_address: str | None = typer.Option(None, "--ray-address",
                                               help="Join this Ray cluster (default: start a local Ray with the "
                                                    "cluster's device types as resources, e.g. gpu_V100)."),
-    ray_num_cpus: Optional[int] = typer.Option(None, "--ray-num-cpus", min=1, help="CPUs of a locally started Ray."),
-    policy: Optional[str] = typer.Option(None, "--policy", "-p",
+    ray_num_cpus: int | None = typer.Option(None, "--ray-num-cpus", min=1, help="CPUs of a locally started Ray."),
+    policy: str | None = typer.Option(None, "--policy", "-p",
                                          help="Scheduling policy (default: the store's last, else fcfs)."),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help="Token file (default: <store>.token)."),
+    token_file: Path | None = typer.Option(None, "--token-file", help="Token file (default: <store>.token)."),
     max_queued: int = typer.Option(100_000, "--max-queued", min=1, help="Queue length limit (HTTP 429 beyond)."),
     max_body: int = typer.Option(65536, "--max-body-bytes", min=1024, help="Request body limit (HTTP 413 beyond)."),
     on_lost: str = typer.Option("requeue", "--on-lost", help="A run the backend lost: requeue or fail."),
@@ -57,10 +56,10 @@ def serve(
     docs: bool = typer.Option(False, "--docs/--no-docs",
                               help="Serve /docs and /redoc without the token; they load their scripts from a CDN "
                                    "(cdn.jsdelivr.net), so they stay blank offline."),
-    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", exists=True, file_okay=False,
+    agents_dir: Path | None = typer.Option(None, "--agents-dir", exists=True, file_okay=False,
                                               help="The only folder a dqn policy's agent may be loaded from "
                                                    "(default: the bundled agents)."),
-    allow_host: Optional[list[str]] = typer.Option(None, "--allow-host",
+    allow_host: list[str] | None = typer.Option(None, "--allow-host",
                                                    help="Another Host header name to accept (a DNS name of this "
                                                         "machine; repeatable)."),
 ) -> None:
@@ -119,23 +118,23 @@ def _serve(service, sock, config, log_level: str) -> None:
 def submit(
     name: str = typer.Option(..., "--name", help="Job name."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs, granted all at once."),
-    device_type: Optional[str] = typer.Option(None, "--device-type", help="Only this device type (V100, T4, MI50, ...)."),
-    command: Optional[str] = typer.Option(None, "--command", help="Program and arguments (split like a shell, never run by one)."),
-    func: Optional[str] = typer.Option(None, "--callable", help="Python function 'package.module:function' instead of a command."),
-    args: Optional[str] = typer.Option(None, "--args", help="--callable: JSON list of positional arguments."),
-    kwargs: Optional[str] = typer.Option(None, "--kwargs", help="--callable: JSON object of keyword arguments."),
+    device_type: str | None = typer.Option(None, "--device-type", help="Only this device type (V100, T4, MI50, ...)."),
+    command: str | None = typer.Option(None, "--command", help="Program and arguments (split like a shell, never run by one)."),
+    func: str | None = typer.Option(None, "--callable", help="Python function 'package.module:function' instead of a command."),
+    args: str | None = typer.Option(None, "--args", help="--callable: JSON list of positional arguments."),
+    kwargs: str | None = typer.Option(None, "--kwargs", help="--callable: JSON object of keyword arguments."),
     job_type: JobType = typer.Option(JobType.ML_TRAINING.value, "--job-type", help="Job category (speed model)."),
     work: float = typer.Option(3600.0, "--work", min=1e-6, help="Estimated seconds on --gpus V100s (length-aware policies)."),
     priority: int = typer.Option(0, "--priority", help="Larger is more important."),
     single_node: bool = typer.Option(False, "--single-node", help="All GPUs on one node."),
     model: str = typer.Option("", "--model", help="Model name for the speed model (resnet50, bert, ...)."),
-    env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for the job (repeatable)."),
-    cwd: Optional[Path] = typer.Option(None, "--cwd", file_okay=False,
+    env: list[str] | None = typer.Option(None, "--env", help="KEY=VALUE for the job (repeatable)."),
+    cwd: Path | None = typer.Option(None, "--cwd", file_okay=False,
                                        help="Working directory of the job on the service's host "
                                             "[default: the current folder]."),
     server: str = _SERVER,
-    token: Optional[str] = _TOKEN,
-    token_file: Optional[Path] = _TOKEN_FILE,
+    token: str | None = _TOKEN,
+    token_file: Path | None = _TOKEN_FILE,
     retry: float = typer.Option(30.0, "--retry", min=0.0, help="Seconds to keep retrying while the service is unreachable."),
     as_json: bool = typer.Option(False, "--json", help="Print the recorded job as JSON."),
 ) -> None:
@@ -157,7 +156,7 @@ def submit(
             raise ClientError(f"--args/--kwargs: not JSON: {err}") from None
     if env:
         pairs = [e.partition("=") for e in env]
-        bad = [e for e, (_, sep, _) in zip(env, pairs) if not sep]
+        bad = [e for e, (_, sep, _) in zip(env, pairs, strict=False) if not sep]
         if bad:
             raise ClientError(f"--env {bad[0]!r}: expected KEY=VALUE")
         spec["env"] = {k: v for k, _, v in pairs}
@@ -173,9 +172,9 @@ def submit(
 
 def jobs(
     server: str = _SERVER,
-    token: Optional[str] = _TOKEN,
-    token_file: Optional[Path] = _TOKEN_FILE,
-    state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
+    token: str | None = _TOKEN,
+    token_file: Path | None = _TOKEN_FILE,
+    state: list[str] | None = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the jobs as a JSON list."),
 ) -> None:
     """List the service's jobs."""
@@ -199,8 +198,8 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
     stderr: bool = typer.Option(False, "--stderr", help="Print its standard error instead of its standard output."),
     server: str = _SERVER,
-    token: Optional[str] = _TOKEN,
-    token_file: Optional[Path] = _TOKEN_FILE,
+    token: str | None = _TOKEN,
+    token_file: Path | None = _TOKEN_FILE,
 ) -> None:
     """Print a job's output (of its latest attempt), as bytes, unchanged."""
     from gpualloc.service.client import Client
@@ -215,8 +214,8 @@ def logs(
 def cancel(
     job_id: int = typer.Argument(..., min=1, help="The job's id."),
     server: str = _SERVER,
-    token: Optional[str] = _TOKEN,
-    token_file: Optional[Path] = _TOKEN_FILE,
+    token: str | None = _TOKEN,
+    token_file: Path | None = _TOKEN_FILE,
 ) -> None:
     """Cancel a job (a running one is stopped)."""
     from gpualloc.service.client import Client
@@ -228,11 +227,11 @@ def cancel(
 
 
 def policy(
-    name: Optional[str] = typer.Argument(None, help="Switch to this policy (omit to show the current one)."),
-    options: Optional[str] = typer.Option(None, "--options", help="JSON object of the policy's options."),
+    name: str | None = typer.Argument(None, help="Switch to this policy (omit to show the current one)."),
+    options: str | None = typer.Option(None, "--options", help="JSON object of the policy's options."),
     server: str = _SERVER,
-    token: Optional[str] = _TOKEN,
-    token_file: Optional[Path] = _TOKEN_FILE,
+    token: str | None = _TOKEN,
+    token_file: Path | None = _TOKEN_FILE,
 ) -> None:
     """Show or switch the service's scheduling policy."""
     from gpualloc.service.client import Client, ClientError

@@ -104,7 +104,7 @@ class Calibration:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "calibration") -> "Calibration":
+    def from_dict(cls, data: Any, where: str = "calibration") -> Calibration:
         """Validate a decoded calibration document; errors name ``where`` and the field."""
         if not isinstance(data, Mapping):
             raise CostModelError(f"{where}: malformed calibration: expected a JSON object with devices, "
@@ -121,7 +121,7 @@ class Calibration:
                    cpu_default=eff(doc.cpu_default), fit=doc.fit)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "Calibration":
+    def load(cls, path: str | Path | None = None) -> Calibration:
         """Load a calibration file (default: the one shipped with gpualloc)."""
         if path is None:
             text = resources.files("gpualloc.cost").joinpath("data/calibration.json").read_text()

@@ -42,7 +42,7 @@ class TableSpec:
     microbatches: int = 4
 
     @classmethod
-    def quick(cls) -> "TableSpec":
+    def quick(cls) -> TableSpec:
         return cls(seeds=1, iterations=2_000)
 
 

@@ -53,7 +53,7 @@ class SchedTableSpec:
     policies: tuple[str, ...] = POLICIES
 
     @classmethod
-    def quick(cls) -> "SchedTableSpec":
+    def quick(cls) -> SchedTableSpec:
         return cls(loads=(0.8,), seeds=2, jobs=120, real_jobs=120)
 
 
@@ -78,7 +78,7 @@ def _aggregate(runs: Sequence[dict[str, Any]], oracle: Sequence[dict[str, Any]])
     if len(jct) > 1:
         half = stats.t.ppf(0.975, len(jct) - 1) * np.std(jct, ddof=1) / np.sqrt(len(jct))
         row["avg_jct_s_ci95"] = [float(jct.mean() - half), float(jct.mean() + half)]
-    row["x_bound"] = float(np.mean([x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(runs, oracle)]))
+    row["x_bound"] = float(np.mean([x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(runs, oracle, strict=False)]))
     row["rejected"] = int(sum(r["rejected"] for r in runs))
     return row
 

@@ -276,7 +276,7 @@ def _quiet_torch_logs() -> Iterator[None]:
     else:
         sys.stderr.write(held.getvalue())
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=False):
             lg.setLevel(level)
 
 
@@ -482,7 +482,7 @@ def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
         if target is not None:
             bit = 1 << target
             # Joining ``target`` closes a cycle iff some input outside it already depends on it.
-            if any(g != target and a & bit for g, a in zip(preds, pred_anc)):
+            if any(g != target and a & bit for g, a in zip(preds, pred_anc, strict=False)):
                 target = None
         if target is None:
             target = len(groups)
@@ -501,10 +501,10 @@ def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
         return list(ops)
 
     # Ids: the layer path, "<layer>#k" for its later groups; ungrouped ops keep their op id.
-    taken = {op.id for g, label in zip(groups, group_label) if label is None for op in g}
+    taken = {op.id for g, label in zip(groups, group_label, strict=False) if label is None for op in g}
     ids: list[str] = []
     count: dict[str, int] = {}
-    for g, label in zip(groups, group_label):
+    for g, label in zip(groups, group_label, strict=False):
         if label is None:
             ids.append(g[0].id)
             continue
@@ -517,7 +517,7 @@ def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
         ids.append(gid)
 
     merged: list[_Op] = []
-    for gi, (g, label) in enumerate(zip(groups, group_label)):
+    for gi, (g, label) in enumerate(zip(groups, group_label, strict=False)):
         # bytes from one producer op count once per destination group (the largest read of it)
         from_producer: dict[str, float] = {}
         for op in g:

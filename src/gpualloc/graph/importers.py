@@ -435,7 +435,7 @@ class _Lstm:
     bias: bool
 
     @classmethod
-    def parse(cls, layer: str) -> "_Lstm":
+    def parse(cls, layer: str) -> _Lstm:
         pos, kw = _args(layer)
         return cls(
             input_size=_positional_or_kw(pos, kw, 0, "input_size", "LSTM"),

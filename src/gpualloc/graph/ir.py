@@ -161,14 +161,14 @@ class OpGraph:
     @cached_property
     def successors(self) -> tuple[tuple[int, ...], ...]:
         out: list[list[int]] = [[] for _ in self.nodes]
-        for s, d in zip(self.edge_src, self.edge_dst):
+        for s, d in zip(self.edge_src, self.edge_dst, strict=False):
             out[s].append(int(d))
         return tuple(tuple(x) for x in out)
 
     @cached_property
     def predecessors(self) -> tuple[tuple[int, ...], ...]:
         out: list[list[int]] = [[] for _ in self.nodes]
-        for s, d in zip(self.edge_src, self.edge_dst):
+        for s, d in zip(self.edge_src, self.edge_dst, strict=False):
             out[d].append(int(s))
         return tuple(tuple(x) for x in out)
 
@@ -311,14 +311,14 @@ class OpGraph:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "graph") -> "OpGraph":
+    def from_dict(cls, data: Any, where: str = "graph") -> OpGraph:
         """Parse the JSON form; errors name ``where`` and the offending field or id."""
         from gpualloc.graph.schema import parse_graph_document
 
         return parse_graph_document(data, where)
 
     @classmethod
-    def load(cls, path: str | Path) -> "OpGraph":
+    def load(cls, path: str | Path) -> OpGraph:
         path = Path(path)
         text = read_text(path, GraphError)
         try:

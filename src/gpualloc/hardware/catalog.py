@@ -121,7 +121,7 @@ class Catalog:
         except KeyError:
             raise CatalogError(f"unknown link type {name!r}; known: {', '.join(self.links)}") from None
 
-    def with_devices(self, extra: Mapping[str, DeviceType]) -> "Catalog":
+    def with_devices(self, extra: Mapping[str, DeviceType]) -> Catalog:
         """A catalog that also knows ``extra`` device types (e.g. defined inline in a cluster file)."""
         return Catalog({**self.devices, **extra}, self.links)
 
@@ -138,7 +138,7 @@ def _device_from_row(row: Mapping[str, Any], where: str) -> DeviceType:
     return DeviceRow.parse(row, where).to_device_type()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """Load a catalog file (default: the built-in ``data/devices.toml``)."""
     if path is None:

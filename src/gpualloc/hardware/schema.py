@@ -109,7 +109,7 @@ class DeviceRow(_Row):
         return v.lower()
 
     @model_validator(mode="after")
-    def _check(self) -> "DeviceRow":
+    def _check(self) -> DeviceRow:
         fields = self.__dict__
         _exactly_one(fields, ("mem_gb", "mem_gib", "mem_bytes"), required=True)
         _exactly_one(fields, ("mem_bandwidth_gbps", "mem_bandwidth_bytes_per_s"), required=False)
@@ -169,7 +169,7 @@ class LinkRow(_Row):
         return v.lower()  # Catalog.link looks names up in lower case
 
     @model_validator(mode="after")
-    def _check(self) -> "LinkRow":
+    def _check(self) -> LinkRow:
         _exactly_one(self.__dict__, ("bandwidth_gbps", "bandwidth_bytes_per_s"), required=True)
         _exactly_one(self.__dict__, ("latency_us", "latency_s"), required=True)
         return self

@@ -47,7 +47,7 @@ class Outcome:
             "throughput_samples_per_s": r.throughput_samples_per_s,
             "partition_time_s": self.partition_time_s,
             "comm_bytes": r.comm_bytes,
-            "peak_mem_bytes": dict(zip(labels, map(float, r.peak_mem_bytes))),
+            "peak_mem_bytes": dict(zip(labels, map(float, r.peak_mem_bytes), strict=False)),
             "feasible": r.feasible,
             "lower_bound_s": self.lower_bound_s,
             "ratio_to_bound": self.ratio_to_bound,

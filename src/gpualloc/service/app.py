@@ -155,7 +155,7 @@ class Service:
         self._telemetry_lock = threading.Lock()
         self.recovery: dict[str, list[int]] = {}
 
-    def open(self) -> "Service":
+    def open(self) -> Service:
         cfg = self.config
         path = sqlite_path(cfg.store)
         try:
@@ -167,11 +167,11 @@ class Service:
             runs = Path(cfg.runs_dir) if cfg.runs_dir else base.with_name(base.name + ".runs")
             if cfg.backend == "ray":
                 options: dict[str, Any] = {
-                    "resources": dict(zip(self.types.names, self.types.resources)), "instance": self.store.uid,
+                    "resources": dict(zip(self.types.names, self.types.resources, strict=False)), "instance": self.store.uid,
                     "address": cfg.ray_address, "num_cpus": cfg.ray_num_cpus, "log_dir": runs,
                     "temp_dir": f"/tmp/gr-{self.store.uid}",
                     "local_resources": {res: float(n) for res, n in zip(
-                        self.types.resources, [self.cluster.type_counts()[t] for t in self.types.names])}}
+                        self.types.resources, [self.cluster.type_counts()[t] for t in self.types.names], strict=False)}}
             else:
                 options = {"runs_dir": runs}
             self.backend = make_backend(cfg.backend, **options)
@@ -612,7 +612,7 @@ def create_app(service: Service) -> FastAPI:
         return {"name": service.cluster.name,
                 "backend": service.backend.describe() if service.backend else None,
                 "device_types": [{"name": n, "vendor": v, "ray_resource": r, "count": counts[n]}
-                                 for n, v, r in zip(service.types.names, service.types.vendors, service.types.resources)],
+                                 for n, v, r in zip(service.types.names, service.types.vendors, service.types.resources, strict=False)],
                 "devices": devices,
                 "allocations": [{"device": g, "job_id": j, "attempt": a} for g, (j, a) in sorted(allocs.items())],
                 "telemetry": service.telemetry_sample()}

@@ -141,7 +141,7 @@ class JobSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _one_target(self) -> "JobSpec":
+    def _one_target(self) -> JobSpec:
         if (self.command is None) == (self.callable is None):
             raise ValueError("give exactly one of command or callable")
         if self.command is not None and (self.args or self.kwargs):

@@ -70,7 +70,7 @@ class DeviceTypes:
     lookup: dict[str, str]
 
     @classmethod
-    def of(cls, cluster: ClusterSpec) -> "DeviceTypes":
+    def of(cls, cluster: ClusterSpec) -> DeviceTypes:
         types = cluster.device_types
         lookup: dict[str, str] = {}
         resources = []
@@ -157,7 +157,7 @@ class LiveTable:
         self.used += len(jobs)
         t = self.table
         code = {jt: i for i, jt in enumerate(JOB_TYPES)}
-        for r, job, jid, sp in zip(rows, jobs, job_ids, speed):
+        for r, job, jid, sp in zip(rows, jobs, job_ids, speed, strict=False):
             t.arrival_s[r], t.work_s[r], t.num_gpus[r] = job.arrival_s, job.work_s, job.num_gpus
             t.priority[r], t.type_code[r], t.single_node[r] = job.priority, code[job.job_type], job.single_node
             t.speed[r] = sp
@@ -364,7 +364,7 @@ class Scheduler:
                 else:
                     report["failed"].append(rec.id)
         queued = [r for r in active if r.state is JobState.QUEUED]
-        for row, rec in zip(self._add(queued), queued):
+        for row, rec in zip(self._add(queued), queued, strict=False):
             self._enqueue(row, rec)
         report["queued"] = [r.id for r in queued]
         stale = self.backend.cleanup(adopted)
@@ -479,12 +479,12 @@ class Scheduler:
                 new.append(item)
                 continue
             if new:  # keep the order: a cancel may name a job of this batch
-                for row, rec in zip(self._add(new), new):
+                for row, rec in zip(self._add(new), new, strict=False):
                     self._enqueue(row, rec)
                 new = []
             self._cancel(int(item))
         if new:
-            for row, rec in zip(self._add(new), new):
+            for row, rec in zip(self._add(new), new, strict=False):
                 self._enqueue(row, rec)
 
     def _cancel(self, job_id: int) -> None:

@@ -282,7 +282,7 @@ class Store:
                 outcomes.append((fut, res, None))
         return outcomes, delta
 
-    def write_future(self, fn: Callable[[_Tx], T]) -> "Future[T]":
+    def write_future(self, fn: Callable[[_Tx], T]) -> Future[T]:
         """Queue ``fn(tx)`` for the writer; the future resolves once its batch is committed."""
         if self._closed:
             raise ServiceError("store is closed")
@@ -362,7 +362,7 @@ class Store:
             return conn.execute(select(meta_t.c.value).where(meta_t.c.key == key)).scalar_one_or_none()
 
     # -------------------------------------------------------------------------------- writes
-    def submit_future(self, spec: dict[str, Any], idempotency_key: str | None = None) -> "Future[tuple[JobRecord, bool]]":
+    def submit_future(self, spec: dict[str, Any], idempotency_key: str | None = None) -> Future[tuple[JobRecord, bool]]:
         """Record a new queued job; resolves to ``(record, created)``. A key seen before with the same
         spec returns that job (``created`` False) instead of adding another.
 

@@ -226,7 +226,7 @@ class DeviceRecord:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DeviceRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceRecord:
         """Inverse of :meth:`to_dict`; missing keys are None."""
         kw = {f.name: data.get(f.name) for f in fields(cls)}
         if kw["throttle_reasons"] is not None:

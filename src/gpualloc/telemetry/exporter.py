@@ -114,7 +114,7 @@ class DcgmCollector:
         labels = [[str(r.index), r.uuid or "", f"nvidia{r.index}", r.name, self.hostname] for r in records]
         for metric in METRICS:
             family = GaugeMetricFamily(metric.name, metric.help, labels=LABELS)
-            for r, values in zip(records, labels):
+            for r, values in zip(records, labels, strict=False):
                 v = metric.read(r)
                 if v is not None:
                     family.add_metric(values, v)
@@ -161,7 +161,7 @@ class Exporter:
             self._thread.join()
         self._server.server_close()
 
-    def __enter__(self) -> "Exporter":
+    def __enter__(self) -> Exporter:
         return self
 
     def __exit__(self, *exc: object) -> None:

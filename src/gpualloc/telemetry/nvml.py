@@ -160,7 +160,7 @@ class NvmlTelemetry:
             self._open = False
             self._read(self._nvml.nvmlShutdown)
 
-    def __enter__(self) -> "NvmlTelemetry":
+    def __enter__(self) -> NvmlTelemetry:
         return self
 
     def __exit__(self, *exc: object) -> None:

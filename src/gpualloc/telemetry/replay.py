@@ -234,7 +234,7 @@ class ReplayTelemetry:
     def close(self) -> None:
         """Nothing to release; present for the interface."""
 
-    def __enter__(self) -> "ReplayTelemetry":
+    def __enter__(self) -> ReplayTelemetry:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -156,7 +156,7 @@ class SimTelemetry:
 
     @classmethod
     def from_placement(cls, source: Any, *, step_s: float = 1.0, noise: float = 0.0,
-                       seed: int | np.random.Generator | None = 0) -> "SimTelemetry":
+                       seed: int | np.random.Generator | None = 0) -> SimTelemetry:
         """Devices of a placed training job (:class:`PlacementLoad` over a ``SimulatedTelemetry``)."""
         return cls(source.problem.cluster, PlacementLoad(source), step_s=step_s, start_s=source.time_s,
                    noise=noise, seed=seed)
@@ -188,10 +188,10 @@ class SimTelemetry:
                 np.asarray(state.pcie_tx_bytes_per_s, dtype=np.float64),
                 np.asarray(state.pcie_rx_bytes_per_s, dtype=np.float64)]
         # One conversion for all devices: NaN -> None, numpy -> Python floats.
-        rows = zip(*([None if v != v else v for v in c.tolist()] for c in cols))
+        rows = zip(*([None if v != v else v for v in c.tolist()] for c in cols), strict=False)
         procs = np.asarray(state.processes).tolist()
         out = []
-        for info, total, n, (ut, mu, mem, pw, en, temp, r, tx, rx) in zip(self._info, self._mem_total, procs, rows):
+        for info, total, n, (ut, mu, mem, pw, en, temp, r, tx, rx) in zip(self._info, self._mem_total, procs, rows, strict=False):
             reasons = () if ut is None or ut > 0 else ("gpu_idle",)
             if r is not None and r < 1.0:
                 reasons += ("hw_slowdown",)
@@ -206,7 +206,7 @@ class SimTelemetry:
     def close(self) -> None:
         """Nothing to release; present for the interface."""
 
-    def __enter__(self) -> "SimTelemetry":
+    def __enter__(self) -> SimTelemetry:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -26,7 +26,7 @@ class JobType(str, Enum):
     DATA_PROCESSING = "data-processing"
 
     @classmethod
-    def parse(cls, value: str, where: str = "job_type") -> "JobType":
+    def parse(cls, value: str, where: str = "job_type") -> JobType:
         try:
             return cls(str(value).strip().lower())
         except ValueError:
@@ -125,14 +125,14 @@ class Trace:
         return iter(self.jobs)
 
     @classmethod
-    def of(cls, jobs: Iterable[Job], source: str = "", format: str = "native", **meta: Any) -> "Trace":
+    def of(cls, jobs: Iterable[Job], source: str = "", format: str = "native", **meta: Any) -> Trace:
         return cls(tuple(jobs), source=source, format=format, meta=dict(meta))
 
-    def head(self, n: int) -> "Trace":
+    def head(self, n: int) -> Trace:
         """The first ``n`` jobs by arrival."""
         return Trace(self.jobs[:n], self.source, self.format, dict(self.meta))
 
-    def shifted(self) -> "Trace":
+    def shifted(self) -> Trace:
         """The same jobs with arrivals shifted so the first arrives at 0."""
         if not self.jobs:
             return self

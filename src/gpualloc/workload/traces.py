@@ -66,7 +66,7 @@ class _Table:
             raise TraceError(f"{self.header_where()}: missing column(s) {', '.join(missing)} "
                              f"(found: {found or 'none'})")
 
-    def subset(self, keep: np.ndarray) -> "_Table":
+    def subset(self, keep: np.ndarray) -> _Table:
         return _Table(self.path, self.frame[keep].reset_index(drop=True), self.lines[keep], self.row_word)
 
     def raw(self, column: str, i: int) -> str:
@@ -187,7 +187,7 @@ def _make_jobs(table: _Table, **columns: Sequence[Any]) -> list[Job]:
     out: list[Job] = []
     i = 0
     try:
-        for i, values in enumerate(zip(*iters)):
+        for i, values in enumerate(zip(*iters, strict=False)):
             out.append(Job(*values))
     except TraceError as err:
         raise TraceError(f"{table.where(i)}: {err}") from err
@@ -381,7 +381,7 @@ def read_gavel(path: str | Path) -> Trace:
     rate = np.empty(n)
     fallback = 0
     cache: dict[tuple[str, int], float | None] = {}
-    for i, (name, g) in enumerate(zip(names.tolist(), sf.tolist())):
+    for i, (name, g) in enumerate(zip(names.tolist(), sf.tolist(), strict=False)):
         key = (name, g)
         if key not in cache:
             cache[key] = gavel_steps_per_s(name, g, measured=measured)
@@ -659,7 +659,7 @@ def read_alibaba_nodes(path: str | Path, catalog: Catalog | None = None,
     if missing.any():
         i = int(np.argmax(missing))
         raise TraceError(f"{table.where(i)}: model: empty GPU model on a node with GPUs")
-    return [AlibabaNode(n, t, g) for n, t, g in zip(names.tolist(), types, gpus.tolist()) if g > 0]
+    return [AlibabaNode(n, t, g) for n, t, g in zip(names.tolist(), types, gpus.tolist(), strict=False) if g > 0]
 
 
 def alibaba_cluster(path: str | Path, catalog: Catalog | None = None,
@@ -813,10 +813,10 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
 
     job_types = [types[k] for k in type_idx.tolist()]
     model_names = [models[m] if jt is JobType.ML_TRAINING else ""
-                   for jt, m in zip(job_types, model_idx.tolist())]
+                   for jt, m in zip(job_types, model_idx.tolist(), strict=False)]
     jobs = [Job(str(i), 0.0, jt, w, int(g), model, priority=int(pr))
             for i, (jt, w, g, model, pr) in enumerate(zip(job_types, work.tolist(), gpus.tolist(),
-                                                         model_names, priority.tolist()))]
+                                                         model_names, priority.tolist(), strict=False))]
     device_types = cluster.device_types
     n_gpus = sum(counts.values())
     rate = 0.0
@@ -828,7 +828,7 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
                              f"{job_types[i].value} job {model_names[i]!r}")
         rate = float(load) * n_gpus / float(np.mean(gpus * work / speeds))
         arrivals = np.concatenate(([0.0], np.cumsum(gaps[:-1]) / rate))
-        jobs = [replace(j, arrival_s=a) for j, a in zip(jobs, arrivals.tolist())]
+        jobs = [replace(j, arrival_s=a) for j, a in zip(jobs, arrivals.tolist(), strict=False)]
     return Trace.of(jobs, source=f"synthetic(num_jobs={n}, cluster={cluster.name}, load={load})",
                     format="synthetic", load=float(load), arrival_rate_per_s=rate, cluster=cluster.name,
-                    mix={t.value: float(q) for t, q in zip(types, p_types)})
+                    mix={t.value: float(q) for t, q in zip(types, p_types, strict=False)})

@@ -84,7 +84,7 @@ class CNNQNet(nn.Module):
         self.n_actions = int(n_actions)
         convs: list[nn.Module] = []
         in_ch, height, width = grid_shape
-        for out_ch, stride in zip(channels, strides):
+        for out_ch, stride in zip(channels, strides, strict=False):
             convs += [nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=stride, padding=1), nn.ReLU()]
             in_ch, height, width = out_ch, (height - 1) // stride + 1, (width - 1) // stride + 1
         self.conv = nn.Sequential(*convs, nn.Flatten())

@@ -239,7 +239,7 @@ class PlacementEnv(gym.Env):
         src, dst, nbytes = ep.sub_edges
         sel = (dst == s) & (src < self._cursor)
         cost = np.zeros(p.k)
-        for u, b in zip(src[sel].tolist(), nbytes[sel].tolist()):
+        for u, b in zip(src[sel].tolist(), nbytes[sel].tolist(), strict=False):
             d = self._sub[u]
             cost += 2 * p.transfer_s(b, d, np.arange(p.k))
         return cost

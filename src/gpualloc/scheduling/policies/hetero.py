@@ -423,7 +423,7 @@ class Gavel:
         granted: dict[int, int] = {}
         smallest = int(g_all[pair_jobs].min()) if pair_jobs.size else 0
         pair_jobs = pair_jobs[order]
-        for j, t, g in zip(pair_jobs.tolist(), cols[order].tolist(), g_all[pair_jobs].tolist()):
+        for j, t, g in zip(pair_jobs.tolist(), cols[order].tolist(), g_all[pair_jobs].tolist(), strict=False):
             if j in granted or room[t] < g:
                 continue
             granted[j] = t

@@ -89,7 +89,7 @@ class Tiresias:
                  preemptive: bool = True) -> None:
         thresholds = tuple(float(x) for x in queue_thresholds_gpu_s)
         if any(not (math.isfinite(x) and x > 0) for x in thresholds) or \
-                any(b <= a for a, b in zip(thresholds, thresholds[1:])):
+                any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
             raise SchedulingError(f"tiresias: queue_thresholds_gpu_s must be positive, finite and "
                                   f"increasing, got {thresholds}")
         if starvation_factor is not None and not (math.isfinite(starvation_factor) and starvation_factor > 0):
@@ -245,7 +245,7 @@ class Tiresias:
         return level
 
     @staticmethod
-    def _place(j: int, g: int, t: int, k: int, working: FreeGpus, pools: "_RunningPools",
+    def _place(j: int, g: int, t: int, k: int, working: FreeGpus, pools: _RunningPools,
                preempt: list[int]) -> tuple[int, ...] | None:
         """GPUs of type ``t`` for job ``j`` (rank ``k``), preempting outranked jobs only if needed."""
         lo = pools.first_outranked(t, k)
@@ -279,7 +279,7 @@ def _chunked(jobs: JobTable, cand: np.ndarray, rank: np.ndarray, size: int = 64)
     order = jobs.type_order()
     for a in range(0, cand.size, size):
         idx = cand[a:a + size]
-        yield from zip(idx.tolist(), rank[a:a + size].tolist(), order[idx].tolist())
+        yield from zip(idx.tolist(), rank[a:a + size].tolist(), order[idx].tolist(), strict=False)
 
 
 class _RunningPools:
@@ -318,7 +318,7 @@ class _RunningPools:
     def gpus_after(self, ranks: np.ndarray) -> np.ndarray:
         """Candidates x types: GPUs of the running jobs each candidate rank outranks."""
         out = np.zeros((ranks.size, len(self.hi)), dtype=np.int64)
-        for t, (r, c) in enumerate(zip(self.ranks, self.csum)):
+        for t, (r, c) in enumerate(zip(self.ranks, self.csum, strict=False)):
             if r.size:
                 out[:, t] = c[-1] - c[np.searchsorted(r, ranks, side="right")]
         return out
