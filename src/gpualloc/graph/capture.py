@@ -383,19 +383,50 @@ class _FlopCounter:
         return flops
 
 
-def _build_ops(ep: torch.export.ExportedProgram) -> tuple[list[_Op], list[str]]:
-    """Compute ops of an exported program, in execution order, and the op kinds whose FLOPs are unknown."""
-    sig = ep.graph_signature
-    param_fqn = dict(sig.inputs_to_parameters)
-    buffer_fqn = {**sig.inputs_to_buffers, **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
-    # Tied parameters are lifted once per name; identify them by the tensor they share.
+def _param_identity(ep: torch.export.ExportedProgram, param_fqn: dict[str, str]) -> dict[str, str]:
+    """Map each parameter name to one canonical name per tensor (tied parameters are lifted once per name)."""
     state = ep.state_dict
     identity: dict[str, str] = {}
     seen_tensors: dict[int, str] = {}
     for fqn in param_fqn.values():
         tensor = state.get(fqn)
-        key = fqn if tensor is None else seen_tensors.setdefault(id(tensor), fqn)
-        identity[fqn] = key
+        identity[fqn] = fqn if tensor is None else seen_tensors.setdefault(id(tensor), fqn)
+    return identity
+
+
+def _input_ref(node: torch.fx.Node, param_fqn: dict[str, str], buffer_fqn: dict[str, str],
+               identity: dict[str, str]) -> _Ref:
+    """The reference of a ``placeholder`` or ``get_attr`` node: a parameter, a buffer/constant or a model input."""
+    nbytes = _tensor_bytes(node.meta.get("val"))
+    if node.op == "get_attr":
+        return _Ref("buffer", str(node.target), nbytes)
+    if node.name in param_fqn:
+        return _Ref("param", identity[param_fqn[node.name]], nbytes)
+    if node.name in buffer_fqn:
+        return _Ref("buffer", buffer_fqn[node.name], nbytes)
+    return _Ref("input", node.name, nbytes)
+
+
+def _alias_ref(node: torch.fx.Node, refs: dict[str, _Ref]) -> _Ref | None:
+    """The reference a layout-only node aliases (its base, with the view's size), or None without a base."""
+    base = next((r for r in (refs.get(a.name) for a in node.all_input_nodes) if isinstance(r, _Ref)), None)
+    if base is None:
+        return None
+    val = node.meta.get("val")
+    if node.target is operator.getitem and base.kind == "op":
+        nbytes = _tensor_bytes(val)  # one element of a multi-output op
+    else:
+        nbytes = min(_tensor_bytes(val), base.nbytes) if isinstance(val, torch.Tensor) else base.nbytes
+    return _Ref(base.kind, base.key, nbytes)
+
+
+def _build_ops(ep: torch.export.ExportedProgram) -> tuple[list[_Op], list[str]]:
+    """Compute ops of an exported program, in execution order, and the op kinds whose FLOPs are unknown."""
+    sig = ep.graph_signature
+    param_fqn = dict(sig.inputs_to_parameters)
+    buffer_fqn = {**sig.inputs_to_buffers, **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    identity = _param_identity(ep, param_fqn)
+    state = ep.state_dict
 
     refs: dict[str, _Ref] = {}  # fx node name -> where its value comes from
     ops: list[_Op] = []
@@ -404,32 +435,17 @@ def _build_ops(ep: torch.export.ExportedProgram) -> tuple[list[_Op], list[str]]:
     flop_counter = _FlopCounter()
 
     for node in ep.graph.nodes:
-        val = node.meta.get("val")
-        if node.op == "placeholder":
-            nbytes = _tensor_bytes(val)
-            if node.name in param_fqn:
-                refs[node.name] = _Ref("param", identity[param_fqn[node.name]], nbytes)
-            elif node.name in buffer_fqn:
-                refs[node.name] = _Ref("buffer", buffer_fqn[node.name], nbytes)
-            else:
-                refs[node.name] = _Ref("input", node.name, nbytes)
-            continue
-        if node.op == "get_attr":
-            refs[node.name] = _Ref("buffer", str(node.target), _tensor_bytes(val))
+        if node.op in ("placeholder", "get_attr"):
+            refs[node.name] = _input_ref(node, param_fqn, buffer_fqn, identity)
             continue
         if node.op != "call_function":
             continue
-        inputs = [refs.get(a.name) for a in node.all_input_nodes]
         if _is_alias(node):
-            base = next((r for r in inputs if isinstance(r, _Ref)), None)
-            if base is None:
-                continue
-            if node.target is operator.getitem and base.kind == "op":
-                nbytes = _tensor_bytes(val)  # one element of a multi-output op
-            else:
-                nbytes = min(_tensor_bytes(val), base.nbytes) if isinstance(val, torch.Tensor) else base.nbytes
-            refs[node.name] = _Ref(base.kind, base.key, nbytes)
+            alias = _alias_ref(node, refs)
+            if alias is not None:
+                refs[node.name] = alias
             continue
+        val = node.meta.get("val")
         out_bytes = _tensor_bytes(val)
         if out_bytes == 0 and _first_shape(val) is None:
             continue  # assertions, symbolic-size helpers: no tensor produced
@@ -467,8 +483,11 @@ def _consumed_refs(node: torch.fx.Node, refs: dict[str, Any]) -> Iterable[_Ref]:
 
 
 # ------------------------------------------------------------------------------------------ coarsening
-def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
-    """Group ops (in execution order) by ``layer`` without creating cycles; see the module docstring."""
+def _group_ops(ops: list[_Op]) -> tuple[list[list[_Op]], list[str | None], dict[str, int]]:
+    """Assign ops (in execution order) to acyclic layer groups.
+
+    Returns the groups, each group's layer (None for an op outside any layer) and op id -> group index.
+    """
     group_of: dict[str, int] = {}  # op id -> group index
     groups: list[list[_Op]] = []
     group_label: list[str | None] = []
@@ -496,11 +515,11 @@ def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
         for a in pred_anc:
             anc |= a
         anc_of_op[op.id] = anc
+    return groups, group_label, group_of
 
-    if all(len(g) == 1 for g in groups) and all(label is None for label in group_label):
-        return list(ops)
 
-    # Ids: the layer path, "<layer>#k" for its later groups; ungrouped ops keep their op id.
+def _group_ids(groups: list[list[_Op]], group_label: list[str | None]) -> list[str]:
+    """Ids: the layer path, ``<layer>#k`` for its later groups; ungrouped ops keep their op id."""
     taken = {op.id for g, label in zip(groups, group_label, strict=False) if label is None for op in g}
     ids: list[str] = []
     count: dict[str, int] = {}
@@ -515,25 +534,36 @@ def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
             gid += "~"
         taken.add(gid)
         ids.append(gid)
+    return ids
 
-    merged: list[_Op] = []
-    for gi, (g, label) in enumerate(zip(groups, group_label, strict=False)):
-        # bytes from one producer op count once per destination group (the largest read of it)
-        from_producer: dict[str, float] = {}
-        for op in g:
-            for src, b in op.in_bytes.items():
-                if group_of[src] != gi:
-                    from_producer[src] = max(from_producer.get(src, 0.0), b)
-        in_bytes: dict[str, float] = {}
-        for src, b in from_producer.items():
-            sid = ids[group_of[src]]
-            in_bytes[sid] = in_bytes.get(sid, 0.0) + b
-        kind = g[0].kind if len(g) == 1 else (g[0].module_type or "layer").lower()
-        merged.append(_Op(
-            id=ids[gi], kind=kind, layer=label, module_type=g[0].module_type,
-            flops=sum(op.flops for op in g), bytes_read=sum(op.bytes_read for op in g),
-            output_bytes=sum(op.output_bytes for op in g), param_bytes=sum(op.param_bytes for op in g),
-            output_shape=g[-1].output_shape, in_bytes=in_bytes,
-        ))
-    return merged
+
+def _merge_group(gi: int, g: list[_Op], label: str | None, ids: list[str], group_of: dict[str, int]) -> _Op:
+    """One op for group ``gi``: sizes summed, inputs from other groups merged by producer group."""
+    # bytes from one producer op count once per destination group (the largest read of it)
+    from_producer: dict[str, float] = {}
+    for op in g:
+        for src, b in op.in_bytes.items():
+            if group_of[src] != gi:
+                from_producer[src] = max(from_producer.get(src, 0.0), b)
+    in_bytes: dict[str, float] = {}
+    for src, b in from_producer.items():
+        sid = ids[group_of[src]]
+        in_bytes[sid] = in_bytes.get(sid, 0.0) + b
+    kind = g[0].kind if len(g) == 1 else (g[0].module_type or "layer").lower()
+    return _Op(
+        id=ids[gi], kind=kind, layer=label, module_type=g[0].module_type,
+        flops=sum(op.flops for op in g), bytes_read=sum(op.bytes_read for op in g),
+        output_bytes=sum(op.output_bytes for op in g), param_bytes=sum(op.param_bytes for op in g),
+        output_shape=g[-1].output_shape, in_bytes=in_bytes,
+    )
+
+
+def _coarsen_by_layer(ops: list[_Op]) -> list[_Op]:
+    """Group ops (in execution order) by ``layer`` without creating cycles; see the module docstring."""
+    groups, group_label, group_of = _group_ops(ops)
+    if all(len(g) == 1 for g in groups) and all(label is None for label in group_label):
+        return list(ops)
+    ids = _group_ids(groups, group_label)
+    return [_merge_group(gi, g, label, ids, group_of)
+            for gi, (g, label) in enumerate(zip(groups, group_label, strict=False))]
 

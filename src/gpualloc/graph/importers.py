@@ -1,9 +1,10 @@
 """Published profile formats -> OpGraph.
 
 PipeDream profiles (msr-fiddle/pipedream, ``profiler/*/profiles/<model>/graph.txt``, MIT) list one
-layer per line, then the edges::
+layer per line (one line in the file, wrapped here), then the edges::
 
-    node4 -- Conv2d(64, 64, kernel_size=(3, 3), ...) -- forward_compute_time=1.2, backward_compute_time=2.5, activation_size=51380224.0, parameter_size=147456.000
+    node4 -- Conv2d(64, 64, kernel_size=(3, 3), ...) -- forward_compute_time=1.2, backward_compute_time=2.5,
+        activation_size=51380224.0, parameter_size=147456.000
     \tnode3 -- node4
 
 Times are milliseconds for one minibatch; sizes are bytes (fp32). Multi-output layers (LSTMs,
@@ -209,6 +210,64 @@ IMPORTERS: dict[str, Callable[[Path], OpGraph]] = {
 # ---------------------------------------------------------------------------------------- parsing
 
 
+def _parse_edge(where: str, lineno: int, line: str, edge_seen: dict[tuple[str, str], int]) -> tuple[str, str, int]:
+    """One indented edge line ``<TAB>nodeA -- nodeB``; ``edge_seen`` (edge -> first line) is updated."""
+    m = _EDGE_RE.match(line)
+    if m is None:
+        raise ImportFormatError(f"{where}: malformed edge line, expected '<TAB>nodeA -- nodeB'")
+    key = (m["src"], m["dst"])
+    if key[0] == key[1]:
+        raise ImportFormatError(f"{where}: edge {key[0]} -- {key[1]} is a self loop")
+    if key in edge_seen:
+        raise ImportFormatError(
+            f"{where}: duplicate edge {key[0]} -- {key[1]} (first at line {edge_seen[key]})"
+        )
+    edge_seen[key] = lineno
+    return key[0], key[1], lineno
+
+
+def _parse_activations(act_text: str, where: str) -> tuple[float, ...]:
+    """``activation_size``: one number, or a ``[a; b; c]`` list for a multi-output layer."""
+    if act_text[:1] not in "[(":
+        return (_number(act_text, "activation_size", where),)
+    parts = [p for p in re.split(r"[;,]", act_text[1:-1]) if p.strip()]
+    if not parts:
+        raise ImportFormatError(f"{where}: activation_size {act_text!r} is an empty list")
+    return tuple(_number(p, "activation_size", where) for p in parts)
+
+
+def _parse_node(where: str, lineno: int, line: str, seen: dict[str, int]) -> _Row:
+    """One node line ``nodeN -- Layer(...) -- fields``; ``seen`` (node id -> first line) is checked, not updated."""
+    m = _NODE_RE.match(line)
+    if m is None:
+        raise ImportFormatError(
+            f"{where}: malformed node line, expected 'nodeN -- Layer(...) -- forward_compute_time=...'"
+        )
+    node_id, layer = m["id"], m["layer"].strip()
+    if node_id in seen:
+        raise ImportFormatError(f"{where}: duplicate node {node_id!r} (first at line {seen[node_id]})")
+    k = _KIND_RE.match(layer)
+    if k is None:
+        raise ImportFormatError(f"{where}: layer {layer!r} does not start with a class name")
+    f = _FIELDS_RE.match(m["fields"])
+    if f is None:
+        raise ImportFormatError(
+            f"{where}: malformed fields, expected 'forward_compute_time=MS, backward_compute_time=MS, "
+            "activation_size=BYTES, parameter_size=BYTES'"
+        )
+    activations = _parse_activations(f["act"].strip(), where)
+    return _Row(
+        lineno=lineno,
+        id=node_id,
+        layer=layer,
+        kind=_kind(k["cls"]),
+        fwd_ms=_number(f["fwd"], "forward_compute_time", where),
+        bwd_ms=_number(f["bwd"], "backward_compute_time", where),
+        activations=activations,
+        param_bytes=_number(f["param"], "parameter_size", where),
+    )
+
+
 def _parse_lines(path: Path, text: str) -> tuple[list[_Row], list[tuple[str, str, int]]]:
     rows: list[_Row] = []
     seen: dict[str, int] = {}
@@ -219,55 +278,11 @@ def _parse_lines(path: Path, text: str) -> tuple[list[_Row], list[tuple[str, str
             continue
         where = f"{path}:{lineno}"
         if line[0].isspace():
-            m = _EDGE_RE.match(line)
-            if m is None:
-                raise ImportFormatError(f"{where}: malformed edge line, expected '<TAB>nodeA -- nodeB'")
-            key = (m["src"], m["dst"])
-            if key[0] == key[1]:
-                raise ImportFormatError(f"{where}: edge {key[0]} -- {key[1]} is a self loop")
-            if key in edge_seen:
-                raise ImportFormatError(f"{where}: duplicate edge {key[0]} -- {key[1]} (first at line {edge_seen[key]})")
-            edge_seen[key] = lineno
-            edges.append((key[0], key[1], lineno))
+            edges.append(_parse_edge(where, lineno, line, edge_seen))
             continue
-        m = _NODE_RE.match(line)
-        if m is None:
-            raise ImportFormatError(
-                f"{where}: malformed node line, expected 'nodeN -- Layer(...) -- forward_compute_time=...'"
-            )
-        node_id, layer = m["id"], m["layer"].strip()
-        if node_id in seen:
-            raise ImportFormatError(f"{where}: duplicate node {node_id!r} (first at line {seen[node_id]})")
-        k = _KIND_RE.match(layer)
-        if k is None:
-            raise ImportFormatError(f"{where}: layer {layer!r} does not start with a class name")
-        f = _FIELDS_RE.match(m["fields"])
-        if f is None:
-            raise ImportFormatError(
-                f"{where}: malformed fields, expected 'forward_compute_time=MS, backward_compute_time=MS, "
-                "activation_size=BYTES, parameter_size=BYTES'"
-            )
-        act_text = f["act"].strip()
-        if act_text[:1] in "[(":
-            parts = [p for p in re.split(r"[;,]", act_text[1:-1]) if p.strip()]
-            if not parts:
-                raise ImportFormatError(f"{where}: activation_size {act_text!r} is an empty list")
-            activations = tuple(_number(p, "activation_size", where) for p in parts)
-        else:
-            activations = (_number(act_text, "activation_size", where),)
-        seen[node_id] = lineno
-        rows.append(
-            _Row(
-                lineno=lineno,
-                id=node_id,
-                layer=layer,
-                kind=_kind(k["cls"]),
-                fwd_ms=_number(f["fwd"], "forward_compute_time", where),
-                bwd_ms=_number(f["bwd"], "backward_compute_time", where),
-                activations=activations,
-                param_bytes=_number(f["param"], "parameter_size", where),
-            )
-        )
+        row = _parse_node(where, lineno, line, seen)
+        seen[row.id] = lineno
+        rows.append(row)
     if not rows:
         raise ImportFormatError(f"{path}: no node lines (expected 'nodeN -- Layer(...) -- forward_compute_time=...')")
     for src, dst, lineno in edges:

@@ -135,7 +135,7 @@ class OpGraph:
                 raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r} is a self loop")
             if not np.isfinite(edge.bytes) or edge.bytes < 0:
                 raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes must be >= 0, got {edge.bytes!r}")
-        self.topo_order  # raises on a cycle
+        _ = self.topo_order  # computing the (cached) order raises GraphError on a cycle
 
     def _validate_header(self, where: str) -> None:
         if self.batch_size is not None and (int(self.batch_size) != self.batch_size

@@ -61,7 +61,9 @@ def build_model(model: str, batch: int, *, seed: int = 0) -> tuple[nn.Module, tu
             mod_name = mod.__name__
             factory, make = getattr(mod, attr, None), getattr(mod, "example_inputs", None)
             if not callable(factory) or not callable(make):
-                raise CaptureError(f"{model!r}: module {mod_name!r} needs a callable {attr!r} and example_inputs(batch)")
+                raise CaptureError(
+                    f"{model!r}: module {mod_name!r} needs a callable {attr!r} and example_inputs(batch)"
+                )
             try:
                 module = factory()
             except Exception as err:  # noqa: BLE001
@@ -78,7 +80,9 @@ def build_model(model: str, batch: int, *, seed: int = 0) -> tuple[nn.Module, tu
     return module, args
 
 
-def export_runnable(module: nn.Module, args: Sequence[torch.Tensor], *, training: bool, name: str = "model") -> Runnable:
+def export_runnable(
+    module: nn.Module, args: Sequence[torch.Tensor], *, training: bool, name: str = "model"
+) -> Runnable:
     """Export ``module`` on ``args`` (the shapes are baked in) in training or eval mode.
 
     The module's own mode flags are restored afterwards.

@@ -377,7 +377,8 @@ def _bert_flops(cfg: BertConfig) -> float:
 
 def _gpt_flops(cfg: GPTConfig) -> float:
     per_layer = 12 * cfg.d_model**2
-    return _transformer_flops(cfg.layers * per_layer + cfg.d_model * cfg.vocab_size, cfg.layers, cfg.seq_len, cfg.d_model)
+    lm_head = cfg.d_model * cfg.vocab_size  # the output projection is a matmul; the embedding lookup is not
+    return _transformer_flops(cfg.layers * per_layer + lm_head, cfg.layers, cfg.seq_len, cfg.d_model)
 
 
 ZOO: dict[str, ZooEntry] = {
