@@ -25,7 +25,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -146,6 +146,24 @@ def kl_bisect(
     return best
 
 
+class _MoveBounds(NamedTuple):
+    """Balance and memory bounds of one pass, fixed at the pass's start (weights of the True side)."""
+
+    wb: float
+    mb: float
+    total_m: float
+    lo: float
+    hi: float
+    cap_b: float
+    cap_a: float
+
+    def valid(self, cw: np.ndarray, cm: np.ndarray) -> np.ndarray:
+        """Whether True-side work and memory changed by ``cw``/``cm`` stay within the bounds."""
+        wb, mb, total_m = self.wb, self.mb, self.total_m
+        return ((wb + cw >= self.lo) & (wb + cw <= self.hi)
+                & (mb + cm <= self.cap_b + 1e-6) & (total_m - mb - cm <= self.cap_a + 1e-6))
+
+
 def _bisect_once(indptr, indices, data, rows, node_weights, target_fraction, max_passes, rng, node_mem,
                  mem_caps, tolerance) -> np.ndarray:
     n = indptr.size - 1
@@ -197,13 +215,9 @@ def _bisect_once(indptr, indices, data, rows, node_weights, target_fraction, max
         dw = np.where(to_b, w[moves], -w[moves])
         dm = np.where(to_b, mem[moves], -mem[moves])
         # Moves may always head back towards the bounds from outside them.
-        lo_ok, hi_ok = min(lo, wb), max(hi, wb)
-        cap_b_ok, cap_a_ok = max(cap_b, mb), max(cap_a, total_m - mb)
-
-        def valid(cw_: np.ndarray, cm_: np.ndarray) -> np.ndarray:
-            return ((wb + cw_ >= lo_ok) & (wb + cw_ <= hi_ok)
-                    & (mb + cm_ <= cap_b_ok + 1e-6) & (total_m - mb - cm_ <= cap_a_ok + 1e-6))
-
+        bounds = _MoveBounds(wb=wb, mb=mb, total_m=total_m, lo=min(lo, wb), hi=max(hi, wb),
+                             cap_b=max(cap_b, mb), cap_a=max(cap_a, total_m - mb))
+        valid = bounds.valid
         good = valid(np.cumsum(dw), np.cumsum(dm))
         take = moves[: int(np.argmin(good)) if not good.all() else good.size]
         if not take.size:  # the best move breaks a bound: keep the moves that are fine one by one
