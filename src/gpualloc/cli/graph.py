@@ -28,11 +28,13 @@ class ImportFormat(str, Enum):
 
 @app.command("capture")
 def capture_cmd(
-    model: str = typer.Argument(..., help="A zoo name (resnet50, bert-base, gpt2-small, ...) or package.module:factory."),
+    model: str = typer.Argument(
+        ..., help="A zoo name (resnet50, bert-base, gpt2-small, ...) or package.module:factory."),
     output: Path = typer.Option(..., "-o", "--output", callback=output_file,
                                 help="Where to write the gpualloc-graph JSON."),
     batch: int = typer.Option(1, "--batch", max=MAX_BATCH, min=1, help="Batch size the graph is captured at."),
-    granularity: Granularity = typer.Option(Granularity.op, "--granularity", help="op: every aten op; layer: one node per module."),
+    granularity: Granularity = typer.Option(Granularity.op, "--granularity",
+                                            help="op: every aten op; layer: one node per module."),
 ) -> None:
     """Trace a PyTorch model (torch.export) into an operator graph with per-op FLOPs and bytes."""
     from gpualloc.graph.capture import capture

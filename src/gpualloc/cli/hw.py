@@ -27,7 +27,8 @@ def list_devices(
 
 @app.command("show")
 def show_cluster(
-    cluster: str = typer.Argument(..., help="Preset (8xA100, adlro16, ...), shorthand (4xA100+4xV100) or a TOML/YAML file."),
+    cluster: str = typer.Argument(
+        ..., help="Preset (8xA100, adlro16, ...), shorthand (4xA100+4xV100) or a TOML/YAML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON."),
 ) -> None:
     """Show a cluster: nodes, devices and the links between them."""

@@ -11,7 +11,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from gpualloc.cli.common import console, err_console, output_folder, print_json
 from gpualloc.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_STEPS
 
-app = typer.Typer(no_args_is_help=True, help="Regenerate the results tables: `reproduce placement`, `reproduce scheduling`.")
+app = typer.Typer(no_args_is_help=True,
+                  help="Regenerate the results tables: `reproduce placement`, `reproduce scheduling`.")
 
 
 @app.command("placement")
@@ -41,7 +42,8 @@ def placement_cmd(
     with Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("placement table", total=total_runs(spec))
-        result = run_table(spec, load_placer(agent), progress=lambda what: bar.update(task, advance=1, description=what))
+        result = run_table(spec, load_placer(agent),
+                           progress=lambda what: bar.update(task, advance=1, description=what))
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce placement" + (" --quick" if quick else "") + \
         (f" --seeds {seeds}" if seeds else "") + (f" --iterations {iterations}" if iterations else "")
@@ -66,7 +68,8 @@ def scheduling_cmd(
     quick: bool = typer.Option(False, "--quick", help="Load 0.8 only, 2 seeds, 120 jobs: the CI smoke version."),
     seeds: int = typer.Option(None, "--seeds", max=MAX_STEPS, min=2, help="Seeds (synthetic traces) per load."),
     data: Path = typer.Option(Path("../shared/data"), "--data",
-                              help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); skipped if absent."),
+                              help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); "
+                                   "skipped if absent."),
     agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled adlro16 one)."),
     out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", callback=output_folder,
                           help="Folder for table.md, results.json, plots."),

@@ -15,8 +15,9 @@ app = typer.Typer(no_args_is_help=True, help="Train the DQN agents: `train place
 
 
 def _bar() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} steps"),
-                    TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    return Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed:,}/{task.total:,} steps"), TextColumn("{task.fields[stats]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)
 
 
 def _stats(log) -> str:
@@ -38,7 +39,8 @@ def _progress_callback(bar: Progress, task, total: int):
 def placer_cmd(
     graphs: str = typer.Option("resnet18,vgg16,alexnet,inception_v3,gnmt,densenet121,resnet-tiny,bert-tiny,gpt-tiny",
                                "--graphs",
-                               help="Comma-separated training graphs (files, PipeDream names under --data, zoo names)."),
+                               help="Comma-separated training graphs "
+                                    "(files, PipeDream names under --data, zoo names)."),
     eval_graphs: str = typer.Option("resnet50,resnext50,squeezenet1_0,nasnetamobile", "--eval-graphs",
                                     help="Held-out graphs for periodic evaluation."),
     clusters: str = typer.Option("hetero8,2xA100+2xV100+2xT4", "--clusters", help="Comma-separated clusters."),

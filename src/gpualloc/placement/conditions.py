@@ -123,7 +123,8 @@ class Conditions:
         links = self.link_array
         return {
             "device_speed": {str(j): s for j, s in enumerate(self.device_speed) if s != 1.0},
-            "link_bandwidth": {f"{s}->{d}": float(links[s, d]) for s, d in zip(*np.nonzero(links != 1.0), strict=False) if s != d},
+            "link_bandwidth": {f"{s}->{d}": float(links[s, d])
+                               for s, d in zip(*np.nonzero(links != 1.0), strict=False) if s != d},
             "batch_scale": self.batch_scale,
         }
 

@@ -83,6 +83,7 @@ def scheduling_markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {r['trace']} | {r['load']:g} | {r['policy']} | {_pm(r, 'avg_jct_s', '.2f', 1 / 3600)} | "
             f"{'-' if not ci else f'{ci[0] / 3600:.2f} – {ci[1] / 3600:.2f}'} | {r['vs_fcfs']:+.1%} | "
             f"{r['x_bound']:.2f} | {_pm(r, 'throughput_jobs_per_h', '.3f')} | {_pm(r, 'utilization', '.1%')} | "
-            f"{_pm(r, 'saturated_utilization', '.1%')} | {_pm(r, 'p99_jct_s', '.1f', 1 / 3600)} | {_pm(r, 'makespan_s', '.0f', 1 / 3600)} | "
+            f"{_pm(r, 'saturated_utilization', '.1%')} | {_pm(r, 'p99_jct_s', '.1f', 1 / 3600)} | "
+            f"{_pm(r, 'makespan_s', '.0f', 1 / 3600)} | "
             f"{_pm(r, 'hyperscore', '.3f')} |")
     return "\n".join(lines) + "\n"

@@ -225,7 +225,8 @@ class ReplayTelemetry:
     def sample(self) -> list[DeviceRecord]:
         if self._next >= len(self._samples):
             if not self.loop:
-                raise TelemetryExhausted(f"replay: {self.path}: end of the recording after {len(self._samples)} samples")
+                raise TelemetryExhausted(
+                    f"replay: {self.path}: end of the recording after {len(self._samples)} samples")
             self._next = 0
         records = self._samples[self._next]
         self._next += 1

@@ -191,7 +191,8 @@ class SimTelemetry:
         rows = zip(*([None if v != v else v for v in c.tolist()] for c in cols), strict=False)
         procs = np.asarray(state.processes).tolist()
         out = []
-        for info, total, n, (ut, mu, mem, pw, en, temp, r, tx, rx) in zip(self._info, self._mem_total, procs, rows, strict=False):
+        for info, total, n, (ut, mu, mem, pw, en, temp, r, tx, rx) in zip(
+                self._info, self._mem_total, procs, rows, strict=False):
             reasons = () if ut is None or ut > 0 else ("gpu_idle",)
             if r is not None and r < 1.0:
                 reasons += ("hw_slowdown",)

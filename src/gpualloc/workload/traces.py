@@ -185,12 +185,11 @@ def _make_jobs(table: _Table, **columns: Sequence[Any]) -> list[Job]:
     """Build the jobs in one pass; a Job's own validation error gets the row's file:line."""
     iters = [columns[name] if name in columns else repeat(_JOB_DEFAULTS[name]) for name in _JOB_FIELDS]
     out: list[Job] = []
-    i = 0
     try:
-        for i, values in enumerate(zip(*iters, strict=False)):
+        for values in zip(*iters, strict=False):
             out.append(Job(*values))
-    except TraceError as err:
-        raise TraceError(f"{table.where(i)}: {err}") from err
+    except TraceError as err:  # the failing row is the one after the last job built
+        raise TraceError(f"{table.where(len(out))}: {err}") from err
     return out
 
 
