@@ -69,9 +69,13 @@ def test_usage_error_names_the_group_not_run():
 def test_usage_error_through_the_real_entry_point():
     proc = subprocess.run([str(GPUALLOC), "place", "resnet50"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and proc.stdout == ""
     err = plain(proc.stderr)
-    assert "Usage: gpualloc place" in err and "place run" not in err and "Traceback" not in err
+    # The installed entry point (main) makes a usage error one line, like every other bad input.
+    assert err.splitlines() == ["error: Missing option '--cluster' / '-c'. (see 'gpualloc place --help')"]
+    proc = subprocess.run([str(GPUALLOC), "simulate", "--seed", "-1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert "'--seed'" in proc.stderr and "simulate run" not in proc.stderr and "gpualloc simulate --help" in proc.stderr
 
 
 def test_root_help_orders_commands_as_a_user_meets_them():

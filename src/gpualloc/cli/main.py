@@ -86,14 +86,34 @@ def demo(
     console.print("\nNext: gpualloc place --help | gpualloc simulate --help | gpualloc reproduce --help")
 
 
+# Typer vendors its own click; its UsageError is the parent of the BadParameter it re-exports.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _error_line(message: str) -> None:
+    # Text, not markup: messages quote user input such as "nodes[0]".
+    err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+
+
 def main() -> None:
-    """Entry point: domain errors become one line on stderr and exit status 2 (usage errors stay Typer's)."""
+    """Entry point: bad input, whether a domain error or a usage error, is one line on stderr and exit status 2."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except GpuallocError as err:
-        # Text, not markup: messages quote user input such as "nodes[0]".
-        err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
+        _error_line(str(err))
         sys.exit(2)
+    except _UsageError as err:
+        if type(err).__name__ == "NoArgsIsHelpError" or err.ctx is None:  # a bare group: its help, as Typer shows it
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(err)
+            sys.exit(err.exit_code)
+        _error_line(f"{err.format_message()} (see '{err.ctx.command_path} --help')")
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        err_console.print("Aborted.")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
