@@ -67,7 +67,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from gpualloc.errors import SchedulingError
-from gpualloc.scheduling.base import GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable
+from gpualloc.scheduling.base import GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, FreeGpus, JobTable
 
 __all__ = ["DEFAULT_MAX_JOBS_LP", "DEFAULT_ROUND_S", "OBJECTIVES", "Gavel", "equal_share",
            "feasible_pairs", "normalised_throughput", "solve_allocation"]
@@ -401,96 +401,134 @@ class Gavel:
         return prio
 
     def _assign(self, view: ClusterView, r: np.ndarray, q: np.ndarray, *, preempt: bool) -> Decision:
-        jobs = view.jobs
-        n_types = len(view.type_names)
-        g_all = jobs.num_gpus
-        rt_all = jobs.run_type
         working = view.free_gpus()
-        starts: list[tuple[int, tuple[int, ...]]] = []
-        stopped: list[int] = []
-
-        # Grant (job, type) pairs in decreasing priority while the type has room, counting GPUs.
-        lp = self.allocation_jobs
         prio = self._priorities(view)
+        granted = self._grant(view, prio, working, preempt=preempt)
+        victims = self._victims(view, r, granted, prio, preempt=preempt)
+        starts, stopped = _realise(view, granted, victims, working)
+        starts += _fill_leftover(view, q, {j for j, _ in starts}, working)
+        return Decision(starts=starts, preempt=stopped)
+
+    def _grant(self, view: ClusterView, prio: np.ndarray, working: FreeGpus, *, preempt: bool) -> dict[int, int]:
+        """Grant (job, type) pairs in decreasing priority while the type has room, counting GPUs.
+
+        Returns job -> granted type index.
+        """
+        jobs = view.jobs
+        lp = self.allocation_jobs
         status = jobs.status[lp]
         alive = (status == QUEUED) | (preempt & (status == RUNNING))
         rows, cols = np.nonzero((prio > 0) & alive[:, None])
         pair_jobs = lp[rows]
-        keeps = rt_all[pair_jobs] == cols
+        keeps = jobs.run_type[pair_jobs] == cols
         order = np.lexsort((cols, pair_jobs, jobs.arrival_s[pair_jobs], ~keeps, -prio[rows, cols]))
-        room = (np.bincount(view.gpu_type[view.gpu_job >= GPU_FREE], minlength=n_types) if preempt
+        room = (np.bincount(view.gpu_type[view.gpu_job >= GPU_FREE], minlength=len(view.type_names)) if preempt
                 else working.by_type).tolist()
         granted: dict[int, int] = {}
-        smallest = int(g_all[pair_jobs].min()) if pair_jobs.size else 0
+        smallest = int(jobs.num_gpus[pair_jobs].min()) if pair_jobs.size else 0
         pair_jobs = pair_jobs[order]
-        for j, t, g in zip(pair_jobs.tolist(), cols[order].tolist(), g_all[pair_jobs].tolist(), strict=False):
+        for j, t, g in zip(pair_jobs.tolist(), cols[order].tolist(), jobs.num_gpus[pair_jobs].tolist(),
+                           strict=False):
             if j in granted or room[t] < g:
                 continue
             granted[j] = t
             room[t] -= g
             if room[t] < smallest and max(room) < smallest:
                 break
+        return granted
 
-        # Realise: a job granted the type it runs on keeps its GPUs; the others start where
-        # find_gpus puts them, taking GPUs of running jobs left without a grant (lowest priority
-        # first) only where they are needed. Ungranted jobs nobody needs keep running.
-        victims: list[list[int]] = [[] for _ in range(n_types)]
-        if preempt and r.size:
-            row = self._row
-            losers = [j for j in r.tolist() if granted.get(j, -1) != rt_all[j]]
-            losers.sort(key=lambda j: (prio[row[j]].max() if row[j] >= 0 else 0.0,
-                                       -jobs.arrival_s[j], -j))
-            for j in losers:
-                victims[int(rt_all[j])].append(j)
-        started: set[int] = set()
-        for j, t in granted.items():
-            if rt_all[j] == t:
-                continue
-            gpus = working.find(j, t)
-            taken: list[int] = []
-            while gpus is None and victims[t]:
-                victim = victims[t].pop(0)
-                working.give(view.gpus_of(victim))
-                taken.append(victim)
-                gpus = working.find(j, t)
-            used = set(gpus) if gpus is not None else set()
-            returned = []
-            for victim in taken:
-                vg = view.gpus_of(victim)
-                if used.intersection(vg):
-                    stopped.append(victim)
-                else:
-                    working.take(vg)
-                    returned.append(victim)
-            victims[t][:0] = returned
-            if gpus is None:
-                continue
-            working.take(gpus)
-            if rt_all[j] >= 0 and j not in stopped:  # a move between types: stop it, start it there
-                old = int(rt_all[j])
-                if j in victims[old]:
-                    victims[old].remove(j)
-                working.give(view.gpus_of(j))
-                stopped.append(j)
-            starts.append((j, gpus))
-            started.add(j)
+    def _victims(self, view: ClusterView, r: np.ndarray, granted: dict[int, int], prio: np.ndarray, *,
+                 preempt: bool) -> list[list[int]]:
+        """Per type, the running jobs on it without a grant there, lowest priority first (none unless ``preempt``)."""
+        jobs = view.jobs
+        victims: list[list[int]] = [[] for _ in range(len(view.type_names))]
+        if not preempt or not r.size:
+            return victims
+        row = self._row
+        losers = [j for j in r.tolist() if granted.get(j, -1) != jobs.run_type[j]]
+        losers.sort(key=lambda j: (prio[row[j]].max() if row[j] >= 0 else 0.0,
+                                   -jobs.arrival_s[j], -j))
+        for j in losers:
+            victims[int(jobs.run_type[j])].append(j)
+        return victims
 
-        # Work conservation: leftover GPUs to queued jobs, earliest arrival first, fastest type.
-        if working.total > 0 and q.size:
-            rest = q[~np.isin(q, list(started))] if started else q
-            fits = ((jobs.speed[rest] > 0) & (g_all[rest][:, None] <= working.by_type[None, :])).any(axis=1)
-            rest = rest[fits]
-            rest = rest[np.lexsort((rest, jobs.arrival_s[rest]))]
-            for a in range(0, rest.size, 64):
-                if working.total == 0:
-                    break
-                for j in rest[a:a + 64].tolist():
-                    if working.total == 0:
-                        break
-                    gpus = working.start(j)
-                    if gpus is not None:
-                        starts.append((j, gpus))
-        return Decision(starts=starts, preempt=stopped)
+
+def _realise(view: ClusterView, granted: dict[int, int], victims: list[list[int]],
+             working: FreeGpus) -> tuple[list[tuple[int, tuple[int, ...]]], list[int]]:
+    """Turn grants into starts and preemptions; returns ``(starts, stopped)``.
+
+    A job granted the type it runs on keeps its GPUs; the others start where ``find`` puts them,
+    taking GPUs of running jobs left without a grant (lowest priority first) only where they are
+    needed. Ungranted jobs nobody needs keep running.
+    """
+    rt_all = view.jobs.run_type
+    starts: list[tuple[int, tuple[int, ...]]] = []
+    stopped: list[int] = []
+    for j, t in granted.items():
+        if rt_all[j] == t:
+            continue
+        gpus = _find_freeing_victims(view, working, j, t, victims[t], stopped)
+        if gpus is None:
+            continue
+        working.take(gpus)
+        if rt_all[j] >= 0 and j not in stopped:  # a move between types: stop it, start it there
+            old = int(rt_all[j])
+            if j in victims[old]:
+                victims[old].remove(j)
+            working.give(view.gpus_of(j))
+            stopped.append(j)
+        starts.append((j, gpus))
+    return starts, stopped
+
+
+def _find_freeing_victims(view: ClusterView, working: FreeGpus, job: int, t: int, victims: list[int],
+                          stopped: list[int]) -> tuple[int, ...] | None:
+    """GPUs of type ``t`` for ``job``, freeing ``victims`` (in order) until ``find`` succeeds.
+
+    Victims whose GPUs the placement uses are appended to ``stopped``; the others are put back, in
+    order, at the front of ``victims`` with their GPUs taken again.
+    """
+    gpus = working.find(job, t)
+    taken: list[int] = []
+    while gpus is None and victims:
+        victim = victims.pop(0)
+        working.give(view.gpus_of(victim))
+        taken.append(victim)
+        gpus = working.find(job, t)
+    used = set(gpus) if gpus is not None else set()
+    returned = []
+    for victim in taken:
+        vg = view.gpus_of(victim)
+        if used.intersection(vg):
+            stopped.append(victim)
+        else:
+            working.take(vg)
+            returned.append(victim)
+    victims[:0] = returned
+    return gpus
+
+
+def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int],
+                   working: FreeGpus) -> list[tuple[int, tuple[int, ...]]]:
+    """Work conservation: leftover GPUs to queued jobs not ``started``, earliest arrival first, fastest type."""
+    if working.total <= 0 or not q.size:
+        return []
+    jobs = view.jobs
+    starts: list[tuple[int, tuple[int, ...]]] = []
+    rest = q[~np.isin(q, list(started))] if started else q
+    fits = ((jobs.speed[rest] > 0) & (jobs.num_gpus[rest][:, None] <= working.by_type[None, :])).any(axis=1)
+    rest = rest[fits]
+    rest = rest[np.lexsort((rest, jobs.arrival_s[rest]))]
+    for a in range(0, rest.size, 64):
+        if working.total == 0:
+            break
+        for j in rest[a:a + 64].tolist():
+            if working.total == 0:
+                break
+            gpus = working.start(j)
+            if gpus is not None:
+                starts.append((j, gpus))
+    return starts
 
 
 def _per_node_max(view: ClusterView, healthy: np.ndarray, n_types: int) -> np.ndarray:
