@@ -27,8 +27,8 @@ def num(value: float | None, scale: float = 1.0) -> str:
 
 
 def hours(seconds: float | None) -> str:
-    """Seconds as hours, '-' when unknown (None or NaN)."""
-    return "-" if seconds is None or seconds != seconds else f"{seconds / 3600:.2f} h"
+    """Seconds as hours, without the unit (the column header carries it); '-' when unknown (None or NaN)."""
+    return "-" if seconds is None or seconds != seconds else f"{seconds / 3600:.2f}"
 
 
 def pct(value: float | None, fmt: str = ".0%") -> str:

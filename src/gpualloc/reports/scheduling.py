@@ -11,8 +11,9 @@ from rich.text import Text
 
 from gpualloc.reports.format import hours, pct, ratio, signed_pct
 
-COLUMNS = ("policy", "avg JCT", "p50", "p99", "avg queue", "jobs/h", "util", "eff. util", "sat. util", "makespan",
-           "slowdown", "x bound", "vs fcfs", "HyperScore", "preempt", "wall")
+# Times in hours, the unit in the header so the cells stay narrow enough for an 80-column terminal.
+COLUMNS = ("policy", "avg JCT h", "p50 h", "p99 h", "queue h", "jobs/h", "util", "eff. util", "sat. util",
+           "makespan h", "slowdown", "x bound", "vs fcfs", "HyperScore", "preempt", "wall")
 
 
 def policies_table(rows: Sequence[dict[str, Any]], title: str) -> Group:
@@ -25,7 +26,7 @@ def policies_table(rows: Sequence[dict[str, Any]], title: str) -> Group:
     """
     table = Table(title=title)
     for col in COLUMNS:
-        table.add_column(col, justify="left" if col == "policy" else "right")
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     for r in sorted(rows, key=lambda r: r["avg_jct_s"]):
         table.add_row(
             r["policy"], hours(r["avg_jct_s"]), hours(r["p50_jct_s"]), hours(r["p99_jct_s"]), hours(r["avg_queue_s"]),
@@ -33,6 +34,6 @@ def policies_table(rows: Sequence[dict[str, Any]], title: str) -> Group:
             pct(r.get("saturated_utilization")), hours(r["makespan_s"]), f"{r['avg_slowdown']:.2f}",
             ratio(r.get("x_bound")), signed_pct(r.get("vs_fcfs")), f"{r['hyperscore']:.3f}",
             str(r["preemptions"]), f"{r['sim_wall_s']:.2f} s")
-    note = Text("times in hours; x bound = avg JCT / oracle-lb avg JCT (each job alone on its fastest GPU type); "
+    note = Text("h = hours; x bound = avg JCT / oracle-lb avg JCT (each job alone on its fastest GPU type); "
                 "vs fcfs = avg JCT reduction")
     return Group(table, note)
