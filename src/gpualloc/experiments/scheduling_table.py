@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,8 @@ def _aggregate(runs: Sequence[dict[str, Any]], oracle: Sequence[dict[str, Any]])
     if len(jct) > 1:
         half = stats.t.ppf(0.975, len(jct) - 1) * np.std(jct, ddof=1) / np.sqrt(len(jct))
         row["avg_jct_s_ci95"] = [float(jct.mean() - half), float(jct.mean() + half)]
-    row["x_bound"] = float(np.mean([x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(runs, oracle, strict=False)]))
+    bounds = [x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(runs, oracle, strict=False)]
+    row["x_bound"] = float(np.mean(bounds))
     row["rejected"] = int(sum(r["rejected"] for r in runs))
     return row
 
@@ -133,6 +134,86 @@ def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     return summary(result), oracle_summary(result)
 
 
+def _real_traces(data_root: str | Path | None) -> list[tuple[str, Path, str]]:
+    """The part-2 traces present under ``data_root``: ``(label, path, format)``."""
+    if data_root is None:
+        return []
+    root = Path(data_root)
+    return [(label, root / rel, fmt) for label, rel, fmt in REAL_TRACES if (root / rel).exists()]
+
+
+def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
+                  agent: str | None) -> list[tuple[str, SchedRun]]:
+    """Every simulation, labelled: synthetic (load, seed, policy), then real (trace, policy)."""
+    runs: list[tuple[str, SchedRun]] = []
+    for load in spec.loads:
+        for seed in range(spec.seeds):
+            for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
+                runs.append((f"load {load} seed {seed} {name}",
+                             SchedRun(spec.cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
+                                      agent=agent)))
+    for label, path, fmt in real:
+        for name in spec.policies:
+            runs.append((f"{label} {name}", SchedRun(spec.cluster, name, 0, spec.real_load, spec.real_jobs,
+                                                     path=str(path), fmt=fmt, agent=agent)))
+    return runs
+
+
+def _take(results: Iterator[tuple[dict[str, Any], dict[str, Any]]],
+          policies: Sequence[str]) -> tuple[dict[str, dict], dict]:
+    """One trace's runs in policy order; the oracle row comes from the last policy's result."""
+    out = {name: next(results) for name in policies}
+    return {name: s for name, (s, _) in out.items()}, out[policies[-1]][1]
+
+
+def _vs_baselines_ci(runs_p: Sequence[dict[str, Any]], per: dict[str, list]) -> dict[str, list[float] | None]:
+    """Paired 95% CIs of a policy's JCT reduction against FCFS and static affinity, where they ran."""
+    mine = [r["avg_jct_s"] for r in runs_p]
+    return {key: _paired_ci(mine, [r["avg_jct_s"] for r in per[base]])
+            for key, base in (("vs_fcfs_ci95", "fcfs"), ("vs_static_affinity_ci95", "static-affinity"))
+            if base in per}
+
+
+def _synthetic_rows(spec: SchedTableSpec, load: float,
+                    results: Iterator[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Part-1 rows of one load: every policy and the oracle bound, aggregated over seeds."""
+    policies = spec.policies
+    per: dict[str, list] = {p: [] for p in policies}
+    oracle = []
+    for _seed in range(spec.seeds):
+        res, orc = _take(results, policies)
+        for p in policies:
+            per[p].append(res[p])
+        oracle.append(orc)
+    rows = []
+    for p in [*policies, "oracle-lb"]:
+        runs_p = per[p] if p != "oracle-lb" else oracle
+        row = {"part": "synthetic", "trace": "synthetic", "load": load, "policy": p, "seeds": spec.seeds,
+               **_aggregate(runs_p, oracle)}
+        if p != "oracle-lb":
+            row.update(_vs_baselines_ci(runs_p, per))
+        rows.append(row)
+    return rows
+
+
+def _real_rows(spec: SchedTableSpec, label: str,
+               results: Iterator[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Part-2 rows of one real trace: every policy and the oracle bound (one run each)."""
+    res, orc = _take(results, spec.policies)
+    return [{"part": "real", "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
+             **_aggregate([res[p] if p != "oracle-lb" else orc], [orc])}
+            for p in [*spec.policies, "oracle-lb"]]
+
+
+def _add_vs_fcfs(rows: list[dict[str, Any]]) -> None:
+    """Give each row its JCT reduction against FCFS on the same trace and load, where FCFS ran."""
+    for r in rows:
+        same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]]
+        fcfs = next((x["avg_jct_s"] for x in same if x["policy"] == "fcfs"), None)
+        if fcfs is not None:
+            r["vs_fcfs"] = reduction(r["avg_jct_s"], fcfs)
+
+
 def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agent: str | Path | None = None,
               progress: Callable[[str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
     """Run part 1 (and part 2 when ``data_root`` holds the traces); returns rows as plain dicts.
@@ -141,68 +222,18 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
     the rows do not depend on which executor ran them.
     """
     start = time.perf_counter()
-    policies = spec.policies
-    agent_arg = None if agent is None else str(agent)
-    runs: list[tuple[str, SchedRun]] = []
-    for load in spec.loads:
-        for seed in range(spec.seeds):
-            for name in policies:  # trace seeds 10_000+ are never the agent's training seeds
-                runs.append((f"load {load} seed {seed} {name}",
-                             SchedRun(spec.cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
-                                      agent=agent_arg)))
-    real = []
-    if data_root is not None:
-        root = Path(data_root)
-        real = [(label, root / rel, fmt) for label, rel, fmt in REAL_TRACES if (root / rel).exists()]
-        for label, path, fmt in real:
-            for name in policies:
-                runs.append((f"{label} {name}", SchedRun(spec.cluster, name, 0, spec.real_load, spec.real_jobs,
-                                                         path=str(path), fmt=fmt, agent=agent_arg)))
+    real = _real_traces(data_root)
+    runs = _planned_runs(spec, real, None if agent is None else str(agent))
 
     def done(i: int, _result: object) -> None:
         if progress is not None:
             progress(runs[i][0])
 
+    # results come back in the order of ``runs``; the row builders consume them in that order
     results = iter((executor or SerialExecutor()).map(run_one, [r for _, r in runs], on_result=done))
-
-    def take() -> tuple[dict[str, dict], dict]:
-        # one trace's runs in policy order; the oracle row comes from the last policy's result
-        out = {name: next(results) for name in policies}
-        return {name: s for name, (s, _) in out.items()}, out[policies[-1]][1]
-
-    rows = []
-    for load in spec.loads:
-        per: dict[str, list] = {p: [] for p in policies}
-        oracle = []
-        for _seed in range(spec.seeds):
-            res, orc = take()
-            for p in policies:
-                per[p].append(res[p])
-            oracle.append(orc)
-        for p in [*policies, "oracle-lb"]:
-            runs_p = per[p] if p != "oracle-lb" else oracle
-            row = {"part": "synthetic", "trace": "synthetic", "load": load, "policy": p, "seeds": spec.seeds,
-                   **_aggregate(runs_p, oracle)}
-            if p != "oracle-lb":
-                mine = [r["avg_jct_s"] for r in runs_p]
-                if "fcfs" in per:
-                    row["vs_fcfs_ci95"] = _paired_ci(mine, [r["avg_jct_s"] for r in per["fcfs"]])
-                if "static-affinity" in per:
-                    row["vs_static_affinity_ci95"] = _paired_ci(
-                        mine, [r["avg_jct_s"] for r in per["static-affinity"]])
-            rows.append(row)
-
-    for label, _path, _fmt in real:
-        res, orc = take()
-        for p in [*policies, "oracle-lb"]:
-            r = res[p] if p != "oracle-lb" else orc
-            rows.append({"part": "real", "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
-                         **_aggregate([r], [orc])})
-    for r in rows:
-        same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]]
-        fcfs = next((x["avg_jct_s"] for x in same if x["policy"] == "fcfs"), None)
-        if fcfs is not None:
-            r["vs_fcfs"] = reduction(r["avg_jct_s"], fcfs)
+    rows = [row for load in spec.loads for row in _synthetic_rows(spec, load, results)]
+    rows += [row for label, _path, _fmt in real for row in _real_rows(spec, label, results)]
+    _add_vs_fcfs(rows)
     return {"spec": {"cluster": spec.cluster, "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
                      "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
             "rows": rows, "wall_s": time.perf_counter() - start}
