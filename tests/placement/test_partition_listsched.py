@@ -99,7 +99,7 @@ def test_forward_times_option():
 @pytest.mark.parametrize("method", METHODS)
 def test_places_2000_nodes_on_8_devices_quickly(method):
     problem = PlacementProblem(random_dag(2000, timed=False), load_cluster("8xA100"))
-    problem.compute_s, problem.mem_bytes  # cost model time is not the placer's
+    _ = problem.compute_s, problem.mem_bytes  # fill the cached costs first: cost model time is not the placer's
     t0 = time.perf_counter()
     a = method(problem)
     assert time.perf_counter() - t0 < 2.0

@@ -94,7 +94,8 @@ def test_tight_memory_caps_are_respected(method):
 def test_inline_small_memory_device(tmp_path):
     path = tmp_path / "tiny.toml"
     path.write_text(
-        '[device_types.Tiny]\ntensor_tflops = 300\nfp32_tflops = 20\nmem_gib = 4\nmem_bandwidth_gbps = 1500\ntdp_w = 100\nidle_w = 10\n\n'
+        '[device_types.Tiny]\ntensor_tflops = 300\nfp32_tflops = 20\nmem_gib = 4\nmem_bandwidth_gbps = 1500\n'
+        'tdp_w = 100\nidle_w = 10\n\n'
         '[[nodes]]\ndevices = {A100 = 1, Tiny = 2}\n')
     # Three equally fast devices: METIS cuts 4/4/4, but a Tiny (4 GiB) holds only two 1.8 GiB nodes.
     problem = PlacementProblem(big_chain(12, param_gib=0.45), load_cluster(path))

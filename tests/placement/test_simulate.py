@@ -29,7 +29,8 @@ def random_dag(rng: np.random.Generator, n: int) -> OpGraph:
     for i in range(n):
         heavy = rng.random() < 0.5  # mix compute-bound and memory-bound ops: per-op speed ratios differ
         act = float(rng.uniform(1e5, 2e7))
-        nodes.append(OpNode(f"n{i}", f"n{i}", "op", flops=float(rng.uniform(1e9, 1e11) if heavy else rng.uniform(0, 1e8)),
+        flops = float(rng.uniform(1e9, 1e11) if heavy else rng.uniform(0, 1e8))
+        nodes.append(OpNode(f"n{i}", f"n{i}", "op", flops=flops,
                             bytes_read=float(rng.uniform(1e5, 1e8)), bytes_written=act,
                             param_bytes=float(rng.uniform(0, 1e7)), output_bytes=act))
         for j in range(i):
@@ -66,7 +67,7 @@ def check_invariants(problem: PlacementProblem, a: np.ndarray, result) -> None:
             _, node, mb = e.task.split()
             transfers[(node, int(mb[2:]), e.resource)].append(e)
     assert len(compute) == 2 * len(graph) * M
-    for (node, mb, link), evs in transfers.items():
+    for evs in transfers.values():
         assert len(evs) == 1
     for e in graph.edges:
         u, v = graph.index[e.src], graph.index[e.dst]

@@ -17,7 +17,8 @@ from tests.placement.test_simulate import random_dag
 
 
 def problem(seed: int = 0, cluster: str = "2xA100+2xV100", n: int = 30, microbatches: int = 1) -> PlacementProblem:
-    return PlacementProblem(random_dag(np.random.default_rng(seed), n), load_cluster(cluster), microbatches=microbatches)
+    return PlacementProblem(random_dag(np.random.default_rng(seed), n), load_cluster(cluster),
+                            microbatches=microbatches)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ def hand_made() -> SimResult:
     i = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
     return SimResult(
         policy="hand", cluster="2xV100", type_names=("V100-16GB",), job_ids=("a", "b", "c", "d"),
-        arrival_s=f(0, 0, 10, 20), start_s=f(0, 5, 10, NAN), finish_s=f(10, 25, 30, NAN), num_gpus=i(1, 2, 1, 1), work_s=f(10, 20, 5, 8), type_code=i(1, 1, 1, 1),
+        arrival_s=f(0, 0, 10, 20), start_s=f(0, 5, 10, NAN), finish_s=f(10, 25, 30, NAN), num_gpus=i(1, 2, 1, 1),
+        work_s=f(10, 20, 5, 8), type_code=i(1, 1, 1, 1),
         best_time_s=f(10, 10, 5, NAN), run_type=i(0, 0, 0, -1), preemptions=i(0, 2, 1, 0),
         failure_restarts=i(0, 0, 1, 0), lost_s=f(0, 30, 1, 0), lost_work_s=f(0, 0, 0, 0),
         gpu_type=i(0, 0), gpu_busy_s=f(24, 21), gpu_effective_s=f(20, 16), gpu_down_s=f(0, 3),

@@ -168,28 +168,37 @@ MALFORMED = [
     (read_native, "n.csv", NATIVE + "a,0,simulation,5,1\n\na,1,simulation,5,1\n", r"4: id: duplicate job id 'a'"),
     (read_native, "n.csv", "id,arrival_s,job_type,work_s,single_node\na,0,simulation,5,maybe\n",
      r"2: single_node: expected true or false, got 'maybe'"),
-    (read_native, "n.csv", NATIVE + "a,0,simulation,5,1\nb,0,simulation,5,1,7\n", r"3: Expected 5 fields in line 3, saw 6"),
+    (read_native, "n.csv", NATIVE + "a,0,simulation,5,1\nb,0,simulation,5,1,7\n",
+     r"3: Expected 5 fields in line 3, saw 6"),
     (read_native, "n.csv", "id,arrival_s,job_type,work_s,gpu_milli\na,0,simulation,5,1001\n",
      r"2: job a: gpu_milli must be in \(0, 1000\], got 1001"),
     (read_gavel, "g.trace", GAVEL_OK + GAVEL_OK.replace("\t1000\t", "\tabc\t"),
      r"2: total_steps: expected a positive number, got 'abc'"),
     (read_gavel, "g.trace", GAVEL_OK + "ResNet-18 (batch size 64)\tcmd\t--num_steps\t1\t1000\n",
      r"2: arrival_time_s: expected a non-negative number, got ''"),
-    (read_gavel, "g.trace", GAVEL_OK.replace("\t1000\t", "\t-5\t"), r"1: total_steps: expected a positive number, got '-5'"),
+    (read_gavel, "g.trace", GAVEL_OK.replace("\t1000\t", "\t-5\t"),
+     r"1: total_steps: expected a positive number, got '-5'"),
     (read_gavel, "g.trace", GAVEL_OK.replace("ResNet-18 (batch size 64)", "GPT-9"),
      r"1: job_type: no measured V100 throughput for 'GPT-9'"),
-    (read_philly, "p.csv", PHILLY + "2017-10-09 07:01:55,66.0,x,66.0,c\n", r"2: num_gpus: expected a positive integer, got 'x'"),
+    (read_philly, "p.csv", PHILLY + "2017-10-09 07:01:55,66.0,x,66.0,c\n",
+     r"2: num_gpus: expected a positive integer, got 'x'"),
     (read_philly, "p.csv", "timestamp,num_gpus\n2017-10-09 07:01:55,1\n", r"1: missing column\(s\) duration"),
-    (read_philly, "p.csv", PHILLY + "2017-10-09 07:01:55,-66.0,1,66.0,c\n", r"2: duration: expected a positive number, got '-66.0'"),
+    (read_philly, "p.csv", PHILLY + "2017-10-09 07:01:55,-66.0,1,66.0,c\n",
+     r"2: duration: expected a positive number, got '-66.0'"),
     (read_philly, "p.csv", PHILLY + "2017-13-09 07:01:55,66.0,1,66.0,c\n",
      r"2: timestamp: expected 'YYYY-MM-DD HH:MM:SS', got '2017-13-09 07:01:55'"),
-    (read_pollux, "w.csv", POLLUX + "c-0,107,cifar10,six,2048\n", r"2: num_replicas: expected a positive integer, got 'six'"),
+    (read_pollux, "w.csv", POLLUX + "c-0,107,cifar10,six,2048\n",
+     r"2: num_replicas: expected a positive integer, got 'six'"),
     (read_pollux, "w.csv", "name,time,num_replicas\nc-0,107,6\n", r"1: missing column\(s\) application"),
-    (read_pollux, "w.csv", POLLUX + "c-0,-107,cifar10,6,2048\n", r"2: time: expected a non-negative number, got '-107'"),
-    (read_pollux, "w.csv", POLLUX + "c-0,107,gpt3,6,2048\n", r"2: application: unknown application 'gpt3' \(known: bert"),
-    (read_tiresias, "t.csv", TIRESIAS + "0,one,0,606,vgg19,164,30\n", r"2: num_gpu: expected a positive integer, got 'one'"),
+    (read_pollux, "w.csv", POLLUX + "c-0,-107,cifar10,6,2048\n",
+     r"2: time: expected a non-negative number, got '-107'"),
+    (read_pollux, "w.csv", POLLUX + "c-0,107,gpt3,6,2048\n",
+     r"2: application: unknown application 'gpt3' \(known: bert"),
+    (read_tiresias, "t.csv", TIRESIAS + "0,one,0,606,vgg19,164,30\n",
+     r"2: num_gpu: expected a positive integer, got 'one'"),
     (read_tiresias, "t.csv", "job_id,num_gpu,submit_time\n0,1,0\n", r"1: missing column\(s\) duration"),
-    (read_tiresias, "t.csv", TIRESIAS + "0,1,0,606,vgg19,-164,30\n", r"2: duration: expected a positive number, got '-164'"),
+    (read_tiresias, "t.csv", TIRESIAS + "0,1,0,606,vgg19,-164,30\n",
+     r"2: duration: expected a positive number, got '-164'"),
     (read_alibaba, "a.csv", ALIBABA + ALIBABA_OK + "p1,x,16384,1,1000,,LS,Running,0,100,0\n",
      r"3: cpu_milli: expected a non-negative number, got 'x'"),
     (read_alibaba, "a.csv", "name,num_gpu\np0,1\n", r"1: missing column\(s\) cpu_milli, memory_mib, gpu_milli"),
@@ -349,7 +358,8 @@ def test_generate_leaves_global_rng_alone(gavel108):
     state = np.random.get_state()
     generate(50, gavel108, 1.0, seed=None)
     after = np.random.get_state()
-    assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(state, after, strict=False))
+    assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+               for x, y in zip(state, after, strict=False))
 
 
 def test_generate_statistics(gavel108):
