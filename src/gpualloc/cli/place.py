@@ -21,6 +21,16 @@ CLUSTER_HELP = "Preset (8xA100, adlro16, mixed-gen), shorthand (4xA100+4xV100) o
 CALIBRATION_HELP = "A calibration file from `gpualloc calibrate` (default: the shipped one)."
 
 
+# The options the three commands share, declared once.
+_GRAPH = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP)
+_CLUSTER = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP)
+_MICROBATCHES = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1, help="Pipeline microbatches per step.")
+_BATCH = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture.")
+_CALIBRATION = typer.Option(None, "--calibration", help=CALIBRATION_HELP)
+_SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed.")
+_PLOT = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG).")
+
+
 def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None):
     """The placement problem of the command-line arguments (graph source, cluster spec, calibration file)."""
     from gpualloc.cost.model import Calibration, CostModel
@@ -63,20 +73,19 @@ def print_outcomes(problem, outcomes, title: str) -> None:
 
 @app.command("run")
 def run_cmd(
-    graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
-    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
+    graph: str = _GRAPH,
+    cluster: str = _CLUSTER,
     method: str = typer.Option("best", "--method", "-m",
                                help="Partitioner (see `place compare`), best, or dqn (the learned agent)."),
     agent: Path = typer.Option(None, "--agent", help="Agent checkpoint for --method dqn (default: the bundled one)."),
-    microbatches: int = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1,
-                                     help="Pipeline microbatches per step."),
-    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
-    calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
-    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed."),
+    microbatches: int = _MICROBATCHES,
+    batch: int = _BATCH,
+    calibration: Path = _CALIBRATION,
+    seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     output: Path = typer.Option(None, "-o", "--output", callback=output_file,
                                 help="Write the plan (re-scorable) as JSON."),
-    plot: Path = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG)."),
+    plot: Path = _PLOT,
 ) -> None:
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import place
@@ -88,15 +97,14 @@ def run_cmd(
 
 @app.command("evaluate")
 def evaluate_cmd(
-    graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
-    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
+    graph: str = _GRAPH,
+    cluster: str = _CLUSTER,
     plan: Path = typer.Option(..., "--plan", help="A plan JSON (from `place -o`, or hand-made)."),
-    microbatches: int = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1,
-                                     help="Pipeline microbatches per step."),
-    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
-    calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    microbatches: int = _MICROBATCHES,
+    batch: int = _BATCH,
+    calibration: Path = _CALIBRATION,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    plot: Path = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG)."),
+    plot: Path = _PLOT,
 ) -> None:
     """Score a given assignment (node id -> device index) with the same simulator."""
     import json
@@ -114,13 +122,12 @@ def evaluate_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    graph: str = typer.Argument(..., metavar="GRAPH", help=GRAPH_HELP),
-    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
-    microbatches: int = typer.Option(1, "--microbatches", max=MAX_MICROBATCHES, min=1,
-                                     help="Pipeline microbatches per step."),
-    batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
-    calibration: Path = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
-    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed."),
+    graph: str = _GRAPH,
+    cluster: str = _CLUSTER,
+    microbatches: int = _MICROBATCHES,
+    batch: int = _BATCH,
+    calibration: Path = _CALIBRATION,
+    seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
