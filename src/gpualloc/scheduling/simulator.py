@@ -440,6 +440,25 @@ def _workload(trace: Trace | Workload, cluster: ClusterSpec, speed: np.ndarray |
     return trace
 
 
+class _Progress:
+    """Calls ``progress(now_s, finished, expected)`` about every hundredth of the jobs, and once at the end."""
+
+    def __init__(self, progress: Callable[[float, int, int], None] | None, n_expected: int) -> None:
+        self.progress, self.n_expected = progress, n_expected
+        self.step = max(1, n_expected // 100)
+        self.next_report = self.step
+
+    def update(self, now: float, finished: int) -> None:
+        if self.progress is not None and finished >= self.next_report:
+            self.progress(now, finished, self.n_expected)
+            self.next_report = (finished // self.step + 1) * self.step
+
+    def close(self, now: float, finished: int) -> None:
+        """Report the last stretch, unless the last update already did."""
+        if self.progress is not None and self.n_expected and self.next_report - self.step < finished:
+            self.progress(now, finished, self.n_expected)
+
+
 class _Engine:
     """One run's state. Hot paths read Python lists for static per-job data and write the
     :class:`JobTable` arrays policies see."""
@@ -499,6 +518,7 @@ class _Engine:
             self.rejected.append(j)
         self.is_rejected = np.zeros(n, dtype=bool)
         self.is_rejected[bad] = True
+        self.is_rejected_l = self.is_rejected.tolist()
         with np.errstate(divide="ignore"):
             self.best_time_s = np.where(best > 0, table.work_s / np.where(best > 0, best, 1.0), np.nan)
         self.best_l = best.tolist()
@@ -548,6 +568,7 @@ class _Engine:
         self.jobs_area_s = 0.0
         self.idle_area_gpu_s = 0.0
         self.next_arrival = 0
+        self.tick_pending = False  # a round tick is on the heap
         self.times: list[float] = []
         self.busy_t: list[int] = []
         self.queue_t: list[int] = []
@@ -782,88 +803,118 @@ class _Engine:
         While it runs, ``jobs_area_s`` and ``idle_area_gpu_s`` integrate the jobs in the system
         (queued or running) and the free GPUs over time, from the first arrival.
         """
-        heap, arrivals, n = self.heap, self.arrivals, self.n
-        queue, run_list = self.queue, self.run_list
-        is_rejected = self.is_rejected.tolist()
+        n, view = self.n, self.view
         n_expected = n - len(self.rejected)
-        view, rs = self.view, self.round_s
-        allow_preempt, record, check = self.allow_preempt, self.record, self.check
-        pop = heapq.heappop
-        tick_pending = False
-        step = max(1, n_expected // 100)
-        next_report = step
+        report = _Progress(self.progress, n_expected)
         ptr = 0
-        last = arrivals[0] if n else 0.0
+        last = self.arrivals[0] if n else 0.0
         while self.n_finished < n_expected:
-            now = arrivals[ptr] if ptr < n else _INF
-            if heap and heap[0][0] < now:
-                now = heap[0][0]
+            now = self._next_time(ptr)
             if now == _INF:
                 break
             view.now_s = now
-            if now > last:  # sum of JCTs and idle GPU time, as areas under the step functions
-                self.jobs_area_s += (now - last) * (len(queue) + len(run_list))
-                self.idle_area_gpu_s += (now - last) * self.n_free
+            if now > last:
+                self._integrate(now - last)
                 last = now
-            tick = False
             events0 = self.events
-            while heap and heap[0][0] == now:
-                _, _, _, kind, payload = pop(heap)
-                if kind == COMPLETION:
-                    j, ep = payload
-                    if self.epoch[j] != ep:
-                        continue  # the run it belonged to was stopped
-                    self._finish(j, now)
-                elif kind == FAILURE:
-                    self._fail(payload, now)
-                elif kind == REPAIR:
-                    self._repair(payload, now)
-                else:
-                    tick_pending = False
-                    if not (queue or run_list):
-                        continue  # scheduled while busy; nothing is left to decide about
-                    tick = True
-                self.events += 1
-            while ptr < n and arrivals[ptr] == now:
-                if not is_rejected[ptr]:
-                    self._enqueue(ptr, now)
-                    self.events += 1
-                ptr += 1
+            tick = self._handle_events(now)
+            ptr = self._admit_arrivals(ptr, now)
             if self.events == events0:
                 continue  # only completions of stopped runs: nothing changed
-            if queue and (self.n_free > 0 or allow_preempt) or (tick and allow_preempt and run_list):
+            if self._wants_decision(tick):
                 self._refresh(now)
                 self.decisions += 1
                 self.next_arrival = ptr
                 decision = yield view
-                if not isinstance(decision, Decision):
-                    raise SchedulingError(f"policy {self.name}: decide() returned "
-                                          f"{type(decision).__name__}, not a Decision")
-                self._apply(decision, now)
-            if check:
-                self._check_state()
-            if rs is not None and not tick_pending and (
-                    run_list or (queue and (ptr < n or self.n_pending_fr > 0))):
-                self._push((math.floor(now / rs) + 1) * rs, ROUND, None)
-                tick_pending = True
-            if record:
-                self.times.append(now)
-                self.busy_t.append(self.G - self.n_free - self.n_down)
-                self.queue_t.append(len(queue))
-            if self.progress is not None and self.n_finished >= next_report:
-                self.progress(now, self.n_finished, n_expected)
-                next_report = (self.n_finished // step + 1) * step
-        if self.progress is not None and n_expected and next_report - step < self.n_finished:
-            self.progress(view.now_s, self.n_finished, n_expected)  # the last stretch
+                self._apply(self._checked(decision), now)
+            self._after_step(now, ptr)
+            report.update(now, self.n_finished)
+        report.close(view.now_s, self.n_finished)
+        self._check_end(n_expected)
+        return self._result()
+
+    def _next_time(self, ptr: int) -> float:
+        """When the next event happens: the next arrival (``ptr``) or the heap's top, ``inf`` if none."""
+        heap = self.heap
+        now = self.arrivals[ptr] if ptr < self.n else _INF
+        if heap and heap[0][0] < now:
+            now = heap[0][0]
+        return now
+
+    def _integrate(self, dt: float) -> None:
+        """Sum of JCTs and idle GPU time, as areas under the step functions, over ``dt`` more seconds."""
+        self.jobs_area_s += dt * (len(self.queue) + len(self.run_list))
+        self.idle_area_gpu_s += dt * self.n_free
+
+    def _handle_events(self, now: float) -> bool:
+        """Handle every heap event at ``now``; whether a round tick asks for a decision."""
+        heap, pop = self.heap, heapq.heappop
+        tick = False
+        while heap and heap[0][0] == now:
+            _, _, _, kind, payload = pop(heap)
+            if kind == COMPLETION:
+                j, ep = payload
+                if self.epoch[j] != ep:
+                    continue  # the run it belonged to was stopped
+                self._finish(j, now)
+            elif kind == FAILURE:
+                self._fail(payload, now)
+            elif kind == REPAIR:
+                self._repair(payload, now)
+            else:
+                self.tick_pending = False
+                if not (self.queue or self.run_list):
+                    continue  # scheduled while busy; nothing is left to decide about
+                tick = True
+            self.events += 1
+        return tick
+
+    def _admit_arrivals(self, ptr: int, now: float) -> int:
+        """Queue the trace's jobs arriving at ``now`` from index ``ptr``; the next index to come."""
+        arrivals, n, is_rejected = self.arrivals, self.n, self.is_rejected_l
+        while ptr < n and arrivals[ptr] == now:
+            if not is_rejected[ptr]:
+                self._enqueue(ptr, now)
+                self.events += 1
+            ptr += 1
+        return ptr
+
+    def _wants_decision(self, tick: bool) -> bool:
+        """Whether the policy is asked: a job waits and a GPU is free (or it may preempt), or a round
+        tick of a preemptive policy while jobs run."""
+        allow = self.allow_preempt
+        return bool(self.queue and (self.n_free > 0 or allow) or (tick and allow and self.run_list))
+
+    def _checked(self, decision: object) -> Decision:
+        if not isinstance(decision, Decision):
+            raise SchedulingError(f"policy {self.name}: decide() returned "
+                                  f"{type(decision).__name__}, not a Decision")
+        return decision
+
+    def _after_step(self, now: float, ptr: int) -> None:
+        """After a time step: check the state (check mode), schedule the next round tick, record the timeline."""
+        if self.check:
+            self._check_state()
+        queue, run_list, rs = self.queue, self.run_list, self.round_s
+        if rs is not None and not self.tick_pending and (
+                run_list or (queue and (ptr < self.n or self.n_pending_fr > 0))):
+            self._push((math.floor(now / rs) + 1) * rs, ROUND, None)
+            self.tick_pending = True
+        if self.record:
+            self.times.append(now)
+            self.busy_t.append(self.G - self.n_free - self.n_down)
+            self.queue_t.append(len(queue))
+
+    def _check_end(self, n_expected: int) -> None:
+        """Raise if jobs are left that no event can start; in check mode, that exactly the admitted jobs finished."""
         if self.n_finished < n_expected:
-            left = [j for j in range(n) if self.table.status[j] != DONE and not is_rejected[j]]
+            left = [j for j in range(self.n) if self.table.status[j] != DONE and not self.is_rejected_l[j]]
             raise SchedulingError(f"policy {self.name}: {len(left)} jobs can never start "
                                   f"(first: job {self.ids[left[0]]}); no event is left that could change that")
-        if check:
+        if self.check:
             done = self.table.status == DONE
             if not np.array_equal(done, ~self.is_rejected):
                 raise AssertionError("a job finished that was rejected, or one never finished")
-        return self._result()
 
     def _result(self) -> SimResult:
         tb = self.table
