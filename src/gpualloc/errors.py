@@ -68,5 +68,22 @@ def read_text(path, error: type[GpuallocError], where: str | None = None) -> str
         raise error(f"{where}: cannot read: {err.strerror or err}") from err
 
 
+def parse_json(text: str, error: type[GpuallocError], where: str):
+    """``text`` parsed as JSON; malformed JSON raises ``error`` naming ``where`` and the line, in one line."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise error(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
+    except RecursionError as err:  # "[[[[...": deeper than the JSON decoder can nest
+        raise error(f"{where}: not valid JSON: nested too deeply") from err
+
+
+def read_json(path, error: type[GpuallocError]):
+    """The JSON document in ``path``: every JSON file reader goes through here (one message per fault)."""
+    return parse_json(read_text(path, error), error, str(path))
+
+
 class OutputError(GpuallocError):
     """An output file or folder cannot be created or written."""

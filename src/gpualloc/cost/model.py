@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpualloc.cost import physics
-from gpualloc.errors import CostModelError, read_text
+from gpualloc.errors import CostModelError, parse_json, read_text
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType, LinkType
 from gpualloc.hardware.schema import format_validation_error
@@ -129,13 +129,7 @@ class Calibration:
         else:
             where = str(path)
             text = read_text(path, CostModelError)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise CostModelError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
-        except RecursionError as err:
-            raise CostModelError(f"{where}: not valid JSON: nested too deeply") from err
-        return cls.from_dict(data, where)
+        return cls.from_dict(parse_json(text, CostModelError, where), where)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")

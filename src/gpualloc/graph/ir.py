@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import GraphError, read_text
+from gpualloc.errors import GraphError, read_json
 from gpualloc.limits import MAX_BATCH
 
 FORMAT = "gpualloc-graph"
@@ -319,15 +319,7 @@ class OpGraph:
 
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:
-        path = Path(path)
-        text = read_text(path, GraphError)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise GraphError(f"{path}:{err.lineno}: not valid JSON: {err.msg}") from err
-        except RecursionError as err:  # "[[[[...": deeper than the JSON decoder can nest
-            raise GraphError(f"{path}: not valid JSON: nested too deeply") from err
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(read_json(path, GraphError), str(path))
 
 
 def _num(x: float) -> float | int:

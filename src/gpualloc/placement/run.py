@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import PlacementError, read_text
+from gpualloc.errors import PlacementError, read_json
 from gpualloc.limits import MAX_MICROBATCHES, check_seed, check_size
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
@@ -151,13 +151,7 @@ def save_plan(path: str | Path, problem: PlacementProblem, outcome: Outcome, clu
 def read_plan_doc(path: str | Path) -> dict:
     """A plan file's JSON object, checked to hold an ``assignment`` object; errors name the file and field."""
     where = str(path)
-    text = read_text(path, PlacementError)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise PlacementError(f"{where}:{err.lineno}: not valid JSON: {err.msg}") from err
-    except RecursionError as err:
-        raise PlacementError(f"{where}: not valid JSON: nested too deeply") from err
+    doc = read_json(path, PlacementError)
     if not isinstance(doc, dict) or not isinstance(doc.get("assignment"), dict):
         raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
     if "microbatches" in doc:
