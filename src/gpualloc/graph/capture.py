@@ -144,22 +144,30 @@ def _load_model(
         with torch.device("meta"):  # no weights allocated, no initialisation computed
             module = entry.factory()
         return module, entry.example_inputs, model, True
+    module, own_inputs = build_from_factory(model)
+    inputs = example_inputs if example_inputs is not None else own_inputs
+    if inputs is None:
+        raise CaptureError(f"{model!r}: module {model.split(':')[0]!r} defines no example_inputs(batch); "
+                           "define one or pass example_inputs")
+    return module, inputs, model, False
+
+
+def build_from_factory(model: str) -> tuple[nn.Module, Callable[[int], Sequence[torch.Tensor]] | None]:
+    """Import ``"package.module:factory"``, call ``factory()``, and return the module with the package
+    module's ``example_inputs`` function (None when it has none). The one factory protocol of capture and run.
+    """
     mod, attr = import_factory_module(model)
-    mod_name = mod.__name__
     factory = getattr(mod, attr, None)
     if not callable(factory):
-        raise CaptureError(f"{model!r}: module {mod_name!r} has no callable {attr!r}")
+        raise CaptureError(f"{model!r}: module {mod.__name__!r} has no callable {attr!r}")
     try:
         module = factory()
     except Exception as err:  # noqa: BLE001
         raise CaptureError(f"{model!r}: {attr}() failed: {_one_line(err)}") from err
     if not isinstance(module, nn.Module):
         raise CaptureError(f"{model!r}: {attr}() returned {type(module).__name__}, not an nn.Module")
-    inputs = example_inputs if example_inputs is not None else getattr(mod, "example_inputs", None)
-    if inputs is None:
-        raise CaptureError(f"{model!r}: module {mod_name!r} defines no example_inputs(batch); "
-                           "define one or pass example_inputs")
-    return module, inputs, model, False
+    make = getattr(mod, "example_inputs", None)
+    return module, make if callable(make) else None
 
 
 # ------------------------------------------------------------------------------------------ capture

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from gpualloc.errors import CaptureError
-from gpualloc.graph.capture import _deepest_module, _export, _one_line, import_factory_module
+from gpualloc.graph.capture import _deepest_module, _export, _one_line, build_from_factory
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.zoo import get_model
 
@@ -57,19 +57,9 @@ def build_model(model: str, batch: int, *, seed: int = 0) -> tuple[nn.Module, tu
             entry = get_model(model)
             module, make = entry.factory(), entry.example_inputs
         else:
-            mod, attr = import_factory_module(model)
-            mod_name = mod.__name__
-            factory, make = getattr(mod, attr, None), getattr(mod, "example_inputs", None)
-            if not callable(factory) or not callable(make):
-                raise CaptureError(
-                    f"{model!r}: module {mod_name!r} needs a callable {attr!r} and example_inputs(batch)"
-                )
-            try:
-                module = factory()
-            except Exception as err:  # noqa: BLE001
-                raise CaptureError(f"{model!r}: {attr}() failed: {_one_line(err)}") from err
-        if not isinstance(module, nn.Module):
-            raise CaptureError(f"{model!r}: the factory returned {type(module).__name__}, not an nn.Module")
+            module, make = build_from_factory(model)
+            if make is None:
+                raise CaptureError(f"{model!r}: module {model.split(':')[0]!r} defines no example_inputs(batch)")
         try:
             args = make(batch)
         except Exception as err:  # noqa: BLE001
