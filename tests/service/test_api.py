@@ -111,7 +111,10 @@ def test_invalid_bodies_get_a_clear_422(local_service, body, fragment):
 
 def test_jobs_the_cluster_cannot_hold_are_refused(local_service):
     svc = local_service()  # adlro16: 8 V100 on one node, 4 T4, 4 MI50
-    post = lambda **b: svc.client.post("/jobs", json={"name": "x", "command": "true", **b}, headers=svc.headers)
+
+    def post(**body):
+        return svc.client.post("/jobs", json={"name": "x", "command": "true", **body}, headers=svc.headers)
+
     resp = post(device_type="H100")
     assert resp.status_code == 422 and "not in this cluster" in resp.json()["detail"]
     resp = post(num_gpus=5, device_type="T4")
@@ -152,7 +155,8 @@ def test_command_runs_without_a_shell_on_its_gpus(local_service, tmp_path):
 
 def test_env_exit_status_callable_and_missing_program(local_service, tmp_path):
     svc = local_service()
-    script = "import os,sys; print(os.environ['GPUALLOC_DEVICE_TYPE'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['FOO']); sys.exit(3)"
+    script = ("import os,sys; print(os.environ['GPUALLOC_DEVICE_TYPE'], os.environ['CUDA_VISIBLE_DEVICES'], "
+              "os.environ['FOO']); sys.exit(3)")
     bad = svc.submit(name="exit3", command=[sys.executable, "-c", script], device_type="V100", env={"FOO": "bar"})
     call = svc.submit(name="call", callable="math:comb", args=[6, 2])
     raising = svc.submit(name="raise", callable="math:sqrt", args=[-1])

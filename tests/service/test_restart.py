@@ -43,7 +43,7 @@ def gpu_intervals_never_overlap(store_path) -> None:
             per_gpu[g].append((start, float("inf"), key[0]))
     for g, spans in per_gpu.items():
         spans.sort()
-        for (a0, a1, ja), (b0, b1, jb) in zip(spans, spans[1:], strict=False):
+        for (a0, a1, ja), (b0, _b1, jb) in zip(spans, spans[1:], strict=False):
             assert b0 >= a1, f"GPU {g} held by job {ja} [{a0}, {a1}] and job {jb} from {b0}"
 
 
@@ -163,3 +163,21 @@ def test_cli_walkthrough_on_local_ray_with_virtual_device_types(server):
                                                             ("amd", "MI50")]
     assert all({"id", "name", "state"} <= set(j) for j in jobs)
     assert all(j["handle"].startswith("gpualloc-") for j in jobs)  # Ray actor names
+
+
+def test_cli_cancel_says_stopping_for_a_running_job_only(server):
+    srv = server().start()
+    common = ["--server", srv.url, "--token", srv.token]
+    with Client(srv.url, srv.token) as c:
+        running = c.submit({"name": "long", "command": "sleep 60", "num_gpus": 8, "device_type": "V100"})
+        queued = c.submit({"name": "behind", "command": "true", "num_gpus": 8, "device_type": "V100"})
+        wait_for(lambda: c.job(running["id"])["state"] == "running", what="the first job to run")
+        done = _cli("cancel", *common, str(queued["id"]))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"job {queued['id']} cancelled"
+        done = _cli("cancel", *common, str(running["id"]))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"job {running['id']} running (stopping)"
+        wait_for(lambda: c.job(running["id"])["state"] == "cancelled", what="the running job to stop")
+        again = _cli("cancel", *common, str(running["id"]))
+        assert again.returncode == 2 and "already cancelled" in again.stderr

@@ -47,8 +47,10 @@ def test_device_type_names_and_spec_checks():
     cluster = load_cluster("adlro16")
     types = DeviceTypes.of(cluster)
     assert types.resources == ("gpu_V100", "gpu_T4", "gpu_MI50")
-    assert [types.resolve(n) for n in ("v100", "V100-16GB", "gpu_T4", "mi50")] == ["V100-16GB", "V100-16GB", "T4", "MI50"]
-    norm = normalise_spec(JobSpec(name="a", command="x  'y z'", device_type="T4", gpu_types=["t4", "MI50"]), cluster, types)
+    resolved = [types.resolve(n) for n in ("v100", "V100-16GB", "gpu_T4", "mi50")]
+    assert resolved == ["V100-16GB", "V100-16GB", "T4", "MI50"]
+    spec = JobSpec(name="a", command="x  'y z'", device_type="T4", gpu_types=["t4", "MI50"])
+    norm = normalise_spec(spec, cluster, types)
     assert norm["gpu_types"] == ["T4", "MI50"] and norm["target"] == {"argv": ["x", "y z"]}
     with pytest.raises(InvalidJob, match="one node"):
         normalise_spec(JobSpec(name="a", command="x", num_gpus=5, single_node=True, device_type="T4"), cluster, types)

@@ -37,7 +37,8 @@ def test_forged_host_header_is_refused_before_the_token_is_checked(local_service
      ["127.0.0.1:8766", "evil.example:8765", "10.0.0.1:8765"]),
     ("::1", 9000, ["[::1]:9000", "localhost:9000", "127.0.0.1"], ["[::1]:9001", "[::2]:9000", "evil.example"]),
     ("10.1.2.3", 80, ["10.1.2.3", "10.1.2.3:80"], ["localhost", "127.0.0.1:80", "10.1.2.4", "evil.example"]),
-    ("0.0.0.0", 80, ["10.1.2.3:80", "localhost", "[fe80::1]", socket.gethostname()], ["evil.example:80", "10.1.2.3:81"]),
+    ("0.0.0.0", 80, ["10.1.2.3:80", "localhost", "[fe80::1]", socket.gethostname()],
+     ["evil.example:80", "10.1.2.3:81"]),
 ])
 def test_host_check_accepts_the_bound_address_and_loopback_names(bind, port, ok, refused):
     check = HostCheck(None, bind, port)
@@ -82,8 +83,12 @@ def test_policy_agents_only_from_the_agents_folder(local_service, tmp_path):
     shutil.copy(bundled_agents_dir() / "sched-adlro16.pt", outside)
     (agents / "link.pt").symlink_to(outside)
     svc = local_service(agents_dir=str(agents))
-    put = lambda agent: svc.client.put("/policy", json={"name": "dqn", "options": {"agent": agent}})  # noqa: E731
-    for agent in (str(outside), "../outside.pt", "link.pt", "missing.pt", str(bundled_agents_dir() / "sched-adlro16.pt"),
+
+    def put(agent):
+        return svc.client.put("/policy", json={"name": "dqn", "options": {"agent": agent}})
+
+    bundled = str(bundled_agents_dir() / "sched-adlro16.pt")
+    for agent in (str(outside), "../outside.pt", "link.pt", "missing.pt", bundled,
                   "", ".", 7, ["mine.pt"], "/etc/passwd"):
         resp = put(agent)
         assert resp.status_code == 422, (agent, resp.text)

@@ -35,7 +35,8 @@ def serve(
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on."),
     backend: str = typer.Option("local", "--backend", help="Where jobs run: local (processes here) or ray."),
     store: str = typer.Option("gpualloc-service.db", "--store",
-                              help="SQLite file (WAL) or database URL (postgresql://...); the token file sits beside it."),
+                              help="SQLite file (WAL) or database URL (postgresql://...); "
+                                   "the token file sits beside it."),
     cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Preset, shorthand or cluster file scheduled."),
     ray_address: str | None = typer.Option(None, "--ray-address",
                                               help="Join this Ray cluster (default: start a local Ray with the "
@@ -119,12 +120,15 @@ def submit(
     name: str = typer.Option(..., "--name", help="Job name."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs, granted all at once."),
     device_type: str | None = typer.Option(None, "--device-type", help="Only this device type (V100, T4, MI50, ...)."),
-    command: str | None = typer.Option(None, "--command", help="Program and arguments (split like a shell, never run by one)."),
-    func: str | None = typer.Option(None, "--callable", help="Python function 'package.module:function' instead of a command."),
+    command: str | None = typer.Option(None, "--command",
+                                       help="Program and arguments (split like a shell, never run by one)."),
+    func: str | None = typer.Option(None, "--callable",
+                                    help="Python function 'package.module:function' instead of a command."),
     args: str | None = typer.Option(None, "--args", help="--callable: JSON list of positional arguments."),
     kwargs: str | None = typer.Option(None, "--kwargs", help="--callable: JSON object of keyword arguments."),
     job_type: JobType = typer.Option(JobType.ML_TRAINING.value, "--job-type", help="Job category (speed model)."),
-    work: float = typer.Option(3600.0, "--work", min=1e-6, help="Estimated seconds on --gpus V100s (length-aware policies)."),
+    work: float = typer.Option(3600.0, "--work", min=1e-6,
+                               help="Estimated seconds on --gpus V100s (length-aware policies)."),
     priority: int = typer.Option(0, "--priority", help="Larger is more important."),
     single_node: bool = typer.Option(False, "--single-node", help="All GPUs on one node."),
     model: str = typer.Option("", "--model", help="Model name for the speed model (resnet50, bert, ...)."),
@@ -135,7 +139,8 @@ def submit(
     server: str = _SERVER,
     token: str | None = _TOKEN,
     token_file: Path | None = _TOKEN_FILE,
-    retry: float = typer.Option(30.0, "--retry", min=0.0, help="Seconds to keep retrying while the service is unreachable."),
+    retry: float = typer.Option(30.0, "--retry", min=0.0,
+                                help="Seconds to keep retrying while the service is unreachable."),
     as_json: bool = typer.Option(False, "--json", help="Print the recorded job as JSON."),
 ) -> None:
     """Submit a job; exits 0 only once the service has durably recorded it."""
@@ -222,8 +227,8 @@ def cancel(
 
     with Client(server, _token(token, token_file)) as client:
         job = client.cancel(job_id)
-    console.print(f"job {job['id']} {job['state']}{' (stopping)' if job['cancel_requested'] and job['state'] != 'cancelled' else ''}",
-                  highlight=False)
+    stopping = job["cancel_requested"] and job["state"] != "cancelled"
+    console.print(f"job {job['id']} {job['state']}{' (stopping)' if stopping else ''}", highlight=False)
 
 
 def policy(

@@ -167,7 +167,8 @@ class Service:
             runs = Path(cfg.runs_dir) if cfg.runs_dir else base.with_name(base.name + ".runs")
             if cfg.backend == "ray":
                 options: dict[str, Any] = {
-                    "resources": dict(zip(self.types.names, self.types.resources, strict=False)), "instance": self.store.uid,
+                    "resources": dict(zip(self.types.names, self.types.resources, strict=False)),
+                    "instance": self.store.uid,
                     "address": cfg.ray_address, "num_cpus": cfg.ray_num_cpus, "log_dir": runs,
                     "temp_dir": f"/tmp/gr-{self.store.uid}",
                     "local_resources": {res: float(n) for res, n in zip(
@@ -478,6 +479,39 @@ _STATUS = ((NotFound, 404), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422)
 def create_app(service: Service) -> FastAPI:
     """The FastAPI app of ``service``; the app's lifespan opens the service (unless already open)
     and closes it."""
+    cfg = service.config
+    app = FastAPI(title="gpualloc scheduler service", version=__version__, lifespan=_lifespan(service),
+                  openapi_url=None, docs_url=None, redoc_url=None,
+                  description="Submit GPU jobs; a gpualloc scheduling policy allocates the cluster's devices "
+                              "and a backend (local processes or Ray) runs them. Every endpoint but `/health` "
+                              "needs `Authorization: Bearer <token>` (printed on first start, stored beside "
+                              "the store).")
+    # Outermost last: the Host check, then the token, then the body limit.
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    app.add_middleware(RequireToken, token=lambda: service.token,
+                       public=PUBLIC_PATHS | (DOCS_PATHS if cfg.docs else frozenset()))
+    app.add_middleware(HostCheck, host=cfg.host, port=cfg.port, allowed=tuple(cfg.allowed_hosts))
+    _add_error_handlers(app)
+    _add_health(app, service)
+    # RequireToken enforces the token; this dependency only declares it in the OpenAPI schema.
+    api = APIRouter(dependencies=[Depends(HTTPBearer(auto_error=False,
+                                                      description="The token from the file beside the store."))],
+                    responses={401: {"description": "Missing or wrong bearer token"}})
+    _add_job_routes(api, service)
+    _add_cluster_routes(api, service)
+
+    @api.get("/openapi.json", include_in_schema=False)
+    def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    app.include_router(api)
+    if cfg.docs:
+        _add_docs(app)
+    return app
+
+
+def _lifespan(service: Service):
+    """The app's lifespan: opens ``service`` unless it is already open, and then closes it."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -490,22 +524,11 @@ def create_app(service: Service) -> FastAPI:
             if opened_here:
                 await run_in_threadpool(service.close)
 
-    cfg = service.config
-    app = FastAPI(title="gpualloc scheduler service", version=__version__, lifespan=lifespan,
-                  openapi_url=None, docs_url=None, redoc_url=None,
-                  description="Submit GPU jobs; a gpualloc scheduling policy allocates the cluster's devices "
-                              "and a backend (local processes or Ray) runs them. Every endpoint but `/health` "
-                              "needs `Authorization: Bearer <token>` (printed on first start, stored beside "
-                              "the store).")
-    # Outermost last: the Host check, then the token, then the body limit.
-    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
-    app.add_middleware(RequireToken, token=lambda: service.token,
-                       public=PUBLIC_PATHS | (DOCS_PATHS if cfg.docs else frozenset()))
-    app.add_middleware(HostCheck, host=cfg.host, port=cfg.port, allowed=tuple(cfg.allowed_hosts))
-    # RequireToken enforces the token; this dependency only declares it in the OpenAPI schema.
-    api = APIRouter(dependencies=[Depends(HTTPBearer(auto_error=False,
-                                                      description="The token from the file beside the store."))],
-                    responses={401: {"description": "Missing or wrong bearer token"}})
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Invalid requests and domain errors as JSON ``{"detail": ...}`` with the status of :data:`_STATUS`."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> Response:
@@ -522,10 +545,15 @@ def create_app(service: Service) -> FastAPI:
                 return JSONResponse({"detail": str(err)}, status_code=status, headers=headers)
         return JSONResponse({"detail": str(err)}, status_code=503)
 
-    def store() -> Store:
-        if service.store is None:
-            raise ServiceError("the service is not open")
-        return service.store
+
+def _open_store(service: Service) -> Store:
+    if service.store is None:
+        raise ServiceError("the service is not open")
+    return service.store
+
+
+def _add_health(app: FastAPI, service: Service) -> None:
+    cfg = service.config
 
     @app.get("/health", summary="Liveness and a summary (no token needed)")
     def health() -> dict[str, Any]:
@@ -535,6 +563,13 @@ def create_app(service: Service) -> FastAPI:
                 "backend": cfg.backend, "store": "sqlite" if sqlite_path(cfg.store) else "sql",
                 "scheduler": None if sched is None else sched.status(),
                 "queued_in_store": None if service.store is None else service.store.queued}
+
+
+def _add_job_routes(api: APIRouter, service: Service) -> None:
+    """``/jobs`` and ``/jobs/{id}/...``."""
+
+    def store() -> Store:
+        return _open_store(service)
 
     @api.post("/jobs", status_code=201, response_model=JobOut, summary="Submit a job",
               responses={200: {"description": "Already submitted with this Idempotency-Key and this body"},
@@ -597,25 +632,13 @@ def create_app(service: Service) -> FastAPI:
         service.scheduler.notify_cancel(job_id)
         return rec.to_api()
 
+
+def _add_cluster_routes(api: APIRouter, service: Service) -> None:
+    """``/cluster`` and ``/policy``."""
+
     @api.get("/cluster", summary="Devices, allocations and telemetry")
     def cluster() -> dict[str, Any]:
-        allocs = store().allocations()
-        down = set(service.scheduler.down_gpus()) if service.scheduler else set()
-        counts = service.cluster.type_counts()
-        devices = []
-        for d in service.cluster.devices:
-            owner = allocs.get(d.index)
-            devices.append({"index": d.index, "node": service.cluster.nodes[d.node].name, "local_index": d.local_index,
-                            "type": d.type.name, "label": d.label,
-                            "state": "allocated" if owner else ("down" if d.index in down else "free"),
-                            "job_id": owner[0] if owner else None})
-        return {"name": service.cluster.name,
-                "backend": service.backend.describe() if service.backend else None,
-                "device_types": [{"name": n, "vendor": v, "ray_resource": r, "count": counts[n]}
-                                 for n, v, r in zip(service.types.names, service.types.vendors, service.types.resources, strict=False)],
-                "devices": devices,
-                "allocations": [{"device": g, "job_id": j, "attempt": a} for g, (j, a) in sorted(allocs.items())],
-                "telemetry": service.telemetry_sample()}
+        return _cluster_summary(service)
 
     @api.get("/policy", summary="The current policy")
     def get_policy() -> dict[str, Any]:
@@ -628,14 +651,27 @@ def create_app(service: Service) -> FastAPI:
         service.scheduler.set_policy(change.name, service.checked_policy_options(change.options))
         return get_policy()
 
-    @api.get("/openapi.json", include_in_schema=False)
-    def openapi() -> dict[str, Any]:
-        return app.openapi()
 
-    app.include_router(api)
-    if cfg.docs:
-        _add_docs(app)
-    return app
+def _cluster_summary(service: Service) -> dict[str, Any]:
+    """The body of ``GET /cluster``: device types, each device's state, allocations, telemetry."""
+    allocs = _open_store(service).allocations()
+    down = set(service.scheduler.down_gpus()) if service.scheduler else set()
+    counts = service.cluster.type_counts()
+    devices = []
+    for d in service.cluster.devices:
+        owner = allocs.get(d.index)
+        devices.append({"index": d.index, "node": service.cluster.nodes[d.node].name, "local_index": d.local_index,
+                        "type": d.type.name, "label": d.label,
+                        "state": "allocated" if owner else ("down" if d.index in down else "free"),
+                        "job_id": owner[0] if owner else None})
+    types = service.types
+    return {"name": service.cluster.name,
+            "backend": service.backend.describe() if service.backend else None,
+            "device_types": [{"name": n, "vendor": v, "ray_resource": r, "count": counts[n]}
+                             for n, v, r in zip(types.names, types.vendors, types.resources, strict=False)],
+            "devices": devices,
+            "allocations": [{"device": g, "job_id": j, "attempt": a} for g, (j, a) in sorted(allocs.items())],
+            "telemetry": service.telemetry_sample()}
 
 
 REDOC_JS = "https://cdn.jsdelivr.net/npm/redoc@2/bundles/redoc.standalone.js"

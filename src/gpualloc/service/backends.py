@@ -501,61 +501,70 @@ class RayBackend:
         return run
 
     def poll(self, runs: Sequence[RunRef], timeout_s: float = 1.0) -> dict[tuple[int, int], RunState]:
-        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
-
-        ray = self._ray
         out: dict[tuple[int, int], RunState] = {}
-        pending: dict[Any, tuple[str, int]] = {}
         found: dict[str, tuple[RunRef, _RayRun]] = {}
         for ref in runs:
             run = self._lookup(ref.handle)
             if run is None:
                 out[ref.key] = RunState(RunStatus.GONE, error=f"Ray has no actor {ref.handle}-r* (the Ray cluster "
                                                                 f"or its node was lost)")
-                continue
-            found[ref.handle] = (ref, run)
+            else:
+                found[ref.handle] = (ref, run)
+        self._collect(found, timeout_s)
+        now = time.monotonic()
+        for handle, (ref, run) in found.items():
+            out[ref.key] = self._run_state(handle, run, now)
+        return out
+
+    def _collect(self, found: Mapping[str, tuple[RunRef, _RayRun]], timeout_s: float) -> None:
+        """Ask every rank without an outcome for one (a poll stays outstanding until it answers) and
+        record the answers that come within ``timeout_s``."""
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        ray = self._ray
+        pending: dict[Any, tuple[_RayRun, int]] = {}
+        for _ref, run in found.values():
             for rank, actor in enumerate(run.actors):
                 if rank in run.outcomes:
                     continue
                 if rank not in run.polls:
                     run.polls[rank] = actor.poll.remote()
-                pending[run.polls[rank]] = (ref.handle, rank)
-        if pending:
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
-            for obj in ready:
-                handle, rank = pending[obj]
-                run = found[handle][1]
-                del run.polls[rank]
-                try:
-                    value = ray.get(obj, timeout=timeout_s)
-                except ActorUnavailableError:
-                    continue  # transient: ask again next time
-                except RayActorError as err:
-                    run.outcomes[rank] = {"lost": True, "error": f"rank {rank}: Ray actor died: "
-                                                                f"{str(err).splitlines()[0][:300]}"}
-                    continue
-                except GetTimeoutError:
-                    continue
-                run.answered = True
-                if value is not None:
-                    run.outcomes[rank] = value
-        now = time.monotonic()
-        for handle, (ref, run) in found.items():
-            lost = [o for o in run.outcomes.values() if o.get("lost")]
-            bad = [o for o in run.outcomes.values() if not o.get("lost") and (o.get("exit_code") != 0 or o.get("error"))]
-            if lost:
-                out[ref.key] = RunState(RunStatus.GONE, error=lost[0]["error"])
-            elif bad:
-                out[ref.key] = RunState(RunStatus.EXITED, bad[0].get("exit_code"), bad[0].get("error"))
-            elif len(run.outcomes) == len(run.actors):
-                first = run.outcomes[0]
-                out[ref.key] = RunState(RunStatus.EXITED, first.get("exit_code"), first.get("error"), first.get("result"))
-            elif not run.answered and now - run.seen_s > self.launch_timeout_s:
-                out[ref.key] = RunState(RunStatus.GONE, error=f"Ray did not start {handle} within "
-                                                              f"{self.launch_timeout_s:g} s (are the resources there?)")
-            else:
-                out[ref.key] = RunState(RunStatus.RUNNING)
-        return out
+                pending[run.polls[rank]] = (run, rank)
+        if not pending:
+            return
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+        for obj in ready:
+            run, rank = pending[obj]
+            del run.polls[rank]
+            try:
+                value = ray.get(obj, timeout=timeout_s)
+            except (ActorUnavailableError, GetTimeoutError):
+                continue  # transient: ask again next time
+            except RayActorError as err:
+                run.outcomes[rank] = {"lost": True, "error": f"rank {rank}: Ray actor died: "
+                                                            f"{str(err).splitlines()[0][:300]}"}
+                continue
+            run.answered = True
+            if value is not None:
+                run.outcomes[rank] = value
+
+    def _run_state(self, handle: str, run: _RayRun, now: float) -> RunState:
+        """A run's state from its ranks' outcomes: a lost rank loses the run, a failed rank ends it,
+        all ranks done end it with rank 0's result."""
+        outcomes = run.outcomes.values()
+        lost = [o for o in outcomes if o.get("lost")]
+        bad = [o for o in outcomes if not o.get("lost") and (o.get("exit_code") != 0 or o.get("error"))]
+        if lost:
+            return RunState(RunStatus.GONE, error=lost[0]["error"])
+        if bad:
+            return RunState(RunStatus.EXITED, bad[0].get("exit_code"), bad[0].get("error"))
+        if len(run.outcomes) == len(run.actors):
+            first = run.outcomes[0]
+            return RunState(RunStatus.EXITED, first.get("exit_code"), first.get("error"), first.get("result"))
+        if not run.answered and now - run.seen_s > self.launch_timeout_s:
+            return RunState(RunStatus.GONE, error=f"Ray did not start {handle} within "
+                                                  f"{self.launch_timeout_s:g} s (are the resources there?)")
+        return RunState(RunStatus.RUNNING)
 
     def stop(self, run: RunRef) -> None:
         found = self._lookup(run.handle)

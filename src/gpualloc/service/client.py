@@ -92,7 +92,8 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/health")
 
-    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None, retry_s: float = 30.0) -> dict[str, Any]:
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None,
+               retry_s: float = 30.0) -> dict[str, Any]:
         """Submit ``spec`` (the fields of :class:`~gpualloc.service.models.JobSpec`); the recorded job.
 
         Raises:

@@ -80,7 +80,8 @@ class JobSpec(BaseModel):
     callable: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
                                  description="Python function to call, as 'package.module:function'.")
     args: list[Any] = Field(default_factory=list, max_length=MAX_ARGS, description="callable: positional arguments.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_ARGS, description="callable: keyword arguments.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_ARGS,
+                                   description="callable: keyword arguments.")
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV, description="Extra environment variables.")
     cwd: str | None = Field(None, min_length=1, max_length=4096,
                             description="Working directory: an absolute path to an existing folder on the service's "

@@ -6,7 +6,8 @@ that outlives the service, so a restarted service finds the run and its exit sta
 folder), the ``ray`` backend inside a Ray actor.
 
 A run folder holds ``spec.json`` (what to run), ``runner.pid`` and ``program.pid``,
-``stdout.log`` / ``stderr.log`` and, once the run ended, ``exit.json`` (``exit_code``, ``error``, ``result``), written atomically.
+``stdout.log`` / ``stderr.log`` and, once the run ended, ``exit.json`` (``exit_code``, ``error``,
+``result``), written atomically.
 Folders are created 0700 and files 0600: a job's output and environment are its owner's alone.
 
 Standard library only: this module is imported by every run.

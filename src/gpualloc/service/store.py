@@ -383,9 +383,10 @@ class Store:
                     return _record(row), False
             if self._queued + tx.queued_delta >= self.max_queued:
                 raise QueueFull(f"the queue is full ({self.max_queued} jobs)")
-            job_id = tx.conn.execute(_INSERT_JOB, {
-                "idempotency_key": idempotency_key, "name": name, "state": JobState.QUEUED.value, "spec": spec_json,
-                "attempts": 0, "requeues": 0, "submitted_at": tx.now, "cancel_requested": False}).inserted_primary_key[0]
+            values = {"idempotency_key": idempotency_key, "name": name, "state": JobState.QUEUED.value,
+                      "spec": spec_json, "attempts": 0, "requeues": 0, "submitted_at": tx.now,
+                      "cancel_requested": False}
+            job_id = tx.conn.execute(_INSERT_JOB, values).inserted_primary_key[0]
             tx.conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": tx.now, "kind": "submitted", "detail": None})
             tx.queued_delta += 1
             return JobRecord(int(job_id), name, JobState.QUEUED, spec, 0, 0, tx.now, None, None, None, None, (),
@@ -505,9 +506,9 @@ class Store:
         returns the GPUs freed."""
 
         def op(tx: _Tx) -> list[int]:
+            stale = jobs_t.c.state.not_in([s.value for s in HOLDING]) | (allocations_t.c.attempt != jobs_t.c.attempts)
             rows = tx.conn.execute(
-                select(allocations_t.c.device).select_from(allocations_t.join(jobs_t))
-                .where(jobs_t.c.state.not_in([s.value for s in HOLDING]) | (allocations_t.c.attempt != jobs_t.c.attempts))
+                select(allocations_t.c.device).select_from(allocations_t.join(jobs_t)).where(stale)
             ).scalars().all()
             if rows:
                 tx.conn.execute(delete(allocations_t).where(allocations_t.c.device.in_(rows)))
