@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from gpualloc.cli.common import console, err_console, ms, print_json, progress_bar
+from gpualloc.cli.common import console, err_console, print_json, progress_bar
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED, MAX_STEPS
 
 MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSON captured from one "
@@ -141,21 +140,6 @@ def _capture(model: str, batch: int, ids: set[str]):
 
 
 def _print(r, cal_info: dict[str, Any]) -> None:
-    table = Table(title=f"{r.model} (batch {r.batch_size}, {r.microbatches} microbatch(es), {r.schedule}) on "
-                        f"{r.cluster}: {r.stages} stage(s)")
-    for col in ("device", "torch", "threads", "stages", "predicted busy", "measured busy", "waiting"):
-        table.add_column(col, justify="left" if col in ("device", "torch") else "right")
-    for d in r.devices:
-        table.add_row(d.label, d.torch_device, str(d.threads), str(d.stages), ms(d.predicted_busy_s),
-                      ms(d.measured_busy_s), ms(d.measured_wait_s))
-    console.print(table)
-    match = "[green]yes[/]" if r.output_match else "[red]NO[/]"
-    console.print(f"output equals the unsplit model's: {match} (max |diff| {r.max_abs_diff:.2e}, "
-                  f"tolerance {r.output_tolerance:.2e})")
-    console.print(f"step time: measured {ms(r.measured_step_s)} (median of {len(r.step_times_s)}), "
-                  f"predicted {ms(r.predicted_step_s)} ({r.prediction}), error {r.error:+.1%}")
-    source = {"fresh": "measured now and cached", "cached": "cached", "given": "given",
-              "shipped": "shipped, not measured on this machine"}[cal_info["source"]]
-    console.print(f"calibration: {cal_info['path'] or 'shipped'} ({source})")
-    for w in r.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+    from gpualloc.reports.execution import run_view
+
+    console.print(run_view(r, cal_info))

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from gpualloc.cli.common import console, err_console, print_json
 from gpualloc.workload.jobs import JobType
@@ -190,12 +189,9 @@ def jobs(
     if as_json:
         print_json(rows)
         return
-    table = Table("id", "name", "state", "gpus", "type", "devices", "attempts", "exit", "error")
-    for j in rows:
-        table.add_row(str(j["id"]), j["name"], j["state"], str(j["spec"]["num_gpus"]), j["device_type"] or "-",
-                      ",".join(map(str, j["gpus"])) or "-", str(j["attempts"]),
-                      "-" if j["exit_code"] is None else str(j["exit_code"]), (j["error"] or "")[:60])
-    console.print(table)
+    from gpualloc.reports.service import jobs_table
+
+    console.print(jobs_table(rows))
 
 
 def logs(
