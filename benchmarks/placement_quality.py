@@ -23,7 +23,7 @@ from gpualloc.graph.importers import import_pipedream
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.partition import PARTITIONERS
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import compare
+from gpualloc.placement.run import compare, gain
 
 HERE = Path(__file__).resolve().parent
 ZOO = {"resnet50": 32, "bert-base": 32, "gpt2-small": 8}
@@ -65,9 +65,9 @@ def main() -> None:
                     "step_time_s": o.result.step_time_s, "feasible": o.result.feasible,
                     "lower_bound_s": o.lower_bound_s, "ratio_to_bound": o.ratio_to_bound,
                     "partition_time_s": o.partition_time_s,
-                    "gain_vs_static": 1 - o.result.step_time_s / by["static"].result.step_time_s,
-                    "gain_vs_round_robin": 1 - o.result.step_time_s / by["round-robin"].result.step_time_s,
-                    "gain_vs_metis_uniform": 1 - o.result.step_time_s / by["metis-uniform"].result.step_time_s
+                    "gain_vs_static": gain(o.result.step_time_s, by["static"].result.step_time_s),
+                    "gain_vs_round_robin": gain(o.result.step_time_s, by["round-robin"].result.step_time_s),
+                    "gain_vs_metis_uniform": gain(o.result.step_time_s, by["metis-uniform"].result.step_time_s)
                     if "metis-uniform" in by else None,
                     "is_best": o is best,
                 })

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpualloc.hardware.cluster import load_cluster
-from gpualloc.scheduling.metrics import oracle_summary, summary
+from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.traces import generate
@@ -59,7 +59,7 @@ def main() -> None:
             vals = np.array([r[k] for r in rs], dtype=float)
             row[k], row[f"{k}_std"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan"), \
                 float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
-        ratios = [r["avg_jct_s"] / o["avg_jct_s"] for r, o in zip(rs, runs["oracle-lb"], strict=True)]
+        ratios = [x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(rs, runs["oracle-lb"], strict=True)]
         row["x_bound"], row["x_bound_std"] = float(np.mean(ratios)), float(np.std(ratios))
         rows.append(row)
     fcfs = next(r for r in rows if r["policy"] == "fcfs")["avg_jct_s"] if "fcfs" in runs else None
@@ -76,7 +76,7 @@ def main() -> None:
         def pm(k, scale=1.0, fmt=".2f", r=r):
             v, s = r[k], r[f"{k}_std"]
             return "-" if v != v else f"{v / scale:{fmt}} ± {s / scale:{fmt}}"
-        table.add_row(r["policy"], pm("avg_jct_s", 3600), f"{1 - r['avg_jct_s'] / fcfs:+.0%}" if fcfs else "-",
+        table.add_row(r["policy"], pm("avg_jct_s", 3600), f"{reduction(r['avg_jct_s'], fcfs):+.0%}" if fcfs else "-",
                       f"{r['x_bound']:.2f}", pm("p99_jct_s", 3600), pm("throughput_jobs_per_h", 1, ".3f"),
                       pm("utilization", 0.01, ".0f"), pm("effective_utilization", 0.01, ".0f"),
                       pm("makespan_s", 3600, ".0f"), pm("hyperscore", 1, ".3f"))
