@@ -26,23 +26,15 @@ from gpualloc.scheduling.rules import (
 )
 from gpualloc.scheduling.simulator import prepare, simulate
 from gpualloc.workload.jobs import Job, JobType, Trace
+from tests.scheduling.test_simulator import Fixed as _OneDecision
 
 ML = JobType.ML_TRAINING
 
 
-class Fixed:
-    """A policy that returns one fixed decision the first time it is asked, then nothing."""
+class Fixed(_OneDecision):
+    """The simulator tests' one-decision policy, named for the error messages checked here."""
 
-    name, round_s = "fixed", None
-
-    def __init__(self, decision, preemptive=False):
-        self.decision, self.preemptive, self.used = decision, preemptive, False
-
-    def decide(self, view):
-        if self.used:
-            return Decision()
-        self.used = True
-        return self.decision
+    name = "fixed"
 
 
 # ------------------------------------------------- the simulator and the service reject alike
