@@ -35,6 +35,7 @@ import numpy as np
 from gymnasium import spaces
 
 from gpualloc.errors import AgentError
+from gpualloc.rl.dqn.config import check_fields
 from gpualloc.scheduling.base import GPU_DOWN, ClusterView, Decision
 from gpualloc.workload.jobs import JOB_TYPES, Trace
 
@@ -326,10 +327,7 @@ class FeatureLayout:
 
     @classmethod
     def from_dict(cls, data: dict) -> FeatureLayout:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise AgentError(f"FeatureLayout: unknown field(s) {', '.join(unknown)}")
+        check_fields(cls, data)
         return cls(**{k: int(v) for k, v in data.items()})
 
 

@@ -8,6 +8,14 @@ from dataclasses import dataclass, fields
 from gpualloc.errors import AgentError
 
 
+
+def check_fields(cls: type, data: dict) -> None:
+    """Refuse keys of a saved config that ``cls`` (a dataclass) does not have, naming them."""
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise AgentError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
+
+
 @dataclass(frozen=True)
 class DQNConfig:
     """Everything that shapes one DQN agent: network, optimiser, replay, exploration, target.
@@ -123,10 +131,7 @@ class DQNConfig:
     @classmethod
     def from_dict(cls, data: dict) -> DQNConfig:
         """Rebuild from :func:`dataclasses.asdict` output; unknown keys raise :class:`AgentError`."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise AgentError(f"DQNConfig: unknown field(s) {', '.join(unknown)}")
+        check_fields(cls, data)
         return cls(**data)
 
 
