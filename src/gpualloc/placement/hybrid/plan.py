@@ -1,0 +1,285 @@
+"""HybridPlan: data × pipeline × tensor parallelism on possibly mixed GPUs (``gpualloc-plan`` v2).
+
+A plan splits the model's *layer sequence* (see :mod:`gpualloc.placement.hybrid.layers`) into stages of
+contiguous layers. Each stage has one or more data-parallel replicas; a replica is a group of ``tp``
+devices (cluster device indices) that run the stage's layers tensor-parallel. Every replica processes
+``batch_share`` samples of the global batch per step; within a stage the shares add up to the global
+batch, and they may differ (a faster GPU takes more). The global batch goes through the pipeline in
+``microbatches`` microbatches of ``microbatch_size`` samples (the last may be smaller when the batch does
+not divide); in each microbatch a replica takes its share of it (``batch_share / microbatches`` samples,
+rounded by :func:`replica_microbatch`).
+
+The op-level plans of version 1 (one device per operator) stay a special case of placement: they are
+read by :func:`gpualloc.placement.run.load_assignment`; this module owns version 2 only.
+
+JSON (keys that scripts rely on are exact)::
+
+    {"format": "gpualloc-plan", "version": 2, "graph": ..., "cluster": ..., "devices": [labels],
+     "global_batch": 256, "layer_count": 54,
+     "stages": [{"layers": [0, 17], "replicas": [{"devices": [0, 1], "tp": 2, "batch_share": 160}, ...]}],
+     "microbatch_size": 32, "microbatches": 8, "schedule": "1f1b",
+     "sync": {"algorithm": "ring", "overlap": true, "bucket_mb": 25.0}, "sharding": "none"}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpualloc.errors import PlacementError, read_json
+from gpualloc.limits import MAX_BATCH, MAX_DEVICES, MAX_MICROBATCHES
+
+PLAN_FORMAT = "gpualloc-plan"
+PLAN_VERSION = 2
+SCHEDULES = ("1f1b", "gpipe")
+SYNC_ALGORITHMS = ("ring", "hierarchical")
+SHARDINGS = ("none", "zero1", "fsdp")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One data-parallel replica of a stage: ``tp`` devices running the stage tensor-parallel."""
+
+    devices: tuple[int, ...]
+    batch_share: int
+
+    @property
+    def tp(self) -> int:
+        return len(self.devices)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Layers ``first..last`` (inclusive, indices into the layer sequence) and their replicas."""
+
+    first: int
+    last: int
+    replicas: tuple[Replica, ...]
+
+    @property
+    def layers(self) -> range:
+        return range(self.first, self.last + 1)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(d for r in self.replicas for d in r.devices)
+
+
+@dataclass(frozen=True)
+class Sync:
+    """Gradient synchronisation among a stage's replicas."""
+
+    algorithm: str = "ring"
+    overlap: bool = True
+    bucket_mb: float = 25.0
+
+
+@dataclass(frozen=True)
+class HybridPlan:
+    """A DP × PP × TP plan; construct through :func:`make_plan` or :func:`plan_from_dict` (both validate)."""
+
+    stages: tuple[Stage, ...]
+    global_batch: int
+    microbatches: int
+    schedule: str = "1f1b"
+    sync: Sync = field(default_factory=Sync)
+    sharding: str = "none"
+
+    @property
+    def microbatch_size(self) -> int:
+        """Samples per (global) microbatch: the batch over the microbatches, rounded up."""
+        return -(-self.global_batch // self.microbatches)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(d for s in self.stages for d in s.devices)
+
+    @property
+    def layer_count(self) -> int:
+        return self.stages[-1].last + 1
+
+    @property
+    def pipeline_depth(self) -> int:
+        return len(self.stages)
+
+    def describe(self) -> str:
+        """One line: ``PP=2 [DP=3 TP=1 | DP=1 TP=2] M=8 1f1b ring``."""
+        parts = " | ".join(
+            f"L{s.first}-{s.last} DP={len(s.replicas)} TP={','.join(sorted({str(r.tp) for r in s.replicas}))}"
+            for s in self.stages)
+        return f"PP={len(self.stages)} [{parts}] M={self.microbatches} {self.schedule} {self.sync.algorithm}"
+
+
+def replica_microbatch(plan: HybridPlan, replica: Replica, k: int) -> int:
+    """Samples ``replica`` takes in microbatch ``k`` (0-based): its share spread over the microbatches as
+    evenly as integers allow (the first ``share % M`` microbatches take one more)."""
+    base, extra = divmod(replica.batch_share, plan.microbatches)
+    return base + (1 if k < extra else 0)
+
+
+def make_plan(stages, global_batch: int, microbatches: int, *, schedule: str = "1f1b", sync: Sync | None = None,
+              sharding: str = "none", n_devices: int | None = None, where: str = "plan") -> HybridPlan:
+    """Build and validate a plan (``stages``: :class:`Stage` objects)."""
+    plan = HybridPlan(tuple(stages), int(global_batch), int(microbatches), schedule, sync or Sync(), sharding)
+    validate(plan, n_devices=n_devices, where=where)
+    return plan
+
+
+def validate(plan: HybridPlan, *, n_devices: int | None = None, layer_count: int | None = None,
+             where: str = "plan") -> None:
+    """Check the plan's structure; every error names the field.
+
+    Stages cover ``0..layer_count-1`` contiguously; every replica has >= 1 device; no device is in two
+    replicas (or stages); each stage's shares are positive and add up to the global batch; the microbatch
+    count is in ``1..global_batch``.
+    """
+    def bad(field_: str, msg: str) -> PlacementError:
+        return PlacementError(f"{where}: {field_}: {msg}")
+
+    _validate_header(plan, bad)
+    _validate_stages(plan, bad, n_devices)
+    if layer_count is not None and plan.layer_count != layer_count:
+        raise bad("stages", f"the stages cover {plan.layer_count} layers, the model has {layer_count}")
+
+
+def _validate_header(plan: HybridPlan, bad) -> None:
+    if not 1 <= plan.global_batch <= MAX_BATCH:
+        raise bad("global_batch", f"must be in 1..{MAX_BATCH:,}, got {plan.global_batch}")
+    if not 1 <= plan.microbatches <= min(MAX_MICROBATCHES, plan.global_batch):
+        raise bad("microbatches", f"must be in 1..{min(MAX_MICROBATCHES, plan.global_batch)}, got {plan.microbatches}")
+    if plan.schedule not in SCHEDULES:
+        raise bad("schedule", f"must be one of {', '.join(SCHEDULES)}, got {plan.schedule!r}")
+    if plan.sync.algorithm not in SYNC_ALGORITHMS:
+        raise bad("sync.algorithm", f"must be one of {', '.join(SYNC_ALGORITHMS)}, got {plan.sync.algorithm!r}")
+    if not 0 < plan.sync.bucket_mb <= 1e6:
+        raise bad("sync.bucket_mb", f"must be in (0, 1e6], got {plan.sync.bucket_mb}")
+    if plan.sharding not in SHARDINGS:
+        raise bad("sharding", f"must be one of {', '.join(SHARDINGS)}, got {plan.sharding!r}")
+
+
+def _validate_stages(plan: HybridPlan, bad, n_devices: int | None) -> None:
+    if not plan.stages:
+        raise bad("stages", "the plan has no stages")
+    limit = n_devices if n_devices is not None else MAX_DEVICES
+    seen: dict[int, str] = {}
+    expect_first = 0
+    for si, stage in enumerate(plan.stages):
+        at = f"stages[{si}]"
+        if stage.first != expect_first or stage.last < stage.first:
+            raise bad(f"{at}.layers", f"expected [{expect_first}, >= {expect_first}] (stages are contiguous), "
+                                      f"got [{stage.first}, {stage.last}]")
+        expect_first = stage.last + 1
+        if not stage.replicas:
+            raise bad(f"{at}.replicas", "a stage needs at least one replica")
+        for ri, rep in enumerate(stage.replicas):
+            rat = f"{at}.replicas[{ri}]"
+            if not rep.devices:
+                raise bad(f"{rat}.devices", "a replica needs at least one device")
+            for d in rep.devices:
+                if not 0 <= d < limit:
+                    raise bad(f"{rat}.devices", f"device index must be in 0..{limit - 1}, got {d}")
+                if d in seen:
+                    raise bad(f"{rat}.devices", f"device {d} is already used by {seen[d]}")
+                seen[d] = rat
+            if rep.batch_share < 1:
+                raise bad(f"{rat}.batch_share", f"must be >= 1, got {rep.batch_share}")
+        total = sum(r.batch_share for r in stage.replicas)
+        if total != plan.global_batch:
+            raise bad(f"{at}.replicas", f"batch shares add up to {total}, not the global batch {plan.global_batch}")
+
+
+# --------------------------------------------------------------------------- JSON
+def plan_to_dict(plan: HybridPlan) -> dict[str, Any]:
+    """The plan's JSON object (without the file header: see :func:`save_hybrid_plan`)."""
+    return {
+        "global_batch": plan.global_batch,
+        "layer_count": plan.layer_count,
+        "stages": [{"layers": [s.first, s.last],
+                    "replicas": [{"devices": list(r.devices), "tp": r.tp, "batch_share": r.batch_share}
+                                 for r in s.replicas]} for s in plan.stages],
+        "microbatch_size": plan.microbatch_size,
+        "microbatches": plan.microbatches,
+        "schedule": plan.schedule,
+        "sync": {"algorithm": plan.sync.algorithm, "overlap": plan.sync.overlap, "bucket_mb": plan.sync.bucket_mb},
+        "sharding": plan.sharding,
+    }
+
+
+def _int(doc: dict, key: str, where: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlacementError(f"{where}.{key}: expected an integer, got {value!r}")
+    return value
+
+
+def plan_from_dict(doc: Any, *, where: str = "plan", n_devices: int | None = None) -> HybridPlan:
+    """Parse and validate a v2 plan object; errors name the field."""
+    if not isinstance(doc, dict):
+        raise PlacementError(f"{where}: expected a JSON object")
+    stages_doc = doc.get("stages")
+    if not isinstance(stages_doc, list):
+        raise PlacementError(f"{where}: stages: expected a list")
+    stages = []
+    for si, sd in enumerate(stages_doc):
+        at = f"{where}: stages[{si}]"
+        if not isinstance(sd, dict):
+            raise PlacementError(f"{at}: expected an object")
+        layers = sd.get("layers")
+        if (not isinstance(layers, list) or len(layers) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
+            raise PlacementError(f"{at}.layers: expected [first, last] integers, got {layers!r}")
+        reps_doc = sd.get("replicas")
+        if not isinstance(reps_doc, list):
+            raise PlacementError(f"{at}.replicas: expected a list")
+        reps = []
+        for ri, rd in enumerate(reps_doc):
+            rat = f"{at}.replicas[{ri}]"
+            if not isinstance(rd, dict):
+                raise PlacementError(f"{rat}: expected an object")
+            devs = rd.get("devices")
+            if not isinstance(devs, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in devs):
+                raise PlacementError(f"{rat}.devices: expected a list of device indices, got {devs!r}")
+            if "tp" in rd and rd["tp"] != len(devs):
+                raise PlacementError(f"{rat}.tp: {rd['tp']!r} does not match the {len(devs)} devices listed")
+            reps.append(Replica(tuple(devs), _int(rd, "batch_share", rat)))
+        stages.append(Stage(layers[0], layers[1], tuple(reps)))
+    sync_doc = doc.get("sync", {})
+    if not isinstance(sync_doc, dict):
+        raise PlacementError(f"{where}: sync: expected an object")
+    unknown = sorted(set(sync_doc) - {"algorithm", "overlap", "bucket_mb"})
+    if unknown:
+        raise PlacementError(f"{where}: sync.{unknown[0]}: unknown field")
+    overlap = sync_doc.get("overlap", True)
+    bucket = sync_doc.get("bucket_mb", 25.0)
+    if not isinstance(overlap, bool):
+        raise PlacementError(f"{where}: sync.overlap: expected true or false, got {overlap!r}")
+    if isinstance(bucket, bool) or not isinstance(bucket, int | float):
+        raise PlacementError(f"{where}: sync.bucket_mb: expected a number, got {bucket!r}")
+    plan = HybridPlan(tuple(stages), _int(doc, "global_batch", where), _int(doc, "microbatches", where),
+                      str(doc.get("schedule", "1f1b")), Sync(str(sync_doc.get("algorithm", "ring")), overlap,
+                                                             float(bucket)), str(doc.get("sharding", "none")))
+    layer_count = doc.get("layer_count")
+    validate(plan, n_devices=n_devices, layer_count=layer_count if isinstance(layer_count, int) else None,
+             where=where)
+    return plan
+
+
+def save_hybrid_plan(path: str | Path, plan: HybridPlan, *, graph: str, cluster: str, devices: list[str],
+                     extra: dict[str, Any] | None = None) -> None:
+    """Write a v2 plan file; ``extra`` (e.g. the simulated step time) is stored beside the plan."""
+    doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "graph": graph, "cluster": cluster, "devices": devices,
+           **plan_to_dict(plan), **(extra or {})}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_hybrid_plan(path: str | Path, *, n_devices: int | None = None) -> tuple[HybridPlan, dict[str, Any]]:
+    """Read a v2 plan file: the plan and the whole document (for ``graph``, ``cluster``, ``devices``)."""
+    where = str(path)
+    doc = read_json(path, PlacementError)
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        raise PlacementError(f"{where}: format: expected {PLAN_FORMAT!r}")
+    if doc.get("version") != PLAN_VERSION:
+        raise PlacementError(f"{where}: version: expected {PLAN_VERSION} (a hybrid plan), got {doc.get('version')!r}")
+    return plan_from_dict(doc, where=where, n_devices=n_devices), doc
