@@ -74,3 +74,50 @@ def microbatch_time_s(batch_time_s: ArrayLike, launch_s: ArrayLike, microbatches
         return t
     fixed = np.minimum(launch_s, t)
     return fixed + (t - fixed) / microbatches
+
+
+def ring_allreduce_s(nbytes: ArrayLike, participants: ArrayLike, latency_s: ArrayLike,
+                     bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:
+    """Ring all-reduce of ``nbytes`` among ``participants``: ``2 (n - 1)`` steps of ``nbytes / n`` each
+    (reduce-scatter, then all-gather), every step paying the link latency (Patarasuk and Yuan, 2009).
+
+    Zero for one participant (nothing to reduce) or nothing to send.
+    """
+    n = np.asarray(participants, dtype=np.float64)
+    b = np.asarray(nbytes, dtype=np.float64)
+    safe = np.maximum(n, 1.0)
+    t = 2.0 * (safe - 1.0) * (latency_s + b / (safe * bandwidth_bytes_per_s))
+    return np.where((n > 1) & (b > 0), t, 0.0)
+
+
+def hierarchical_allreduce_s(nbytes: ArrayLike, per_node: ArrayLike, nodes: ArrayLike,
+                             intra_latency_s: ArrayLike, intra_bandwidth_bytes_per_s: ArrayLike,
+                             inter_latency_s: ArrayLike, inter_bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:
+    """Hierarchical all-reduce: reduce inside each node, ring among the nodes' leaders, broadcast inside.
+
+    The intra-node reduce plus broadcast moves what an intra-node ring all-reduce moves, so each level
+    is a :func:`ring_allreduce_s`; ``per_node`` is the most devices of the group on one node.
+    """
+    return (ring_allreduce_s(nbytes, per_node, intra_latency_s, intra_bandwidth_bytes_per_s)
+            + ring_allreduce_s(nbytes, nodes, inter_latency_s, inter_bandwidth_bytes_per_s))
+
+
+def tp_layer_comm_s(activation_bytes: ArrayLike, tp: ArrayLike, latency_s: ArrayLike,
+                    bandwidth_bytes_per_s: ArrayLike, allreduces: ArrayLike = 1) -> np.ndarray:
+    """Tensor-parallel communication of a layer in one direction: ``allreduces`` ring all-reduces of its
+    activation among the ``tp`` devices (Megatron-LM: 2 per transformer layer forward, 2 backward).
+    """
+    return np.asarray(allreduces, dtype=np.float64) * ring_allreduce_s(activation_bytes, tp, latency_s,
+                                                                       bandwidth_bytes_per_s)
+
+
+def overlapped_sync_s(sync_s: ArrayLike, backward_s: ArrayLike, buckets: ArrayLike) -> np.ndarray:
+    """Part of a bucketed gradient all-reduce still running after the backward that feeds it ends.
+
+    Bucket ``i`` of ``n`` is ready after ``(i + 1) / n`` of the backward and the buckets reduce one after
+    another, each ``sync / n``: the last one ends at ``max(backward / n + sync, backward + sync / n)``, so
+    ``max(sync - backward (n - 1) / n, sync / n)`` is exposed (PyTorch DDP's bucketing, Li et al., VLDB 2020).
+    """
+    n = np.maximum(np.asarray(buckets, dtype=np.float64), 1.0)
+    s = np.asarray(sync_s, dtype=np.float64)
+    return np.maximum(s - np.asarray(backward_s, dtype=np.float64) * (n - 1.0) / n, s / n)

@@ -1,0 +1,69 @@
+"""A lower bound on the step time of every hybrid plan of a problem.
+
+Two terms, each valid for every plan the simulator runs (any stages, replicas, TP degrees, shares,
+microbatches, schedule, sync and sharding):
+
+* **balanced work** (with the optimizer step): every sample goes forward and backward through every
+  layer on some group of devices, costing at least ``w[t, l]`` device-seconds per sample on type ``t``
+  (:meth:`~gpualloc.placement.hybrid.problem.HybridProblem.min_sample_work_s`: launch overheads
+  amortised, TP splitting the rest), and every layer's weights are updated at least once (sharded or
+  not), costing at least the linear part of the optimizer step. With ``c[l, j]`` that work of layer ``l``
+  on device ``j`` and any weights ``y`` on the simplex, the busiest device works at least
+  ``sum_l min_j y_j c[l, j]`` (weak LP duality, as :mod:`gpualloc.placement.bounds`); ``y ~ 1 / W_j``.
+* **critical path**: some sample goes forward through every layer and back, each layer taking at least
+  its one-sample time with the widest tensor parallelism (communication ignored).
+
+Gradient synchronisation and pipeline bubbles are avoidable separately (one replica per stage has no
+all-reduce, one stage has no bubble), so neither adds a term of its own; both show in ``x bound``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpualloc.placement.hybrid.problem import HybridProblem
+
+
+@dataclass(frozen=True)
+class HybridBound:
+    """The bound and its terms (seconds)."""
+
+    value_s: float
+    binding: str
+    balanced_work_s: float
+    critical_path_s: float
+
+
+def _widest_tp(problem: HybridProblem) -> tuple[int, ...]:
+    """TP degrees to try for one sample: the profiled ones, else every device at once (time falls with TP)."""
+    return problem.tp_degrees if problem.profile is not None else (problem.k,)
+
+
+def hybrid_bound(problem: HybridProblem) -> HybridBound:
+    """Both terms of the bound (see the module docstring)."""
+    G = problem.global_batch
+    work_tl = problem.min_sample_work_s() * G  # (types, L)
+    opt_tl = np.array([[problem.opt_step_s(ti, 2 * p) - problem.opt_step_s(ti, p) for p in problem.layer_param_bytes]
+                       for ti in range(len(problem.type_names))])
+    c = (work_tl + np.maximum(opt_tl, 0.0))[problem.type_of].T  # (L, k)
+    load = c.sum(axis=0)
+    if np.all(load > 0):
+        y = (1.0 / load) / np.sum(1.0 / load)
+        balanced = float(np.sum(np.min(c * y[None, :], axis=1)))
+    else:
+        balanced = 0.0
+    one = np.full(problem.L, np.inf)
+    for ti in range(len(problem.type_names)):
+        for tp in _widest_tp(problem):
+            f, b = problem.layer_times_s(ti, 1, tp)
+            one = np.minimum(one, f + b)
+    crit = float(one.sum())
+    binding = "balanced_work" if balanced >= crit else "critical_path"
+    return HybridBound(max(balanced, crit), binding, balanced, crit)
+
+
+def lower_bound_hybrid(problem: HybridProblem) -> float:
+    """The bound's value in seconds: no hybrid plan of ``problem`` simulates a shorter step."""
+    return hybrid_bound(problem).value_s

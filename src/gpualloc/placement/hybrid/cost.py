@@ -1,0 +1,227 @@
+"""What each part of a hybrid plan costs: compute per microbatch, transfers, gradient sync, memory.
+
+:func:`plan_costs` turns a plan into arrays that the event simulator
+(:mod:`gpualloc.placement.hybrid.simulate`) schedules and :func:`estimate_step_s` (the closed form the
+search ranks candidates with) sums; both read the same numbers, so they differ only in scheduling.
+
+Model (every formula from :mod:`gpualloc.cost.physics`):
+
+* A replica runs its stage's layers on ``tp`` devices; its time for ``m`` samples is the slowest of its
+  device types' :meth:`~gpualloc.placement.hybrid.problem.HybridProblem.layer_times_s` plus the TP
+  all-reduces on the group's slowest link.
+* Microbatch ``k`` is split among a stage's replicas by :func:`replica_microbatch`, in replica order; a
+  replica of the next stage receives, from every replica of this one, the samples both hold (the
+  microbatch is re-split when the replica counts differ), on the link between the two.
+* Gradients of a stage are all-reduced among its replicas (``tp`` rings, one per TP rank, of
+  ``params / tp`` bytes): a ring over the group's slowest link or hierarchically (node, then nodes), in
+  ``bucket_mb`` buckets, overlapped with the last backward when ``sync.overlap``.
+* A node's NIC is shared by every ring or TP group that leaves the node: inter-node bandwidth is divided
+  by the number of such flows on the busiest node the group touches.
+* Memory per device: weights, gradients and optimizer states of its stage over ``tp`` (optimizer states
+  over the replicas too under ZeRO-1, all three under FSDP) plus the activations of the microbatches in
+  flight (1F1B: ``min(M, S - s)`` at stage ``s``; GPipe: ``M``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpualloc.cost import physics
+from gpualloc.errors import PlacementError
+from gpualloc.placement.hybrid.plan import HybridPlan, replica_microbatch, validate
+from gpualloc.placement.hybrid.problem import HybridProblem
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Costs of one stage; arrays are ``(replicas, microbatches)`` unless noted.
+
+    Attributes:
+        fwd_s, bwd_s: duration of each replica's forward / backward of each microbatch (TP comm included).
+        compute_s: the compute part of ``fwd_s + bwd_s`` (busy time).
+        tp_comm_s: the TP all-reduce part of ``fwd_s + bwd_s``.
+        recv_fwd_s: ``(M, R_prev, R)``: time to move microbatch ``k`` from replica ``i`` of the previous stage
+            to replica ``j`` of this one (0 where they share no sample); ``None`` for the first stage.
+        sync_s: the whole gradient all-reduce of the stage (0 with one replica).
+        buckets: gradient buckets of the all-reduce.
+        opt_s: optimizer step of the stage's slowest device.
+    """
+
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    compute_s: np.ndarray
+    tp_comm_s: np.ndarray
+    recv_fwd_s: np.ndarray | None
+    sync_s: float
+    buckets: int
+    opt_s: float
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """Per-stage costs and per-device memory of a plan."""
+
+    stages: tuple[StageCosts, ...]
+    mem_bytes: np.ndarray
+
+
+def _splits(plan: HybridPlan, stage) -> np.ndarray:
+    """Samples of each replica in each microbatch, ``(R, M)``."""
+    return np.array([[replica_microbatch(plan, r, k) for k in range(plan.microbatches)] for r in stage.replicas],
+                    dtype=np.int64)
+
+
+def nic_shares(problem: HybridProblem, plan: HybridPlan) -> np.ndarray:
+    """Flows leaving each node through its NIC: the gradient rings (one per TP rank) and TP groups of the
+    plan that span more than one node, counted on every node they touch, ``(nodes,)`` (at least 1)."""
+    share = np.zeros(len(problem.cluster.nodes))
+    for stage in plan.stages:
+        for r in stage.replicas:
+            nodes = np.unique(problem.node_of[list(r.devices)])
+            if nodes.size > 1:
+                share[nodes] += 1
+        if len(stage.replicas) > 1:
+            nodes = np.unique(problem.node_of[list(stage.devices)])
+            if nodes.size > 1:
+                share[nodes] += min(r.tp for r in stage.replicas)
+    return np.maximum(share, 1.0)
+
+
+def _group_share(problem: HybridProblem, shares: np.ndarray, devices) -> float:
+    return float(shares[np.unique(problem.node_of[list(devices)])].max())
+
+
+def replica_time_s(problem: HybridProblem, stage, replica, mb: int, share: float) -> tuple[float, float, float]:
+    """Forward and backward compute of ``mb`` samples of ``stage`` on ``replica``, and its TP all-reduce
+    time per direction (``share``: the NIC share of its group)."""
+    if mb <= 0:
+        return 0.0, 0.0, 0.0
+    sl = slice(stage.first, stage.last + 1)
+    fwd = bwd = 0.0
+    for ti in sorted({int(problem.type_of[d]) for d in replica.devices}):
+        f, b = problem.layer_times_s(ti, mb, replica.tp)
+        fwd, bwd = max(fwd, float(f[sl].sum())), max(bwd, float(b[sl].sum()))
+    comm = float(problem.tp_comm_s(mb, replica.devices, share)[sl].sum()) if replica.tp > 1 else 0.0
+    return fwd, bwd, comm
+
+
+def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, split, shares) -> np.ndarray:
+    """``(M, R_prev, R)`` transfer times of the activations crossing the cut before ``stage``."""
+    per_sample = float(problem.boundary_bytes[prev.last])
+    src = np.array([r.devices[0] for r in prev.replicas])
+    dst = np.array([r.devices[0] for r in stage.replicas])
+    bw = problem.bandwidth[np.ix_(src, dst)].copy()
+    cross = problem.node_of[src][:, None] != problem.node_of[dst][None, :]
+    flows = np.maximum(shares[problem.node_of[src]][:, None], shares[problem.node_of[dst]][None, :])
+    bw[cross] /= flows[cross]
+    lat = problem.latency[np.ix_(src, dst)]
+    out = np.zeros((plan.microbatches, len(src), len(dst)))
+    for k in range(plan.microbatches):
+        a_end, b_end = np.cumsum(prev_split[:, k]), np.cumsum(split[:, k])
+        a_start, b_start = a_end - prev_split[:, k], b_end - split[:, k]
+        overlap = np.maximum(np.minimum(a_end[:, None], b_end[None, :]) - np.maximum(a_start[:, None],
+                                                                                     b_start[None, :]), 0)
+        out[k] = np.where(overlap > 0, physics.transfer_time_s(overlap * per_sample, lat, bw), 0.0)
+    return out
+
+
+def _sync(problem: HybridProblem, plan: HybridPlan, stage, shares) -> tuple[float, int]:
+    """Whole gradient all-reduce time of ``stage`` and its bucket count."""
+    if len(stage.replicas) <= 1:
+        return 0.0, 1
+    tp = min(r.tp for r in stage.replicas)
+    nbytes = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum()) / tp
+    if nbytes <= 0:
+        return 0.0, 1
+    buckets = max(1, math.ceil(nbytes / (plan.sync.bucket_mb * 1e6)))
+    leaders = [r.devices[0] for r in stage.replicas]
+    nic = _group_share(problem, shares, stage.devices)
+    nodes = problem.node_of[leaders]
+    uniq, per_node = np.unique(nodes, return_counts=True)
+    if plan.sync.algorithm == "hierarchical" and uniq.size > 1:
+        intra_bw = min(problem.cluster.nodes[n].link.bandwidth_bytes_per_s for n in uniq)
+        intra_lat = max(problem.cluster.nodes[n].link.latency_s for n in uniq)
+        net = problem.cluster.network
+        one = physics.hierarchical_allreduce_s(nbytes / buckets, int(per_node.max()), uniq.size, intra_lat, intra_bw,
+                                               net.latency_s, net.bandwidth_bytes_per_s / nic)
+    else:
+        bw, lat = problem.group_link(leaders, nic)
+        one = physics.ring_allreduce_s(nbytes / buckets, len(leaders), lat, bw)
+    return float(one) * buckets, buckets
+
+
+def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndarray, mem: np.ndarray) -> None:
+    stage = plan.stages[si]
+    params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
+    act = float(problem.layer_act_bytes[stage.first:stage.last + 1].sum())
+    R = len(stage.replicas)
+    in_flight = min(plan.microbatches, plan.pipeline_depth - si) if plan.schedule == "1f1b" else plan.microbatches
+    for r, rep in enumerate(stage.replicas):
+        p = params / rep.tp
+        states = float(physics.weight_state_bytes(p, problem.optimizer_states))
+        if plan.sharding == "zero1":
+            wg = float(physics.weight_state_bytes(p, 0))
+            states = wg + (states - wg) / R
+        elif plan.sharding == "fsdp":
+            states /= R
+        acts = act / rep.tp * float(split[r].max()) * in_flight
+        mem[list(rep.devices)] = states + acts
+
+
+def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
+    """Every cost the simulator schedules, for ``plan`` on ``problem`` (validated against it)."""
+    validate(plan, n_devices=problem.k, layer_count=problem.L)
+    shares = nic_shares(problem, plan)
+    splits = [_splits(plan, s) for s in plan.stages]
+    mem = np.zeros(problem.k)
+    stages = []
+    for si, stage in enumerate(plan.stages):
+        R, M = len(stage.replicas), plan.microbatches
+        fwd, bwd, comp, tpc = (np.zeros((R, M)) for _ in range(4))
+        for r, rep in enumerate(stage.replicas):
+            share = _group_share(problem, shares, rep.devices)
+            cache: dict[int, tuple[float, float, float]] = {}
+            for k in range(M):
+                m = int(splits[si][r, k])
+                if m not in cache:
+                    cache[m] = replica_time_s(problem, stage, rep, m, share)
+                f, b, c = cache[m]
+                fwd[r, k], bwd[r, k], comp[r, k], tpc[r, k] = f + c, b + c, f + b, 2 * c
+        recv = None if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1], splits[si], shares)
+        sync, buckets = _sync(problem, plan, stage, shares)
+        params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
+        opt = max(problem.opt_step_s(int(problem.type_of[d]),
+                                     params / r.tp / (len(stage.replicas) if plan.sharding != "none" else 1))
+                  for r in stage.replicas for d in r.devices)
+        stages.append(StageCosts(fwd, bwd, comp, tpc, recv, sync, buckets, opt))
+        _stage_mem(problem, plan, si, splits[si], mem)
+    return PlanCosts(tuple(stages), mem)
+
+
+def exposed_sync_s(plan: HybridPlan, sc: StageCosts, last_bwd_s: float) -> float:
+    """The stage's all-reduce time left after its last backward (all of it without overlap)."""
+    if sc.sync_s <= 0:
+        return 0.0
+    if not plan.sync.overlap:
+        return sc.sync_s
+    return float(physics.overlapped_sync_s(sc.sync_s, last_bwd_s, sc.buckets))
+
+
+def estimate_step_s(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> float:
+    """Closed-form step time for ranking candidates: the pipeline's fill and drain of one microbatch, the
+    bottleneck stage for the other ``M - 1``, then the slowest stage's exposed sync and optimizer step."""
+    costs = costs if costs is not None else plan_costs(problem, plan)
+    per_mb = []
+    tail = 0.0
+    for sc in costs.stages:
+        t = (sc.fwd_s + sc.bwd_s).max(axis=0)  # (M,) the slowest replica of each microbatch
+        recv = 0.0 if sc.recv_fwd_s is None else 2.0 * float(sc.recv_fwd_s.max(axis=(1, 2)).mean())
+        per_mb.append(float(t.mean()) + recv)
+        last = int(np.argmax(sc.bwd_s[:, -1]))
+        tail = max(tail, exposed_sync_s(plan, sc, float(sc.bwd_s[last, -1])) + sc.opt_s)
+    if not per_mb:
+        raise PlacementError("plan has no stages")
+    return float(sum(per_mb) + (plan.microbatches - 1) * max(per_mb) + tail)

@@ -1,0 +1,286 @@
+"""HybridProblem: per-layer costs of a model on a cluster's device types, for hybrid plans.
+
+Everything a hybrid plan's cost depends on, as arrays over the model's ``L`` layers (see
+:mod:`gpualloc.placement.hybrid.layers`) and the cluster's ``k`` devices:
+
+* :meth:`HybridProblem.layer_times_s`: forward and backward compute time of every layer on one device
+  type, for a microbatch of ``mb`` samples split ``tp`` ways (tensor parallel). From the graph's op times
+  (the cost model at the graph's batch ``B``) through :func:`gpualloc.cost.physics.microbatch_time_s`
+  with ``B x tp / mb`` microbatches: the launch overhead is paid per op whatever the size, the rest scales
+  with the samples each device computes. A graph with measured profiles (``graph.meta["profile"]``,
+  written by the Sailor importer) gives them instead, interpolated linearly in ``mb``.
+* ``layer_param_bytes``, ``layer_act_bytes`` (kept for backward, per sample) and ``boundary_bytes``
+  (sent from layer ``l`` to the layers after it, per sample);
+* ``bandwidth``, ``latency`` (the cluster's links), ``mem_cap_bytes``, ``node_of``, ``type_of``.
+
+Profile format (one node per layer, in order)::
+
+    graph.meta["profile"] = {"gpu": {TYPE: {MB: {TP: [[fwd_s, bwd_s], ...per layer]}}},
+                             "opt_step_s": {TYPE: seconds}, "seq_len": int, "source": str}
+
+Measured times already contain the tensor-parallel communication of the run that measured them, so no
+TP all-reduce is added to them; for op graphs :meth:`tp_comm_s` adds Megatron's all-reduces.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from gpualloc.cost import physics
+from gpualloc.cost.model import CostModel
+from gpualloc.cost.physics import OPTIMIZER_STATES
+from gpualloc.errors import PlacementError
+from gpualloc.graph.ir import OpGraph
+from gpualloc.hardware.cluster import ClusterSpec
+from gpualloc.limits import MAX_BATCH, check_size
+from gpualloc.placement.hybrid.layers import layer_of_node
+
+__all__ = ["HybridProblem"]
+
+
+class HybridProblem:
+    """A model to train with global batch ``global_batch`` on ``cluster``, its costs per layer.
+
+    Args:
+        graph: the operator graph (sizes and op times for ``graph.batch_size`` samples), or a profiled
+            graph (one node per layer, ``meta["profile"]``).
+        cluster: the devices and links.
+        global_batch: samples per training step.
+        cost: the cost model (default: the shipped calibration).
+        optimizer_states: optimizer state copies per weight (Adam: 2).
+    """
+
+    def __init__(self, graph: OpGraph, cluster: ClusterSpec, global_batch: int, cost: CostModel | None = None,
+                 optimizer_states: int = OPTIMIZER_STATES) -> None:
+        check_size(global_batch, "global batch", MAX_BATCH, PlacementError)
+        if len(graph) == 0:
+            raise PlacementError(f"graph {graph.name!r} has no operators to place")
+        self.graph = graph
+        self.cluster = cluster
+        self.global_batch = int(global_batch)
+        self.cost = cost if cost is not None else CostModel()
+        self.optimizer_states = int(optimizer_states)
+        self.graph_batch = int(graph.batch_size or 1)
+        self.layer_of = layer_of_node(graph)
+        self.L = int(self.layer_of.max()) + 1
+        self.k = len(cluster)
+        self.type_names = cluster.type_names
+        self.type_of = np.asarray(cluster.gpu_type)
+        self.node_of = np.asarray(cluster.gpu_node)
+        self.profile = _read_profile(graph, self.L, self.type_names) if "profile" in graph.meta else None
+        self._time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------ sizes
+    def _per_layer(self, values: np.ndarray) -> np.ndarray:
+        out = np.bincount(self.layer_of, weights=np.asarray(values, dtype=np.float64), minlength=self.L)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def layer_param_bytes(self) -> np.ndarray:
+        """Parameter bytes of every layer, (L,)."""
+        return self._per_layer(self.graph.param_bytes)
+
+    @cached_property
+    def layer_act_bytes(self) -> np.ndarray:
+        """Activation bytes every layer keeps for its backward, per sample, (L,)."""
+        prof = self.profile
+        if prof is not None and prof.get("act_mem_bytes") is not None:
+            return np.asarray(prof["act_mem_bytes"], dtype=np.float64)
+        return self._per_layer(self.graph.output_bytes) / self.graph_batch
+
+    @cached_property
+    def boundary_bytes(self) -> np.ndarray:
+        """Bytes per sample a cut after layer ``l`` carries forward (the same come back as gradients), (L,)."""
+        g = self.graph
+        if not g.edges:  # a profiled chain may list no edges: each layer sends its output on
+            return self._per_layer(g.output_bytes) / self.graph_batch
+        src, dst = self.layer_of[g.edge_src], self.layer_of[g.edge_dst]
+        delta = np.zeros(self.L + 1)
+        np.add.at(delta, src, g.edge_bytes)  # an edge crosses every cut from its source layer ...
+        np.add.at(delta, dst, -g.edge_bytes)  # ... up to the one before its destination layer
+        return np.cumsum(delta)[: self.L] / self.graph_batch
+
+    @cached_property
+    def mem_cap_bytes(self) -> np.ndarray:
+        return np.array([d.type.mem_bytes for d in self.cluster.devices], dtype=np.float64)
+
+    @cached_property
+    def bandwidth(self) -> np.ndarray:
+        return self.cluster.bandwidth_matrix()
+
+    @cached_property
+    def latency(self) -> np.ndarray:
+        return self.cluster.latency_matrix()
+
+    @cached_property
+    def tp_degrees(self) -> tuple[int, ...]:
+        """Tensor-parallel degrees a plan may use: the profiled ones, else powers of two up to a node."""
+        if self.profile is not None:
+            common = set.intersection(*(set(self.profile["gpu"][t]["tps"]) for t in self.type_names))
+            return tuple(sorted(common)) or (1,)
+        biggest = max(len(n.devices) for n in self.cluster.nodes)
+        return tuple(2 ** i for i in range(int(np.log2(biggest)) + 1))
+
+    # ------------------------------------------------------------------ times
+    @cached_property
+    def _op_times(self) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """Whole-batch forward and backward time of every op, and the launch overhead, per device type."""
+        out = []
+        for t in self.cluster.device_types:
+            fwd, bwd = self.cost.op_times_s(self.graph, t)
+            out.append((fwd, bwd, float(self.cost.efficiency(t).launch_s)))
+        return out
+
+    def layer_times_s(self, type_index: int, mb: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward compute time of every layer for ``mb`` samples on one of ``tp`` devices of
+        type ``type_names[type_index]`` (``(L,)`` arrays, read-only; zeros when ``mb`` is 0)."""
+        key = (int(type_index), int(mb), int(tp))
+        hit = self._time_cache.get(key)
+        if hit is not None:
+            return hit
+        if mb <= 0:
+            out = (np.zeros(self.L), np.zeros(self.L))
+        elif self.profile is not None:
+            out = _profile_times(self.profile["gpu"][self.type_names[type_index]], mb, tp, self.type_names[type_index])
+        else:
+            fwd, bwd, launch = self._op_times[type_index]
+            scale = self.graph_batch * tp / mb  # "microbatches" of the graph's batch each device computes
+            out = (self._per_layer(physics.microbatch_time_s(fwd, launch, scale)),
+                   self._per_layer(physics.microbatch_time_s(bwd, launch, scale)))
+        for a in out:
+            a.setflags(write=False)
+        self._time_cache[key] = out
+        return out
+
+    @cached_property
+    def tp_allreduces(self) -> np.ndarray:
+        """All-reduces per layer and direction under TP, (L,): Megatron splits a pair of weighted layers
+        column- then row-wise and reduces after the second (2 per transformer layer); profiles: none."""
+        if self.profile is not None:
+            return np.zeros(self.L)
+        weighted = self.layer_param_bytes > 0
+        return (weighted & (np.cumsum(weighted) % 2 == 0)).astype(np.float64)
+
+    @cached_property
+    def _layer_out_bytes(self) -> np.ndarray:
+        return self._per_layer(self.graph.output_bytes) / self.graph_batch
+
+    def tp_comm_s(self, mb: int, devices: tuple[int, ...], nic_share: float = 1.0) -> np.ndarray:
+        """Per-layer TP communication time (one direction) of ``mb`` samples among ``devices``, (L,).
+
+        On the slowest link of the group (the NIC, shared ``nic_share`` ways, when it spans nodes)."""
+        tp = len(devices)
+        if tp <= 1 or mb <= 0:
+            return np.zeros(self.L)
+        bw, lat = self.group_link(devices, nic_share)
+        return physics.tp_layer_comm_s(self._layer_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
+
+    def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
+        """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by
+        ``nic_share``, the flows sharing a node's NIC)."""
+        d = np.asarray(devices)
+        if d.size <= 1:
+            return float("inf"), 0.0
+        sub_bw = self.bandwidth[np.ix_(d, d)].copy()
+        cross = self.node_of[d][:, None] != self.node_of[d][None, :]
+        sub_bw[cross] /= max(nic_share, 1.0)
+        return float(sub_bw.min()), float(self.latency[np.ix_(d, d)].max())
+
+    def opt_step_s(self, type_index: int, param_bytes: float) -> float:
+        """Optimizer step over ``param_bytes`` of weights on one device of the type: the profile's
+        measured step scaled by the share of the model's weights, else the memory-bound roofline of reading
+        and writing weights, gradients and optimizer states."""
+        if param_bytes <= 0:
+            return 0.0
+        if self.profile is not None:
+            total = float(self.layer_param_bytes.sum()) or 1.0
+            return float(self.profile["opt_step_s"].get(self.type_names[type_index], 0.0)) * param_bytes / total
+        dev = self.cluster.device_types[type_index]
+        moved = 2.0 * float(physics.weight_state_bytes(param_bytes, self.optimizer_states))
+        return float(self.cost.roofline_s(0.0, moved, dev))
+
+    def min_sample_work_s(self) -> np.ndarray:
+        """Least device-seconds one sample of each layer costs on each type, over every microbatch size and
+        TP degree (launch overheads amortised away), ``(types, L)`` fwd + bwd."""
+        out = np.empty((len(self.type_names), self.L))
+        for ti, name in enumerate(self.type_names):
+            if self.profile is not None:
+                tab = self.profile["gpu"][name]
+                out[ti] = np.min([tp * (np.asarray(f) + np.asarray(b)) / mb
+                                  for mb, by_tp in tab["table"].items() for tp, (f, b) in by_tp.items()], axis=0)
+            else:
+                fwd, bwd, launch = self._op_times[ti]
+                fixed = np.minimum(launch, fwd), np.minimum(launch, bwd)
+                out[ti] = self._per_layer((fwd - fixed[0]) + (bwd - fixed[1])) / self.graph_batch
+        return out
+
+    @cached_property
+    def type_speed(self) -> np.ndarray:
+        """Samples per second of one device of each type on the whole model (tp 1, a moderate microbatch)."""
+        mb = max(1, min(self.global_batch, 8 if self.profile is None else min(self._profile_mbs)))
+        t = np.array([sum(a.sum() for a in self.layer_times_s(ti, mb, 1)) for ti in range(len(self.type_names))])
+        return mb / np.maximum(t, 1e-30)
+
+    @cached_property
+    def _profile_mbs(self) -> list[int]:
+        return sorted(set.intersection(*(set(self.profile["gpu"][t]["table"]) for t in self.type_names)))
+
+    @cached_property
+    def device_speed(self) -> np.ndarray:
+        """Samples per second of each device alone (see :attr:`type_speed`), (k,)."""
+        return self.type_speed[self.type_of]
+
+
+# --------------------------------------------------------------------------- measured profiles
+def _read_profile(graph: OpGraph, L: int, types: tuple[str, ...]) -> dict[str, Any]:
+    """Check ``graph.meta["profile"]`` and index it as ``{"gpu": {type: {"table": {mb: {tp: (f, b)}},
+    "tps": [...]}}, "opt_step_s": {...}}``; errors name the field."""
+    where = f"graph {graph.name!r}: meta.profile"
+    prof = graph.meta["profile"]
+    if not isinstance(prof, dict) or not isinstance(prof.get("gpu"), dict):
+        raise PlacementError(f"{where}.gpu: expected an object of device type -> microbatch -> tp -> layers")
+    if len(graph) != L:
+        raise PlacementError(f"{where}: a profiled graph has one node per layer ({len(graph)} nodes, {L} layers)")
+    out: dict[str, Any] = {"gpu": {}, "opt_step_s": dict(prof.get("opt_step_s") or {}),
+                           "act_mem_bytes": prof.get("act_mem_bytes")}
+    for t in types:
+        if t not in prof["gpu"]:
+            raise PlacementError(f"{where}.gpu: no measured times for device type {t!r} "
+                                 f"(profiled: {', '.join(sorted(prof['gpu'])) or 'none'})")
+        table: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+        for mb_key, by_tp in prof["gpu"][t].items():
+            for tp_key, rows in by_tp.items():
+                arr = np.asarray(rows, dtype=np.float64)
+                if arr.shape != (L, 2) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                    raise PlacementError(f"{where}.gpu.{t}.{mb_key}.{tp_key}: expected {L} [fwd_s, bwd_s] pairs "
+                                         "of finite non-negative seconds")
+                table.setdefault(int(mb_key), {})[int(tp_key)] = (arr[:, 0].copy(), arr[:, 1].copy())
+        if not table:
+            raise PlacementError(f"{where}.gpu.{t}: no microbatch sizes")
+        tps = set.intersection(*(set(v) for v in table.values()))
+        out["gpu"][t] = {"table": dict(sorted(table.items())), "tps": sorted(tps)}
+    return out
+
+
+def _profile_times(tab: dict[str, Any], mb: int, tp: int, type_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Measured times at ``mb`` samples: linear between measured sizes, proportional beyond them."""
+    if tp not in tab["tps"]:
+        raise PlacementError(f"tensor-parallel degree {tp} was not profiled on {type_name} "
+                             f"(profiled: {', '.join(map(str, tab['tps']))})")
+    sizes = list(tab["table"])
+    if mb in tab["table"]:
+        f, b = tab["table"][mb][tp]
+        return f.copy(), b.copy()
+    if mb < sizes[0] or mb > sizes[-1]:
+        ref = sizes[0] if mb < sizes[0] else sizes[-1]
+        f, b = tab["table"][ref][tp]
+        return f * mb / ref, b * mb / ref
+    hi = next(s for s in sizes if s > mb)
+    lo = max(s for s in sizes if s < mb)
+    w = (mb - lo) / (hi - lo)
+    (f0, b0), (f1, b1) = tab["table"][lo][tp], tab["table"][hi][tp]
+    return f0 + w * (f1 - f0), b0 + w * (b1 - b0)

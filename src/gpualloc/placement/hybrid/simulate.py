@@ -1,0 +1,150 @@
+"""Discrete-event simulation of one training step of a hybrid plan.
+
+Every replica of every stage is a worker that runs its forwards and backwards in the schedule's order
+(GPipe: all forwards, then all backwards; 1F1B: ``min(M, S - s - 1)`` warm-up forwards at stage ``s``,
+then one forward one backward, then the remaining backwards; Narayanan et al., PipeDream-Flush, 2021).
+A forward of microbatch ``k`` starts when the worker is free and every replica of the previous stage
+holding some of its samples has finished it and sent them; a backward likewise waits for the next
+stage's backwards. After a stage's last backward its gradients are all-reduced (the part not hidden
+behind that backward, :func:`~gpualloc.placement.hybrid.cost.exposed_sync_s`) and the optimizer steps;
+the step ends when every stage has. Durations come from :func:`~gpualloc.placement.hybrid.cost.plan_costs`.
+Transfers are delays on their link (bandwidth shared at the NIC, see the cost module), not queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import PlacementError
+from gpualloc.placement.hybrid.cost import PlanCosts, exposed_sync_s, plan_costs
+from gpualloc.placement.hybrid.plan import HybridPlan
+from gpualloc.placement.hybrid.problem import HybridProblem
+
+
+@dataclass(frozen=True)
+class HybridResult:
+    """One simulated step of a hybrid plan.
+
+    Attributes:
+        step_time_s: wall-clock time of the step.
+        samples_per_s: global batch over the step time.
+        feasible: every device's peak memory fits.
+        peak_mem_bytes: per device (0 for unused devices), ``(k,)``.
+        busy_s: compute time of each device in the step, ``(k,)``.
+        utilisation: mean of ``busy_s / step_time_s`` over the devices the plan uses.
+        comm_s: the longest time a device spends communicating (TP all-reduces, activations received,
+            the whole gradient all-reduce, hidden or not).
+        sync_exposed_s: the longest gradient all-reduce tail after a stage's backward.
+        bubble_s: mean idle time of the used devices (step minus busy, sync and optimizer step included).
+    """
+
+    step_time_s: float
+    samples_per_s: float
+    feasible: bool
+    peak_mem_bytes: np.ndarray
+    busy_s: np.ndarray
+    utilisation: float
+    comm_s: float
+    sync_exposed_s: float = 0.0
+    bubble_s: float = 0.0
+    plan: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "samples_per_s": self.samples_per_s, "feasible": self.feasible,
+                "peak_mem_bytes": [float(x) for x in self.peak_mem_bytes],
+                "busy_s": [float(x) for x in self.busy_s], "utilisation": self.utilisation, "comm_s": self.comm_s,
+                "sync_exposed_s": self.sync_exposed_s, "bubble_s": self.bubble_s, "plan": self.plan, **self.extra}
+
+
+def worker_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[int, int]]:
+    """The ``(direction, microbatch)`` sequence of a stage's workers; direction 0 forward, 1 backward."""
+    M = microbatches
+    if schedule == "gpipe":
+        return [(0, k) for k in range(M)] + [(1, k) for k in range(M)]
+    warm = min(M, stages - stage - 1)
+    order = [(0, k) for k in range(warm)]
+    for i in range(M - warm):
+        order += [(0, warm + i), (1, i)]
+    return order + [(1, k) for k in range(M - warm, M)]
+
+
+def _run_pipeline(plan: HybridPlan, costs: PlanCosts) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """End times of every forward and backward, per stage ``(R, M)`` arrays."""
+    S, M = plan.pipeline_depth, plan.microbatches
+    f_end = [np.full((len(s.replicas), M), np.nan) for s in plan.stages]
+    b_end = [np.full((len(s.replicas), M), np.nan) for s in plan.stages]
+    orders = [worker_order(plan.schedule, s, S, M) for s in range(S)]
+    pos = [np.zeros(len(s.replicas), dtype=np.int64) for s in plan.stages]
+    free = [np.zeros(len(s.replicas)) for s in plan.stages]
+    remaining = sum(2 * M * len(s.replicas) for s in plan.stages)
+    while remaining:
+        progressed = 0
+        for s in range(S):
+            sc = costs.stages[s]
+            for r in range(len(plan.stages[s].replicas)):
+                while pos[s][r] < 2 * M:
+                    d, k = orders[s][pos[s][r]]
+                    ready = _ready(costs, f_end, b_end, s, r, d, k, S)
+                    if ready is None:
+                        break
+                    start = max(free[s][r], ready)
+                    free[s][r] = start + (sc.fwd_s[r, k] if d == 0 else sc.bwd_s[r, k])
+                    (f_end if d == 0 else b_end)[s][r, k] = free[s][r]
+                    pos[s][r] += 1
+                    progressed += 1
+        if not progressed:  # cannot happen for the orders above; a guard against a hang
+            raise PlacementError("hybrid simulation deadlocked (a schedule whose workers wait on each other)")
+        remaining -= progressed
+    return f_end, b_end
+
+
+def _ready(costs: PlanCosts, f_end, b_end, s: int, r: int, d: int, k: int, S: int) -> float | None:
+    """When the inputs of worker ``(s, r)``'s op ``(d, k)`` are there; ``None`` while some are not done."""
+    if d == 0:
+        if s == 0:
+            return 0.0
+        recv = costs.stages[s].recv_fwd_s[k][:, r]
+        src = f_end[s - 1][:, k]
+    else:
+        own = f_end[s][r, k]
+        if np.isnan(own):
+            return None
+        if s == S - 1:
+            return float(own)
+        recv = costs.stages[s + 1].recv_fwd_s[k][r, :]  # gradients go back on the same pairs
+        src = b_end[s + 1][:, k]
+    need = recv > 0
+    if np.isnan(src[need]).any():
+        return None
+    arrive = float((src[need] + recv[need]).max()) if need.any() else 0.0
+    return max(arrive, float(f_end[s][r, k])) if d == 1 else arrive
+
+
+def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> HybridResult:
+    """Simulate one step of ``plan``; see the module docstring for the model."""
+    costs = costs if costs is not None else plan_costs(problem, plan)
+    f_end, b_end = _run_pipeline(plan, costs)
+    step = 0.0
+    busy = np.zeros(problem.k)
+    comm = np.zeros(problem.k)
+    worst_sync = 0.0
+    for s, (stage, sc) in enumerate(zip(plan.stages, costs.stages, strict=True)):
+        last_r = int(np.argmax(b_end[s][:, -1]))
+        exposed = exposed_sync_s(plan, sc, float(sc.bwd_s[last_r, -1]))
+        worst_sync = max(worst_sync, exposed)
+        step = max(step, float(b_end[s].max()) + exposed + sc.opt_s)
+        for r, rep in enumerate(stage.replicas):
+            devs = list(rep.devices)
+            busy[devs] = sc.compute_s[r].sum()
+            recv = 0.0 if sc.recv_fwd_s is None else float(sc.recv_fwd_s[:, :, r].sum())
+            comm[devs] = sc.tp_comm_s[r].sum() + recv + sc.sync_s
+    used = np.array(sorted(plan.devices))
+    util = float((busy[used] / step).mean()) if step > 0 else 0.0
+    bubble = float((step - busy[used]).mean())
+    feasible = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+    return HybridResult(step, plan.global_batch / step if step > 0 else float("inf"), feasible, costs.mem_bytes,
+                        busy, util, float(comm.max()), worst_sync, bubble, plan.describe())
