@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import console, output_file, print_json
+from gpualloc.cli.common import console, err_console, output_file, print_json
 from gpualloc.graph.ir import OpGraph, summarize
 from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
 from gpualloc.limits import MAX_BATCH, MAX_TOP
@@ -23,6 +23,7 @@ class Granularity(str, Enum):
 
 class ImportFormat(str, Enum):
     pipedream = "pipedream"
+    sailor = "sailor"
     gpualloc = "gpualloc"
 
 
@@ -47,18 +48,32 @@ def capture_cmd(
 
 @app.command("import")
 def import_cmd(
-    file: Path = typer.Argument(..., help="The profile to import.", exists=True, dir_okay=False),
+    file: Path = typer.Argument(..., help="The profile to import (sailor: the sailor-profiles folder or "
+                                "one profiles/<MODEL> folder of it).", exists=True),
     fmt: ImportFormat = typer.Option(..., "--format", help="Format of FILE."),
     output: Path = typer.Option(None, "-o", "--output", callback=output_file,
                                 help="Where to write the gpualloc-graph JSON."),
-    device: str = typer.Option("V100", "--device", help="Device type the profile was measured on."),
+    device: str = typer.Option("V100", "--device", help="pipedream: device type the profile was measured on."),
+    model: str = typer.Option(None, "--model", help="sailor: the model (OPT-350, GPT-Neo-2.7, LLAMA-3-8, OPT-30)."),
+    gpu: list[str] = typer.Option(None, "--gpu", help="sailor: a profiled GPU (A100-40 or A100-40GB); repeat "
+                                  "for a mixed cluster; default every GPU profiled for the model."),
+    batch: int = typer.Option(None, "--batch", min=1, max=MAX_BATCH,
+                              help="sailor: the global batch (graph batch_size); default the microbatch."),
+    seq_len: int = typer.Option(None, "--seq-len", min=1, help="sailor: must be the profiled sequence length."),
+    microbatch: int = typer.Option(None, "--microbatch", min=1, max=MAX_BATCH,
+                                   help="sailor: the profiled microbatch whose TP-1 times fill time_ms."),
 ) -> None:
-    """Import a published profile (PipeDream per-layer times) as an operator graph."""
-    from gpualloc.graph.importers import import_pipedream
+    """Import a published profile (PipeDream per-layer times, Sailor per-layer profiles) as an operator graph."""
+    from gpualloc.graph.importers import import_pipedream, import_sailor
     from gpualloc.hardware.catalog import default_catalog
 
     if fmt is ImportFormat.pipedream:
         graph = import_pipedream(file, device=default_catalog().device(device).name)
+    elif fmt is ImportFormat.sailor:
+        graph = import_sailor(file, model=model, gpus=gpu or None, batch_size=batch, seq_len=seq_len,
+                              microbatch=microbatch)
+        for reason in graph.meta["profile"].get("skipped", {}).values():
+            err_console.print(f"note: skipped {reason}", highlight=False, soft_wrap=True)
     else:
         graph = OpGraph.load(file)
     s = summarize(graph)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from gpualloc.errors import ImportFormatError, read_text
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode, OpTiming
+from gpualloc.graph.sailor import import_sailor
 from gpualloc.limits import MAX_BATCH
 
 __all__ = [
@@ -202,8 +203,9 @@ def import_pipedream(
 
 
 #: Name -> reader of a foreign format.
-IMPORTERS: dict[str, Callable[[Path], OpGraph]] = {
+IMPORTERS: dict[str, Callable[..., OpGraph]] = {
     "pipedream": import_pipedream,
+    "sailor": import_sailor,  # a folder, not a file: see gpualloc.graph.sailor
 }
 
 
