@@ -1,0 +1,273 @@
+"""Hyperdimensional (HD) encoding of the cluster state: the design's "semantic & structural
+decomposition" module, optional input of the scheduling agent.
+
+Every symbol (a GPU model, a job type, a role such as "priority") is a random bipolar hypervector
+(+-1, ``dim`` entries) drawn from a hash of its name and the seed, so a GPU type never seen in
+training still gets a stable vector: the encoder needs no vocabulary and no cluster. Continuous
+values (utilisation, priority, GPUs asked) are *levels*: level 0 is random and each next level flips
+a fresh ``dim / 2 / (levels - 1)`` entries, so ``cos(level i, level j) = 1 - |i - j| / (levels - 1)``.
+Structure comes from two operations:
+
+* **bind** (element-wise product): ``gpu = type (x) level(util)``; its own inverse, dissimilar to both.
+* **bundle** (weighted element-wise sum, then sign; ties go to a seeded random vector): a set whose
+  members stay similar to it. A job is ``bundle(PRIORITY (x) level(p), TYPE (x) type, GPUS (x) level(g))``;
+  the state bundles the GPU types and the queued jobs, each half weighing as much as the other.
+
+:meth:`HDEncoder.project` maps a hypervector to ``out_dim`` float32 features in ``[-1, 1]`` through a
+fixed random +-1 projection (Johnson-Lindenstrauss: cosines are kept approximately).
+
+Use in the scheduling agent (``features="hd"``): build one ``HDEncoder`` per agent and save
+``encoder.to_dict()`` with it; at each decision point call ``hd_features(view, encoder,
+jobs=point.slots)`` (a :class:`~gpualloc.rl.features.DecisionPoint`'s queued-job slots; default the
+whole queue) and put the ``out_dim`` values where the plain per-type block would go. Pass
+``utilization=metrics.utilization`` to encode measured GPU utilisation instead of the busy share.
+
+References:
+    P. Kanerva, "Hyperdimensional computing: an introduction to computing in distributed
+    representation with high-dimensional random vectors", Cognitive Computation 1(2), 2009.
+    D. Kleyko et al., "A survey on hyperdimensional computing aka vector symbolic architectures,
+    part I", ACM Computing Surveys 55(6), 2022.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from gpualloc.errors import AgentError
+from gpualloc.limits import MAX_SEED, check_seed, check_size
+from gpualloc.scheduling.base import ClusterView
+from gpualloc.workload.jobs import JOB_TYPES, JobType
+
+__all__ = ["HDEncoder", "bind", "cosine", "hd_features"]
+
+MAX_DIM = 1 << 17
+"""Largest hypervector: far beyond the 10,000 where HD capacity stops improving."""
+MAX_LOG2_GPUS = 10.0
+"""GPUs asked enter as ``log2(gpus) / MAX_LOG2_GPUS``: 1 to 1,024 GPUs span the levels."""
+PRIORITY_SCALE = 1.0
+"""Priority ``p`` enters as ``0.5 + 0.5 p / (|p| + PRIORITY_SCALE)``, any integer into (0, 1); the
+usual 0, 1, 2 (0.5, 0.75, 0.83) get distinct levels from ``levels=8`` up."""
+PROJECTION_CLIP = 4.0
+"""Projected values are ~N(0, 1); they are divided by this and clipped to [-1, 1] (clips 6e-5)."""
+
+
+def bind(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise product: dissimilar to both inputs, and its own inverse (``bind(bind(a, b), b) == a``)."""
+    return a * b
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity; 0.0 when either vector is zero."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norm = math.sqrt(float(a @ a) * float(b @ b))
+    return float(a @ b) / norm if norm > 0 else 0.0
+
+
+class HDEncoder:
+    """Seeded hypervectors for GPU types, utilisation levels and jobs, and their projection.
+
+    Args:
+        dim: hypervector length (64..131,072).
+        out_dim: features :meth:`project` returns (1..dim).
+        levels: quantisation levels of a value in [0, 1] (2..dim / 2).
+        seed: an int, or a numpy Generator (one int is drawn from it); None draws a fresh one.
+            Saved as :attr:`seed`, so ``HDEncoder(**encoder.to_dict())`` is the same encoder.
+
+    Raises:
+        AgentError: an argument out of range.
+    """
+
+    def __init__(self, dim: int = 4096, out_dim: int = 32, levels: int = 16, seed=0) -> None:
+        self.dim = check_size(dim, "HDEncoder dim", MAX_DIM, AgentError, minimum=64)
+        self.out_dim = check_size(out_dim, "HDEncoder out_dim", dim, AgentError)
+        self.levels = check_size(levels, "HDEncoder levels", dim // 2, AgentError, minimum=2)
+        seed = check_seed(seed, AgentError)
+        if not isinstance(seed, int):
+            seed = int(np.random.default_rng(seed).integers(MAX_SEED + 1))
+        self.seed = seed
+        # Hypervectors are int8 throughout: 4x less memory traffic than float32, and a (jobs x dim)
+        # temporary stays under malloc's mmap threshold (128 KiB), which float32 crosses at 8 jobs.
+        self._symbols: dict[str, np.ndarray] = {}
+        # level i = base with the first flips[i] entries of a random order negated
+        rank = self._rng("level-order").permutation(dim)
+        flips = np.rint(np.arange(levels) * (dim // 2) / (levels - 1)).astype(np.int64)
+        self._levels = _frozen(np.where(rank[None, :] < flips[:, None], -1, 1) * self._vec("level:base"))
+        self._tie = self._vec("bundle:tie-break")
+        # job record fields pre-bound with their roles; priority and type summed per (level, type) pair
+        kinds = np.stack([self._vec(f"job-type:{t.value}") for t in JOB_TYPES])
+        prio_type = (self._vec("role:priority") * self._levels)[:, None, :] + self._vec("role:job-type") * kinds
+        self._prio_type = _frozen(prio_type.reshape(levels * len(JOB_TYPES), dim))
+        self._gpus = _frozen(self._vec("role:gpus") * self._levels)
+        self._projection = np.ascontiguousarray(self._rng("projection").integers(0, 2, (out_dim, dim)) * 2 - 1,
+                                                dtype=np.float32)
+        self._projection.flags.writeable = False
+
+    def to_dict(self) -> dict:
+        """The arguments that rebuild this encoder (for an agent's checkpoint)."""
+        return {"dim": self.dim, "out_dim": self.out_dim, "levels": self.levels, "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HDEncoder:
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`AgentError`."""
+        unknown = sorted(set(data) - {"dim", "out_dim", "levels", "seed"})
+        if unknown:
+            raise AgentError(f"HDEncoder: unknown field(s) {', '.join(map(str, unknown))}")
+        return cls(**data)
+
+    # ------------------------------------------------------------------------------- symbols
+    def _rng(self, name: str) -> np.random.Generator:
+        digest = hashlib.blake2b(f"{self.seed}\0{name}".encode(), digest_size=8).digest()
+        return np.random.default_rng(int.from_bytes(digest, "little"))
+
+    def _vec(self, name: str) -> np.ndarray:
+        """The +-1 vector of a symbol name (cached, read-only)."""
+        hv = self._symbols.get(name)
+        if hv is None:
+            hv = self._symbols[name] = _frozen(self._rng(name).integers(0, 2, self.dim) * 2 - 1)
+        return hv
+
+    def encode_gpu_type(self, name: str) -> np.ndarray:
+        """The bipolar vector of a GPU model name; stable for names never seen before (read-only)."""
+        return self._vec(f"gpu-type:{name}")
+
+    def _level_index(self, x, field: str) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if x.size and not (x.min() >= 0.0 and x.max() <= 1.0):  # min and max propagate NaN
+            ok = (x >= 0.0) & (x <= 1.0)
+            raise AgentError(f"HDEncoder: {field}={x[~ok].ravel()[0]!r} must lie in [0, 1]")
+        return np.rint(x * (self.levels - 1)).astype(np.intp)
+
+    def encode_level(self, x: float) -> np.ndarray:
+        """Level vector of ``x`` in [0, 1]: nearby values give similar vectors."""
+        return self._levels[int(self._level_index(x, "level"))]
+
+    # ----------------------------------------------------------------------------- composites
+    def _sign(self, total: np.ndarray) -> np.ndarray:
+        s = np.sign(total).astype(np.int8)
+        s += (s == 0) * self._tie  # a zero sum takes the seeded tie-break's entry
+        return s
+
+    def bundle(self, hvs, weights=None) -> np.ndarray:
+        """Sign of the (weighted) sum of the rows of ``hvs``; zero sums take the seeded tie-break."""
+        hvs = np.asarray(hvs)
+        w = np.ones(len(hvs)) if weights is None else np.asarray(weights, np.float64)
+        if hvs.ndim != 2 or hvs.shape[1] != self.dim or w.shape != (len(hvs),):
+            raise AgentError(f"HDEncoder.bundle: expected (n, {self.dim}) vectors and n weights, got "
+                             f"{hvs.shape} and {w.shape}")
+        return self._sign(w @ hvs)
+
+    def encode_gpu(self, type_name: str, utilisation: float) -> np.ndarray:
+        """``type (x) level(utilisation)``."""
+        return bind(self.encode_gpu_type(type_name), self.encode_level(utilisation))
+
+    def _jobs(self, priority, type_code, gpus) -> np.ndarray:
+        """(jobs, dim) records: sign of role (x) value summed over the three fields (never a tie)."""
+        priority, gpus = np.asarray(priority, np.float64), np.asarray(gpus, np.float64)
+        type_code = np.asarray(type_code, np.int64)
+        if len(type_code) and not (type_code.min() >= 0 and type_code.max() < len(JOB_TYPES) and gpus.min() >= 1
+                                   and np.isfinite(priority).all()):
+            raise AgentError(f"HDEncoder: every job needs gpus >= 1, a finite priority and a job type code in "
+                             f"0..{len(JOB_TYPES) - 1}")
+        p = self._level_index(0.5 + 0.5 * priority / (np.abs(priority) + PRIORITY_SCALE), "priority")
+        g = self._level_index(np.minimum(np.log2(gpus) / MAX_LOG2_GPUS, 1.0), "gpus")
+        return np.sign(self._prio_type[p * len(JOB_TYPES) + type_code] + self._gpus[g])
+
+    def encode_job(self, priority: float, job_type: JobType | str, gpus: int) -> np.ndarray:
+        """``bundle(PRIORITY (x) level(priority), TYPE (x) job_type, GPUS (x) level(log2 gpus))``."""
+        return self._jobs([priority], [_job_type_code(job_type)], [gpus])[0]
+
+    def encode_arrays(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
+        """:meth:`encode_cluster_state` from arrays: per-type utilisation; per-job priority,
+        :data:`~gpualloc.workload.jobs.JOB_TYPES` index and GPUs."""
+        if len(type_util) != len(type_names):
+            raise AgentError(f"HDEncoder: {len(type_util)} utilisations for {len(type_names)} GPU types")
+        n_t, n_j = len(type_names), len(type_code)
+        # integer weights: both halves weigh n_t * n_j, and sums (and ties) stay exact; int16 sums
+        # are several times faster than int32 ones and hold up to 32,767 rows
+        total = np.zeros(self.dim, np.int32)
+        if n_t:
+            gpu = np.stack([self._vec(f"gpu-type:{n}") for n in type_names])
+            gpu *= self._levels[self._level_index(type_util, "utilisation")]
+            total = gpu.sum(axis=0, dtype=np.int16) * np.int32(max(n_j, 1))
+        if n_j:
+            total = total + self._jobs(priority, type_code, gpus).sum(axis=0, dtype=np.int16) * np.int32(max(n_t, 1))
+        return self._sign(total)
+
+    def encode_cluster_state(self, utilisation: Mapping[str, float],
+                             jobs: Iterable[tuple[float, JobType | str, int]] = ()) -> np.ndarray:
+        """Bundle of ``encode_gpu(type, util)`` per GPU type and ``encode_job(*job)`` per queued job.
+
+        Args:
+            utilisation: GPU type name -> share of its GPUs in use, in [0, 1].
+            jobs: ``(priority, job_type, gpus)`` of the queued jobs (a set: order is not encoded).
+        """
+        jobs = list(jobs)
+        return self.encode_arrays(list(utilisation), list(utilisation.values()), [j[0] for j in jobs],
+                                  [_job_type_code(j[1]) for j in jobs], [j[2] for j in jobs])
+
+    def features(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
+        """``project(encode_arrays(...))``: the norm of a bipolar vector is known (the agent's hot path)."""
+        hv = self.encode_arrays(type_names, type_util, priority, type_code, gpus).astype(np.float32)
+        return _squash(np.dot(self._projection, hv) / math.sqrt(self.dim))
+
+    def project(self, hv) -> np.ndarray:
+        """``out_dim`` float32 features in [-1, 1] of ``hv`` (or of each row of a 2-D batch).
+
+        ``hv @ P / |hv|`` for a fixed random +-1 matrix ``P``: each value is ~N(0, 1) over random
+        inputs, and similar vectors give similar features.
+        """
+        hv = np.asarray(hv, dtype=np.float32)
+        if hv.shape[-1] != self.dim:
+            raise AgentError(f"HDEncoder.project: vector of length {hv.shape[-1]}, encoder dim {self.dim}")
+        norm = np.sqrt(np.einsum("...i,...i->...", hv, hv))[..., None]
+        return _squash(hv @ self._projection.T / np.where(norm > 0, norm, 1.0))
+
+
+def _squash(z: np.ndarray) -> np.ndarray:
+    return np.clip(z / PROJECTION_CLIP, -1.0, 1.0).astype(np.float32)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` as int8, read-only: the encoder's tables are shared by every caller."""
+    a = np.ascontiguousarray(a, dtype=np.int8)
+    a.flags.writeable = False
+    return a
+
+
+def _job_type_code(job_type: JobType | str) -> int:
+    try:
+        return JOB_TYPES.index(JobType(getattr(job_type, "value", job_type)))
+    except ValueError:
+        raise AgentError(f"HDEncoder: unknown job type {job_type!r}") from None
+
+
+def hd_features(view: ClusterView, encoder: HDEncoder, *, jobs: Sequence[int] | None = None,
+                utilization: np.ndarray | None = None) -> np.ndarray:
+    """The HD block for one decision point: per-type utilisation and the queued jobs, projected.
+
+    Args:
+        view: the simulator's (or service's) view.
+        encoder: the agent's encoder.
+        jobs: job indices to encode (e.g. ``DecisionPoint.slots``); default the whole queue.
+        utilization: per-GPU utilisation in [0, 1] (``GpuMetrics.utilization``; NaN counts as 0);
+            default 1 for a GPU running a job, 0 for a free or failed one.
+
+    Returns:
+        ``encoder.out_dim`` float32 values in [-1, 1].
+    """
+    n_types = len(view.type_names)
+    if utilization is None:
+        busy = (view.gpu_job >= 0).astype(np.float64)
+    else:
+        busy = np.clip(np.nan_to_num(np.asarray(utilization, np.float64)), 0.0, 1.0)
+        if busy.shape != view.gpu_type.shape:
+            raise AgentError(f"hd_features: {busy.size} utilisation values for {view.gpu_type.size} GPUs")
+    per_type = np.bincount(view.gpu_type, weights=busy, minlength=n_types)
+    type_util = np.clip(per_type / np.maximum(view.total_by_type(), 1), 0.0, 1.0)
+    q = np.asarray(view.queue if jobs is None else jobs, dtype=np.int64)
+    t = view.jobs
+    return encoder.features(view.type_names, type_util, t.priority[q], t.type_code[q], t.num_gpus[q])
