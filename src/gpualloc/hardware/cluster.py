@@ -7,7 +7,9 @@ intra-node link; nodes are joined by one network link. :func:`load_cluster` acce
 * shorthand ``"4xA100+4xV100"``: each ``NxTYPE`` term fills nodes of at most
   :data:`NODE_SIZE` devices of that type, joined by :data:`DEFAULT_NETWORK` or by the link named in an
   optional ``@LINK`` suffix (``"16xV100@eth-25g"``);
-* a ``.toml`` / ``.yaml`` / ``.yml`` file (format in ``docs/hardware.md``).
+* a ``.toml`` / ``.yaml`` / ``.yml`` file (format in ``docs/hardware.md``);
+* ``slurm:`` (or ``slurm:PARTITION``): the local Slurm cluster's nodes and typed GPU GRES
+  (:mod:`gpualloc.hardware.slurm`).
 
 Every problem is one :class:`~gpualloc.errors.ClusterError` line naming the file and field.
 """
@@ -465,7 +467,8 @@ def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> ClusterSpe
     """A cluster from a preset name, shorthand (``"4xA100+4xV100@ib-hdr"``) or TOML/YAML file.
 
     Args:
-        spec: preset name (see :data:`PRESETS`), shorthand, or path to a ``.toml``/``.yaml`` file.
+        spec: preset name (see :data:`PRESETS`), shorthand, path to a ``.toml``/``.yaml`` file, or
+            ``slurm:`` / ``slurm:PARTITION``.
         catalog: device and link types (default: the built-in catalog).
 
     Raises:
@@ -475,7 +478,13 @@ def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> ClusterSpe
         return load_cluster_file(spec, catalog)
     if spec in PRESETS:
         return PRESETS[spec](catalog)
+    if str(spec).strip().lower().startswith("slurm"):
+        from gpualloc.hardware.slurm import read_slurm_cluster, slurm_cluster_arg
+
+        partition = slurm_cluster_arg(spec)
+        if partition is not False:  # "slurm", "slurm:" or "slurm:PARTITION": the local Slurm's nodes
+            return read_slurm_cluster(partition or None, catalog=catalog)
     if not re.match(r"^\s*\d", spec):
         raise ClusterError(f"unknown cluster {spec!r}: not a preset ({', '.join(PRESETS)}), "
-                           f"a .toml/.yaml file, or shorthand like '4xA100+4xV100'")
+                           f"a .toml/.yaml file, slurm:, or shorthand like '4xA100+4xV100'")
     return parse_shorthand(spec, catalog)

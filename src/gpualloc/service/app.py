@@ -89,7 +89,7 @@ class ServiceConfig:
     Attributes:
         store: SQLite file or database URL.
         cluster: preset, shorthand or cluster file the policy schedules.
-        backend: ``"local"`` or ``"ray"``.
+        backend: ``"local"``, ``"ray"`` or ``"slurm"``.
         ray_address: join this Ray cluster (default: start a local Ray declaring the cluster's
             device types as resources).
         ray_num_cpus: CPUs of a locally started Ray.
@@ -173,6 +173,10 @@ class Service:
                     "temp_dir": f"/tmp/gr-{self.store.uid}",
                     "local_resources": {res: float(n) for res, n in zip(
                         self.types.resources, [self.cluster.type_counts()[t] for t in self.types.names], strict=False)}}
+            elif cfg.backend == "slurm":
+                from gpualloc.service.slurm import slurm_options
+
+                options = dict(slurm_options(runs, self.store.uid, self.cluster, cfg.cluster))
             else:
                 options = {"runs_dir": runs}
             self.backend = make_backend(cfg.backend, **options)

@@ -670,6 +670,7 @@ BACKENDS: Registry[type] = Registry("backend", BackendError)
 """Backend classes by name."""
 BACKENDS.register("local", LocalBackend)
 BACKENDS.register("ray", RayBackend)
+BACKENDS.register("slurm", "gpualloc.service.slurm:SlurmBackend")  # imported when asked for
 
 
 def make_backend(name: str, **options: Any) -> Backend:
