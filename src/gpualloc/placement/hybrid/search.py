@@ -1,0 +1,178 @@
+"""The hybrid planner: search pipeline depth, device groups, TP, layer split, shares, microbatches, schedule.
+
+1. **Layouts**: the device groups of the stages, in pipeline order: all devices in one stage; one stage
+   per GPU type (fastest first, and slowest first); and 2, 4, 8, ... contiguous equal groups of the
+   devices ordered by type speed and node (stages of one type, or mixed where a type's devices do not
+   fill whole stages).
+2. **TP** per layout: every degree that cuts each stage into same-node, same-type groups.
+3. **Layer split**: dynamic programming over layers and stages minimising the slowest stage, where a stage
+   of layers ``a..b`` processes the batch at the sum of its replicas' rates (prefix sums make every range
+   O(1)); ranges whose weights and optimizer states do not fit the stage's smallest GPU are excluded
+   (as in PipeDream's planner, Narayanan et al., SOSP 2019, extended to heterogeneous replicas).
+4. **Shares** in proportion to each replica's speed on its stage's layers (largest remainder), and
+   **microbatches** from ``S`` to ``4 S``; ZeRO-1 and FSDP when nothing else fits.
+5. The closed form (:func:`~gpualloc.placement.hybrid.cost.estimate_step_s`) ranks the candidates; the
+   best few, the baselines (DDP, speed-proportional DDP, Metis-style) among them, are simulated with both
+   schedules and both all-reduce algorithms, and the simulator picks the plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from gpualloc.errors import PlacementError
+from gpualloc.placement.hybrid import baselines
+from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
+from gpualloc.placement.hybrid.cost import estimate_step_s, plan_costs
+from gpualloc.placement.hybrid.plan import HybridPlan, Stage, Sync, make_plan
+from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
+
+SIMULATED = 6
+"""Candidates (by the closed form) the simulator judges, besides the baselines."""
+
+
+def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
+    """Device groups of the stages, in pipeline order (see the module docstring)."""
+    k = problem.k
+    order = sorted(range(k), key=lambda d: (-problem.type_speed[problem.type_of[d]], problem.node_of[d], d))
+    yield [order]
+    by_type = baselines.type_groups(problem)
+    if len(by_type) > 1:
+        yield from (by_type, by_type[::-1])
+    s = 2
+    while s <= min(k, problem.L, 32):
+        if k % s == 0:
+            size = k // s
+            yield [order[i:i + size] for i in range(0, k, size)]
+        s *= 2
+
+
+def _rate_terms(problem: HybridProblem, groups, mb: int) -> list[np.ndarray]:
+    """Per replica, the prefix sums of its seconds per sample over the layers (fwd + bwd + TP comm)."""
+    out = []
+    for g in groups:
+        per = np.zeros(problem.L)
+        for ti in {int(problem.type_of[d]) for d in g}:
+            f, b = problem.layer_times_s(ti, mb, len(g))
+            per = np.maximum(per, f + b)
+        per = (per + 2 * problem.tp_comm_s(mb, g)) / mb
+        out.append(np.r_[0.0, np.cumsum(per)])
+    return out
+
+
+def split_layers(problem: HybridProblem, stage_groups: list[list[tuple[int, ...]]],
+                 mb_hint: int) -> list[tuple[int, int]] | None:
+    """Layer ranges of the stages minimising the slowest stage's batch time (None if no split fits memory)."""
+    L, S, G = problem.L, len(stage_groups), problem.global_batch
+    if S > L:
+        return None
+    ppre = np.r_[0.0, np.cumsum(problem.layer_param_bytes)]
+    a_idx, b_idx = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
+    valid = b_idx >= a_idx
+    states = (ppre[b_idx + 1] - ppre[a_idx]) * (2 + problem.optimizer_states)
+    prev = np.r_[0.0, np.full(L - 1, np.inf)]  # prev[a]: best max over earlier stages ending at layer a - 1
+    choice = []
+    for groups in stage_groups:
+        rate = np.zeros((L, L))
+        for pre in _rate_terms(problem, groups, mb_hint):
+            with np.errstate(divide="ignore"):
+                rate += np.where(valid, 1.0 / np.maximum(pre[b_idx + 1] - pre[a_idx], 1e-30), 0.0)
+        cap = min(problem.mem_cap_bytes[d] for g in groups for d in g)
+        tp = min(len(g) for g in groups)
+        cost = np.where(valid & (states / tp <= cap), G / np.maximum(rate, 1e-30), np.inf)
+        both = np.maximum(prev[:, None], cost)
+        arg = both.argmin(axis=0)
+        choice.append(arg)
+        best = both[arg, np.arange(L)]
+        prev = np.r_[np.inf, best[:-1]]
+    if not np.isfinite(best[-1]):
+        return None
+    ranges, b = [], L - 1
+    for arg in reversed(choice):
+        a = int(arg[b])
+        ranges.append((a, b))
+        b = a - 1
+    return ranges[::-1] if b == -1 else None
+
+
+def _candidates(problem: HybridProblem, deadline: float) -> Iterator[HybridPlan]:
+    """Plans of every layout x TP degree x microbatch count (see the module docstring)."""
+    G = problem.global_batch
+    for layout in _layouts(problem):
+        S = len(layout)
+        for tp in problem.tp_degrees:
+            groups = [replica_groups(problem, devs, tp) for devs in layout]
+            if any(g is None or not g for g in groups):
+                continue
+            reps = max(len(g) for g in groups)
+            if G < reps:  # fewer samples than replicas: keep only the layouts every replica gets one of
+                continue
+            m_options = sorted({1, 2} if S == 1 else {S, 2 * S, 4 * S})
+            for m in m_options:
+                mb_hint = max(1, G // (m * reps))
+                ranges = split_layers(problem, groups, mb_hint)
+                if ranges is None:
+                    continue
+                stages = [stage_of(problem, g, a, b) for g, (a, b) in zip(groups, ranges, strict=True)]
+                smallest = min(r.batch_share for s in stages for r in s.replicas)
+                yield from _variants(problem, stages, min(m, smallest))
+            if time.perf_counter() > deadline:
+                return
+
+
+def _variants(problem: HybridProblem, stages: list[Stage], m: int) -> Iterator[HybridPlan]:
+    for sharding in ("none", "zero1", "fsdp"):
+        plan = make_plan(stages, problem.global_batch, m, sharding=sharding, n_devices=problem.k)
+        yield plan
+        if np.all(plan_costs(problem, plan).mem_bytes <= problem.mem_cap_bytes):
+            return  # sharding only costs when the plan already fits
+
+
+def _refinements(problem: HybridProblem, plan: HybridPlan) -> Iterator[HybridPlan]:
+    """The plan under both schedules and both all-reduce algorithms (when a stage spans nodes)."""
+    spans = any(len(set(problem.node_of[list(s.devices)])) > 1 for s in plan.stages)
+    for schedule in ("1f1b", "gpipe") if plan.pipeline_depth > 1 else ("1f1b",):
+        for algorithm in ("ring", "hierarchical") if spans else ("ring",):
+            yield make_plan(plan.stages, plan.global_batch, plan.microbatches, schedule=schedule,
+                            sync=Sync(algorithm, plan.sync.overlap, plan.sync.bucket_mb), sharding=plan.sharding,
+                            n_devices=problem.k)
+
+
+def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
+                time_limit_s: float | None = None) -> tuple[HybridPlan, HybridResult]:
+    """The best hybrid plan found for ``problem`` and its simulated step (feasible plans first).
+
+    Args:
+        problem: the model, cluster and global batch.
+        seed: accepted for the common planner signature; the search is deterministic.
+        time_limit_s: stop generating candidates after this long (the best so far is returned).
+    """
+    del seed
+    deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else float("inf"))
+    ranked = []
+    for plan in _candidates(problem, deadline):
+        costs = plan_costs(problem, plan)
+        fits = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+        ranked.append((not fits, estimate_step_s(problem, plan, costs), len(ranked), plan))
+    ranked.sort(key=lambda t: t[:3])
+    pool = [t[3] for t in ranked[:SIMULATED]]
+    for name in ("ddp", "ddp-speed", "metis"):
+        try:
+            pool.append(baselines.BASELINES[name](problem))
+        except PlacementError:
+            continue
+    best: tuple | None = None
+    for plan in pool:
+        for variant in _refinements(problem, plan):
+            r = simulate_hybrid(problem, variant)
+            key = (not r.feasible, r.step_time_s)
+            if best is None or key < best[0]:
+                best = (key, variant, r)
+    if best is None:
+        raise PlacementError(f"no hybrid plan for {problem.graph.name!r} on {problem.cluster.name!r} "
+                             f"with global batch {problem.global_batch}")
+    return best[1], best[2]
