@@ -138,7 +138,7 @@ class HDEncoder:
         x = np.asarray(x, dtype=np.float64)
         if x.size and not (x.min() >= 0.0 and x.max() <= 1.0):  # min and max propagate NaN
             ok = (x >= 0.0) & (x <= 1.0)
-            raise AgentError(f"HDEncoder: {field}={x[~ok].ravel()[0]!r} must lie in [0, 1]")
+            raise AgentError(f"HDEncoder: {field}={float(x[~ok].ravel()[0])} must lie in [0, 1]")
         return np.rint(x * (self.levels - 1)).astype(np.intp)
 
     def encode_level(self, x: float) -> np.ndarray:
