@@ -1,0 +1,181 @@
+"""The simulator's speed-ups change nothing: event logs and JCTs as recorded before them.
+
+``tests/data/sched_speedup_golden.json`` was written by the code before the speed work of issue 18
+(commit named in the file) with ``python tests/scheduling/test_speedup_identical.py``. For every
+heuristic policy on a few small workloads (synthetic seeds, with failures and checkpoints on one, a
+Philly window and a Gavel msr window, clusters of 2-3 device types) it holds:
+
+* a digest of the event log: every non-empty decision (time, starts with their GPUs, preemptions),
+  in order, with exact float text (``repr``);
+* a digest of the timeline (time, busy GPUs, queue length after each decision point) and the
+  counts of events, decisions, preemptions and failure restarts, and each job's last device type;
+* each job's JCT, first start and lost time, compared to 1e-9 relative.
+
+Regenerate only on purpose (a deliberate behaviour change), never to make a speed-up pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.scheduling.base import ClusterView, Decision, Policy
+from gpualloc.scheduling.metrics import jct_s
+from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.simulator import SimResult, random_failures, simulate
+from gpualloc.workload.jobs import Trace
+from gpualloc.workload.traces import generate, read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "sched_speedup_golden.json"
+SHARED = ROOT.parent / "shared" / "data"
+
+POLICIES: dict[str, tuple[str, dict]] = {
+    "fcfs": ("fcfs", {}),
+    "static-affinity": ("static-affinity", {}),
+    "sjf": ("sjf", {}),
+    "srtf": ("srtf", {}),
+    "easy-backfill": ("easy-backfill", {}),
+    "tiresias": ("tiresias", {}),
+    "gavel": ("gavel", {}),
+    "gavel-throughput": ("gavel", {"objective": "max-throughput"}),
+}
+
+
+def _window(trace: Trace, start: int, n: int) -> Trace:
+    return Trace(trace.jobs[start:start + n], trace.source, trace.format, dict(trace.meta)).shifted()
+
+
+def _case(name: str):
+    """``(trace, cluster, simulate keyword options)`` of one workload."""
+    if name == "synthetic-s0":
+        cluster = load_cluster("4xV100+4xP100+4xK80")
+        return generate(70, cluster, 1.0, seed=0), cluster, {}
+    if name == "synthetic-s1-failures":
+        cluster = load_cluster("8xV100+4xK80")
+        trace = generate(70, cluster, 1.3, seed=1)
+        horizon = trace.jobs[-1].arrival_s + 3 * 86400.0
+        failures = random_failures(cluster, horizon, mtbf_s=5 * 86400.0, repair_s=3600.0, seed=1)
+        return trace, cluster, {"failures": failures, "checkpoint_interval_s": 900.0, "seed": 1}
+    if name == "philly-window":
+        cluster = load_cluster("4xV100+2xP100")
+        trace = _window(read_trace(SHARED / "philly" / "philly.csv", "philly"), 3000, 80)
+        return trace, cluster, {"drop_unplaceable": True}
+    if name == "msr-window":
+        cluster = load_cluster("4xV100+4xP100+4xK80")
+        trace = _window(read_trace(SHARED / "gavel" / "msr-seed0" / "ed69ec.trace"), 100, 70)
+        return trace, cluster, {"drop_unplaceable": True}
+    raise KeyError(name)
+
+
+CASES = ("synthetic-s0", "synthetic-s1-failures", "philly-window", "msr-window")
+
+
+class _Recorder:
+    """Passes a policy's decisions through and logs the non-empty ones (any other attribute is the
+    policy's own, so hooks the simulator looks for still reach it)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.log: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+    def decide(self, view: ClusterView) -> Decision:
+        d = self.policy.decide(view)
+        if d.starts or d.preempt:
+            starts = [[int(j), [int(g) for g in gpus]] for j, gpus in d.starts]
+            self.log.append(json.dumps([repr(float(view.now_s)), starts, [int(j) for j in d.preempt]]))
+        return d
+
+
+def _digest(items) -> str:
+    h = hashlib.sha256()
+    for item in items:
+        h.update(item.encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _floats(a: np.ndarray) -> list:
+    return [None if not np.isfinite(x) else float(x) for x in np.asarray(a, dtype=float)]
+
+
+def record(case: str, policy_key: str) -> dict:
+    """One run's fingerprint (see the module docstring)."""
+    trace, cluster, options = _case(case)
+    name, kwargs = POLICIES[policy_key]
+    rec = _Recorder(make_policy(name, **kwargs))
+    r: SimResult = simulate(trace, cluster, rec, **options)
+    timeline = (f"{t!r} {b} {q}" for t, b, q in zip(r.times_s.tolist(), r.busy_gpus.tolist(), r.queue_len.tolist(),
+                                                     strict=True))
+    return {
+        "events_log_sha256": _digest(rec.log),
+        "log_len": len(rec.log),
+        "timeline_sha256": _digest(timeline),
+        "events": r.events,
+        "decisions": r.decisions,
+        "preemptions": int(r.preemptions.sum()),
+        "failure_restarts": int(r.failure_restarts.sum()),
+        "run_type": r.run_type.tolist(),
+        "rejected": list(r.rejected),
+        "jct_s": _floats(jct_s(r)),
+        "start_s": _floats(r.start_s),
+        "lost_s": _floats(r.lost_s),
+    }
+
+
+def _close(got: list, want: list) -> bool:
+    g = np.array([np.nan if x is None else x for x in got], dtype=float)
+    w = np.array([np.nan if x is None else x for x in want], dtype=float)
+    return g.shape == w.shape and bool(np.all((np.isnan(g) & np.isnan(w))
+                                              | (np.abs(g - w) <= 1e-9 * np.maximum(np.abs(w), 1.0))))
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    if not SHARED.is_dir():
+        pytest.skip(f"shared data not found at {SHARED}")
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("policy_key", list(POLICIES))
+def test_same_event_log_and_jcts_as_before_the_speedups(golden, case, policy_key):
+    want = golden["runs"][f"{case}/{policy_key}"]
+    got = record(case, policy_key)
+    for key in ("log_len", "events_log_sha256", "timeline_sha256", "events", "decisions", "preemptions",
+                "failure_restarts", "run_type", "rejected"):
+        assert got[key] == want[key], f"{case}/{policy_key}: {key} changed"
+    for key in ("jct_s", "start_s", "lost_s"):
+        assert _close(got[key], want[key]), f"{case}/{policy_key}: {key} changed beyond 1e-9 relative"
+
+
+def test_the_golden_runs_are_not_trivial(golden):
+    """Each policy preempts or waits somewhere, and the failure case restarts jobs: the log means something."""
+    runs = golden["runs"]
+    assert len(runs) == len(CASES) * len(POLICIES)
+    assert runs["synthetic-s1-failures/fcfs"]["failure_restarts"] > 0
+    for key in ("gavel", "gavel-throughput", "tiresias", "srtf"):
+        assert sum(runs[f"{case}/{key}"]["preemptions"] for case in CASES) > 0
+    assert all(run["log_len"] > 10 for run in runs.values())
+
+
+def main() -> None:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    runs = {f"{case}/{key}": record(case, key) for case in CASES for key in POLICIES}
+    GOLDEN.write_text(json.dumps({"written_by": "tests/scheduling/test_speedup_identical.py", "commit": commit,
+                                  "runs": runs}, indent=1) + "\n")
+    print(f"wrote {GOLDEN} ({len(runs)} runs)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
