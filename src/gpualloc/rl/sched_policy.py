@@ -1,5 +1,16 @@
 """``dqn``: a trained DQN agent as a scheduling policy.
 
+Two kinds of agent file load here (:func:`learned_policy`, the registry's ``dqn`` factory, tells
+them apart by the checkpoint's ``extra["format"]``):
+
+* ``gpualloc.expert-choice`` (the bundled ``sched-experts.pt``): :class:`ExpertChoicePolicy`, which
+  at each decision point applies the proposal of the expert heuristic the agent chooses
+  (:mod:`gpualloc.rl.expert_choice`); preemptive, cluster-agnostic. Its checkpoint carries the gate's
+  verdict from training: when the agent was worse than its teacher on the validation traces, the
+  policy runs the teacher instead and says so (a warning and :attr:`ExpertChoicePolicy.note`).
+* ``gpualloc.scheduler`` (the earlier per-GPU-slot agent, ``sched-adlro16.pt``): :class:`DQNPolicy`,
+  described below.
+
 At each decision point the policy builds the observation of
 :mod:`gpualloc.rl.envs.scheduling_env` from the view (:class:`~gpualloc.rl.features.DecisionPoint`,
 the code the environment uses) and takes the agent's greedy masked action, again and again, until it
@@ -17,12 +28,16 @@ It lives in the learning layer and is registered lazily in the scheduling layer'
 
 from __future__ import annotations
 
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gpualloc.errors import AgentError
-from gpualloc.scheduling.base import ClusterView, Decision
+from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, distinct, observe
+from gpualloc.scheduling.base import ClusterView, Decision, JobTable
 from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
                                           JobRequests, MetricsSource, simulated_metrics)
 
@@ -30,15 +45,120 @@ if TYPE_CHECKING:
     from gpualloc.rl.dqn import DQNAgent
 
 BUNDLED_AGENT = "sched-adlro16.pt"
-"""The default agent, in ``gpualloc/rl/data``."""
+"""The earlier per-slot agent for ``adlro16``, in ``gpualloc/rl/data``."""
+
+BUNDLED_EXPERT_AGENT = "sched-experts.pt"
+"""The default agent (expert choice, any cluster), in ``gpualloc/rl/data``."""
+
+EXPERT_FORMAT = "gpualloc.expert-choice"
+"""``extra["format"]`` of an expert-choice agent's checkpoint."""
 
 EXTRA_FORMAT = "gpualloc.scheduler"
 """``extra["format"]`` of a scheduling agent's checkpoint."""
 
 
-def bundled_agent_path() -> Path:
-    """Path of the bundled ``adlro16`` agent."""
-    return Path(str(resources.files("gpualloc.rl") / "data" / BUNDLED_AGENT))
+def bundled_agent_path(name: str = BUNDLED_AGENT) -> Path:
+    """Path of a bundled agent (default the per-slot ``adlro16`` one)."""
+    return Path(str(resources.files("gpualloc.rl") / "data" / name))
+
+
+class AgentFallbackWarning(UserWarning):
+    """The learned agent failed its gate; its teacher heuristic schedules instead."""
+
+
+def expert_extra(experts: tuple[str, ...] | list[str], teacher: int, gate: GateResult | None, **more) -> dict:
+    """The ``extra`` an expert-choice agent's checkpoint carries (plain values)."""
+    return {"format": EXPERT_FORMAT, "experts": list(experts), "teacher": int(teacher),
+            "gate": None if gate is None else gate.to_dict(), **more}
+
+
+class ExpertChoicePolicy:
+    """Schedule by applying, at each decision point, the proposal of the expert the agent picks.
+
+    Args:
+        agent: the Q-network over :func:`~gpualloc.rl.expert_choice.observe`; None runs the teacher.
+        experts: registry names of the experts (the agent's actions, in order).
+        teacher: index of the teacher expert.
+        gate: the training gate's verdict; a failed gate runs the teacher (and warns).
+        encoder: optional extra features of a view (the agent was trained with them).
+    """
+
+    name = "dqn"
+    preemptive = True
+
+    def __init__(self, agent: DQNAgent | None, experts: tuple[str, ...] | list[str], teacher: int = 0, *,
+                 gate: GateResult | None = None, encoder=None) -> None:
+        self.experts, self.teacher = tuple(experts), int(teacher)
+        self.gate = gate
+        self.fallback = agent is None or (gate is not None and not gate.passed)
+        self.agent = None if self.fallback else agent
+        self.encoder = encoder
+        if agent is not None and agent.n_actions != len(self.experts):
+            raise AgentError(f"agent has {agent.n_actions} actions for {len(self.experts)} experts")
+        self.note = gate.note() if gate is not None else (
+            f"no agent: {self.experts[self.teacher]}" if agent is None else "learned agent (no gate recorded)")
+        if self.fallback and gate is not None:
+            warnings.warn(self.note, AgentFallbackWarning, stacklevel=2)
+        self._panel = self._new_panel()
+        self.round_s: float | None = self._panel.round_s
+        self._table: JobTable | None = None
+        self.choices = np.zeros(len(self.experts), dtype=np.int64)
+
+    def _new_panel(self) -> ExpertPanel:
+        if self.fallback:  # the teacher alone: exactly the teacher heuristic
+            return ExpertPanel((self.experts[self.teacher],), 0)
+        return ExpertPanel(self.experts, self.teacher)
+
+    def decide(self, view: ClusterView) -> Decision:
+        if self._table is not view.jobs:  # a new run: fresh expert state
+            if self._table is not None:
+                self._panel = self._new_panel()
+            self._table = view.jobs
+        panel = self._panel
+        proposals = panel.propose(view)
+        if self.agent is None:
+            return proposals[0]
+        mask = distinct(proposals)
+        if mask.sum() == 1:
+            return proposals[0]
+        obs = observe(view, proposals, self.teacher)
+        if self.encoder is not None:
+            obs = np.concatenate([obs, np.asarray(self.encoder(view), dtype=np.float32)])
+        choice = self.agent.act(obs, mask, explore=False)
+        self.choices[choice] += 1
+        return panel.apply(choice, proposals, view)
+
+
+def learned_policy(agent: str | Path | DQNAgent | None = None, **options):
+    """The registry's ``dqn`` factory: the agent file's kind decides the policy class.
+
+    Args:
+        agent: checkpoint path, a loaded agent, or None for the bundled expert-choice agent.
+        **options: :class:`DQNPolicy` options (``requests``, ``metrics``) for a per-slot agent.
+
+    Raises:
+        AgentError: missing file, or not a scheduling agent.
+    """
+    from gpualloc.rl.dqn import DQNAgent
+
+    if isinstance(agent, DQNAgent):
+        loaded, where = agent, "agent"
+    else:
+        path = bundled_agent_path(BUNDLED_EXPERT_AGENT) if agent is None else Path(agent)
+        loaded, where = DQNAgent.load(path, device="cpu"), str(path)
+    extra = loaded.extra if isinstance(loaded.extra, dict) else {}
+    if extra.get("format") != EXPERT_FORMAT:
+        return DQNPolicy(loaded, **options)
+    try:
+        experts = [str(x) for x in extra["experts"]]
+        teacher = int(extra["teacher"])
+        gate = None if extra.get("gate") is None else GateResult.from_dict(extra["gate"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise AgentError(f"{where}: bad expert-choice metadata: {err}") from err
+    encoder = None
+    if extra.get("hd"):
+        encoder = HDFeatures.from_dict(extra["hd"])
+    return ExpertChoicePolicy(loaded, experts, teacher, gate=gate, encoder=encoder)
 
 
 def scheduler_extra(layout: FeatureLayout, scaler: FeatureScaler, *, slot_order: str, work_conserving: bool,

@@ -36,7 +36,9 @@ from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
 
-__all__ = ["DEFAULT_CONFIG", "EvalPoint", "EvalRun", "SchedulerTrainReport", "SchedulerTraining", "baseline_jcts",
+__all__ = ["DEFAULT_CONFIG", "EXPERT_CONFIG", "EvalPoint", "EvalRun", "ExpertTrainReport", "ExpertTraining",
+           "SchedulerTrainReport", "SchedulerTraining", "agent_jcts", "baseline_jcts", "expert_jcts",
+           "train_expert_scheduler",
            "eval_one", "evaluate_policies", "fit_scaler", "held_out_traces", "train_scheduler"]
 
 DEFAULT_CONFIG = DQNConfig(
@@ -379,3 +381,171 @@ def plot_learning_curve(report: SchedulerTrainReport, log: TrainLog, path: str |
     return path
 
 
+
+
+# ------------------------------------------------------------------------------ expert-choice agent
+
+EXPERT_CONFIG = DQNConfig(
+    backbone="mlp", hidden=(64, 64), lr=1e-4, gamma=0.99, batch_size=64, buffer_size=50_000, learning_starts=500,
+    train_freq=4, gradient_steps=1, target_update_interval=500, eps_start=0.1, eps_end=0.02, eps_decay_steps=5_000,
+    seed=0,
+)
+"""The expert-choice agent: a small MLP (the observation has ~50 numbers; a decision takes well under
+1 ms), double DQN with a target network copied every 500 gradient steps. Exploration starts at 0.1,
+not 1: fine-tuning begins from the cloned teacher and must not forget it at once."""
+
+TRAIN_CLUSTERS = ("adlro16", "8xV100+4xP100+4xK80", "4xA100+4xV100+8xT4")
+"""Clusters the bundled agent trains on; ``16xV100+8xT4+8xA100`` is kept unseen for evaluation."""
+
+
+@dataclass(frozen=True)
+class ExpertTraining:
+    """Settings of :func:`train_expert_scheduler`."""
+
+    clusters: tuple[str, ...] = TRAIN_CLUSTERS
+    """Clusters of the generated training and validation traces."""
+    experts: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf")
+    """The heuristics the agent chooses among (registry names)."""
+    seed: int = 0
+    """Seeds the agent, the traces and the episodes."""
+    train_traces: int = 12
+    """Generated training traces (clusters in turn)."""
+    num_jobs: tuple[int, int] = (40, 100)
+    """``(low, high)`` job counts of generated traces."""
+    loads: tuple[float, float] = (0.5, 1.1)
+    """``(low, high)`` loads of generated training traces."""
+    val_loads: tuple[float, ...] = (0.6, 1.0)
+    """Loads of the validation traces (one per cluster and load, 80 jobs, seeds 20,000+)."""
+    extra_problems: tuple = ()
+    """More ``(cluster spec, trace)`` training problems (real-trace windows)."""
+    bc_rounds: int = 2
+    """DAgger rounds (round 0 follows the teacher)."""
+    bc_episodes: int = 3
+    """Episodes per DAgger round."""
+    steps: int = 6_000
+    """DQN fine-tuning environment steps (0: behaviour cloning only)."""
+    config: DQNConfig | None = None
+    """DQN settings; default :data:`EXPERT_CONFIG`."""
+    hd_dim: int = 0
+    """Dimension of the hyperdimensional encoding appended to the observation (0: plain features)."""
+
+
+@dataclass(frozen=True)
+class ExpertTrainReport:
+    """What :func:`train_expert_scheduler` did (JCTs are means over the validation traces)."""
+
+    out_path: Path
+    teacher: str
+    expert_jct_s: dict[str, float]
+    bc_jct_s: float
+    tuned_jct_s: float | None
+    kept: str
+    gate: Any
+    wall_s: float
+    agreement: tuple[float, ...]
+
+
+def _problems(run: ExpertTraining) -> tuple[list, list]:
+    """Training and validation ``(cluster, trace)`` pairs (validation seeds never used in training)."""
+    specs = [load_cluster(c) for c in run.clusters]
+    rng = np.random.default_rng(run.seed)
+    train_p = []
+    for k in range(run.train_traces):
+        spec = specs[k % len(specs)]
+        n = int(rng.integers(run.num_jobs[0], run.num_jobs[1] + 1))
+        train_p.append((spec, generate(n, spec, float(rng.uniform(*run.loads)), seed=int(rng.integers(10_000)))))
+    val = [(spec, generate(80, spec, load, seed=20_000 + i)) for i, (spec, load) in
+           enumerate((s, ld) for s in specs for ld in run.val_loads)]
+    return train_p + list(run.extra_problems), val
+
+
+def _jct(problem, policy) -> float:
+    spec, trace = problem
+    return metrics.avg_jct_s(simulate(trace, spec, policy, drop_unplaceable=True, timeline=False))
+
+
+def expert_jcts(problems: Sequence, experts: Sequence[str]) -> dict[str, list[float]]:
+    """Average JCT of each expert heuristic alone on each problem."""
+    return {name: [_jct(p, make_policy(name)) for p in problems] for name in experts}
+
+
+def agent_jcts(agent: DQNAgent, problems: Sequence, experts: Sequence[str], teacher: int, encoder=None) -> list[float]:
+    """Average JCT of the greedy expert-choice agent (no gate) on each problem."""
+    from gpualloc.rl.sched_policy import ExpertChoicePolicy
+
+    return [_jct(p, ExpertChoicePolicy(agent, experts, teacher, encoder=encoder)) for p in problems]
+
+
+def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None = None, *,
+                           progress: Callable[[str], None] | None = None, **overrides: Any) -> ExpertTrainReport:
+    """Train the expert-choice agent: pick the teacher, clone it (DAgger), fine-tune with DQN, gate.
+
+    1. Teacher: the expert with the lowest mean average JCT on the validation traces.
+    2. Behaviour cloning of the teacher (:func:`gpualloc.rl.imitation.clone_teacher`).
+    3. DQN fine-tuning (double DQN, target network) on the training problems, when ``steps > 0``;
+       the fine-tuned agent is kept only when it beats the cloned one on the validation traces.
+    4. Gate (:func:`gpualloc.rl.expert_choice.gate`): agent vs teacher on the validation traces; the
+       verdict is saved with the agent, and a failed gate makes the ``dqn`` policy run the teacher.
+
+    Raises:
+        AgentError: bad settings.
+    """
+    from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
+    from gpualloc.rl.expert_choice import gate
+    from gpualloc.rl.imitation import clone_teacher
+    from gpualloc.rl.sched_policy import expert_extra
+
+    t0 = time.perf_counter()
+    try:
+        run = replace(training or ExpertTraining(), **overrides)
+    except TypeError as err:
+        raise AgentError(f"train_expert_scheduler: {err}") from err
+    if run.steps < 0 or run.bc_rounds < 1 or run.bc_episodes < 1 or not run.experts:
+        raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive")
+    say = progress or (lambda _msg: None)
+    out_path = Path(out_path)
+    train_p, val = _problems(run)
+    say(f"{len(train_p)} training and {len(val)} validation traces; running the experts on validation")
+    per_expert = expert_jcts(val, run.experts)
+    means = {k: float(np.mean(v)) for k, v in per_expert.items()}
+    teacher = min(range(len(run.experts)), key=lambda i: (means[run.experts[i]], i))
+    say(f"teacher: {run.experts[teacher]} ({means[run.experts[teacher]] / 3600:.2f} h)")
+    encoder, hd = None, None
+    if run.hd_dim:
+        from gpualloc.rl.expert_choice import HDFeatures
+
+        encoder = HDFeatures(out_dim=run.hd_dim, seed=run.seed)
+        hd = encoder.to_dict()
+    env = ExpertChoiceEnv(train_p, experts=run.experts, teacher=teacher, encoder=encoder,
+                          encoder_dim=run.hd_dim)
+    env.reset(seed=run.seed)
+    config = replace(run.config or EXPERT_CONFIG, seed=run.seed)
+    agent = DQNAgent(env.observation_space, env.action_space, config)
+    clone = clone_teacher(agent, env, rounds=run.bc_rounds, episodes=run.bc_episodes, seed=run.seed)
+    bc = agent_jcts(agent, val, run.experts, teacher, encoder)
+    say(f"cloned: agreement {clone.agreement[-1]:.1%}, validation {np.mean(bc) / 3600:.2f} h")
+    kept, mine, tuned = "cloned", bc, None
+    if run.steps:
+        cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
+        agent.sync_target()
+        train(env, agent, run.steps, seed=run.seed)
+        tuned = agent_jcts(agent, val, run.experts, teacher, encoder)
+        say(f"fine-tuned: validation {np.mean(tuned) / 3600:.2f} h")
+        if np.mean(tuned) < np.mean(bc):
+            kept, mine = "fine-tuned", tuned
+        else:
+            agent.qnet.load_state_dict(cloned_state)
+            agent.sync_target()
+    verdict = gate(mine, per_expert[run.experts[teacher]], run.experts[teacher])
+    say(verdict.note())
+    wall = time.perf_counter() - t0
+    agent.extra = expert_extra(run.experts, teacher, verdict, hd=hd, kept=kept, seed=run.seed,
+                               clusters=list(run.clusters), steps=run.steps, bc_rounds=run.bc_rounds,
+                               bc_episodes=run.bc_episodes, train_problems=len(train_p), wall_s=round(wall, 1),
+                               validation={"experts_h": {k: v / 3600 for k, v in means.items()},
+                                           "cloned_h": float(np.mean(bc)) / 3600,
+                                           "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600})
+    agent.save(out_path)
+    return ExpertTrainReport(out_path, run.experts[teacher], means, float(np.mean(bc)),
+                             None if tuned is None else float(np.mean(tuned)), kept, verdict, wall,
+                             tuple(clone.agreement))

@@ -77,6 +77,27 @@ def default_scaler(cluster: ClusterSpec, *, num_jobs: int = 300, load: float = 0
     return FeatureScaler.fit([generate(num_jobs, cluster, load, seed=seed + k) for k in range(traces)])
 
 
+def potential(sim: Simulation, best_time: np.ndarray) -> float:
+    """phi of the shaping term: job-seconds still certain to come (running: to the finish; queued: the
+    remaining work on the fastest type; not yet arrived: the best time); 0 once every job is done.
+
+    Args:
+        sim: the paused simulation.
+        best_time: each job's best time (``Simulation.best_time_s`` with NaN as 0).
+    """
+    if sim.done:
+        return 0.0
+    view = sim.view
+    jobs = view.jobs
+    status = jobs.status
+    running = status == RUNNING
+    queued = status == QUEUED
+    work = jobs.work_s
+    return float((jobs.expected_finish_s[running] - view.now_s).sum()
+                 + (best_time[queued] * jobs.remaining_s[queued] / work[queued]).sum()
+                 + best_time[status == PENDING].sum())
+
+
 class SchedulingEnv(gym.Env):
     """Schedule one trace on one cluster, one start at a time; see the module docstring.
 
@@ -252,20 +273,7 @@ class SchedulingEnv(gym.Env):
         return -cost / self.reward_scale_s
 
     def _potential(self) -> float:
-        """phi: job-seconds still certain to come (running: to the finish; queued: the remaining work
-        on the fastest type; not yet arrived: the best time); 0 once every job is done."""
-        sim = self._sim
-        if sim.done:
-            return 0.0
-        view = sim.view
-        jobs = view.jobs
-        status, best = jobs.status, self._best_time
-        running = status == RUNNING
-        queued = status == QUEUED
-        work = jobs.work_s
-        return float((jobs.expected_finish_s[running] - view.now_s).sum()
-                     + (best[queued] * jobs.remaining_s[queued] / work[queued]).sum()
-                     + best[status == PENDING].sum())
+        return potential(self._sim, self._best_time)
 
     def _start_cost(self, job: int, gpus: tuple[int, ...]) -> float:
         """phi(after) - phi(before) of a start: its run time there less its queued estimate."""

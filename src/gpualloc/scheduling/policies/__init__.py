@@ -20,7 +20,7 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
                        ("srtf", "simple:SRTF"), ("easy-backfill", "simple:EasyBackfill"),
                        ("tiresias", "las:Tiresias"), ("gavel", "hetero:Gavel")):
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
-POLICIES.register("dqn", "gpualloc.rl.sched_policy:DQNPolicy", tags=("learned",), options=("agent",))
+POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent",))
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -1,0 +1,245 @@
+"""The learned scheduler's action space: at each decision point, choose one expert's decision.
+
+At every decision point (arrivals, completions, failures and the experts' rounds) each expert
+heuristic of an :class:`ExpertPanel` (Gavel, SRTF, Tiresias, SJF by default) proposes a whole
+:class:`~gpualloc.scheduling.base.Decision`: starts on chosen GPU types, preemptions, migrations (a
+preempted job restarting elsewhere pays the restart penalty). The agent picks one proposal; the panel
+checks it with :func:`gpualloc.scheduling.rules.validate_decision` (the one feasibility check) and
+applies it, or the teacher's proposal when it breaks a rule. So every allocation the agent makes is
+one a strong heuristic would make at that moment, it can switch heuristic by regime, and picking the
+teacher at every point reproduces the teacher exactly.
+
+Every expert is asked at every decision point, chosen or not, so stateful ones (Gavel's received
+service, Tiresias' queues) follow the real run. The observation (:func:`observe`) is
+cluster-agnostic: global load figures, per-GPU-type blocks (types ordered by size, padded to
+``MAX_TYPES``) and one block per expert describing its proposal, all normalised by the cluster's
+GPU count; its length depends only on the number of experts, never on the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpualloc.errors import AgentError
+from gpualloc.scheduling.base import ClusterView, Decision
+from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.rules import validate_decision
+
+__all__ = ["DEFAULT_EXPERTS", "EXPERT_FEATURES", "GLOBAL_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel",
+           "GateResult", "HDFeatures", "distinct", "gate", "obs_dim", "observe"]
+
+DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf")
+"""The heuristics whose proposals the agent chooses among (registry names)."""
+
+MAX_TYPES = 4
+"""Per-type feature blocks; a cluster with more types folds the smallest ones into the last block."""
+
+GLOBAL_FEATURES = 10
+TYPE_FEATURES = 4
+EXPERT_FEATURES = 7
+
+_HOUR = 3600.0
+
+
+def obs_dim(n_experts: int, hd_dim: int = 0) -> int:
+    """Length of the observation for ``n_experts`` experts (plus an optional HD encoding)."""
+    return GLOBAL_FEATURES + MAX_TYPES * TYPE_FEATURES + n_experts * EXPERT_FEATURES + hd_dim
+
+
+class ExpertPanel:
+    """The experts of one run and the safe application of a chosen proposal.
+
+    Args:
+        experts: registry names; each gets a fresh instance (their state belongs to one run).
+        teacher: index of the expert whose proposal replaces an invalid one (and that behaviour
+            cloning imitates).
+
+    Attributes:
+        round_s: the teacher's round (so always choosing the teacher replays it exactly), else the
+            shortest round of the others, or None.
+        preemptive: some expert may preempt.
+    """
+
+    def __init__(self, experts: Sequence[str] = DEFAULT_EXPERTS, teacher: int = 0) -> None:
+        if not experts:
+            raise AgentError("ExpertPanel: no experts")
+        if not 0 <= teacher < len(experts):
+            raise AgentError(f"ExpertPanel: teacher index {teacher} out of range for {len(experts)} experts")
+        self.names = tuple(experts)
+        self.policies = [make_policy(name) for name in self.names]
+        self.teacher = int(teacher)
+        rounds = [p.round_s for p in self.policies if p.round_s is not None]
+        own = self.policies[self.teacher].round_s
+        self.round_s: float | None = own if own is not None else (min(rounds) if rounds else None)
+        self.preemptive = any(p.preemptive for p in self.policies)
+        self.invalid = 0
+
+    def propose(self, view: ClusterView) -> list[Decision]:
+        """Every expert's decision on ``view`` (every expert is asked, so its state follows the run)."""
+        return [p.decide(view) for p in self.policies]
+
+    def apply(self, choice: int, proposals: Sequence[Decision], view: ClusterView) -> Decision:
+        """The chosen proposal when it passes :func:`validate_decision`, else the teacher's."""
+        decision = proposals[choice]
+        if choice != self.teacher and validate_decision(decision, view):
+            self.invalid += 1
+            return proposals[self.teacher]
+        return decision
+
+
+def _same(a: Decision, b: Decision) -> bool:
+    return a.preempt == b.preempt and a.starts == b.starts
+
+
+def distinct(proposals: Sequence[Decision]) -> np.ndarray:
+    """Mask of the proposals that differ from every earlier one (choosing among equals is no choice)."""
+    keep = np.ones(len(proposals), dtype=bool)
+    for i in range(1, len(proposals)):
+        keep[i] = not any(_same(proposals[i], proposals[k]) for k in range(i) if keep[k])
+    return keep
+
+
+def _type_blocks(view: ClusterView, q: np.ndarray, total: np.ndarray, free: np.ndarray, n_gpus: float) -> np.ndarray:
+    """Per type (largest first, padded to ``MAX_TYPES``): share of GPUs, free share, queued demand whose
+    fastest type it is (GPUs / cluster), queued jobs' mean speed there relative to their best."""
+    jobs = view.jobs
+    n_types = len(total)
+    order = np.argsort(-total, kind="stable")
+    out = np.zeros((MAX_TYPES, TYPE_FEATURES), dtype=np.float32)
+    if q.size:
+        sp = jobs.speed[q]
+        best = sp.max(axis=1)
+        fastest = np.argmax(sp, axis=1)
+        demand = np.bincount(fastest, weights=jobs.num_gpus[q], minlength=n_types)
+        rel = (sp / np.where(best > 0, best, 1.0)[:, None]).mean(axis=0)
+    else:
+        demand, rel = np.zeros(n_types), np.zeros(n_types)
+    for rank, t in enumerate(order.tolist()):
+        k = min(rank, MAX_TYPES - 1)  # more types than blocks: the smallest share the last one
+        out[k, 0] += total[t] / n_gpus
+        out[k, 1] += free[t] / n_gpus
+        out[k, 2] += demand[t] / n_gpus
+        out[k, 3] = max(out[k, 3], rel[t])
+    return out.ravel()
+
+
+def _expert_block(view: ClusterView, d: Decision, busy: float, n_gpus: float, teacher: Decision) -> np.ndarray:
+    """One proposal: GPUs started and preempted (per cluster GPU), starts and preemptions (per
+    GPU), busy share after it, share of started jobs on their fastest type, log mean run hours."""
+    jobs = view.jobs
+    gpus_started = sum(len(g) for _, g in d.starts)
+    gpus_stopped = float(jobs.num_gpus[d.preempt].sum()) if d.preempt else 0.0
+    on_best, run_h = 0.0, 0.0
+    if d.starts:
+        j = np.fromiter((s[0] for s in d.starts), np.int64, len(d.starts))
+        t = view.gpu_type[np.fromiter((s[1][0] for s in d.starts), np.int64, len(d.starts))]
+        sp = jobs.speed[j, t]
+        on_best = float(np.mean(sp >= jobs.speed[j].max(axis=1)))
+        run_h = float(np.log1p(np.mean(jobs.remaining_s[j] / sp) / _HOUR))
+    return np.array([gpus_started / n_gpus, gpus_stopped / n_gpus, len(d.starts) / n_gpus, len(d.preempt) / n_gpus,
+                     busy + (gpus_started - gpus_stopped) / n_gpus, on_best, run_h], dtype=np.float32)
+
+
+def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0) -> np.ndarray:
+    """The cluster-agnostic observation of one decision point (length :func:`obs_dim`)."""
+    jobs = view.jobs
+    n_gpus = float(len(view.gpu_type))
+    total = view.total_by_type().astype(float)
+    free = view.free_by_type().astype(float)
+    q = np.fromiter(view.queue, np.int64, len(view.queue))
+    r = np.fromiter(view.running, np.int64, len(view.running))
+    busy = 1.0 - float(free.sum()) / n_gpus
+    q_left = jobs.remaining_s[q] / jobs.speed[q].max(axis=1) if q.size else np.zeros(1)
+    r_left = jobs.remaining_s[r] / jobs.speed[r].max(axis=1) if r.size else np.zeros(1)
+    wait = view.now_s - jobs.queued_since_s[q] if q.size else np.zeros(1)
+    glob = np.array([
+        busy, float(jobs.num_gpus[q].sum()) / n_gpus, q.size / n_gpus, r.size / n_gpus,
+        np.log1p(np.mean(q_left) / _HOUR), np.log1p(np.max(q_left) / _HOUR), np.log1p(np.mean(r_left) / _HOUR),
+        np.log1p(np.nanmean(wait) / _HOUR) if q.size else 0.0,
+        float(np.mean(jobs.num_gpus[q] > 1)) if q.size else 0.0,
+        float(np.mean(jobs.preemptions[r] > 0)) if r.size else 0.0,
+    ], dtype=np.float32)
+    blocks = [_expert_block(view, d, busy, n_gpus, proposals[teacher]) for d in proposals]
+    out = np.concatenate([glob, _type_blocks(view, q, total, free, n_gpus), *blocks])
+    return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's verdict: the agent ships only when it is at least as good as its teacher.
+
+    Attributes:
+        passed: ``agent_jct_s <= teacher_jct_s`` on the validation traces.
+        agent_jct_s, teacher_jct_s: mean average JCT over the validation traces.
+        teacher: the teacher's name.
+        traces: how many validation traces.
+    """
+
+    passed: bool
+    agent_jct_s: float
+    teacher_jct_s: float
+    teacher: str
+    traces: int
+
+    def note(self) -> str:
+        """One line saying which policy runs and why."""
+        change = 1.0 - self.agent_jct_s / self.teacher_jct_s if self.teacher_jct_s > 0 else 0.0
+        if self.passed:
+            return (f"learned agent: {change:+.1%} average JCT vs its teacher {self.teacher} on "
+                    f"{self.traces} validation traces")
+        return (f"learned agent worse than its teacher {self.teacher} on {self.traces} validation traces "
+                f"({self.agent_jct_s / 3600:.2f} h vs {self.teacher_jct_s / 3600:.2f} h); falling back to "
+                f"{self.teacher}")
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "agent_jct_s": self.agent_jct_s, "teacher_jct_s": self.teacher_jct_s,
+                "teacher": self.teacher, "traces": self.traces}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GateResult:
+        return cls(bool(data["passed"]), float(data["agent_jct_s"]), float(data["teacher_jct_s"]),
+                   str(data["teacher"]), int(data["traces"]))
+
+
+def gate(agent_jcts: Sequence[float], teacher_jcts: Sequence[float], teacher: str) -> GateResult:
+    """The one gate: pass when the agent's mean average JCT over the validation traces is not above
+    the teacher's (paired traces)."""
+    a, t = float(np.mean(agent_jcts)), float(np.mean(teacher_jcts))
+    return GateResult(bool(a <= t), a, t, teacher, len(agent_jcts))
+
+
+class HDFeatures:
+    """The optional hyperdimensional block of the observation: :func:`gpualloc.rl.hdc.hd_features` of
+    the view (per-type utilisation and the queued jobs, bound and bundled, projected to ``out_dim``).
+
+    Args:
+        out_dim: features appended to the observation.
+        dim: hypervector dimension.
+        seed: the encoder's seed (the same seed gives the same features).
+    """
+
+    def __init__(self, out_dim: int = 32, dim: int = 4096, seed: int = 0) -> None:
+        from gpualloc.rl.hdc import HDEncoder
+
+        self.encoder = HDEncoder(dim=dim, out_dim=out_dim, seed=seed)
+        self.out_dim = int(out_dim)
+
+    def __call__(self, view: ClusterView) -> np.ndarray:
+        from gpualloc.rl.hdc import hd_features
+
+        return hd_features(view, self.encoder)
+
+    def to_dict(self) -> dict:
+        return self.encoder.to_dict()
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HDFeatures:
+        from gpualloc.rl.hdc import HDEncoder
+
+        self = cls.__new__(cls)
+        self.encoder = HDEncoder.from_dict(dict(data))
+        self.out_dim = self.encoder.out_dim
+        return self

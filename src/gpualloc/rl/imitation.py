@@ -1,0 +1,111 @@
+"""Behaviour cloning of the teacher heuristic (DAgger) into a DQN agent, before DQN fine-tuning.
+
+The labels are the teacher's choices (:meth:`ExpertChoiceEnv.teacher_action`) at the states the
+rolled-out policy visits: round 0 rolls out the teacher itself, later rounds the agent being trained
+(Ross, Gordon and Bagnell 2011), so the agent learns the teacher's action where its own mistakes take
+it. The loss is that of DQfD (Hester et al. 2018): a large-margin classification term that puts the
+teacher's Q-value at least ``margin`` above every other valid action, plus the one-step double-DQN
+TD loss on the same transitions, so the Q-values that fine-tuning starts from already mean returns.
+
+References:
+    S. Ross, G. Gordon, D. Bagnell, "A reduction of imitation learning and structured prediction to
+    no-regret online learning", AISTATS 2011.
+    T. Hester et al., "Deep Q-learning from demonstrations", AAAI 2018.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gpualloc.rl.dqn import DQNAgent
+from gpualloc.rl.dqn.replay import ReplayBuffer
+from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
+
+__all__ = ["CloneLog", "clone_teacher", "margin_loss"]
+
+
+@dataclass
+class CloneLog:
+    """What :func:`clone_teacher` did: per DAgger round, the transitions gathered and the share of
+    states where the greedy agent picks the teacher's action (after training)."""
+
+    transitions: list[int] = field(default_factory=list)
+    agreement: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+def margin_loss(q: torch.Tensor, expert: torch.Tensor, mask: torch.Tensor, margin: float) -> torch.Tensor:
+    """DQfD's ``max_a [Q(s, a) + margin * (a != a_E)] - Q(s, a_E)`` over valid actions, averaged."""
+    bonus = torch.full_like(q, margin).scatter(1, expert.unsqueeze(1), 0.0)
+    top = (q + bonus).masked_fill(~mask, -torch.inf).max(dim=1).values
+    return (top - q.gather(1, expert.unsqueeze(1)).squeeze(1)).mean()
+
+
+def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store: dict, teacher_drives: bool,
+             seed: int) -> int:
+    obs, info = env.reset(seed=seed)
+    n, done = 0, False
+    while not done:
+        label, mask = info["teacher_action"], info["action_mask"]
+        action = label if teacher_drives else agent.act(obs, mask, explore=False)
+        next_obs, reward, done, _, info = env.step(action)
+        buffer.add(obs, action, reward, next_obs, done, info["action_mask"])
+        store["obs"].append(obs)
+        store["label"].append(label)
+        store["mask"].append(mask)
+        n += 1
+        obs = next_obs
+    return n
+
+
+def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, episodes: int = 2,
+                  epochs: int = 4, batch_size: int = 64, margin: float = 0.5, td_weight: float = 1.0,
+                  seed: int = 0) -> CloneLog:
+    """DAgger rounds of behaviour cloning with DQfD's loss; the agent is trained in place.
+
+    Args:
+        agent: the agent (its network is updated; its counters are left as they were).
+        env: the expert-choice environment (episodes drawn from its problems or generator).
+        rounds: DAgger rounds; round 0 follows the teacher, later ones the agent.
+        episodes: episodes rolled out per round.
+        epochs: passes over the gathered states per round.
+        batch_size: states per gradient step.
+        margin: the large margin of the classification term.
+        td_weight: weight of the TD term (0: pure behaviour cloning).
+        seed: seeds the episodes and the minibatch order.
+    """
+    rng = np.random.default_rng(seed)
+    buffer = ReplayBuffer(200_000, env.observation_space, agent.n_actions, seed=rng, device=agent.device)
+    store: dict[str, list] = {"obs": [], "label": [], "mask": []}
+    log = CloneLog()
+    for r in range(rounds):
+        for _ in range(episodes):
+            _rollout(env, agent, buffer, store, teacher_drives=r == 0, seed=int(rng.integers(2**31 - 1)))
+        obs = torch.as_tensor(np.asarray(store["obs"], dtype=np.float32), device=agent.device)
+        label = torch.as_tensor(np.asarray(store["label"], dtype=np.int64), device=agent.device)
+        mask = torch.as_tensor(np.asarray(store["mask"], dtype=bool), device=agent.device)
+        n = len(label)
+        log.transitions.append(n)
+        for _ in range(epochs):
+            perm = rng.permutation(n)
+            for start in range(0, n, batch_size):
+                idx = torch.as_tensor(perm[start:start + batch_size], device=agent.device)
+                loss = margin_loss(agent.qnet(obs[idx]), label[idx], mask[idx], margin)
+                if td_weight > 0:
+                    batch = buffer.sample(batch_size)
+                    q = agent.qnet(batch.observations).gather(1, batch.actions.unsqueeze(1)).squeeze(1)
+                    loss = loss + td_weight * F.smooth_l1_loss(q, agent.td_target(batch))
+                agent.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(agent.qnet.parameters(), 10.0)
+                agent.optimizer.step()
+                log.losses.append(float(loss.item()))
+            agent.sync_target()
+        with torch.inference_mode():
+            q = agent.qnet(obs).masked_fill(~mask, -torch.inf)
+            log.agreement.append(float((q.argmax(dim=1) == label).float().mean().item()))
+    return log
