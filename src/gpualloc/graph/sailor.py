@@ -372,7 +372,7 @@ def import_sailor(
         ``time_ms`` = measured seconds x 1000 x ``batch_size / microbatch``. ``meta["profile"]`` holds every
         measured table: ``gpu`` (catalog name -> microbatch -> tp -> ``[[fwd_s, bwd_s], ...]`` per layer),
         ``opt_step_s``, ``seq_len``, ``source``, ``model``, ``microbatch``, the byte sizes used and
-        ``act_mem_bytes_per_sample`` (what each layer keeps for backward, at TP 1).
+        ``act_mem_bytes`` (bytes a sample each layer keeps for backward, at TP 1).
 
     Raises:
         ImportFormatError: one line naming the file and key: a missing model, GPU or file, malformed JSON,
@@ -414,7 +414,7 @@ def import_sailor(
         "sailor_gpu": {cat: s for s, cat in SAILOR_GPUS.items() if cat in tables},
         "bytes_per_param": BYTES_PER_PARAM,
         "bytes_per_activation": BYTES_PER_ACTIVATION,
-        "act_mem_bytes_per_sample": (sizes.act_mem * BYTES_PER_ACTIVATION).tolist(),
+        "act_mem_bytes": (sizes.act_mem * BYTES_PER_ACTIVATION).tolist(),
     }
     if skipped:
         profile["skipped"] = skipped

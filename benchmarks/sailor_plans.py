@@ -1,0 +1,145 @@
+"""Hybrid plans on the Sailor profiles: OPT-350 (global batch 1024) and GPT-Neo-2.7 (2048), sequence 2048,
+on 4+4, 8+8 and 16+16 A100-40 + V100-16 (issue 17, part 5).
+
+Each cluster is 4-GPU nodes (the VMs Sailor measured on Google Cloud: ``a2-highgpu-4g`` A100s and
+``n1-standard`` VMs with 4 V100s): NVLink 3 inside A100 nodes, NVLink 2 inside V100 nodes, and a 50 Gb/s
+NIC (``eth-50g``) between nodes, the gpualloc links closest to Sailor's bandwidth fits (see
+docs/results/sailor.md). For every case: the hybrid plan and its simulated iteration time, the lower bound
+and ``x bound``, the search time, and the baselines (DDP, speed-proportional DDP, Megatron grid,
+Metis-style) simulated on the same problem, with the hybrid plan's speed-up over the best of them.
+
+Usage: python benchmarks/sailor_plans.py [--data ../shared/data/sailor-profiles] [--out benchmarks/results/sailor.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+from gpualloc.errors import PlacementError
+from gpualloc.graph.ir import OpGraph
+from gpualloc.graph.sailor import import_sailor
+from gpualloc.hardware.catalog import default_catalog
+from gpualloc.hardware.cluster import ClusterSpec, build_cluster
+from gpualloc.placement.hybrid.baselines import BASELINES
+from gpualloc.placement.hybrid.bound import lower_bound_hybrid
+from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.hybrid.search import plan_hybrid
+from gpualloc.placement.hybrid.simulate import simulate_hybrid
+
+CASES = [("OPT-350", 1024), ("GPT-Neo-2.7", 2048)]
+SIZES = [4, 8, 16]
+SEQ_LEN = 2048
+GPUS_PER_NODE = 4
+INTRA = {"A100-40GB": "nvlink3", "V100-16GB": "nvlink2"}
+NETWORK = "eth-50g"
+
+
+def cluster(per_type: int) -> ClusterSpec:
+    """``per_type`` A100-40 and as many V100-16, in 4-GPU nodes joined by a 50 Gb/s NIC."""
+    cat = default_catalog()
+    nodes = []
+    for type_name, link in INTRA.items():
+        dev = cat.device(type_name)
+        for k in range(per_type // GPUS_PER_NODE):
+            nodes.append((f"{type_name.split('-')[0].lower()}{k}", [dev] * GPUS_PER_NODE, cat.link(link)))
+    return build_cluster(f"{per_type}xA100-40+{per_type}xV100-16", nodes, cat.link(NETWORK), cat)
+
+
+def tp1_tables_only(graph: OpGraph) -> OpGraph:
+    """The graph with, per GPU, only the microbatch sizes that were also profiled at TP 1.
+
+    The planner reads a TP degree as usable on a GPU only when every profiled microbatch size has it, and
+    Sailor profiled the V100 at microbatch 8 without TP 1, which would rule out TP 1 (so DDP) on V100s.
+    Dropping those tables keeps every TP-1 measurement; larger microbatches are then extrapolated.
+    """
+    meta = copy.deepcopy(graph.meta)
+    for by_mb in meta["profile"]["gpu"].values():
+        for mb in [mb for mb, by_tp in by_mb.items() if "1" not in by_tp]:
+            del by_mb[mb]
+    return OpGraph(graph.name, graph.nodes, graph.edges, batch_size=graph.batch_size, meta=meta)
+
+
+def problem_for(graph: OpGraph, spec: ClusterSpec, batch: int) -> tuple[HybridProblem, str | None]:
+    """The problem on the imported graph; when the planner refuses its tables, on :func:`tp1_tables_only`."""
+    try:
+        problem = HybridProblem(graph, spec, batch)
+        _ = problem.type_speed  # reads the TP-1 times
+        return problem, None
+    except PlacementError as err:
+        return HybridProblem(tp1_tables_only(graph), spec, batch), str(err)
+
+
+def run_case(graph: OpGraph, per_type: int, batch: int) -> dict:
+    spec = cluster(per_type)
+    problem, workaround = problem_for(graph, spec, batch)
+    t0 = time.perf_counter()
+    plan, result = plan_hybrid(problem, seed=0)
+    search_s = time.perf_counter() - t0
+    bound = lower_bound_hybrid(problem)
+    baselines = {}
+    for name, factory in BASELINES.items():
+        try:
+            r = simulate_hybrid(problem, factory(problem))
+            baselines[name] = {"step_time_s": r.step_time_s, "feasible": r.feasible}
+        except PlacementError as err:
+            baselines[name] = {"step_time_s": None, "feasible": False, "error": str(err)}
+    feasible_base = [b["step_time_s"] for b in baselines.values() if b["feasible"]]
+    best_base = min(feasible_base) if feasible_base else None
+    return {
+        "model": graph.name, "cluster": spec.name, "gpus": len(spec), "global_batch": batch, "seq_len": SEQ_LEN,
+        "plan": plan.describe(), "microbatch_size": plan.microbatch_size, "step_time_s": result.step_time_s,
+        "samples_per_s": result.samples_per_s, "feasible": result.feasible, "utilisation": result.utilisation,
+        "lower_bound_s": bound, "x_bound": result.step_time_s / bound, "search_s": search_s,
+        "baselines": baselines, "best_baseline_s": best_base,
+        "speedup_vs_best_baseline": (best_base / result.step_time_s) if best_base else None,
+        "profile_workaround": workaround,
+    }
+
+
+def _cell(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
+
+
+def main() -> None:
+    here = Path(__file__).resolve().parent
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", type=Path, default=here.parent.parent / "shared" / "data" / "sailor-profiles")
+    parser.add_argument("--out", type=Path, default=here / "results" / "sailor.json")
+    args = parser.parse_args()
+
+    rows = []
+    for model, batch in CASES:
+        graph = import_sailor(args.data, model=model, gpus=["A100-40", "V100-16"], batch_size=batch, seq_len=SEQ_LEN)
+        for per_type in SIZES:
+            rows.append(run_case(graph, per_type, batch))
+            r = rows[-1]
+            print(f"{r['model']} on {r['cluster']}: {r['step_time_s']:.2f} s, x{r['x_bound']:.2f} bound, "
+                  f"search {r['search_s']:.2f} s", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"network": NETWORK, "intra_node": INTRA, "gpus_per_node": GPUS_PER_NODE,
+                                    "results": rows}, indent=1) + "\n")
+
+    names = list(BASELINES)
+    print("\n| model (batch) | GPUs | hybrid plan | iteration (s) | samples/s | bound (s) | x bound | search (s) | "
+          + " | ".join(f"{n} (s)" for n in names) + " | vs best baseline |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(names) + "---:|")
+    for r in rows:
+        base = " | ".join(_cell(r["baselines"][n]["step_time_s"]) + ("" if r["baselines"][n]["feasible"] else " (OOM)")
+                          for n in names)
+        speedup = "-" if r["speedup_vs_best_baseline"] is None else f"{r['speedup_vs_best_baseline']:.2f}x"
+        print(f"| {r['model']} ({r['global_batch']}) | {r['gpus']} | {r['plan']}"
+              f"{'' if r['feasible'] else ' (OOM)'} | {r['step_time_s']:.2f} | {r['samples_per_s']:.0f} | "
+              f"{r['lower_bound_s']:.2f} | {r['x_bound']:.2f} | {r['search_s']:.2f} | {base} | {speedup} |")
+    if any(r["profile_workaround"] for r in rows):
+        print("\nplanner refused the full tables (" + next(r["profile_workaround"] for r in rows
+                                                         if r["profile_workaround"])
+              + "): ran on the microbatch sizes profiled at TP 1")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
