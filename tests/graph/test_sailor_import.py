@@ -331,3 +331,18 @@ def test_tiny_folder_imports_as_a_chain(tmp_path: Path) -> None:
     assert g.node("layer2").param_bytes == 3000 * BYTES_PER_PARAM
     assert g.node("layer2").time_ms["A100-40GB"].fwd_ms == pytest.approx(0.003 * 1000 * 8)
     assert g.meta["profile"]["opt_step_s"] == {"A100-40GB": 0.004, "V100-16GB": 0.004}
+
+
+@needs_data
+def test_hybrid_planner_reads_the_imported_tables() -> None:
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.hybrid.problem import HybridProblem
+
+    g = import_sailor(DATA, model="OPT-350", gpus=["A100-40"], batch_size=64)
+    problem = HybridProblem(g, load_cluster("4xA100"), 64)
+    fwd, bwd = problem.layer_times_s(0, 4, 2)
+    raw = _raw("OPT-350", "A100-40")["4"]["2"]
+    assert np.allclose(fwd, [raw[str(i)][0] for i in range(26)])
+    assert np.allclose(bwd, [raw[str(i)][1] for i in range(26)])
+    assert np.allclose(problem.layer_act_bytes, g.meta["profile"]["act_mem_bytes"])
+    assert problem.layer_param_bytes.sum() == g.total_param_bytes
