@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import gpualloc.cost
 from gpualloc.cli.main import app
+from gpualloc.placement.hybrid.search import HYBRID_METHODS
 from gpualloc.placement.partition import PARTITIONERS
 
 runner = CliRunner()
@@ -33,7 +34,7 @@ def invoke(*args):
 def test_compare_json_has_every_method_and_the_bound(graph_file):
     data = json.loads(invoke("place", "compare", graph_file, "--cluster", "hetero8", "--json"))
     assert {"graph", "cluster", "lower_bound_s", "results"} <= set(data)
-    assert {r["method"] for r in data["results"]} == set(PARTITIONERS)
+    assert {r["method"] for r in data["results"]} == set(PARTITIONERS) | set(HYBRID_METHODS)
     for r in data["results"]:
         assert {"method", "step_time_s", "throughput_samples_per_s", "partition_time_s", "comm_bytes",
                 "peak_mem_bytes", "feasible"} <= set(r)

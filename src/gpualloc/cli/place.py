@@ -43,21 +43,24 @@ def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibr
 
 def compare_all(problem, *, seed: int, quiet: bool = False) -> list:
     """Every registered method on ``problem``, with a progress bar unless ``quiet``."""
+    from gpualloc.placement.hybrid.search import HYBRID_METHODS
     from gpualloc.placement.partition import PARTITIONERS
-    from gpualloc.placement.run import compare
+    from gpualloc.placement.run import compare, hybrid_problem
 
-    methods = list(PARTITIONERS)
+    methods = [*PARTITIONERS, *HYBRID_METHODS]
     with Progress(console=console, transient=True, disable=quiet) as progress:
         task = progress.add_task("partitioning", total=len(methods))
-        return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task))
+        return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task),
+                       hybrid=hybrid_problem(problem))
 
 
 def comparison_doc(problem, outcomes, cluster: str) -> dict:
     """The JSON of ``place compare``: every outcome with its gains over the reference methods."""
     from gpualloc.placement.run import gains, lower_bound_s
 
+    # one bound below every row: the op-level one and the hybrid one bound different plan families
     return {"graph": problem.graph.name, "cluster": cluster, "microbatches": problem.microbatches,
-            "lower_bound_s": lower_bound_s(problem),
+            "lower_bound_s": min([lower_bound_s(problem), *(o.lower_bound_s for o in outcomes)]),
             "results": [{**o.to_dict(problem, with_assignment=False),
                          **{f"gain_vs_{ref.replace('-', '_')}": None if v != v else v for ref, v in g.items()}}
                         for o, g in zip(outcomes, gains(outcomes), strict=True)]}
@@ -76,7 +79,8 @@ def run_cmd(
     graph: str = _GRAPH,
     cluster: str = _CLUSTER,
     method: str = typer.Option("best", "--method", "-m",
-                               help="Partitioner (see `place compare`), best, or dqn (the learned agent)."),
+                               help="Partitioner (see `place compare`), hybrid (data x pipeline x tensor "
+                                    "parallel), ddp, ddp-speed, megatron, metis, best, or dqn (the learned agent)."),
     agent: Path = typer.Option(None, "--agent", help="Agent checkpoint for --method dqn (default: the bundled one)."),
     microbatches: int = _MICROBATCHES,
     batch: int = _BATCH,
@@ -88,10 +92,11 @@ def run_cmd(
     plot: Path = _PLOT,
 ) -> None:
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
-    from gpualloc.placement.run import place
+    from gpualloc.placement.run import hybrid_problem, place
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
-    outcome = place(problem, method, seed=seed, **({"agent": agent} if agent is not None else {}))
+    outcome = place(problem, method, seed=seed, hybrid=hybrid_problem(problem),
+                    **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
 
 
@@ -112,6 +117,9 @@ def evaluate_cmd(
     from gpualloc.placement.run import load_assignment, score
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
+    if _plan_version(plan) == 2:
+        _evaluate_hybrid(problem, plan, cluster, as_json)
+        return
     assignment = load_assignment(plan, problem)
     try:
         method = json.loads(plan.read_text()).get("method", "plan")
@@ -140,11 +148,46 @@ def compare_cmd(
                                       f"{microbatches} microbatch(es))")
 
 
+def _plan_version(path: Path) -> object:
+    from gpualloc.errors import PlacementError, read_json
+
+    doc = read_json(path, PlacementError)
+    return doc.get("version") if isinstance(doc, dict) else None
+
+
+def _evaluate_hybrid(problem, path: Path, cluster: str, as_json: bool) -> None:
+    """Re-score a v2 (hybrid) plan file with the hybrid simulator."""
+    from gpualloc.placement.hybrid.bound import lower_bound_hybrid
+    from gpualloc.placement.hybrid.plan import load_hybrid_plan
+    from gpualloc.placement.hybrid.search import HybridOutcome
+    from gpualloc.placement.hybrid.simulate import simulate_hybrid
+    from gpualloc.placement.run import hybrid_problem
+
+    hp = hybrid_problem(problem)
+    plan, doc = load_hybrid_plan(path, n_devices=hp.k)
+    outcome = HybridOutcome(str(doc.get("method", "plan")), plan, 0.0, simulate_hybrid(hp, plan),
+                            lower_bound_hybrid(hp))
+    _finish(problem, outcome, cluster, as_json, None, None)
+
+
 def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None) -> None:
+    from gpualloc.placement.hybrid.search import HybridOutcome
     from gpualloc.placement.run import save_plan
 
-    if output is not None:
+    hybrid = isinstance(outcome, HybridOutcome)
+    if output is not None and hybrid:
+        from gpualloc.placement.hybrid.plan import save_hybrid_plan
+
+        row = outcome.to_dict(problem, with_assignment=False)
+        save_hybrid_plan(output, outcome.plan, graph=problem.graph.name, cluster=cluster,
+                         devices=[d.label for d in problem.cluster.devices],
+                         extra={k: row[k] for k in ("method", "step_time_s", "samples_per_s", "feasible",
+                                                    "lower_bound_s", "utilisation")})
+    elif output is not None:
         save_plan(output, problem, outcome, cluster)
+    if plot is not None and hybrid:
+        console.print("--plot draws op-level plans only; the hybrid plan has no Gantt chart yet")
+        plot = None
     if plot is not None:
         from gpualloc.placement.simulate import simulate
         from gpualloc.reports.gantt import plot_gantt

@@ -16,6 +16,8 @@ import numpy as np
 
 from gpualloc.errors import PlacementError, read_json
 from gpualloc.limits import MAX_MICROBATCHES, check_seed, check_size
+from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.hybrid.search import HYBRID_METHODS, HybridOutcome, place_hybrid
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
@@ -45,6 +47,7 @@ class Outcome:
             "method": self.method,
             "step_time_s": r.step_time_s,
             "throughput_samples_per_s": r.throughput_samples_per_s,
+            "samples_per_s": r.throughput_samples_per_s,
             "partition_time_s": self.partition_time_s,
             "comm_bytes": r.comm_bytes,
             "peak_mem_bytes": dict(zip(labels, map(float, r.peak_mem_bytes), strict=False)),
@@ -84,6 +87,12 @@ def lower_bound_s(problem: PlacementProblem) -> float:
     return float(problem.lower_bound.value_s)
 
 
+def hybrid_problem(problem: PlacementProblem) -> HybridProblem:
+    """The same model, cluster and cost model as a hybrid problem: the graph's batch is the global batch."""
+    return HybridProblem(problem.graph, problem.cluster, problem.graph.batch_size or 1, problem.cost,
+                         problem.optimizer_states)
+
+
 def score(problem: PlacementProblem, method: str, assignment: np.ndarray, partition_time_s: float = 0.0,
           *, schedule: str = "1f1b", note: str = "") -> Outcome:
     """Simulate ``assignment`` and wrap it with the bound."""
@@ -92,24 +101,28 @@ def score(problem: PlacementProblem, method: str, assignment: np.ndarray, partit
 
 
 def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str = "1f1b",
-          **options: Any) -> Outcome:
-    """Partition with ``method`` (a registered name, or ``best``) and score the plan.
+          hybrid: HybridProblem | None = None, **options: Any) -> Outcome | HybridOutcome:
+    """Partition with ``method`` (a registered name, a hybrid method, or ``best``) and score the plan.
 
     ``options`` go to the partitioner; each must be one its registry entry declares (e.g. ``agent``
-    for ``dqn``).
+    for ``dqn``). ``hybrid``: the same model as a hybrid problem, for the hybrid methods and ``best``.
 
     Raises:
         PlacementError: an unknown method, an option the method does not take, or a seed outside
             ``0..MAX_SEED``.
     """
-    if method != "best" and method not in PARTITIONERS:
-        raise PARTITIONERS.unknown(method, also=("best",))
+    if method != "best" and method not in PARTITIONERS and method not in HYBRID_METHODS:
+        raise PARTITIONERS.unknown(method, also=("best", *HYBRID_METHODS))
     check_seed(seed, PlacementError)
+    if method in HYBRID_METHODS:
+        if options:
+            raise PlacementError(f"method {method!r} takes no option {sorted(options)[0]!r}")
+        return place_hybrid(hybrid if hybrid is not None else hybrid_problem(problem), method, seed=seed)
     extra = sorted(set(options) - (PARTITIONERS.entry(method).options if method != "best" else set()))
     if extra:
         raise PlacementError(f"method {method!r} takes no option {extra[0]!r}")
     if method == "best":
-        return best(problem, seed=seed, schedule=schedule)
+        return best(problem, seed=seed, schedule=schedule, hybrid=hybrid)
     partitioner = PARTITIONERS[method]
     start = time.perf_counter()
     plan = partitioner(problem, seed=seed, **options)
@@ -120,21 +133,29 @@ def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, sched
 
 
 def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed: int | None = 0,
-            schedule: str = "1f1b", progress=None) -> list[Outcome]:
-    """Every method (default: all registered) on the same problem."""
+            schedule: str = "1f1b", progress=None, hybrid: HybridProblem | None = None) -> list:
+    """Every method (default: all registered, then the hybrid methods when ``hybrid`` is given) on the
+    same problem."""
     outcomes = []
-    for method in methods or list(PARTITIONERS):
-        outcomes.append(place(problem, method, seed=seed, schedule=schedule))
+    for method in methods or [*PARTITIONERS, *(HYBRID_METHODS if hybrid is not None else ())]:
+        outcomes.append(place(problem, method, seed=seed, schedule=schedule, hybrid=hybrid))
         if progress is not None:
             progress(method)
     return outcomes
 
 
-def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b") -> Outcome:
-    """Run every partitioner tagged ``heuristic`` and return the plan the simulator scores best (feasible first)."""
+def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b",
+         hybrid: HybridProblem | None = None) -> Outcome | HybridOutcome:
+    """Run every partitioner tagged ``heuristic`` (and the hybrid planner when ``hybrid`` is given) and
+    return the plan the simulator scores best (feasible first)."""
     start = time.perf_counter()
     tried = [place(problem, m, seed=seed, schedule=schedule) for m in PARTITIONERS.names("heuristic")]
+    if hybrid is not None:
+        tried.append(place_hybrid(hybrid, "hybrid", seed=seed))
     winner = min(tried, key=lambda o: (not o.result.feasible, o.result.step_time_s))
+    if isinstance(winner, HybridOutcome):
+        return HybridOutcome("best", winner.plan, time.perf_counter() - start, winner.result, winner.lower_bound_s,
+                             note=f"best of {len(tried)} methods: hybrid {winner.plan.describe()}")
     return Outcome("best", winner.assignment, time.perf_counter() - start, winner.result, winner.lower_bound_s,
                    note=f"best of {len(tried)} methods: {winner.method}")
 

@@ -6,7 +6,7 @@
 * ``megatron``: a uniform DP x PP x TP grid (Shoeybi et al., 2019; Narayanan et al., SC 2021): every
   divisor triple of the device count, TP innermost inside a node, equal layers per stage, equal shares,
   the best by the simulator;
-* ``metis``: one pipeline stage per GPU type, layers split in proportion to each type's aggregate speed,
+* ``metis-style``: one pipeline stage per GPU type, layers split in proportion to each type's aggregate speed,
   data parallel inside a stage (after Um et al., Metis, USENIX ATC 2024).
 
 Each baseline adds gradient accumulation (more microbatches) only when the plan would not fit memory.
@@ -107,30 +107,33 @@ def even_layers(L: int, stages: int) -> list[tuple[int, int]]:
 
 
 def megatron(problem: HybridProblem) -> HybridPlan:
-    """Uniform DP x PP x TP grid, equal layers and shares; the best simulated (feasible first)."""
+    """Uniform DP x PP x TP grid, equal layers and shares: the closed form ranks the grid, the simulator
+    picks among the best three (feasible first)."""
+    from gpualloc.placement.hybrid.cost import estimate_step_s
     from gpualloc.placement.hybrid.simulate import simulate_hybrid
 
-    k, L = problem.k, problem.L
-    best: tuple | None = None
+    k, L, G = problem.k, problem.L, problem.global_batch
+    ranked = []
     for tp in problem.tp_degrees:
         for pp in (p for p in range(1, min(k, L) + 1) if k % (p * tp) == 0):
             dp = k // (pp * tp)
-            if dp > problem.global_batch:
+            if dp > G:
                 continue
             stages = []
             for s, (a, b) in enumerate(even_layers(L, pp)):
                 devs = list(range(s * dp * tp, (s + 1) * dp * tp))
-                groups = [tuple(devs[i:i + tp]) for i in range(0, len(devs), tp)]
-                stages.append(stage_of(problem, groups, a, b, by_speed=False))
-            for m in sorted({min(problem.global_batch // dp, x) for x in (1, pp, 2 * pp, 4 * pp)}):
-                plan = make_plan(stages, problem.global_batch, max(1, m), n_devices=k)
-                r = simulate_hybrid(problem, plan)
-                key = (not r.feasible, r.step_time_s)
-                if best is None or key < best[0]:
-                    best = (key, plan)
-    if best is None:
+                stages.append(stage_of(problem, [tuple(devs[i:i + tp]) for i in range(0, len(devs), tp)], a, b,
+                                       by_speed=False))
+            for m in sorted({max(1, min(G // dp, x)) for x in (1, pp, 2 * pp, 4 * pp)}):
+                plan = make_plan(stages, G, m, n_devices=k)
+                costs = plan_costs(problem, plan)
+                fits = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+                ranked.append((not fits, estimate_step_s(problem, plan, costs), len(ranked), plan))
+    if not ranked:
         raise PlacementError("megatron: no DP x PP x TP grid fits the cluster")
-    return best[1]
+    ranked.sort(key=lambda t: t[:3])
+    results = [(simulate_hybrid(problem, t[3]), t[3]) for t in ranked[:3]]
+    return min(results, key=lambda rp: (not rp[0].feasible, rp[0].step_time_s))[1]
 
 
 def type_groups(problem: HybridProblem) -> list[list[int]]:
@@ -155,6 +158,6 @@ def metis(problem: HybridProblem) -> HybridPlan:
 
 
 BASELINES: dict[str, Callable[[HybridProblem], HybridPlan]] = {
-    "ddp": ddp, "ddp-speed": ddp_speed, "megatron": megatron, "metis": metis,
+    "ddp": ddp, "ddp-speed": ddp_speed, "megatron": megatron, "metis-style": metis,
 }
 """Baseline name -> plan factory."""

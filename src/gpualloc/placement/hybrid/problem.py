@@ -166,7 +166,8 @@ class HybridProblem:
         return (weighted & (np.cumsum(weighted) % 2 == 0)).astype(np.float64)
 
     @cached_property
-    def _layer_out_bytes(self) -> np.ndarray:
+    def layer_act_out_bytes(self) -> np.ndarray:
+        """Output bytes of every layer per sample (what a TP all-reduce of the layer moves), (L,)."""
         return self._per_layer(self.graph.output_bytes) / self.graph_batch
 
     def tp_comm_s(self, mb: int, devices: tuple[int, ...], nic_share: float = 1.0) -> np.ndarray:
@@ -177,7 +178,7 @@ class HybridProblem:
         if tp <= 1 or mb <= 0:
             return np.zeros(self.L)
         bw, lat = self.group_link(devices, nic_share)
-        return physics.tp_layer_comm_s(self._layer_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
+        return physics.tp_layer_comm_s(self.layer_act_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
 
     def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
         """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by

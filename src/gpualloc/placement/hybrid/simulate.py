@@ -50,14 +50,26 @@ class HybridResult:
     comm_s: float
     sync_exposed_s: float = 0.0
     bubble_s: float = 0.0
+    comm_bytes: float = 0.0
     plan: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        """:attr:`samples_per_s` under the op-level result's name (tables show both kinds side by side)."""
+        return self.samples_per_s
+
+    @property
+    def comm_share(self) -> float:
+        """The longest device communication time as a fraction of the step."""
+        return self.comm_s / self.step_time_s if self.step_time_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "samples_per_s": self.samples_per_s, "feasible": self.feasible,
                 "peak_mem_bytes": [float(x) for x in self.peak_mem_bytes],
                 "busy_s": [float(x) for x in self.busy_s], "utilisation": self.utilisation, "comm_s": self.comm_s,
-                "sync_exposed_s": self.sync_exposed_s, "bubble_s": self.bubble_s, "plan": self.plan, **self.extra}
+                "sync_exposed_s": self.sync_exposed_s, "bubble_s": self.bubble_s, "comm_bytes": self.comm_bytes,
+                "plan": self.plan, **self.extra}
 
 
 def worker_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[int, int]]:
@@ -147,4 +159,21 @@ def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
     bubble = float((step - busy[used]).mean())
     feasible = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
     return HybridResult(step, plan.global_batch / step if step > 0 else float("inf"), feasible, costs.mem_bytes,
-                        busy, util, float(comm.max()), worst_sync, bubble, plan.describe())
+                        busy, util, float(comm.max()), worst_sync, bubble, comm_bytes(problem, plan),
+                        plan.describe())
+
+
+def comm_bytes(problem: HybridProblem, plan: HybridPlan) -> float:
+    """Bytes a step moves between devices: activations and their gradients across stage cuts, ring
+    all-reduce traffic of gradients (``2 (R - 1) x params``) and of TP activations."""
+    G = plan.global_batch
+    total = 0.0
+    for si, stage in enumerate(plan.stages):
+        layers = slice(stage.first, stage.last + 1)
+        if si:
+            total += 2.0 * G * float(problem.boundary_bytes[stage.first - 1])
+        total += 2.0 * (len(stage.replicas) - 1) * float(problem.layer_param_bytes[layers].sum())
+        tp_bytes = float((problem.tp_allreduces * problem.layer_act_out_bytes)[layers].sum())
+        for rep in stage.replicas:  # 2 directions x ring traffic 2 (tp - 1) x the replica's samples
+            total += 4.0 * (rep.tp - 1) * tp_bytes * rep.batch_share
+    return total
