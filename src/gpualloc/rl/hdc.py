@@ -92,6 +92,7 @@ class HDEncoder:
         # Hypervectors are int8 throughout: 4x less memory traffic than float32, and a (jobs x dim)
         # temporary stays under malloc's mmap threshold (128 KiB), which float32 crosses at 8 jobs.
         self._symbols: dict[str, np.ndarray] = {}
+        self._stacks: dict[tuple[str, ...], np.ndarray] = {}
         # level i = base with the first flips[i] entries of a random order negated
         rank = self._rng("level-order").permutation(dim)
         flips = np.rint(np.arange(levels) * (dim // 2) / (levels - 1)).astype(np.int64)
@@ -130,15 +131,24 @@ class HDEncoder:
             hv = self._symbols[name] = _frozen(self._rng(name).integers(0, 2, self.dim) * 2 - 1)
         return hv
 
+    def _type_rows(self, type_names: Sequence[str]) -> np.ndarray:
+        """The vectors of ``type_names`` stacked (cached per cluster: one lookup per decision point)."""
+        key = tuple(type_names)
+        rows = self._stacks.get(key)
+        if rows is None:
+            rows = self._stacks[key] = _frozen(np.stack([self.encode_gpu_type(n) for n in key]))
+        return rows
+
     def encode_gpu_type(self, name: str) -> np.ndarray:
         """The bipolar vector of a GPU model name; stable for names never seen before (read-only)."""
         return self._vec(f"gpu-type:{name}")
 
     def _level_index(self, x, field: str) -> np.ndarray:
+        """Nearest level of each value of ``x``, which must lie in [0, 1] (``field`` names it in errors)."""
         x = np.asarray(x, dtype=np.float64)
-        if x.size and not (x.min() >= 0.0 and x.max() <= 1.0):  # min and max propagate NaN
-            ok = (x >= 0.0) & (x <= 1.0)
-            raise AgentError(f"HDEncoder: {field}={float(x[~ok].ravel()[0])} must lie in [0, 1]")
+        bad = _outside_unit(x)
+        if bad is not None:
+            raise AgentError(f"HDEncoder: {field}={float(x[bad])} must lie in [0, 1]")
         return np.rint(x * (self.levels - 1)).astype(np.intp)
 
     def encode_level(self, x: float) -> np.ndarray:
@@ -167,14 +177,20 @@ class HDEncoder:
     def _jobs(self, priority, type_code, gpus) -> np.ndarray:
         """(jobs, dim) records: sign of role (x) value summed over the three fields (never a tie)."""
         priority, gpus = np.asarray(priority, np.float64), np.asarray(gpus, np.float64)
-        type_code = np.asarray(type_code, np.int64)
-        if len(type_code) and not (type_code.min() >= 0 and type_code.max() < len(JOB_TYPES) and gpus.min() >= 1
-                                   and np.isfinite(priority).all()):
-            raise AgentError(f"HDEncoder: every job needs gpus >= 1, a finite priority and a job type code in "
-                             f"0..{len(JOB_TYPES) - 1}")
-        p = self._level_index(0.5 + 0.5 * priority / (np.abs(priority) + PRIORITY_SCALE), "priority")
-        g = self._level_index(np.minimum(np.log2(gpus) / MAX_LOG2_GPUS, 1.0), "gpus")
-        return np.sign(self._prio_type[p * len(JOB_TYPES) + type_code] + self._gpus[g])
+        code = np.asarray(type_code, np.intp)
+        # every field as a value in [0, 1], so that one range check refuses NaN, infinities, gpus < 1
+        # and unknown job type codes
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.stack([0.5 + 0.5 * priority / (np.abs(priority) + PRIORITY_SCALE),
+                          np.minimum(np.log2(gpus) / MAX_LOG2_GPUS, 1.0), code / (len(JOB_TYPES) - 1)])
+        bad = _outside_unit(x)
+        if bad is not None:
+            row, job = bad
+            rule = ("priority={} must be finite", "gpus={} must be >= 1",
+                    f"job type code {{}} must be in 0..{len(JOB_TYPES) - 1}")[row]
+            raise AgentError(f"HDEncoder: job {job}: " + rule.format((priority, gpus, code)[row][job]))
+        p, g, _ = np.rint(x * (self.levels - 1)).astype(np.intp)
+        return np.sign(self._prio_type[p * len(JOB_TYPES) + code] + self._gpus[g])
 
     def encode_job(self, priority: float, job_type: JobType | str, gpus: int) -> np.ndarray:
         """``bundle(PRIORITY (x) level(priority), TYPE (x) job_type, GPUS (x) level(log2 gpus))``."""
@@ -190,8 +206,8 @@ class HDEncoder:
         # are several times faster than int32 ones and hold up to 32,767 rows
         total = np.zeros(self.dim, np.int32)
         if n_t:
-            gpu = np.stack([self._vec(f"gpu-type:{n}") for n in type_names])
-            gpu *= self._levels[self._level_index(type_util, "utilisation")]
+            gpu = self._levels[self._level_index(type_util, "utilisation")]
+            gpu *= self._type_rows(type_names)
             total = gpu.sum(axis=0, dtype=np.int16) * np.int32(max(n_j, 1))
         if n_j:
             total = total + self._jobs(priority, type_code, gpus).sum(axis=0, dtype=np.int16) * np.int32(max(n_t, 1))
@@ -212,7 +228,7 @@ class HDEncoder:
     def features(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
         """``project(encode_arrays(...))``: the norm of a bipolar vector is known (the agent's hot path)."""
         hv = self.encode_arrays(type_names, type_util, priority, type_code, gpus).astype(np.float32)
-        return _squash(np.dot(self._projection, hv) / math.sqrt(self.dim))
+        return _squash(np.dot(self._projection, hv), 1.0 / np.sqrt(np.float32(self.dim)))  # as project()
 
     def project(self, hv) -> np.ndarray:
         """``out_dim`` float32 features in [-1, 1] of ``hv`` (or of each row of a 2-D batch).
@@ -224,11 +240,20 @@ class HDEncoder:
         if hv.shape[-1] != self.dim:
             raise AgentError(f"HDEncoder.project: vector of length {hv.shape[-1]}, encoder dim {self.dim}")
         norm = np.sqrt(np.einsum("...i,...i->...", hv, hv))[..., None]
-        return _squash(hv @ self._projection.T / np.where(norm > 0, norm, 1.0))
+        return _squash(hv @ self._projection.T, 1.0 / np.where(norm > 0, norm, 1.0))
 
 
-def _squash(z: np.ndarray) -> np.ndarray:
-    return np.clip(z / PROJECTION_CLIP, -1.0, 1.0).astype(np.float32)
+def _outside_unit(x: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first value of ``x`` outside [0, 1] (NaN included), or None."""
+    if x.size and not (x.min() >= 0.0 and x.max() <= 1.0):  # min and max propagate NaN
+        return tuple(int(i) for i in np.argwhere(~((x >= 0.0) & (x <= 1.0)))[0])
+    return None
+
+
+def _squash(z: np.ndarray, scale) -> np.ndarray:
+    """``z * scale`` (~N(0, 1)) into [-1, 1], in place on the float32 ``z``."""
+    z *= np.asarray(scale, np.float32) / PROJECTION_CLIP
+    return np.clip(z, -1.0, 1.0, out=z)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -261,13 +286,14 @@ def hd_features(view: ClusterView, encoder: HDEncoder, *, jobs: Sequence[int] | 
     """
     n_types = len(view.type_names)
     if utilization is None:
-        busy = (view.gpu_job >= 0).astype(np.float64)
+        per_type = np.bincount(view.gpu_type[view.gpu_job >= 0], minlength=n_types)
     else:
         busy = np.clip(np.nan_to_num(np.asarray(utilization, np.float64)), 0.0, 1.0)
         if busy.shape != view.gpu_type.shape:
             raise AgentError(f"hd_features: {busy.size} utilisation values for {view.gpu_type.size} GPUs")
-    per_type = np.bincount(view.gpu_type, weights=busy, minlength=n_types)
-    type_util = np.clip(per_type / np.maximum(view.total_by_type(), 1), 0.0, 1.0)
-    q = np.asarray(view.queue if jobs is None else jobs, dtype=np.int64)
+        per_type = np.bincount(view.gpu_type, weights=busy, minlength=n_types)
+    type_util = per_type / np.maximum(view.total_by_type(), 1)  # in [0, 1]: at most every GPU of the type
+    jobs = view.queue if jobs is None else jobs
+    q = np.fromiter(jobs, dtype=np.intp, count=len(jobs))
     t = view.jobs
     return encoder.features(view.type_names, type_util, t.priority[q], t.type_code[q], t.num_gpus[q])

@@ -1,0 +1,132 @@
+"""HD encoder speed: one decision point's HD block vs the plain observation it would sit in.
+
+A Gavel-style trace at load 3 on a cluster is simulated under FCFS until ``--queue`` jobs wait; at that
+decision point each case is timed with ``time.perf_counter_ns`` per call, after a warm-up:
+
+* **hd**: ``hd_features(view, encoder, jobs=slots)``: per-type utilisation and the ``top_k`` slot jobs,
+  bundled and projected to 32 features, at each hypervector size asked for;
+* **hd, whole queue**: the same with every queued job;
+* **plain** (the peer): ``DecisionPoint(...)`` plus ``observe()``, the agent's whole plain observation.
+
+Each figure is a median over batches of 20 calls: wall time, and this thread's CPU time (what the
+call costs when it has a core to itself; the target, ~50 us per state, is checked on it). The ratio
+column is each case's wall median over the plain observation's. The 1-minute load average is
+recorded: other processes inflate the wall times.
+
+    python benchmarks/hdc_speed.py [--cluster adlro16] [--dims 1024 4096 10000] [--calls 4000] [--seed 0]
+
+Writes benchmarks/results/hdc_speed.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
+from gpualloc.rl.hdc import HDEncoder, hd_features
+from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.simulator import Simulation
+from gpualloc.workload.traces import generate
+
+OUT = Path(__file__).resolve().parent / "results" / "hdc_speed.json"
+TARGET_US = 50.0
+
+
+def busy_view(cluster_spec: str, queue: int, seed: int):
+    """A view with at least ``queue`` waiting jobs and some GPUs in use (FCFS until then)."""
+    cluster = load_cluster(cluster_spec)
+    trace = generate(max(4 * queue, 64), cluster, 3.0, seed=seed)
+    sim, fcfs = Simulation(trace, cluster), make_policy("fcfs")
+    while not sim.done and len(sim.view.queue) < queue:
+        sim.decide(fcfs.decide(sim.view))
+    if sim.done:
+        raise SystemExit(f"the queue never reached {queue} jobs")
+    return trace, sim.view
+
+
+def timed(fn, calls: int, batch: int = 20) -> dict[str, float]:
+    """Per-call wall and CPU (this thread's) time, medians over batches of ``batch`` calls: on a
+    shared machine the wall time also counts the time other processes held the core."""
+    for _ in range(min(200, calls)):  # warm-up: caches, allocator
+        fn()
+    n = max(calls // batch, 1)
+    wall, cpu = np.empty(n), np.empty(n)
+    for i in range(n):
+        w, c = time.perf_counter_ns(), time.thread_time_ns()
+        for _ in range(batch):
+            fn()
+        cpu[i], wall[i] = time.thread_time_ns() - c, time.perf_counter_ns() - w
+    wall, cpu = wall / batch / 1e3, cpu / batch / 1e3
+    return {"median_us": float(np.median(wall)), "p90_us": float(np.percentile(wall, 90)),
+            "cpu_median_us": float(np.median(cpu))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", default="adlro16")
+    ap.add_argument("--dims", type=int, nargs="+", default=[1024, 4096, 10_000])
+    ap.add_argument("--queue", type=int, default=16, help="queued jobs at the timed decision point")
+    ap.add_argument("--calls", type=int, default=4_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    trace, view = busy_view(args.cluster, args.queue, args.seed)
+    layout = FeatureLayout(max_gpus=max(32, len(view.gpu_type)), max_types=max(4, len(view.type_names)))
+    history, scaler = GridHistory(view, layout), FeatureScaler.fit([trace])
+    slots = DecisionPoint(view, history, scaler, simulated_metrics(view)).slots
+
+    def plain():
+        return DecisionPoint(view, history, scaler, simulated_metrics(view)).observe()
+
+    rows = [{"case": "plain observation", "dim": 0, "jobs": len(slots), **timed(plain, args.calls)}]
+    for dim in args.dims:
+        t = time.perf_counter()
+        enc = HDEncoder(dim=dim, seed=args.seed)
+        build_ms = (time.perf_counter() - t) * 1e3
+        for name, jobs in (("hd", slots), ("hd, whole queue", list(view.queue))):
+            row = timed(lambda enc=enc, jobs=jobs: hd_features(view, enc, jobs=jobs), args.calls)
+            rows.append({"case": name, "dim": dim, "jobs": len(jobs), "build_ms": build_ms, **row})
+    base = rows[0]["median_us"]
+    for r in rows:
+        r["ratio_to_plain"] = r["median_us"] / base
+        r["meets_target"] = bool(r["cpu_median_us"] <= TARGET_US) if r["dim"] else None
+
+    machine = {"cpu": _cpu_name(), "logical_cpus": os.cpu_count() or 0, "python": platform.python_version(),
+               "numpy": np.__version__, "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"benchmark": "hdc_speed", "cluster": args.cluster, "types": len(view.type_names),
+                               "gpus": len(view.gpu_type), "queued": len(view.queue), "target_us": TARGET_US,
+                               "seed": args.seed, "machine": machine, "rows": rows}, indent=2))
+    print(f"{machine['cpu']} ({machine['logical_cpus']} logical CPUs), numpy {machine['numpy']}, 1-min load "
+          f"average {load_before:.2f} before, {machine['loadavg_1min_after']:.2f} after")
+    print(f"{args.cluster}: {len(view.gpu_type)} GPUs of {len(view.type_names)} types, {len(view.queue)} queued")
+    print(f"{'case':<18} {'dim':>6} {'jobs':>5} | {'median us':>9} {'p90 us':>8} {'CPU us':>8} | "
+          f"{'x plain':>7} | {'build ms':>8} | {'<= 50 us':>8}")
+    for r in rows:
+        ok = "" if r["meets_target"] is None else ("yes" if r["meets_target"] else "NO")
+        build = f"{r['build_ms']:8.1f}" if "build_ms" in r else f"{'':8}"
+        print(f"{r['case']:<18} {r['dim'] or '':>6} {r['jobs']:>5} | {r['median_us']:9.1f} {r['p90_us']:8.1f} "
+              f"{r['cpu_median_us']:8.1f} | {r['ratio_to_plain']:7.2f} | {build} | {ok:>8}")
+    print(f"wrote {OUT}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
