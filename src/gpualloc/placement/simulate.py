@@ -20,12 +20,16 @@ Each device list-schedules its ready tasks by a priority that implements the pip
 
 * ``"gpipe"`` (Huang et al., 2019): forwards of all microbatches first (microbatch, then
   topological position), and a device starts backwards only after it has run all its forwards;
-* ``"1f1b"`` (PipeDream-Flush, Narayanan et al., 2021): backwards before forwards, microbatches in
-  order, and device ``d`` admits a new microbatch only while fewer than ``S - stage(d)``
-  microbatches are in flight on it (``S`` used devices ranked by their first node in topological
-  order): warm-up forwards, then one-forward-one-backward, then cool-down backwards. Should an odd
-  placement (devices feeding each other back and forth) make those limits deadlock, every limit is
-  raised by one until the step can go on, so the simulation always finishes.
+* ``"1f1b"`` (PipeDream-Flush, Narayanan et al., 2021): the oldest microbatch first (its forwards,
+  then its backwards, so a backward goes before the forward of any later microbatch), and device
+  ``d`` admits a new microbatch only while fewer than ``depth(d)`` microbatches are in flight on it:
+  warm-up forwards, then one-forward-one-backward, then cool-down backwards. ``depth(d)`` is the
+  device's stage depth (:func:`inflight_limits`): on a chain of ``S`` stages, ``S - s`` for stage
+  ``s``; on a DAG of stages (branches, or a device holding ops early and late in the graph), the
+  most devices a path from its ops to the end of the graph runs through, so no device caps the
+  microbatches in flight below what the round trip to its last backward needs. Should a placement
+  still make those limits deadlock (none of the tests' random plans does), every limit is raised
+  by one until the step can go on, so the simulation always finishes.
 
 Ties are broken deterministically: the event heap is keyed ``(time, seq)`` and the simultaneous
 completions at one instant are all applied before any resource picks its next task.
@@ -171,7 +175,8 @@ class TaskGraph:
         dur_s, res: duration and resource (device ``j``, or link ``k + src * k + dst``) of each task.
         succ_ptr, succ_idx: successors of each task (CSR), in the order completions release them.
         indeg: predecessors of each task.
-        prio: device priority of each compute task (lower first), less the microbatch term ``mb * n``.
+        prio: device priority of each compute task (lower first), less the microbatch term ``mb * stride``.
+        stride: the priority step from one microbatch to the next.
         limit: 1f1b in-flight microbatch limit of each device.
         nodes_on: nodes placed on each device.
         gpipe: the schedule is GPipe (else 1F1B).
@@ -190,6 +195,7 @@ class TaskGraph:
     succ_idx: np.ndarray
     indeg: np.ndarray
     prio: np.ndarray
+    stride: int
     limit: np.ndarray
     nodes_on: np.ndarray
     gpipe: bool
@@ -219,9 +225,9 @@ def simulate(problem: PlacementProblem, assignment: np.ndarray, options: SimOpti
     if overrides:
         opts = replace(opts, **overrides)
     tasks = build_tasks(problem, assignment, gpipe=opts.schedule == "gpipe")
-    start, end, peak_inflight = _run(tasks.dur_s, tasks.res, tasks.succ_ptr, tasks.succ_idx, tasks.indeg, tasks.prio,
-                                     tasks.limit, tasks.nodes_on, problem.n, problem.k, problem.microbatches,
-                                     tasks.gpipe)
+    start, end, peak_inflight, _ = _run(tasks.dur_s, tasks.res, tasks.succ_ptr, tasks.succ_idx, tasks.indeg,
+                                        tasks.prio, tasks.stride, tasks.limit, tasks.nodes_on, problem.n, problem.k,
+                                        problem.microbatches, tasks.gpipe)
     return _metrics(problem, tasks, start, end, peak_inflight, opts)
 
 
@@ -281,23 +287,55 @@ def build_tasks(problem: PlacementProblem, assignment: np.ndarray, *, gpipe: boo
     np.cumsum(np.bincount(src, minlength=nb_tasks), out=succ_ptr[1:])
     indeg_base = np.bincount(dst, minlength=nb_tasks).astype(np.int64)
 
-    # device priority (lower first) of a compute task, less the microbatch term ``mb * n``
+    # device priority (lower first) of a compute task, less the microbatch term ``mb * stride``. GPipe:
+    # every forward, then every backward. 1F1B: the oldest microbatch first, its forwards before its
+    # backwards, so a backward of microbatch m goes before the forward of any later one (on a chain
+    # the forwards of m are done when its first backward is ready; on a DAG this keeps a device from
+    # running a branch's backward while the forward of a parallel branch that others wait for is ready)
     rev = n - 1 - pos
-    prio_base = np.concatenate([pos, M * n + rev]) if gpipe else np.concatenate([M * n + pos, rev])
+    if gpipe:
+        prio_base, stride = np.concatenate([pos, M * n + rev]), n
+    else:
+        prio_base, stride = np.concatenate([pos, n + rev]), 2 * n
 
-    # 1f1b in-flight limits: stage rank of each used device by its first node in topological order
-    used = np.unique(a)
-    first = np.full(k, n, dtype=np.int64)
-    np.minimum.at(first, a, pos)
-    limit = np.full(k, M, dtype=np.int64)
-    for rank_, d in enumerate(sorted(used.tolist(), key=lambda d: (first[d], d))):
-        limit[d] = max(1, min(M, len(used) - rank_))
+    limit = inflight_limits(a, es, ed, pos, k, M)
     nodes_on = np.bincount(a, minlength=k).astype(np.int64)
 
     dur = np.concatenate([fwd, bwd, t_act, t_grad]).astype(np.float64)
     res = np.concatenate([a, a, k + src_dev * k + pdv, k + pdv * k + src_dev]).astype(np.int64)
     return TaskGraph(a, fwd, bwd, pu, pby, t_act, t_grad, dur, res, succ_ptr, succ_idx, indeg_base,
-                     prio_base.astype(np.int64), limit, nodes_on, gpipe)
+                     prio_base.astype(np.int64), stride, limit, nodes_on, gpipe)
+
+
+def inflight_limits(a: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray, pos: np.ndarray, k: int,
+                    M: int) -> np.ndarray:
+    """1F1B in-flight microbatch limit of each device: its stage depth, capped at ``M``.
+
+    A node's stage depth is the most devices a path from it to the end of the graph runs through,
+    counting each change of device (:func:`_stage_depth`); a device's is that of its deepest node.
+    On a chain of ``S`` stages this is ``S - s`` for stage ``s``: PipeDream-Flush's warm-up. On a DAG
+    of stages (a diamond, or a device holding ops early and late in the graph) it is the number of
+    microbatches the device must accept before the backward of the first can come back; a limit
+    ranked by first node instead (stage ``s`` of ``S`` devices) serialised such plans.
+    """
+    order = np.argsort(-pos[edge_src], kind="stable")
+    depth = _stage_depth(a.astype(np.int64), edge_src[order].astype(np.int64), edge_dst[order].astype(np.int64))
+    limit = np.zeros(k, dtype=np.int64)
+    np.maximum.at(limit, a, depth)
+    return np.where(limit > 0, np.minimum(limit, M), M).astype(np.int64)
+
+
+@njit(cache=True)
+def _stage_depth(a, src, dst):
+    """Stage depth of every node, with edges given in decreasing topological position of their source."""
+    depth = np.ones(a.shape[0], dtype=np.int64)
+    for e in range(src.shape[0]):
+        u = src[e]
+        v = dst[e]
+        cand = depth[v] + (1 if a[u] != a[v] else 0)
+        if cand > depth[u]:
+            depth[u] = cand
+    return depth
 
 
 def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray,
@@ -433,8 +471,13 @@ def _heap_pop(k1, k2, ids, base, size):
 
 
 @njit(cache=True)
-def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n, k, M, gpipe):  # noqa: C901
-    """List-schedule every task of ``M`` microbatches; returns (start, end, peak in-flight per device)."""
+def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, stride, limit, nodes_on, n, k, M, gpipe):  # noqa: C901
+    """List-schedule every task of ``M`` microbatches.
+
+    Returns:
+        start, end (per task of every microbatch), peak in-flight microbatches per device, and how many
+        times the 1f1b limits had to be relaxed to avoid a deadlock (0 for every plan the tests try).
+    """
     nb = dur.shape[0]
     two_n = 2 * n
     total = nb * M
@@ -473,6 +516,7 @@ def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n
     touched = np.empty(n_res, dtype=np.int64)
     stamp = np.full(n_res, -1, dtype=np.int64)
     seq = 0
+    relaxed = 0
 
     for m in range(M):
         for b in range(nb):
@@ -480,7 +524,7 @@ def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n
                 tid = m * nb + b
                 r = res[b]
                 if b < two_n:
-                    _heap_push(qk1, qk2, qid, hbase[r], hsize[r], prio_base[b] + m * n, tid, tid)
+                    _heap_push(qk1, qk2, qid, hbase[r], hsize[r], prio_base[b] + m * stride, tid, tid)
                 else:
                     seq += 1
                     _heap_push(qk1, qk2, qid, hbase[r], hsize[r], 0.0, seq, tid)
@@ -531,6 +575,7 @@ def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n
             # 1f1b limits deadlocked on an odd placement: relax them and go on
             for d in range(k):
                 limit[d] += 1
+            relaxed += 1
             t = end.max()
             pending = k
             for r in range(k):
@@ -568,7 +613,7 @@ def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n
                 if indeg[sid] == 0:
                     rs = res[s]
                     if s < two_n:
-                        _heap_push(qk1, qk2, qid, hbase[rs], hsize[rs], prio_base[s] + m * n, sid, sid)
+                        _heap_push(qk1, qk2, qid, hbase[rs], hsize[rs], prio_base[s] + m * stride, sid, sid)
                     else:
                         seq += 1
                         _heap_push(qk1, qk2, qid, hbase[rs], hsize[rs], t, seq, sid)
@@ -577,4 +622,4 @@ def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, limit, nodes_on, n
                         stamp[rs] = instant
                         touched[pending] = rs
                         pending += 1
-    return start, end, peak
+    return start, end, peak, relaxed
