@@ -45,6 +45,8 @@ class StageCosts:
         tp_comm_s: the TP all-reduce part of ``fwd_s + bwd_s``.
         recv_fwd_s: ``(M, R_prev, R)``: time to move microbatch ``k`` from replica ``i`` of the previous stage
             to replica ``j`` of this one (0 where they share no sample); ``None`` for the first stage.
+        feeds: ``(M, R_prev, R)``: whether replica ``i`` of the previous stage holds samples of microbatch
+            ``k`` that replica ``j`` of this one takes (they wait on each other); ``None`` for the first stage.
         sync_s: the whole gradient all-reduce of the stage (0 with one replica).
         buckets: gradient buckets of the all-reduce.
         opt_s: optimizer step of the stage's slowest device.
@@ -55,6 +57,7 @@ class StageCosts:
     compute_s: np.ndarray
     tp_comm_s: np.ndarray
     recv_fwd_s: np.ndarray | None
+    feeds: np.ndarray | None
     sync_s: float
     buckets: int
     opt_s: float
@@ -108,8 +111,10 @@ def replica_time_s(problem: HybridProblem, stage, replica, mb: int, share: float
     return fwd, bwd, comm
 
 
-def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, split, shares) -> np.ndarray:
-    """``(M, R_prev, R)`` transfer times of the activations crossing the cut before ``stage``."""
+def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, split,
+         shares) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, R_prev, R)`` transfer times of the activations crossing the cut before ``stage``, and which
+    pairs of replicas share samples."""
     per_sample = float(problem.boundary_bytes[prev.last])
     src = np.array([r.devices[0] for r in prev.replicas])
     dst = np.array([r.devices[0] for r in stage.replicas])
@@ -119,13 +124,15 @@ def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, spli
     bw[cross] /= flows[cross]
     lat = problem.latency[np.ix_(src, dst)]
     out = np.zeros((plan.microbatches, len(src), len(dst)))
+    feeds = np.zeros(out.shape, dtype=bool)
     for k in range(plan.microbatches):
         a_end, b_end = np.cumsum(prev_split[:, k]), np.cumsum(split[:, k])
         a_start, b_start = a_end - prev_split[:, k], b_end - split[:, k]
         overlap = np.maximum(np.minimum(a_end[:, None], b_end[None, :]) - np.maximum(a_start[:, None],
                                                                                      b_start[None, :]), 0)
-        out[k] = np.where(overlap > 0, physics.transfer_time_s(overlap * per_sample, lat, bw), 0.0)
-    return out
+        feeds[k] = overlap > 0
+        out[k] = np.where(feeds[k] & (per_sample > 0), physics.transfer_time_s(overlap * per_sample, lat, bw), 0.0)
+    return out, feeds
 
 
 def _sync(problem: HybridProblem, plan: HybridPlan, stage, shares) -> tuple[float, int]:
@@ -190,13 +197,14 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
                     cache[m] = replica_time_s(problem, stage, rep, m, share)
                 f, b, c = cache[m]
                 fwd[r, k], bwd[r, k], comp[r, k], tpc[r, k] = f + c, b + c, f + b, 2 * c
-        recv = None if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1], splits[si], shares)
+        recv, feeds = (None, None) if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1],
+                                                        splits[si], shares)
         sync, buckets = _sync(problem, plan, stage, shares)
         params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
         opt = max(problem.opt_step_s(int(problem.type_of[d]),
                                      params / r.tp / (len(stage.replicas) if plan.sharding != "none" else 1))
                   for r in stage.replicas for d in r.devices)
-        stages.append(StageCosts(fwd, bwd, comp, tpc, recv, sync, buckets, opt))
+        stages.append(StageCosts(fwd, bwd, comp, tpc, recv, feeds, sync, buckets, opt))
         _stage_mem(problem, plan, si, splits[si], mem)
     return PlanCosts(tuple(stages), mem)
 

@@ -120,7 +120,7 @@ class HybridProblem:
     def tp_degrees(self) -> tuple[int, ...]:
         """Tensor-parallel degrees a plan may use: the profiled ones, else powers of two up to a node."""
         if self.profile is not None:
-            common = set.intersection(*(set(self.profile["gpu"][t]["tps"]) for t in self.type_names))
+            common = set.intersection(*(set(self.profile["gpu"][t]["table"]) for t in self.type_names))
             return tuple(sorted(common)) or (1,)
         biggest = max(len(n.devices) for n in self.cluster.nodes)
         return tuple(2 ** i for i in range(int(np.log2(biggest)) + 1))
@@ -210,9 +210,9 @@ class HybridProblem:
         out = np.empty((len(self.type_names), self.L))
         for ti, name in enumerate(self.type_names):
             if self.profile is not None:
-                tab = self.profile["gpu"][name]
-                out[ti] = np.min([tp * (np.asarray(f) + np.asarray(b)) / mb
-                                  for mb, by_tp in tab["table"].items() for tp, (f, b) in by_tp.items()], axis=0)
+                tab = self.profile["gpu"][name]["table"]
+                out[ti] = np.min([tp * (f + b) / mb for tp, by_mb in tab.items() for mb, (f, b) in by_mb.items()],
+                                 axis=0)
             else:
                 fwd, bwd, launch = self._op_times[ti]
                 fixed = np.minimum(launch, fwd), np.minimum(launch, bwd)
@@ -221,14 +221,11 @@ class HybridProblem:
 
     @cached_property
     def type_speed(self) -> np.ndarray:
-        """Samples per second of one device of each type on the whole model (tp 1, a moderate microbatch)."""
-        mb = max(1, min(self.global_batch, 8 if self.profile is None else min(self._profile_mbs)))
-        t = np.array([sum(a.sum() for a in self.layer_times_s(ti, mb, 1)) for ti in range(len(self.type_names))])
-        return mb / np.maximum(t, 1e-30)
-
-    @cached_property
-    def _profile_mbs(self) -> list[int]:
-        return sorted(set.intersection(*(set(self.profile["gpu"][t]["table"]) for t in self.type_names)))
+        """Samples per second per device of each type on the whole model (the smallest TP degree every type
+        has, a moderate microbatch)."""
+        mb, tp = max(1, min(self.global_batch, 8)), self.tp_degrees[0]
+        t = np.array([sum(a.sum() for a in self.layer_times_s(ti, mb, tp)) for ti in range(len(self.type_names))])
+        return mb / tp / np.maximum(t, 1e-30)
 
     @cached_property
     def device_speed(self) -> np.ndarray:
@@ -238,8 +235,8 @@ class HybridProblem:
 
 # --------------------------------------------------------------------------- measured profiles
 def _read_profile(graph: OpGraph, L: int, types: tuple[str, ...]) -> dict[str, Any]:
-    """Check ``graph.meta["profile"]`` and index it as ``{"gpu": {type: {"table": {mb: {tp: (f, b)}},
-    "tps": [...]}}, "opt_step_s": {...}}``; errors name the field."""
+    """Check ``graph.meta["profile"]`` and index it as ``{"gpu": {type: {"table": {tp: {mb: (f, b)}}},
+    "opt_step_s": {...}}``; errors name the field."""
     where = f"graph {graph.name!r}: meta.profile"
     prof = graph.meta["profile"]
     if not isinstance(prof, dict) or not isinstance(prof.get("gpu"), dict):
@@ -252,36 +249,36 @@ def _read_profile(graph: OpGraph, L: int, types: tuple[str, ...]) -> dict[str, A
         if t not in prof["gpu"]:
             raise PlacementError(f"{where}.gpu: no measured times for device type {t!r} "
                                  f"(profiled: {', '.join(sorted(prof['gpu'])) or 'none'})")
-        table: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+        table: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}  # tp -> mb -> times
         for mb_key, by_tp in prof["gpu"][t].items():
             for tp_key, rows in by_tp.items():
                 arr = np.asarray(rows, dtype=np.float64)
                 if arr.shape != (L, 2) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
                     raise PlacementError(f"{where}.gpu.{t}.{mb_key}.{tp_key}: expected {L} [fwd_s, bwd_s] pairs "
                                          "of finite non-negative seconds")
-                table.setdefault(int(mb_key), {})[int(tp_key)] = (arr[:, 0].copy(), arr[:, 1].copy())
+                table.setdefault(int(tp_key), {})[int(mb_key)] = (arr[:, 0].copy(), arr[:, 1].copy())
         if not table:
             raise PlacementError(f"{where}.gpu.{t}: no microbatch sizes")
-        tps = set.intersection(*(set(v) for v in table.values()))
-        out["gpu"][t] = {"table": dict(sorted(table.items())), "tps": sorted(tps)}
+        out["gpu"][t] = {"table": {tp: dict(sorted(by_mb.items())) for tp, by_mb in sorted(table.items())}}
     return out
 
 
 def _profile_times(tab: dict[str, Any], mb: int, tp: int, type_name: str) -> tuple[np.ndarray, np.ndarray]:
     """Measured times at ``mb`` samples: linear between measured sizes, proportional beyond them."""
-    if tp not in tab["tps"]:
+    if tp not in tab["table"]:
         raise PlacementError(f"tensor-parallel degree {tp} was not profiled on {type_name} "
-                             f"(profiled: {', '.join(map(str, tab['tps']))})")
-    sizes = list(tab["table"])
-    if mb in tab["table"]:
-        f, b = tab["table"][mb][tp]
+                             f"(profiled: {', '.join(map(str, tab['table']))})")
+    by_mb = tab["table"][tp]
+    sizes = list(by_mb)
+    if mb in by_mb:
+        f, b = by_mb[mb]
         return f.copy(), b.copy()
     if mb < sizes[0] or mb > sizes[-1]:
         ref = sizes[0] if mb < sizes[0] else sizes[-1]
-        f, b = tab["table"][ref][tp]
+        f, b = by_mb[ref]
         return f * mb / ref, b * mb / ref
     hi = next(s for s in sizes if s > mb)
     lo = max(s for s in sizes if s < mb)
     w = (mb - lo) / (hi - lo)
-    (f0, b0), (f1, b1) = tab["table"][lo][tp], tab["table"][hi][tp]
+    (f0, b0), (f1, b1) = by_mb[lo], by_mb[hi]
     return f0 + w * (f1 - f0), b0 + w * (b1 - b0)

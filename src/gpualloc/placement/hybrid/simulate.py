@@ -120,6 +120,7 @@ def _ready(costs: PlanCosts, f_end, b_end, s: int, r: int, d: int, k: int, S: in
         if s == 0:
             return 0.0
         recv = costs.stages[s].recv_fwd_s[k][:, r]
+        need = costs.stages[s].feeds[k][:, r]
         src = f_end[s - 1][:, k]
     else:
         own = f_end[s][r, k]
@@ -128,8 +129,8 @@ def _ready(costs: PlanCosts, f_end, b_end, s: int, r: int, d: int, k: int, S: in
         if s == S - 1:
             return float(own)
         recv = costs.stages[s + 1].recv_fwd_s[k][r, :]  # gradients go back on the same pairs
+        need = costs.stages[s + 1].feeds[k][r, :]
         src = b_end[s + 1][:, k]
-    need = recv > 0
     if np.isnan(src[need]).any():
         return None
     arrive = float((src[need] + recv[need]).max()) if need.any() else 0.0
