@@ -346,3 +346,14 @@ def test_hybrid_planner_reads_the_imported_tables() -> None:
     assert np.allclose(bwd, [raw[str(i)][1] for i in range(26)])
     assert np.allclose(problem.layer_act_bytes, g.meta["profile"]["act_mem_bytes"])
     assert problem.layer_param_bytes.sum() == g.total_param_bytes
+
+
+def test_sailor_options_are_refused_for_other_formats(cli, tmp_path: Path) -> None:
+    profile = tmp_path / "graph.txt"
+    profile.write_text("node1 -- Input0() -- forward_compute_time=0.000, backward_compute_time=0.000, "
+                       "activation_size=4.0, parameter_size=0.000\n")
+    code, _, err = cli("graph", "import", profile, "--format", "pipedream", "--gpu", "A100-40")
+    assert code == 2 and "--gpu: for --format sailor only" in err, err
+    code, _, err = cli("graph", "import", profile, "--format", "pipedream", "--batch", "3", "-o", tmp_path / "g.json")
+    assert code == 0, err
+    assert OpGraph.load(tmp_path / "g.json").batch_size == 3

@@ -58,7 +58,8 @@ def import_cmd(
     gpu: list[str] = typer.Option(None, "--gpu", help="sailor: a profiled GPU (A100-40 or A100-40GB); repeat "
                                   "for a mixed cluster; default every GPU profiled for the model."),
     batch: int = typer.Option(None, "--batch", min=1, max=MAX_BATCH,
-                              help="sailor: the global batch (graph batch_size); default the microbatch."),
+                              help="The graph's batch_size. sailor: the global batch, default the microbatch; "
+                              "pipedream: the profiled batch, default inferred from the layers."),
     seq_len: int = typer.Option(None, "--seq-len", min=1, help="sailor: must be the profiled sequence length."),
     microbatch: int = typer.Option(None, "--microbatch", min=1, max=MAX_BATCH,
                                    help="sailor: the profiled microbatch whose TP-1 times fill time_ms."),
@@ -67,8 +68,12 @@ def import_cmd(
     from gpualloc.graph.importers import import_pipedream, import_sailor
     from gpualloc.hardware.catalog import default_catalog
 
+    given = [name for name, value in (("--model", model), ("--gpu", gpu), ("--seq-len", seq_len),
+                                      ("--microbatch", microbatch)) if value]
+    if given and fmt is not ImportFormat.sailor:
+        raise typer.BadParameter(f"{', '.join(given)}: for --format sailor only", param_hint="--format")
     if fmt is ImportFormat.pipedream:
-        graph = import_pipedream(file, device=default_catalog().device(device).name)
+        graph = import_pipedream(file, device=default_catalog().device(device).name, batch_size=batch)
     elif fmt is ImportFormat.sailor:
         graph = import_sailor(file, model=model, gpus=gpu or None, batch_size=batch, seq_len=seq_len,
                               microbatch=microbatch)
