@@ -3,9 +3,11 @@
 A Gavel-style trace at load 3 on a cluster is simulated under FCFS until ``--queue`` jobs wait; at that
 decision point each case is timed with ``time.perf_counter_ns`` per call, after a warm-up:
 
-* **hd**: ``hd_features(view, encoder, jobs=slots)``: per-type utilisation and the ``top_k`` slot jobs,
-  bundled and projected to 32 features, at each hypervector size asked for;
+* **hd**: ``hd_features(view, encoder, jobs=slots, codes=codes)``: per-type utilisation and the
+  ``top_k`` slot jobs, bundled and projected to 32 features, at each hypervector size asked for, with
+  the job codes taken once per run (``table_codes``);
 * **hd, whole queue**: the same with every queued job;
+* **hd, no job codes**: the slot jobs' codes computed at each call;
 * **plain** (the peer): ``DecisionPoint(...)`` plus ``observe()``, the agent's whole plain observation.
 
 Each figure is a median over batches of 20 calls: wall time, and this thread's CPU time (what the
@@ -31,7 +33,7 @@ import numpy as np
 
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
-from gpualloc.rl.hdc import HDEncoder, hd_features
+from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.workload.traces import generate
@@ -91,8 +93,10 @@ def main() -> None:
         t = time.perf_counter()
         enc = HDEncoder(dim=dim, seed=args.seed)
         build_ms = (time.perf_counter() - t) * 1e3
-        for name, jobs in (("hd", slots), ("hd, whole queue", list(view.queue))):
-            row = timed(lambda enc=enc, jobs=jobs: hd_features(view, enc, jobs=jobs), args.calls)
+        codes = table_codes(view, enc)
+        for name, jobs, c in (("hd", slots, codes), ("hd, whole queue", list(view.queue), codes),
+                              ("hd, no job codes", slots, None)):
+            row = timed(lambda enc=enc, jobs=jobs, c=c: hd_features(view, enc, jobs=jobs, codes=c), args.calls)
             rows.append({"case": name, "dim": dim, "jobs": len(jobs), "build_ms": build_ms, **row})
     base = rows[0]["median_us"]
     for r in rows:

@@ -10,7 +10,7 @@ import pytest
 
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
-from gpualloc.rl.hdc import HDEncoder, bind, cosine, hd_features
+from gpualloc.rl.hdc import HDEncoder, bind, cosine, hd_features, table_codes
 from gpualloc.scheduling.base import Decision
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.workload.jobs import JOB_TYPES, JobType
@@ -118,7 +118,7 @@ def test_shapes_dtypes_and_ranges():
     batch = enc.project(np.stack([enc.encode_gpu_type(str(i)) for i in range(5)]))
     assert batch.shape == (5, 12) and batch.dtype == np.float32
     util, jobs = STATE
-    feats = enc.features(list(util), list(util.values()), [0, 2], [1, 0], [4, 1])
+    feats = enc.features(list(util), list(util.values()), enc.job_codes([0, 2], [1, 0], [4, 1]))
     assert np.array_equal(feats, enc.project(enc.encode_cluster_state(*STATE)))
     with pytest.raises(ValueError):  # shared cached tables are read-only
         enc.encode_gpu_type("V100")[0] = 0
@@ -191,8 +191,15 @@ def test_hd_features_on_a_simulator_view():
     expected = ENC.project(ENC.encode_cluster_state(dict(zip(view.type_names, util, strict=True)), jobs))
     assert np.array_equal(f, expected)
 
+    codes = table_codes(view, ENC)  # once per run: the same features, computed once for every job
+    assert np.array_equal(hd_features(view, ENC, codes=codes), f)
     some = hd_features(view, ENC, jobs=q[:1])
     assert not np.array_equal(some, f)
+    assert np.array_equal(hd_features(view, ENC, jobs=q[:1], codes=codes), some)
+    with pytest.raises(AgentError, match="job codes for 16 levels, encoder has 8"):
+        hd_features(view, HDEncoder(levels=8), codes=codes)
+    with pytest.raises(AgentError, match="job codes for 1 jobs"):
+        hd_features(view, ENC, codes=codes.take(np.array([0])))
     measured = np.full(len(view.gpu_job), np.nan)  # unknown metrics count as idle
     assert np.array_equal(hd_features(view, ENC, utilization=measured),
                           hd_features(view, ENC, utilization=np.zeros(len(view.gpu_job))))

@@ -17,8 +17,9 @@ Structure comes from two operations:
 fixed random +-1 projection (Johnson-Lindenstrauss: cosines are kept approximately).
 
 Use in the scheduling agent (``features="hd"``): build one ``HDEncoder`` per agent and save
-``encoder.to_dict()`` with it; at each decision point call ``hd_features(view, encoder,
-jobs=point.slots)`` (a :class:`~gpualloc.rl.features.DecisionPoint`'s queued-job slots; default the
+``encoder.to_dict()`` with it; once per run (per job table) take ``codes = table_codes(view,
+encoder)``; at each decision point call ``hd_features(view, encoder, jobs=point.slots,
+codes=codes)`` (a :class:`~gpualloc.rl.features.DecisionPoint`'s queued-job slots; default the
 whole queue) and put the ``out_dim`` values where the plain per-type block would go. Pass
 ``utilization=metrics.utilization`` to encode measured GPU utilisation instead of the busy share.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,7 +44,7 @@ from gpualloc.limits import MAX_SEED, check_seed, check_size
 from gpualloc.scheduling.base import ClusterView
 from gpualloc.workload.jobs import JOB_TYPES, JobType
 
-__all__ = ["HDEncoder", "bind", "cosine", "hd_features"]
+__all__ = ["HDEncoder", "JobCodes", "bind", "cosine", "hd_features", "table_codes"]
 
 MAX_DIM = 1 << 17
 """Largest hypervector: far beyond the 10,000 where HD capacity stops improving."""
@@ -53,6 +55,18 @@ PRIORITY_SCALE = 1.0
 usual 0, 1, 2 (0.5, 0.75, 0.83) get distinct levels from ``levels=8`` up."""
 PROJECTION_CLIP = 4.0
 """Projected values are ~N(0, 1); they are divided by this and clipped to [-1, 1] (clips 6e-5)."""
+
+
+class JobCodes(NamedTuple):
+    """Per-job rows of an encoder's job tables (:meth:`HDEncoder.job_codes`); :meth:`take` selects jobs."""
+
+    prio_type: np.ndarray
+    gpus: np.ndarray
+    levels: int
+
+    def take(self, jobs: np.ndarray) -> JobCodes:
+        """The codes of the jobs at indices ``jobs``."""
+        return JobCodes(self.prio_type[jobs], self.gpus[jobs], self.levels)
 
 
 def bind(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -174,8 +188,14 @@ class HDEncoder:
         """``type (x) level(utilisation)``."""
         return bind(self.encode_gpu_type(type_name), self.encode_level(utilisation))
 
-    def _jobs(self, priority, type_code, gpus) -> np.ndarray:
-        """(jobs, dim) records: sign of role (x) value summed over the three fields (never a tie)."""
+    def job_codes(self, priority, type_code, gpus) -> JobCodes:
+        """The table rows that encode each job: once per job table, then :meth:`encode_state` per decision.
+
+        Args:
+            priority: per-job priority (any finite number).
+            type_code: per-job :data:`~gpualloc.workload.jobs.JOB_TYPES` index.
+            gpus: per-job GPUs asked (>= 1).
+        """
         priority, gpus = np.asarray(priority, np.float64), np.asarray(gpus, np.float64)
         code = np.asarray(type_code, np.intp)
         # every field as a value in [0, 1], so that one range check refuses NaN, infinities, gpus < 1
@@ -190,18 +210,23 @@ class HDEncoder:
                     f"job type code {{}} must be in 0..{len(JOB_TYPES) - 1}")[row]
             raise AgentError(f"HDEncoder: job {job}: " + rule.format((priority, gpus, code)[row][job]))
         p, g, _ = np.rint(x * (self.levels - 1)).astype(np.intp)
-        return np.sign(self._prio_type[p * len(JOB_TYPES) + code] + self._gpus[g])
+        return JobCodes(p * len(JOB_TYPES) + code, g, self.levels)
+
+    def _records(self, codes: JobCodes) -> np.ndarray:
+        """(jobs, dim): sign of role (x) value summed over the three fields (never a tie)."""
+        if codes.levels != self.levels:
+            raise AgentError(f"HDEncoder: job codes for {codes.levels} levels, encoder has {self.levels}")
+        return np.sign(self._prio_type[codes.prio_type] + self._gpus[codes.gpus])
 
     def encode_job(self, priority: float, job_type: JobType | str, gpus: int) -> np.ndarray:
         """``bundle(PRIORITY (x) level(priority), TYPE (x) job_type, GPUS (x) level(log2 gpus))``."""
-        return self._jobs([priority], [_job_type_code(job_type)], [gpus])[0]
+        return self._records(self.job_codes([priority], [_job_type_code(job_type)], [gpus]))[0]
 
-    def encode_arrays(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
-        """:meth:`encode_cluster_state` from arrays: per-type utilisation; per-job priority,
-        :data:`~gpualloc.workload.jobs.JOB_TYPES` index and GPUs."""
+    def encode_state(self, type_names: Sequence[str], type_util, codes: JobCodes | None = None) -> np.ndarray:
+        """Bundle of the GPU types at their utilisation and of the jobs of ``codes`` (:meth:`job_codes`)."""
         if len(type_util) != len(type_names):
             raise AgentError(f"HDEncoder: {len(type_util)} utilisations for {len(type_names)} GPU types")
-        n_t, n_j = len(type_names), len(type_code)
+        n_t, n_j = len(type_names), 0 if codes is None else len(codes.gpus)
         # integer weights: both halves weigh n_t * n_j, and sums (and ties) stay exact; int16 sums
         # are several times faster than int32 ones and hold up to 32,767 rows
         total = np.zeros(self.dim, np.int32)
@@ -210,8 +235,13 @@ class HDEncoder:
             gpu *= self._type_rows(type_names)
             total = gpu.sum(axis=0, dtype=np.int16) * np.int32(max(n_j, 1))
         if n_j:
-            total = total + self._jobs(priority, type_code, gpus).sum(axis=0, dtype=np.int16) * np.int32(max(n_t, 1))
+            total = total + self._records(codes).sum(axis=0, dtype=np.int16) * np.int32(max(n_t, 1))
         return self._sign(total)
+
+    def encode_arrays(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
+        """:meth:`encode_cluster_state` from arrays: per-type utilisation; per-job priority,
+        :data:`~gpualloc.workload.jobs.JOB_TYPES` index and GPUs."""
+        return self.encode_state(type_names, type_util, self.job_codes(priority, type_code, gpus))
 
     def encode_cluster_state(self, utilisation: Mapping[str, float],
                              jobs: Iterable[tuple[float, JobType | str, int]] = ()) -> np.ndarray:
@@ -225,9 +255,9 @@ class HDEncoder:
         return self.encode_arrays(list(utilisation), list(utilisation.values()), [j[0] for j in jobs],
                                   [_job_type_code(j[1]) for j in jobs], [j[2] for j in jobs])
 
-    def features(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
-        """``project(encode_arrays(...))``: the norm of a bipolar vector is known (the agent's hot path)."""
-        hv = self.encode_arrays(type_names, type_util, priority, type_code, gpus).astype(np.float32)
+    def features(self, type_names: Sequence[str], type_util, codes: JobCodes | None = None) -> np.ndarray:
+        """``project(encode_state(...))``: the norm of a bipolar vector is known (the agent's hot path)."""
+        hv = self.encode_state(type_names, type_util, codes).astype(np.float32)
         return _squash(np.dot(self._projection, hv), 1.0 / np.sqrt(np.float32(self.dim)))  # as project()
 
     def project(self, hv) -> np.ndarray:
@@ -271,7 +301,7 @@ def _job_type_code(job_type: JobType | str) -> int:
 
 
 def hd_features(view: ClusterView, encoder: HDEncoder, *, jobs: Sequence[int] | None = None,
-                utilization: np.ndarray | None = None) -> np.ndarray:
+                utilization: np.ndarray | None = None, codes: JobCodes | None = None) -> np.ndarray:
     """The HD block for one decision point: per-type utilisation and the queued jobs, projected.
 
     Args:
@@ -280,6 +310,9 @@ def hd_features(view: ClusterView, encoder: HDEncoder, *, jobs: Sequence[int] | 
         jobs: job indices to encode (e.g. ``DecisionPoint.slots``); default the whole queue.
         utilization: per-GPU utilisation in [0, 1] (``GpuMetrics.utilization``; NaN counts as 0);
             default 1 for a GPU running a job, 0 for a free or failed one.
+        codes: ``encoder.job_codes(t.priority, t.type_code, t.num_gpus)`` of the view's whole job
+            table ``t``, computed once per run (:func:`table_codes`); default: computed for ``jobs``
+            at each call, which costs more than the rest of the encoding.
 
     Returns:
         ``encoder.out_dim`` float32 values in [-1, 1].
@@ -295,5 +328,15 @@ def hd_features(view: ClusterView, encoder: HDEncoder, *, jobs: Sequence[int] | 
     type_util = per_type / np.maximum(view.total_by_type(), 1)  # in [0, 1]: at most every GPU of the type
     jobs = view.queue if jobs is None else jobs
     q = np.fromiter(jobs, dtype=np.intp, count=len(jobs))
+    if codes is None:
+        return encoder.features(view.type_names, type_util, table_codes(view, encoder, q))
+    if len(codes.gpus) != len(view.jobs):
+        raise AgentError(f"hd_features: job codes for {len(codes.gpus)} jobs, the view has {len(view.jobs)}")
+    return encoder.features(view.type_names, type_util, codes.take(q))
+
+
+def table_codes(view: ClusterView, encoder: HDEncoder, jobs: np.ndarray | None = None) -> JobCodes:
+    """``encoder``'s codes of the view's jobs (all of them by default), for :func:`hd_features`."""
     t = view.jobs
-    return encoder.features(view.type_names, type_util, t.priority[q], t.type_code[q], t.num_gpus[q])
+    q = slice(None) if jobs is None else jobs
+    return encoder.job_codes(t.priority[q], t.type_code[q], t.num_gpus[q])
