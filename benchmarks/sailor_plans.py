@@ -4,9 +4,12 @@ on 4+4, 8+8 and 16+16 A100-40 + V100-16 (issue 17, part 5).
 Each cluster is 4-GPU nodes (the VMs Sailor measured on Google Cloud: ``a2-highgpu-4g`` A100s and
 ``n1-standard`` VMs with 4 V100s): NVLink 3 inside A100 nodes, NVLink 2 inside V100 nodes, and a 50 Gb/s
 NIC (``eth-50g``) between nodes, the gpualloc links closest to Sailor's bandwidth fits (see
-docs/results/sailor.md). For every case: the hybrid plan and its simulated iteration time, the lower bound
-and ``x bound``, the search time, and the baselines (DDP, speed-proportional DDP, Megatron grid,
-Metis-style) simulated on the same problem, with the hybrid plan's speed-up over the best of them.
+docs/results/sailor.md). The clusters are gpualloc cluster files, written next to the JSON
+(``sailor-8+8.toml``, ...), so ``gpualloc place`` and ``gpualloc hw show`` can use the same ones.
+
+For every case: the hybrid plan and its simulated iteration time, the lower bound and ``x bound``, the
+search time, and the baselines (DDP, speed-proportional DDP, Megatron grid, Metis-style) simulated on the
+same problem, with the hybrid plan's speed-up over the best of them.
 
 Usage: python benchmarks/sailor_plans.py [--data ../shared/data/sailor-profiles] [--out benchmarks/results/sailor.json]
 """
@@ -22,8 +25,7 @@ from pathlib import Path
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.sailor import import_sailor
-from gpualloc.hardware.catalog import default_catalog
-from gpualloc.hardware.cluster import ClusterSpec, build_cluster
+from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.placement.hybrid.baselines import BASELINES
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -38,15 +40,20 @@ INTRA = {"A100-40GB": "nvlink3", "V100-16GB": "nvlink2"}
 NETWORK = "eth-50g"
 
 
-def cluster(per_type: int) -> ClusterSpec:
-    """``per_type`` A100-40 and as many V100-16, in 4-GPU nodes joined by a 50 Gb/s NIC."""
-    cat = default_catalog()
-    nodes = []
-    for type_name, link in INTRA.items():
-        dev = cat.device(type_name)
-        for k in range(per_type // GPUS_PER_NODE):
-            nodes.append((f"{type_name.split('-')[0].lower()}{k}", [dev] * GPUS_PER_NODE, cat.link(link)))
-    return build_cluster(f"{per_type}xA100-40+{per_type}xV100-16", nodes, cat.link(NETWORK), cat)
+def cluster_toml(per_type: int) -> str:
+    """The gpualloc cluster file of ``per_type`` A100-40 and as many V100-16, in 4-GPU nodes joined by a
+    50 Gb/s NIC (``gpualloc hw show FILE`` / ``place --cluster FILE`` read it)."""
+    nodes = "".join(f"\n[[nodes]]\ndevices = {{{type_name} = {GPUS_PER_NODE}}}\ncount = {per_type // GPUS_PER_NODE}\n"
+                    f'link = "{link}"\n' for type_name, link in INTRA.items())
+    return f'name = "{per_type}xA100-40+{per_type}xV100-16"\nnetwork = "{NETWORK}"\n{nodes}'
+
+
+def cluster(per_type: int, folder: Path) -> ClusterSpec:
+    """The cluster of :func:`cluster_toml`, written to ``folder`` and read back as a user's file would be."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"sailor-{per_type}+{per_type}.toml"
+    path.write_text(cluster_toml(per_type))
+    return load_cluster(path)
 
 
 def tp1_tables_only(graph: OpGraph) -> OpGraph:
@@ -73,8 +80,7 @@ def problem_for(graph: OpGraph, spec: ClusterSpec, batch: int) -> tuple[HybridPr
         return HybridProblem(tp1_tables_only(graph), spec, batch), str(err)
 
 
-def run_case(graph: OpGraph, per_type: int, batch: int) -> dict:
-    spec = cluster(per_type)
+def run_case(graph: OpGraph, spec: ClusterSpec, batch: int) -> dict:
     problem, workaround = problem_for(graph, spec, batch)
     t0 = time.perf_counter()
     plan, result = plan_hybrid(problem, seed=0)
@@ -115,7 +121,7 @@ def main() -> None:
     for model, batch in CASES:
         graph = import_sailor(args.data, model=model, gpus=["A100-40", "V100-16"], batch_size=batch, seq_len=SEQ_LEN)
         for per_type in SIZES:
-            rows.append(run_case(graph, per_type, batch))
+            rows.append(run_case(graph, cluster(per_type, args.out.parent), batch))
             r = rows[-1]
             print(f"{r['model']} on {r['cluster']}: {r['step_time_s']:.2f} s, x{r['x_bound']:.2f} bound, "
                   f"search {r['search_s']:.2f} s", flush=True)
