@@ -18,7 +18,8 @@ MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSO
 
 def run_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o`."),
+    plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o` (version 1: op-level, "
+                                                  "or 2: hybrid, run as DDP replicas and pipeline stages)."),
     steps: int = typer.Option(5, "--steps", max=MAX_STEPS, min=1,
                               help="Timed training steps (the median is reported)."),
     warmup: int = typer.Option(1, "--warmup", max=MAX_STEPS, min=0, help="Untimed training steps run first."),
@@ -49,12 +50,17 @@ def run_cmd(
     """Run a placement plan on real devices: split MODEL by the plan, check its output against the unsplit
     model, train N steps, and report the measured step time beside the simulator's prediction."""
     from gpualloc.errors import ExecutionError
-    from gpualloc.execute.run import execute_plan, read_plan
+    from gpualloc.execute.run import execute_plan, plan_version, read_plan
     from gpualloc.graph.ir import OpGraph
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
     from gpualloc.placement.run import load_assignment
 
+    if plan_version(plan) == 2:
+        _run_hybrid(model, plan, cluster, batch=batch, microbatches=microbatches, calibration=calibration,
+                    no_calibrate=no_calibrate, devices=devices, threads=threads, steps=steps, warmup=warmup,
+                    roofline=roofline, seed=seed, as_json=as_json)
+        return
     spec = read_plan(plan)
     cluster_spec = cluster or spec.cluster
     if not cluster_spec:
@@ -87,6 +93,55 @@ def run_cmd(
         print_json({**result.to_dict(), "plan": str(plan), "calibration": cal_info})
         return
     _print(result, cal_info)
+
+
+def _run_hybrid(model: str, plan: Path, cluster: str | None, *, batch: int | None, microbatches: int | None,
+                calibration: Path | None, no_calibrate: bool, devices: str | None, threads: int | None, steps: int,
+                warmup: int, roofline: bool, seed: int, as_json: bool) -> None:
+    """``gpualloc run`` of a v2 (hybrid) plan: its global batch, microbatches and schedule are the plan's."""
+    from gpualloc.errors import ExecutionError
+    from gpualloc.execute.hybrid import check_plan, execute_hybrid
+    from gpualloc.graph.capture import capture
+    from gpualloc.graph.ir import OpGraph
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.hybrid.plan import load_hybrid_plan
+
+    _, doc = load_hybrid_plan(plan)
+    cluster_spec = cluster or (doc["cluster"] if isinstance(doc.get("cluster"), str) else None)
+    if not cluster_spec:
+        raise ExecutionError(f"{plan}: the plan names no cluster: pass --cluster")
+    clus = load_cluster(cluster_spec)
+    hp, _ = load_hybrid_plan(plan, n_devices=len(clus))
+    for option, given, fixed in (("--batch", batch, hp.global_batch), ("--microbatches", microbatches,
+                                                                       hp.microbatches)):
+        if given is not None and given != fixed:
+            raise ExecutionError(f"{option} {given}: the hybrid plan {plan} fixes it at {fixed}")
+    path = Path(model)
+    if path.suffix == ".json" and path.is_file():
+        graph = OpGraph.load(path)
+        model = graph.meta.get("model")
+        if not isinstance(model, str):
+            raise ExecutionError(f"{path}: meta.model: the graph does not say which model it was captured from")
+    else:
+        with console.status(f"tracing {model} at batch {hp.global_batch}..."):
+            graph = capture(model, batch=hp.global_batch)
+    check_plan(hp, graph, clus)
+    torch_devices = devices.split(",") if devices else None
+    cal, cal_info = _calibration(calibration, no_calibrate, clus, list(hp.devices), torch_devices, threads, seed)
+    with progress_bar() as bar:
+        task = bar.add_task("starting", total=1)
+        run = execute_hybrid(model, graph, hp, clus, calibration=cal, calibration_name=cal_info["path"] or "shipped",
+                             steps=steps, warmup=warmup, torch_devices=torch_devices, threads=threads,
+                             use_profiles=not roofline, seed=seed,
+                             progress=lambda p, d, t: bar.update(task, description=p, completed=d, total=t))
+    if as_json:
+        print_json({**run.to_dict(), "plan": str(plan), "calibration": cal_info})
+        return
+    _print(run.result, cal_info)
+    check = ("not checked (BatchNorm or dropout)" if run.weight_match is None else
+             f"{'[green]yes[/]' if run.weight_match else '[red]NO[/]'} (max |diff| {run.max_weight_diff:.2e}, "
+             f"tolerance {run.weight_tolerance:.2e}, update {run.max_update:.2e})")
+    console.print(f"plan: {run.describe}\nweights after one step equal the unsplit model's: {check}")
 
 
 def cache_folder() -> Path:
