@@ -17,7 +17,6 @@ Usage: python benchmarks/sailor_plans.py [--data ../shared/data/sailor-profiles]
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
@@ -56,32 +55,8 @@ def cluster(per_type: int, folder: Path) -> ClusterSpec:
     return load_cluster(path)
 
 
-def tp1_tables_only(graph: OpGraph) -> OpGraph:
-    """The graph with, per GPU, only the microbatch sizes that were also profiled at TP 1.
-
-    The planner reads a TP degree as usable on a GPU only when every profiled microbatch size has it, and
-    Sailor profiled the V100 at microbatch 8 without TP 1, which would rule out TP 1 (so DDP) on V100s.
-    Dropping those tables keeps every TP-1 measurement; larger microbatches are then extrapolated.
-    """
-    meta = copy.deepcopy(graph.meta)
-    for by_mb in meta["profile"]["gpu"].values():
-        for mb in [mb for mb, by_tp in by_mb.items() if "1" not in by_tp]:
-            del by_mb[mb]
-    return OpGraph(graph.name, graph.nodes, graph.edges, batch_size=graph.batch_size, meta=meta)
-
-
-def problem_for(graph: OpGraph, spec: ClusterSpec, batch: int) -> tuple[HybridProblem, str | None]:
-    """The problem on the imported graph; when the planner refuses its tables, on :func:`tp1_tables_only`."""
-    try:
-        problem = HybridProblem(graph, spec, batch)
-        _ = problem.type_speed  # reads the TP-1 times
-        return problem, None
-    except PlacementError as err:
-        return HybridProblem(tp1_tables_only(graph), spec, batch), str(err)
-
-
 def run_case(graph: OpGraph, spec: ClusterSpec, batch: int) -> dict:
-    problem, workaround = problem_for(graph, spec, batch)
+    problem = HybridProblem(graph, spec, batch)
     t0 = time.perf_counter()
     plan, result = plan_hybrid(problem, seed=0)
     search_s = time.perf_counter() - t0
@@ -102,7 +77,6 @@ def run_case(graph: OpGraph, spec: ClusterSpec, batch: int) -> dict:
         "lower_bound_s": bound, "x_bound": result.step_time_s / bound, "search_s": search_s,
         "baselines": baselines, "best_baseline_s": best_base,
         "speedup_vs_best_baseline": (best_base / result.step_time_s) if best_base else None,
-        "profile_workaround": workaround,
     }
 
 
@@ -140,10 +114,6 @@ def main() -> None:
         print(f"| {r['model']} ({r['global_batch']}) | {r['gpus']} | {r['plan']}"
               f"{'' if r['feasible'] else ' (OOM)'} | {r['step_time_s']:.2f} | {r['samples_per_s']:.0f} | "
               f"{r['lower_bound_s']:.2f} | {r['x_bound']:.2f} | {r['search_s']:.2f} | {base} | {speedup} |")
-    if any(r["profile_workaround"] for r in rows):
-        print("\nplanner refused the full tables (" + next(r["profile_workaround"] for r in rows
-                                                         if r["profile_workaround"])
-              + "): ran on the microbatch sizes profiled at TP 1")
     print(f"\nwrote {args.out}")
 
 
