@@ -28,7 +28,7 @@ import pytest
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.base import ClusterView, Decision, Policy
 from gpualloc.scheduling.metrics import jct_s
-from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.policies import hetero, make_policy
 from gpualloc.scheduling.simulator import SimResult, random_failures, simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate, read_trace
@@ -167,6 +167,51 @@ def test_the_golden_runs_are_not_trivial(golden):
     for key in ("gavel", "gavel-throughput", "tiresias", "srtf"):
         assert sum(runs[f"{case}/{key}"]["preemptions"] for case in CASES) > 0
     assert all(run["log_len"] > 10 for run in runs.values())
+
+
+def _linprog_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray, objective: str):
+    """Gavel's allocation solved by the public ``linprog`` (the path before the speed-ups)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hetero, "_HIGHS", [None, None])
+        return hetero.solve_allocation(throughput, num_gpus, capacity, objective=objective)
+
+
+@pytest.mark.parametrize("objective", ["max-min-fairness", "max-throughput"])
+def test_direct_highs_gives_linprogs_solution_bit_for_bit(objective):
+    """The LP built as CSC arrays and handed to HiGHS directly returns what ``linprog`` returns, to
+    the last bit, on random Gavel-shaped problems (gangs, forbidden pairs, tight capacity)."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        m = int(rng.integers(2, 70))
+        thr = rng.choice([0.0, 0.3, 0.5, 1.0, 1.7, 2.4], size=(m, 3)) * (rng.random((m, 3)) < 0.9)
+        g = rng.choice([1, 1, 1, 2, 4, 8], size=m).astype(float)
+        cap = rng.integers(2, 13, size=3).astype(float)
+        assert hetero._highs_options()[0] is not None
+        fast = hetero.solve_allocation(thr, g, cap, objective=objective)
+        slow = _linprog_allocation(thr, g, cap, objective)
+        np.testing.assert_array_equal(fast, slow)
+
+
+def test_lp_columns_are_linprogs_matrix():
+    """The CSC arrays built from the pair pattern are the matrix ``linprog`` assembles from blocks."""
+    from scipy import sparse
+
+    feas = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]], dtype=bool)
+    rows, cols = np.nonzero(feas)
+    g = np.array([1.0, 2.0, 4.0, 8.0])[rows]
+    w = np.linspace(0.5, 2.0, rows.size)
+    m, t, p = 4, 3, rows.size
+    pair = np.arange(p)
+    fair = np.flatnonzero(feas.any(axis=1))
+    blocks = sparse.vstack([sparse.csr_array((np.ones(p), (rows, pair)), shape=(m, p)),
+                            sparse.csr_array((g, (cols, pair)), shape=(t, p)),
+                            -sparse.csr_array((w, (rows, pair)), shape=(m, p))[fair]])
+    want = sparse.hstack([blocks, sparse.vstack([sparse.csr_array((m + t, 1)),
+                                                 sparse.csr_array(np.ones((fair.size, 1)))])]).tocsc()
+    indptr, indices, data = hetero._lp_columns(rows, cols, g, w, m, t, with_z=fair.size)
+    np.testing.assert_array_equal(indptr, want.indptr)
+    np.testing.assert_array_equal(indices, want.indices)
+    np.testing.assert_array_equal(data, want.data)
 
 
 def main() -> None:

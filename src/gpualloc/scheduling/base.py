@@ -242,16 +242,21 @@ def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: 
     Returns:
         The GPUs, or ``None`` when they cannot be had.
     """
-    fits = free_on_node >= need
-    if fits.any():  # one node suffices: the fullest node that fits (lowest index on ties)
-        node = int(np.argmin(np.where(fits, free_on_node, np.iinfo(np.int64).max)))
+    # Plain Python over the per-node counts: a handful of nodes per type, where numpy's per-call cost
+    # dominated (the simulator asks this for every start).
+    counts = free_on_node.tolist() if isinstance(free_on_node, np.ndarray) else [int(c) for c in free_on_node]
+    node, fewest = -1, 0
+    for k, c in enumerate(counts):
+        if c >= need and (node < 0 or c < fewest):  # one node suffices: the fullest that fits (lowest index)
+            node, fewest = k, c
+    if node >= 0:
         g = node_gpus[node]
         return tuple(g[free[g]][:need].tolist())
-    if single_node or int(free_on_node.sum()) < need:
+    if single_node or sum(counts) < need:
         return None
     picked: list[int] = []
-    for node in np.argsort(-free_on_node, kind="stable"):  # fewest nodes: the emptiest first
-        g = node_gpus[node]
+    for k in sorted(range(len(counts)), key=lambda i: -counts[i]):  # fewest nodes: the emptiest first (stable)
+        g = node_gpus[k]
         picked.extend(g[free[g]][: need - len(picked)].tolist())
         if len(picked) == need:
             return tuple(picked)
@@ -279,6 +284,9 @@ class FreeGpus:
         self.by_type = self.count.sum(axis=1)
         self.total = int(self.by_type.sum())
         self._node_gpus = view.gpus_by_type_node()
+        self._type_node = view.__dict__.get("_type_node_lists")
+        if self._type_node is None:  # Python lists: indexing them is cheaper than numpy scalars in _move
+            self._type_node = view.__dict__["_type_node_lists"] = (view.gpu_type.tolist(), view.gpu_node.tolist())
 
     def find(self, job: int, type_index: int) -> tuple[int, ...] | None:
         """GPUs of one type for ``job`` among the free ones, or ``None``."""
@@ -322,10 +330,11 @@ class FreeGpus:
         self._move(gpus, True, 1)
 
     def _move(self, gpus: Sequence[int], to_free: bool, step: int) -> None:
-        gpu_type, gpu_node = self.view.gpu_type, self.view.gpu_node
+        gpu_type, gpu_node = self._type_node
+        free, count, by_type = self.free, self.count, self.by_type
         for g in gpus:
             t = gpu_type[g]
-            self.free[g] = to_free
-            self.count[t, gpu_node[g]] += step
-            self.by_type[t] += step
+            free[g] = to_free
+            count[t, gpu_node[g]] += step
+            by_type[t] += step
         self.total += step * len(gpus)

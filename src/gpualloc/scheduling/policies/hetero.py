@@ -193,7 +193,13 @@ def _one_type(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
 
 def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray,
               objective: str) -> np.ndarray:
-    """The LP formulation for any number of types (HiGHS)."""
+    """The LP formulation for any number of types (HiGHS).
+
+    Variables are the feasible (job, type) pairs in row-major order (then ``z`` in stage 1 of
+    max-min fairness). Every pair's column holds three entries: 1 in its job's row, its gang size in
+    its type's row, and (max-min fairness) ``-w`` in its job's fairness row; the CSC arrays are built
+    directly from that pattern (:func:`_lp_columns`), the same matrix ``linprog`` would be given.
+    """
     m, n_types = throughput.shape
     feas = feasible_pairs(throughput, num_gpus, capacity)
     rows, cols = np.nonzero(feas)
@@ -201,50 +207,135 @@ def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
     if rows.size == 0:
         return x
     p = rows.size
-    pair = np.arange(p)
-    a_job = sparse.csr_array((np.ones(p), (rows, pair)), shape=(m, p))
-    a_type = sparse.csr_array((num_gpus[rows], (cols, pair)), shape=(n_types, p))
     b_base = np.concatenate([np.ones(m), capacity])
 
     if objective == "max-throughput":
         best = np.where(feas, throughput, 0.0).max(axis=1)
         gain = throughput[rows, cols] / best[rows]
-        res = linprog(-gain, A_ub=sparse.vstack([a_job, a_type]).tocsc(), b_ub=b_base,
-                      bounds=(0.0, 1.0), method="highs")
-        if res.status != 0:
+        indptr, indices, data = _lp_columns(rows, cols, num_gpus[rows], None, m, n_types)
+        sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p))
+        if sol is None:
             return equal_share(throughput, num_gpus, capacity)
-        x[rows, cols] = res.x[:p]
+        x[rows, cols] = sol[:p]
         return _clip(x, num_gpus, capacity)
 
     base = (throughput * equal_share(throughput, num_gpus, capacity)).sum(axis=1)
     w = throughput[rows, cols] / base[rows]  # normalised throughput per unit of X
-    fair_rows = np.flatnonzero(feas.any(axis=1))
-    a_fair = sparse.csr_array((w, (rows, pair)), shape=(m, p))[fair_rows]
+    k = int(feas.any(axis=1).sum())
     # stage 1: maximise z subject to z <= sum_t w x for every job
-    k = fair_rows.size
-    a1 = sparse.vstack([
-        sparse.hstack([a_job, sparse.csr_array((m, 1))]),
-        sparse.hstack([a_type, sparse.csr_array((n_types, 1))]),
-        sparse.hstack([-a_fair, sparse.csr_array(np.ones((k, 1)))]),
-    ]).tocsc()
+    indptr, indices, data = _lp_columns(rows, cols, num_gpus[rows], w, m, n_types, with_z=k)
     c1 = np.zeros(p + 1)
     c1[-1] = -1.0
-    res = linprog(c1, A_ub=a1, b_ub=np.concatenate([b_base, np.zeros(k)]),
-                  bounds=[(0.0, 1.0)] * p + [(0.0, None)], method="highs")
-    if res.status != 0:
+    ub1 = np.ones(p + 1)
+    ub1[-1] = np.inf
+    sol = _highs_min(c1, indptr, indices, data, np.concatenate([b_base, np.zeros(k)]), ub1)
+    if sol is None:
         return equal_share(throughput, num_gpus, capacity)
-    z = float(res.x[-1])
-    x[rows, cols] = res.x[:p]
+    z = float(sol[-1])
+    x[rows, cols] = sol[:p]
     # stage 2: most total normalised throughput among the max-min optimal allocations
     floor = z * (1.0 - _TIE_SLACK)
-    res2 = linprog(-np.asarray(a_fair.sum(axis=0)).ravel(),
-                   A_ub=sparse.vstack([a_job, a_type, -a_fair]).tocsc(),
-                   b_ub=np.concatenate([b_base, np.full(k, -floor)]),
-                   bounds=(0.0, 1.0), method="highs")
-    if res2.status == 0:
+    sol2 = _highs_min(-w, indptr[:p + 1], indices[:3 * p], data[:3 * p], np.concatenate([b_base, np.full(k, -floor)]),
+                      np.ones(p))
+    if sol2 is not None:
         x[:] = 0.0
-        x[rows, cols] = res2.x
+        x[rows, cols] = sol2
     return _clip(x, num_gpus, capacity)
+
+
+def _lp_columns(rows: np.ndarray, cols: np.ndarray, gang: np.ndarray, w: np.ndarray | None, m: int, n_types: int,
+                with_z: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSC arrays ``(indptr, indices, data)`` of the constraint matrix over the pairs ``(rows, cols)``.
+
+    Row blocks: one per job (``sum_t x <= 1``), one per type (``sum_j g x <= n_t``) and, when ``w``
+    is given, one per job with a feasible pair (``z - sum_t w x <= 0``; ``rows`` is sorted, so a
+    pair's fairness row is its job's rank among them). ``with_z`` adds the ``z`` column (a 1 in
+    each of those ``with_z`` fairness rows).
+    """
+    p = rows.size
+    per = 2 if w is None else 3
+    indices = np.empty(per * p + with_z, dtype=np.int32)
+    data = np.empty(per * p + with_z)
+    indices[0:per * p:per] = rows
+    indices[1:per * p:per] = m + cols
+    data[0:per * p:per] = 1.0
+    data[1:per * p:per] = gang
+    if w is not None:
+        first = np.ones(p, dtype=bool)
+        first[1:] = rows[1:] != rows[:-1]
+        indices[2:per * p:per] = m + n_types + np.cumsum(first) - 1
+        data[2:per * p:per] = -w
+    indptr = np.arange(0, per * (p + 1), per, dtype=np.int32)
+    if with_z:
+        base = m + n_types
+        indices[per * p:] = np.arange(base, base + with_z)
+        data[per * p:] = 1.0
+        indptr = np.append(indptr, per * p + with_z).astype(np.int32)
+    return indptr, indices, data
+
+
+_HIGHS: list = []  # [module, options] once the direct path is set up; [None] without it
+
+
+def _highs_options():
+    """scipy's HiGHS binding and the options ``linprog(method="highs")`` passes it, made once.
+
+    ``linprog`` spends most of a small LP's time checking inputs and options and converting the
+    matrix; calling the binding it wraps with the same model and options gives the same solution
+    (``tests/scheduling/test_speedup_identical.py`` compares both bit for bit) at a fraction of the cost. The
+    binding is private to scipy: without it, :func:`_highs_min` goes through ``linprog``.
+    """
+    if not _HIGHS:
+        try:
+            from scipy.optimize._highspy import _core as h
+
+            opts = h.HighsOptions()
+            opts.presolve = "on"
+            opts.highs_debug_level = h.HighsDebugLevel.kHighsDebugLevelNone
+            opts.log_to_console = False
+            opts.output_flag = False
+            opts.simplex_strategy = h.simplex_constants.SimplexStrategy.kSimplexStrategyDual
+            _HIGHS.extend([h, opts])
+        except (ImportError, AttributeError, TypeError):  # another scipy: the public API
+            _HIGHS.extend([None, None])
+    return _HIGHS
+
+
+def _highs_min(c: np.ndarray, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rhs: np.ndarray,
+               ub: np.ndarray) -> np.ndarray | None:
+    """``argmin c @ x`` subject to ``A x <= rhs`` and ``0 <= x <= ub`` (``A`` as CSC arrays), solved as
+    ``linprog(method="highs")`` solves it; ``None`` where ``linprog`` would not report success."""
+    h, opts = _highs_options()
+    if h is None:
+        a = sparse.csc_array((data, indices, indptr), shape=(rhs.size, c.size))
+        res = linprog(c, A_ub=a, b_ub=rhs, bounds=np.column_stack([np.zeros(c.size), ub]), method="highs")
+        return res.x if res.status == 0 else None
+    inf = h.kHighsInf
+    lp = h.HighsLp()
+    lp.num_col_ = lp.a_matrix_.num_col_ = c.size
+    lp.num_row_ = lp.a_matrix_.num_row_ = rhs.size
+    lp.a_matrix_.format_ = h.MatrixFormat.kColwise
+    lp.col_cost_ = c
+    lp.col_lower_ = np.zeros(c.size)
+    lp.col_upper_ = np.where(np.isinf(ub), inf, ub)
+    lp.row_lower_ = np.full(rhs.size, -inf)
+    lp.row_upper_ = rhs
+    lp.a_matrix_.start_ = indptr
+    lp.a_matrix_.index_ = indices
+    lp.a_matrix_.value_ = data
+    highs = h._Highs()
+    if highs.passOptions(opts) == h.HighsStatus.kError or highs.passModel(lp) == h.HighsStatus.kError \
+            or highs.run() == h.HighsStatus.kError or highs.getModelStatus() != h.HighsModelStatus.kOptimal:
+        return None
+    sol = highs.getSolution()
+    x = np.array(sol.col_value)
+    # linprog's own acceptance test (scipy.optimize._linprog_util._check_result, tol 1e-9)
+    tol = math.sqrt(1e-9) * 10
+    slack = rhs - np.array(sol.row_value)
+    if np.isnan(x).any() or np.isnan(slack).any() or not ((x >= -tol) & (x <= ub + tol)).all() \
+            or (slack < -tol).any():
+        return None
+    return x
 
 
 def _clip(x: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -308,6 +399,7 @@ class Gavel:
         self.allocation_jobs = np.zeros(0, dtype=np.int64)
         self.allocation = np.zeros((0, n_types))
         self._active_key: np.ndarray | None = None
+        self._settled: np.ndarray | None = None  # each allocation row's one type, when every row has one
         self._last_now: float | None = None
         self._last_round: float | None = None
         self.lp_solves = 0
@@ -347,6 +439,12 @@ class Gavel:
         if self._active_key is None or not np.array_equal(key, self._active_key):
             self._solve(view, r, q)
             self._active_key = key
+        elif q.size == 0 and self._settled is not None and np.array_equal(jobs.run_type[self.allocation_jobs],
+                                                                          self._settled):
+            # Every job of the allocation runs on the one type it is allocated and none waits: each is
+            # granted its own type (they all fit, as they run together), so nobody moves and nothing
+            # is left to fill: the same empty decision _assign would return, without building it.
+            return Decision()
         return self._assign(view, r, q, preempt=self.preemptive and view.preemption)
 
     def _is_round(self, now: float) -> bool:
@@ -386,6 +484,8 @@ class Gavel:
         self._row[lp_jobs] = np.arange(lp_jobs.size)
         self.allocation_jobs = lp_jobs
         self.allocation = x
+        positive = x > 0
+        self._settled = np.argmax(positive, axis=1) if (positive.sum(axis=1) == 1).all() else None
         new = np.isnan(self._entered_s[lp_jobs])
         self._entered_s[lp_jobs[new]] = view.now_s
 
