@@ -145,3 +145,85 @@ def test_held_out_models_on_six_v100s(zoo_graphs, model, method):
     assert one.step_time_s <= gp.step_time_s * 1.1
     busiest = max(one.busy_s)
     assert one.step_time_s <= 2.2 * busiest  # the pipeline keeps the busiest GPU mostly busy
+
+
+# ---------------------------------------------------------------- choosing the schedule: auto and --schedule
+def test_auto_keeps_the_faster_schedule_and_says_which():
+    from gpualloc.placement.run import place, score
+
+    p = PlacementProblem(DIAMOND, load_cluster("3xV100-16GB"), microbatches=8)
+    a = np.array([0, 1, 2, 0])
+    one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
+    assert gp.step_time_s < one.step_time_s  # this plan is one where GPipe's extra memory buys a little time
+    auto = score(p, "plan", a, schedule="auto")
+    assert auto.result.schedule == "gpipe" and auto.result.step_time_s == gp.step_time_s
+    assert auto.to_dict(p)["schedule"] == "gpipe"
+    # a chain of equal stages: both take as long, and the tie goes to 1F1B (fewer microbatches held)
+    chain = stage_graph(dict.fromkeys("abc", 1e11), [("a", "b"), ("b", "c")])
+    pc = PlacementProblem(chain, load_cluster("3xV100-16GB"), microbatches=1)
+    assert score(pc, "plan", np.array([0, 1, 2]), schedule="auto").result.schedule == "1f1b"
+    # best plans with auto by default; a single method with 1f1b
+    best = place(p, "best")
+    assert best.note.endswith(f"({best.result.schedule})")
+    for m in ("kl", "static"):
+        auto_m = place(p, m, schedule="auto")
+        assert auto_m.result.step_time_s == min(place(p, m, schedule=s).result.step_time_s for s in ("1f1b", "gpipe"))
+        assert best.result.step_time_s <= auto_m.result.step_time_s
+    assert place(p, "kl").result.schedule == "1f1b"
+
+
+def test_unknown_schedule_is_a_placement_error():
+    from gpualloc.errors import PlacementError
+    from gpualloc.placement.run import place, score
+
+    p = PlacementProblem(DIAMOND, load_cluster("3xV100-16GB"), microbatches=2)
+    with pytest.raises(PlacementError, match="unknown schedule 'zigzag'"):
+        place(p, "static", schedule="zigzag")
+    with pytest.raises(PlacementError, match="unknown schedule 'zigzag'"):
+        score(p, "plan", np.zeros(4, dtype=np.int64), schedule="zigzag")
+
+
+def test_cli_schedule_option_and_plan_file(tmp_path, capsys, monkeypatch):
+    import json
+    import sys
+
+    from typer.testing import CliRunner
+
+    from gpualloc.cli.main import app, main
+
+    graph = tmp_path / "diamond.json"
+    DIAMOND.save(graph)
+    runner = CliRunner()
+
+    def invoke(*args):
+        result = runner.invoke(app, [str(x) for x in args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    common = (graph, "--cluster", "3xV100-16GB", "--microbatches", "8")
+    plan = tmp_path / "plan.json"
+    placed = invoke("place", *common, "--method", "round-robin", "--schedule", "gpipe", "--json", "-o", plan)
+    assert placed["schedule"] == "gpipe"
+    assert json.loads(plan.read_text())["schedule"] == "gpipe"
+    again = invoke("place", "evaluate", *common, "--plan", plan, "--json")  # the plan's schedule by default
+    assert again["schedule"] == "gpipe" and again["step_time_s"] == placed["step_time_s"]
+    one = invoke("place", "evaluate", *common, "--plan", plan, "--json", "--schedule", "1f1b")
+    assert one["schedule"] == "1f1b"
+    auto = invoke("place", "evaluate", *common, "--plan", plan, "--json", "--schedule", "auto")
+    assert auto["step_time_s"] == min(one["step_time_s"], again["step_time_s"])
+    best = invoke("place", *common, "--json")  # --method best: auto (a hybrid winner names it in its plan)
+    assert (best["plan"]["schedule"] if "plan" in best else best["schedule"]) in ("1f1b", "gpipe")
+    compared = invoke("place", "compare", *common, "--json", "--schedule", "gpipe")
+    assert {r["schedule"] for r in compared["results"] if r["method"] in ("static", "kl")} == {"gpipe"}
+
+    monkeypatch.setattr(sys, "argv", ["gpualloc", "place", *map(str, common), "--schedule", "zigzag"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "unknown schedule 'zigzag'" in err, err
+    plan.write_text(json.dumps({"assignment": {"a": 0, "b": 1, "c": 2, "d": 0}, "schedule": "zigzag"}))
+    monkeypatch.setattr(sys, "argv", ["gpualloc", "place", "evaluate", *map(str, common), "--plan", str(plan)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and f"{plan}: schedule:" in err and len(err.splitlines()) == 1, err

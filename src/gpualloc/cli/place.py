@@ -29,6 +29,7 @@ _BATCH = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when
 _CALIBRATION = typer.Option(None, "--calibration", help=CALIBRATION_HELP)
 _SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed.")
 _PLOT = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG).")
+SCHEDULE_HELP = "Pipeline schedule: 1f1b, gpipe, or auto (simulate both, keep the faster)."
 
 
 def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None):
@@ -41,7 +42,7 @@ def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibr
     return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches)
 
 
-def compare_all(problem, *, seed: int, quiet: bool = False) -> list:
+def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1b") -> list:
     """Every registered method on ``problem``, with a progress bar unless ``quiet``."""
     from gpualloc.placement.hybrid.search import HYBRID_METHODS
     from gpualloc.placement.partition import PARTITIONERS
@@ -51,7 +52,7 @@ def compare_all(problem, *, seed: int, quiet: bool = False) -> list:
     with Progress(console=console, transient=True, disable=quiet) as progress:
         task = progress.add_task("partitioning", total=len(methods))
         return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task),
-                       hybrid=hybrid_problem(problem))
+                       hybrid=hybrid_problem(problem), schedule=schedule)
 
 
 def comparison_doc(problem, outcomes, cluster: str) -> dict:
@@ -90,12 +91,13 @@ def run_cmd(
     output: Path = typer.Option(None, "-o", "--output", callback=output_file,
                                 help="Write the plan (re-scorable) as JSON."),
     plot: Path = _PLOT,
+    schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: auto for best, else 1f1b."),
 ) -> None:
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import hybrid_problem, place
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
-    outcome = place(problem, method, seed=seed, hybrid=hybrid_problem(problem),
+    outcome = place(problem, method, seed=seed, hybrid=hybrid_problem(problem), schedule=schedule,
                     **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
 
@@ -110,11 +112,12 @@ def evaluate_cmd(
     calibration: Path = _CALIBRATION,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: Path = _PLOT,
+    schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: the plan's, else 1f1b."),
 ) -> None:
     """Score a given assignment (node id -> device index) with the same simulator."""
     import json
 
-    from gpualloc.placement.run import load_assignment, score
+    from gpualloc.placement.run import load_assignment, saved_schedule, score
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
     if _plan_version(plan) == 2:
@@ -125,7 +128,8 @@ def evaluate_cmd(
         method = json.loads(plan.read_text()).get("method", "plan")
     except (ValueError, AttributeError):
         method = "plan"
-    _finish(problem, score(problem, str(method), assignment), cluster, as_json, None, plot)
+    schedule = schedule or saved_schedule(plan) or "1f1b"
+    _finish(problem, score(problem, str(method), assignment, schedule=schedule), cluster, as_json, None, plot)
 
 
 @app.command("compare")
@@ -137,10 +141,11 @@ def compare_cmd(
     calibration: Path = _CALIBRATION,
     seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    schedule: str = typer.Option("1f1b", "--schedule", help=SCHEDULE_HELP),
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
-    outcomes = compare_all(problem, seed=seed, quiet=as_json)
+    outcomes = compare_all(problem, seed=seed, quiet=as_json, schedule=schedule)
     if as_json:
         print_json(comparison_doc(problem, outcomes, cluster))
         return
@@ -192,7 +197,7 @@ def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, 
         from gpualloc.placement.simulate import simulate
         from gpualloc.reports.gantt import plot_gantt
 
-        events = simulate(problem, outcome.assignment, record_events=True).events
+        events = simulate(problem, outcome.assignment, record_events=True, schedule=outcome.result.schedule).events
         plot_gantt(events, plot, title=f"{problem.graph.name}: {outcome.method} on {cluster}",
                    device_names=[d.label for d in problem.cluster.devices])
     if as_json:

@@ -20,10 +20,12 @@ from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import HYBRID_METHODS, HybridOutcome, place_hybrid
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import StepResult, simulate
+from gpualloc.placement.simulate import SCHEDULES, StepResult, simulate
 
 PLAN_FORMAT = "gpualloc-plan"
 GAIN_REFERENCES = ("static", "round-robin")
+AUTO = "auto"
+SCHEDULE_CHOICES = (*SCHEDULES, AUTO)
 
 @dataclass(frozen=True)
 class Outcome:
@@ -93,27 +95,58 @@ def hybrid_problem(problem: PlacementProblem) -> HybridProblem:
                          problem.optimizer_states)
 
 
+def default_schedule(method: str) -> str:
+    """The pipeline schedule a method's plan is scored with when none is named: ``auto`` for ``best``
+    (the planner picks the faster), ``1f1b`` (the least memory) for a single method."""
+    return AUTO if method == "best" else "1f1b"
+
+
+def check_schedule(schedule: str, where: str = "schedule") -> str:
+    """``schedule`` if it is ``1f1b``, ``gpipe`` or ``auto``; else a :class:`PlacementError` naming ``where``."""
+    if schedule not in SCHEDULE_CHOICES:
+        raise PlacementError(f"{where}: unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULE_CHOICES)}")
+    return schedule
+
+
+def simulate_schedule(problem: PlacementProblem, assignment: np.ndarray, schedule: str) -> StepResult:
+    """Simulate ``assignment`` under ``schedule``; ``auto`` simulates every schedule and keeps the best
+    result (feasible first, then fastest; 1F1B, which holds fewer microbatches, on a tie).
+
+    Raises:
+        PlacementError: a schedule other than ``1f1b``, ``gpipe`` or ``auto``.
+    """
+    if check_schedule(schedule) == AUTO:
+        results = [simulate(problem, assignment, schedule=s) for s in SCHEDULES]
+        return min(results, key=lambda r: (not r.feasible, r.step_time_s))
+    return simulate(problem, assignment, schedule=schedule)
+
+
 def score(problem: PlacementProblem, method: str, assignment: np.ndarray, partition_time_s: float = 0.0,
           *, schedule: str = "1f1b", note: str = "") -> Outcome:
-    """Simulate ``assignment`` and wrap it with the bound."""
+    """Simulate ``assignment`` under ``schedule`` (:func:`simulate_schedule`) and wrap it with the bound;
+    the schedule simulated is ``outcome.result.schedule``."""
     a = problem.check_assignment(assignment)
-    return Outcome(method, a, partition_time_s, simulate(problem, a, schedule=schedule), lower_bound_s(problem), note)
+    return Outcome(method, a, partition_time_s, simulate_schedule(problem, a, schedule), lower_bound_s(problem),
+                   note)
 
 
-def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str = "1f1b",
+def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str | None = None,
           hybrid: HybridProblem | None = None, **options: Any) -> Outcome | HybridOutcome:
     """Partition with ``method`` (a registered name, a hybrid method, or ``best``) and score the plan.
 
     ``options`` go to the partitioner; each must be one its registry entry declares (e.g. ``agent``
     for ``dqn``). ``hybrid``: the same model as a hybrid problem, for the hybrid methods and ``best``.
+    ``schedule``: ``1f1b``, ``gpipe`` or ``auto`` (default: :func:`default_schedule`); the hybrid
+    planner picks its own.
 
     Raises:
-        PlacementError: an unknown method, an option the method does not take, or a seed outside
-            ``0..MAX_SEED``.
+        PlacementError: an unknown method or schedule, an option the method does not take, or a seed
+            outside ``0..MAX_SEED``.
     """
     if method != "best" and method not in PARTITIONERS and method not in HYBRID_METHODS:
         raise PARTITIONERS.unknown(method, also=("best", *HYBRID_METHODS))
     check_seed(seed, PlacementError)
+    schedule = check_schedule(default_schedule(method) if schedule is None else schedule)
     if method in HYBRID_METHODS:
         if options:
             raise PlacementError(f"method {method!r} takes no option {sorted(options)[0]!r}")
@@ -157,7 +190,7 @@ def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f
         return HybridOutcome("best", winner.plan, time.perf_counter() - start, winner.result, winner.lower_bound_s,
                              note=f"best of {len(tried)} methods: hybrid {winner.plan.describe()}")
     return Outcome("best", winner.assignment, time.perf_counter() - start, winner.result, winner.lower_bound_s,
-                   note=f"best of {len(tried)} methods: {winner.method}")
+                   note=f"best of {len(tried)} methods: {winner.method} ({winner.result.schedule})")
 
 
 # --------------------------------------------------------------------------- plan files
@@ -177,10 +210,17 @@ def read_plan_doc(path: str | Path) -> dict:
         raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
     if "microbatches" in doc:
         check_size(doc["microbatches"], f"{where}: microbatches", MAX_MICROBATCHES, PlacementError)
+    if "schedule" in doc and doc["schedule"] not in SCHEDULES:
+        raise PlacementError(f"{where}: schedule: expected one of {', '.join(SCHEDULES)}, got {doc['schedule']!r}")
     devices = doc.get("devices")
     if devices is not None and (not isinstance(devices, list) or not all(isinstance(d, str) for d in devices)):
         raise PlacementError(f"{where}: devices: expected a list of device labels like 'n0.A100-40GB.0'")
     return doc
+
+
+def saved_schedule(path: str | Path) -> str | None:
+    """The pipeline schedule a plan file was scored with (None if it names none)."""
+    return read_plan_doc(path).get("schedule")
 
 
 def _check_devices(where: str, labels: list[str] | None, problem: PlacementProblem) -> None:
