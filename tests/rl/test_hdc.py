@@ -115,8 +115,10 @@ def test_shapes_dtypes_and_ranges():
         assert hv.shape == (1000,) and hv.dtype == np.int8
     f = enc.project(enc.encode_cluster_state(*STATE))
     assert f.shape == (12,) and f.dtype == np.float32 and np.all(np.abs(f) <= 1.0)
-    batch = enc.project(np.stack([enc.encode_gpu_type(str(i)) for i in range(5)]))
-    assert batch.shape == (5, 12) and batch.dtype == np.float32
+    batch = enc.project(np.stack([enc.encode_gpu_type(str(i)) for i in range(500)]))
+    assert batch.shape == (500, 12) and batch.dtype == np.float32
+    assert 4 * batch.std() == pytest.approx(1.0, abs=0.05)  # unit variance before the /4 squash
+    assert np.array_equal(enc.project(2.5 * enc.encode_gpu_type("0")), batch[0])  # scale-free
     util, jobs = STATE
     feats = enc.features(list(util), list(util.values()), enc.job_codes([0, 2], [1, 0], [4, 1]))
     assert np.array_equal(feats, enc.project(enc.encode_cluster_state(*STATE)))
