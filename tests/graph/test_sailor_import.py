@@ -357,3 +357,11 @@ def test_sailor_options_are_refused_for_other_formats(cli, tmp_path: Path) -> No
     code, _, err = cli("graph", "import", profile, "--format", "pipedream", "--batch", "3", "-o", tmp_path / "g.json")
     assert code == 0, err
     assert OpGraph.load(tmp_path / "g.json").batch_size == 3
+
+
+def test_unknown_gpu_folder_is_skipped_with_a_note(cli, tmp_path: Path) -> None:
+    root = _folder(tmp_path, gpus={"A100-40": _profile(4), "H800": _profile(4)})
+    g = import_sailor(root, model="TINY")
+    assert set(g.meta["profile"]["gpu"]) == {"A100-40GB"} and "H800" in g.meta["profile"]["skipped"]
+    code, _, err = cli("graph", "import", root, "--format", "sailor", "--model", "TINY", "-o", tmp_path / "g.json")
+    assert code == 0 and err.startswith("note: skipped") and "'H800' is not in SAILOR_GPUS" in err, err

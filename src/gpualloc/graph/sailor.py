@@ -390,6 +390,9 @@ def import_sailor(
         raise ImportFormatError(f"{info_path}[{model!r}]['1']['0'].act_input_floats does not give the sequence "
                                 "length: pass --seq-len")
     tables, skipped = _read_tables(model_dir, _select(model_dir, gpus), len(sizes), bool(gpus), info_path)
+    if not gpus:  # a GPU folder the name table does not know cannot be filed under a catalog type
+        for d in sorted(p for p in model_dir.iterdir() if (p / "profile.json").is_file() and p.name not in SAILOR_GPUS):
+            skipped[d.name] = f"{d / 'profile.json'}: GPU {d.name!r} is not in SAILOR_GPUS ({', '.join(SAILOR_GPUS)})"
 
     if microbatch is None:
         microbatch = _default_microbatch(tables)
