@@ -208,14 +208,14 @@ def test_parser_keeps_every_number(data: dict) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(_profiles(), st.sampled_from(["neg", "nan", "inf", "str", "short", "gap", "key", "ragged"]))
+@given(_profiles(), st.sampled_from(["neg", "nan", "inf", "huge", "str", "short", "gap", "key", "ragged"]))
 def test_parser_names_the_bad_entry(data: dict, fault: str) -> None:
     mb = next(iter(data))
     tp = next(iter(data[mb]))
     layers = data[mb][tp]
     last = str(len(layers) - 1)
-    if fault in ("neg", "nan", "inf", "str"):
-        layers[last][1] = {"neg": -1e-3, "nan": math.nan, "inf": math.inf, "str": "1.0"}[fault]
+    if fault in ("neg", "nan", "inf", "huge", "str"):
+        layers[last][1] = {"neg": -1e-3, "nan": math.nan, "inf": math.inf, "huge": 1e300, "str": "1.0"}[fault]
         pattern = rf"\['{mb}'\]\['{tp}'\]\['{last}'\]: bwd_s"
     elif fault == "short":
         layers[last] = layers[last][:2]

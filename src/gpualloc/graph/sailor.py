@@ -75,6 +75,12 @@ MAX_TP = 1024
 MAX_LAYERS = 100_000
 """Most layers a profile may hold."""
 
+MAX_SECONDS = 1e6
+"""Longest time a profile may give one layer for one microbatch (11 days: anything longer is corrupt)."""
+
+MAX_FLOATS = 1e15
+"""Largest per-sample size ``llm_info.json`` may give one layer (floats)."""
+
 _LABELS = ("fwd_s", "bwd_s", "opt_step_s")
 
 
@@ -131,8 +137,8 @@ def _layers(table: Any, where: str) -> np.ndarray:
             raise ImportFormatError(f"{at}: expected [fwd_s, bwd_s, opt_step_s], got {value!r:.80}")
         row = []
         for label, x in zip(_LABELS, value, strict=True):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-                raise ImportFormatError(f"{at}: {label} is {x!r}, expected a finite number of seconds >= 0")
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= MAX_SECONDS:
+                raise ImportFormatError(f"{at}: {label} is {x!r}, expected seconds in 0..{MAX_SECONDS:g}")
             row.append(float(x))
         rows[layer] = row
     missing = next((i for i in range(len(rows)) if i not in rows), None)
@@ -200,8 +206,8 @@ def parse_llm_info(data: Any, model: str, where: str = "llm_info.json") -> Layer
         row = []
         for f in fields:
             x = sizes.get(f)
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-                raise ImportFormatError(f"{at}[{key!r}].{f}: {x!r} is not a finite number >= 0")
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= MAX_FLOATS:
+                raise ImportFormatError(f"{at}[{key!r}].{f}: {x!r} is not a number of floats in 0..{MAX_FLOATS:g}")
             row.append(float(x))
         rows[layer] = row
     missing = next((i for i in range(len(rows)) if i not in rows), None)
