@@ -109,6 +109,15 @@ def test_state_is_a_set_of_types_and_jobs():
     assert cosine(ENC.encode_cluster_state(util), ENC.encode_cluster_state(util, jobs)) > 0.3
 
 
+def test_many_members_sum_exactly():
+    """Row sums switch to wider integers past 127 rows: 200 copies of one job and one unlike it."""
+    util = {f"T{i}": 0.5 for i in range(130)}
+    hv = ENC.encode_cluster_state(util, [(0, "simulation", 1)] * 200 + [(2, "ml-training", 8)])
+    assert cosine(hv, ENC.encode_job(0, "simulation", 1)) > 0.3
+    assert cosine(hv, ENC.encode_gpu("T7", 0.5)) > 0.02  # one of 130 members: cos ~ 0.05
+    assert abs(cosine(hv, ENC.encode_gpu("T7", 0.0))) < cosine(hv, ENC.encode_gpu("T7", 0.5))
+
+
 def test_shapes_dtypes_and_ranges():
     enc = HDEncoder(dim=1000, out_dim=12, levels=8, seed=2)
     for hv in everything(enc)[:5] + everything(enc)[6:]:

@@ -229,15 +229,14 @@ class HDEncoder:
         if len(type_util) != len(type_names):
             raise AgentError(f"HDEncoder: {len(type_util)} utilisations for {len(type_names)} GPU types")
         n_t, n_j = len(type_names), 0 if codes is None else len(codes.gpus)
-        # integer weights: both halves weigh n_t * n_j, and sums (and ties) stay exact; int16 sums
-        # are several times faster than int32 ones and hold up to 32,767 rows
+        # integer weights: both halves weigh n_t * n_j, and sums (and ties) stay exact
         total = np.zeros(self.dim, np.int32)
         if n_t:
             gpu = self._levels[self._level_index(type_util, "utilisation")]
             gpu *= self._type_rows(type_names)
-            total = gpu.sum(axis=0, dtype=np.int16) * np.int32(max(n_j, 1))
+            total = _row_sum(gpu) * np.int32(max(n_j, 1))
         if n_j:
-            total = total + self._records(codes).sum(axis=0, dtype=np.int16) * np.int32(max(n_t, 1))
+            total = total + _row_sum(self._records(codes)) * np.int32(max(n_t, 1))
         return self._sign(total)
 
     def encode_arrays(self, type_names: Sequence[str], type_util, priority=(), type_code=(), gpus=()) -> np.ndarray:
@@ -282,6 +281,13 @@ def _outside_unit(x: np.ndarray) -> tuple[int, ...] | None:
     if x.size and not (x.min() >= 0.0 and x.max() <= 1.0):  # min and max propagate NaN
         return tuple(int(i) for i in np.argwhere(~((x >= 0.0) & (x <= 1.0)))[0])
     return None
+
+
+def _row_sum(rows: np.ndarray) -> np.ndarray:
+    """Column sums of +-1 rows in the narrowest exact integer type (a sum that needs no cast is
+    several times faster)."""
+    n = len(rows)
+    return rows.sum(axis=0, dtype=np.int8 if n <= 127 else np.int16 if n <= 32_767 else np.int32)
 
 
 def _squash(z: np.ndarray, scale) -> np.ndarray:
