@@ -52,20 +52,62 @@ def replica_groups(problem: HybridProblem, devices: Sequence[int], tp: int) -> l
     return groups
 
 
+def replica_line(problem: HybridProblem, devices: Sequence[int], first: int, last: int,
+                 mb: int) -> tuple[float, float]:
+    """A TP group's forward + backward time on layers ``first..last`` as ``fixed + slope x samples`` per
+    microbatch, through ``mb`` and ``2 mb`` samples (exact for op graphs, a chord of measured profiles),
+    TP all-reduces included; its slowest device type decides."""
+    tp = len(devices)
+
+    def time_at(m: int) -> float:
+        comp = max(sum(float(a[first:last + 1].sum()) for a in problem.layer_times_s(ti, m, tp))
+                   for ti in {int(problem.type_of[d]) for d in devices})
+        return comp + (2 * float(problem.tp_comm_s(m, tuple(devices))[first:last + 1].sum()) if tp > 1 else 0.0)
+
+    key = ("line", problem.replica_kind(tuple(devices)), first, last, mb)
+    hit = problem.memo.get(key)
+    if hit is None:
+        t1, t2 = time_at(mb), time_at(2 * mb)
+        slope = max((t2 - t1) / mb, 1e-30)
+        hit = problem.memo[key] = (max(t1 - slope * mb, 0.0), slope)
+    return hit
+
+
 def replica_speed(problem: HybridProblem, devices: Sequence[int], first: int, last: int) -> float:
     """Samples per second of a TP group on layers ``first..last`` (its slowest type, a moderate microbatch)."""
     mb = max(1, min(problem.global_batch, 8))
-    tp = len(devices)
-    t = max(sum(float(a[first:last + 1].sum()) for a in problem.layer_times_s(int(problem.type_of[d]), mb, tp))
-            for d in devices)
-    return mb / max(t, 1e-30)
+    fixed, slope = replica_line(problem, devices, first, last, mb)
+    return mb / (fixed + slope * mb)
+
+
+def finish_together(total: int, fixed_s: np.ndarray, slope_s: np.ndarray) -> np.ndarray:
+    """Real shares ``b`` with ``fixed + slope x b`` equal for every replica and ``sum b = total`` (replicas too
+    slow to take any get 0): the small LP of balancing a stage, solved in closed form."""
+    active = np.ones(len(fixed_s), dtype=bool)
+    while True:
+        inv = 1.0 / slope_s[active]
+        t = (total + float(np.sum(fixed_s[active] * inv))) / float(np.sum(inv))
+        b = np.where(active, (t - fixed_s) / slope_s, 0.0)
+        if np.all(b[active] >= 0) or active.sum() == 1:
+            return np.maximum(b, 0.0)
+        active &= b > 0
 
 
 def stage_of(problem: HybridProblem, groups: Sequence[tuple[int, ...]], first: int, last: int,
-             *, by_speed: bool = True) -> Stage:
-    """A stage of ``groups`` (replicas) with shares proportional to speed, or equal."""
+             *, by_speed: bool = True, microbatches: int | None = None) -> Stage:
+    """A stage of ``groups`` (replicas) with shares proportional to speed, or equal; with ``microbatches``,
+    shares that make every replica finish its ``microbatches`` microbatches together (launch overheads
+    paid per microbatch), at least one sample each."""
     groups = list(groups)[: problem.global_batch]  # every replica needs a sample
-    w = [replica_speed(problem, g, first, last) for g in groups] if by_speed else [1.0] * len(groups)
+    if not by_speed:
+        w = np.ones(len(groups))
+    else:
+        mb = max(1, problem.global_batch // (len(groups) * (microbatches or 1)))
+        lines = np.array([replica_line(problem, g, first, last, mb) for g in groups])
+        if microbatches is None:
+            w = mb / (lines[:, 0] + lines[:, 1] * mb)
+        else:
+            w = finish_together(problem.global_batch, microbatches * lines[:, 0], lines[:, 1]) + 1e-9
     shares = largest_remainder(problem.global_batch, w)
     return Stage(first, last, tuple(Replica(g, s) for g, s in zip(groups, shares, strict=True)))
 

@@ -10,8 +10,10 @@ microbatches, schedule, sync and sharding):
   not), costing at least the linear part of the optimizer step. With ``c[l, j]`` that work of layer ``l``
   on device ``j`` and any weights ``y`` on the simplex, the busiest device works at least
   ``sum_l min_j y_j c[l, j]`` (weak LP duality, as :mod:`gpualloc.placement.bounds`); ``y ~ 1 / W_j``.
+  Some device runs each layer at least once, paying its launch overheads ``f[t, l]``: another
+  ``sum_l min_j y_j f[t_j, l]``.
 * **critical path**: some sample goes forward through every layer and back, each layer taking at least
-  its one-sample time with the widest tensor parallelism (communication ignored).
+  its one-sample time under some TP degree plus that degree's all-reduces on the cluster's fastest link.
 
 Gradient synchronisation and pipeline bubbles are avoidable separately (one replica per stage has no
 all-reduce, one stage has no bubble), so neither adds a term of its own; both show in ``x bound``.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpualloc.cost import physics
 from gpualloc.placement.hybrid.problem import HybridProblem
 
 
@@ -36,9 +39,9 @@ class HybridBound:
     critical_path_s: float
 
 
-def _widest_tp(problem: HybridProblem) -> tuple[int, ...]:
-    """TP degrees to try for one sample: the profiled ones, else every device at once (time falls with TP)."""
-    return problem.tp_degrees if problem.profile is not None else (problem.k,)
+def _tp_range(problem: HybridProblem) -> tuple[int, ...]:
+    """TP degrees a plan may give a replica: the profiled ones, else any from 1 to every device."""
+    return problem.tp_degrees if problem.profile is not None else tuple(range(1, problem.k + 1))
 
 
 def hybrid_bound(problem: HybridProblem) -> HybridBound:
@@ -48,17 +51,22 @@ def hybrid_bound(problem: HybridProblem) -> HybridBound:
     opt_tl = np.array([[problem.opt_step_s(ti, 2 * p) - problem.opt_step_s(ti, p) for p in problem.layer_param_bytes]
                        for ti in range(len(problem.type_names))])
     c = (work_tl + np.maximum(opt_tl, 0.0))[problem.type_of].T  # (L, k)
-    load = c.sum(axis=0)
+    fixed = problem.min_layer_fixed_s()[problem.type_of].T
+    load = c.sum(axis=0) + fixed.sum(axis=0)
     if np.all(load > 0):
         y = (1.0 / load) / np.sum(1.0 / load)
-        balanced = float(np.sum(np.min(c * y[None, :], axis=1)))
+        balanced = float(np.sum(np.min(c * y[None, :], axis=1)) + np.sum(np.min(fixed * y[None, :], axis=1)))
     else:
         balanced = 0.0
+    off = ~np.eye(problem.k, dtype=bool)
+    bw = float(problem.bandwidth[off].max()) if problem.k > 1 else np.inf
+    lat = float(problem.latency[off].min()) if problem.k > 1 else 0.0
     one = np.full(problem.L, np.inf)
-    for ti in range(len(problem.type_names)):
-        for tp in _widest_tp(problem):
+    for tp in _tp_range(problem):
+        comm = 2 * physics.tp_layer_comm_s(problem.layer_act_out_bytes, tp, lat, bw, problem.tp_allreduces)
+        for ti in range(len(problem.type_names)):
             f, b = problem.layer_times_s(ti, 1, tp)
-            one = np.minimum(one, f + b)
+            one = np.minimum(one, f + b + comm)
     crit = float(one.sum())
     binding = "balanced_work" if balanced >= crit else "critical_path"
     return HybridBound(max(balanced, crit), binding, balanced, crit)

@@ -123,15 +123,12 @@ def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, spli
     flows = np.maximum(shares[problem.node_of[src]][:, None], shares[problem.node_of[dst]][None, :])
     bw[cross] /= flows[cross]
     lat = problem.latency[np.ix_(src, dst)]
-    out = np.zeros((plan.microbatches, len(src), len(dst)))
-    feeds = np.zeros(out.shape, dtype=bool)
-    for k in range(plan.microbatches):
-        a_end, b_end = np.cumsum(prev_split[:, k]), np.cumsum(split[:, k])
-        a_start, b_start = a_end - prev_split[:, k], b_end - split[:, k]
-        overlap = np.maximum(np.minimum(a_end[:, None], b_end[None, :]) - np.maximum(a_start[:, None],
-                                                                                     b_start[None, :]), 0)
-        feeds[k] = overlap > 0
-        out[k] = np.where(feeds[k] & (per_sample > 0), physics.transfer_time_s(overlap * per_sample, lat, bw), 0.0)
+    a_end, b_end = np.cumsum(prev_split, axis=0).T, np.cumsum(split, axis=0).T  # (M, R_prev), (M, R)
+    a_start, b_start = a_end - prev_split.T, b_end - split.T
+    overlap = np.maximum(np.minimum(a_end[:, :, None], b_end[:, None, :])
+                         - np.maximum(a_start[:, :, None], b_start[:, None, :]), 0)
+    feeds = overlap > 0
+    out = np.where(feeds & (per_sample > 0), physics.transfer_time_s(overlap * per_sample, lat, bw), 0.0)
     return out, feeds
 
 
@@ -189,21 +186,23 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
         R, M = len(stage.replicas), plan.microbatches
         fwd, bwd, comp, tpc = (np.zeros((R, M)) for _ in range(4))
         for r, rep in enumerate(stage.replicas):
-            share = _group_share(problem, shares, rep.devices)
-            cache: dict[int, tuple[float, float, float]] = {}
+            share = _group_share(problem, shares, rep.devices) if rep.tp > 1 else 1.0
+            kind = problem.replica_kind(rep.devices)
             for k in range(M):
                 m = int(splits[si][r, k])
-                if m not in cache:
-                    cache[m] = replica_time_s(problem, stage, rep, m, share)
-                f, b, c = cache[m]
+                key = ("replica", stage.first, stage.last, kind, share, m)
+                hit = problem.memo.get(key)
+                if hit is None:
+                    hit = problem.memo[key] = replica_time_s(problem, stage, rep, m, share)
+                f, b, c = hit
                 fwd[r, k], bwd[r, k], comp[r, k], tpc[r, k] = f + c, b + c, f + b, 2 * c
         recv, feeds = (None, None) if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1],
                                                         splits[si], shares)
         sync, buckets = _sync(problem, plan, stage, shares)
         params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
-        opt = max(problem.opt_step_s(int(problem.type_of[d]),
-                                     params / r.tp / (len(stage.replicas) if plan.sharding != "none" else 1))
-                  for r in stage.replicas for d in r.devices)
+        per_device = params / (len(stage.replicas) if plan.sharding != "none" else 1)
+        opt = max(problem.opt_step_s(ti, per_device / tp)
+                  for ti, tp in {(int(problem.type_of[d]), rep.tp) for rep in stage.replicas for d in rep.devices})
         stages.append(StageCosts(fwd, bwd, comp, tpc, recv, feeds, sync, buckets, opt))
         _stage_mem(problem, plan, si, splits[si], mem)
     return PlanCosts(tuple(stages), mem)

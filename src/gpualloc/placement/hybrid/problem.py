@@ -72,6 +72,8 @@ class HybridProblem:
         self.node_of = np.asarray(cluster.gpu_node)
         self.profile = _read_profile(graph, self.L, self.type_names) if "profile" in graph.meta else None
         self._time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.memo: dict[tuple, Any] = {}
+        """Costs derived from this problem, memoised by the cost and search modules (keys start with a tag)."""
 
     # ------------------------------------------------------------------ sizes
     def _per_layer(self, values: np.ndarray) -> np.ndarray:
@@ -191,6 +193,18 @@ class HybridProblem:
         sub_bw[cross] /= max(nic_share, 1.0)
         return float(sub_bw.min()), float(self.latency[np.ix_(d, d)].max())
 
+    def replica_kind(self, devices: tuple[int, ...]) -> tuple:
+        """What a TP group's costs depend on: its device types, size, and the links among them (replicas of
+        one kind cost the same at the same NIC share)."""
+        key = ("kind", devices)
+        hit = self.memo.get(key)
+        if hit is None:
+            nodes = sorted({int(self.node_of[d]) for d in devices})
+            links = tuple(sorted({self.cluster.nodes[n].link.name for n in nodes}))
+            hit = (tuple(sorted({int(self.type_of[d]) for d in devices})), len(devices), links, len(nodes) > 1)
+            self.memo[key] = hit
+        return hit
+
     def opt_step_s(self, type_index: int, param_bytes: float) -> float:
         """Optimizer step over ``param_bytes`` of weights on one device of the type: the profile's
         measured step scaled by the share of the model's weights, else the memory-bound roofline of reading
@@ -217,6 +231,16 @@ class HybridProblem:
                 fwd, bwd, launch = self._op_times[ti]
                 fixed = np.minimum(launch, fwd), np.minimum(launch, bwd)
                 out[ti] = self._per_layer((fwd - fixed[0]) + (bwd - fixed[1])) / self.graph_batch
+        return out
+
+    def min_layer_fixed_s(self) -> np.ndarray:
+        """Launch overhead a device pays on each layer for every microbatch it runs of it, whatever its size
+        or TP degree, ``(types, L)`` fwd + bwd (0 for measured profiles: their fit has no fixed part)."""
+        out = np.zeros((len(self.type_names), self.L))
+        if self.profile is None:
+            for ti in range(len(self.type_names)):
+                fwd, bwd, launch = self._op_times[ti]
+                out[ti] = self._per_layer(np.minimum(launch, fwd) + np.minimum(launch, bwd))
         return out
 
     @cached_property

@@ -28,7 +28,7 @@ import numpy as np
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid import baselines
 from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
-from gpualloc.placement.hybrid.cost import estimate_step_s, plan_costs
+from gpualloc.placement.hybrid.cost import PlanCosts, estimate_step_s, plan_costs
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
 from gpualloc.placement.hybrid.plan import HybridPlan, Stage, Sync, make_plan, plan_to_dict
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -36,6 +36,9 @@ from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 
 SIMULATED = 6
 """Candidates (by the closed form) the simulator judges, besides the baselines."""
+
+MAX_DEPTH = 8
+"""Deepest pipeline of equal device groups the search tries (deeper ones only add bubbles at these sizes)."""
 
 
 def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
@@ -47,23 +50,27 @@ def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
     if len(by_type) > 1:
         yield from (by_type, by_type[::-1])
     s = 2
-    while s <= min(k, problem.L, 32):
+    while s <= min(k, problem.L, MAX_DEPTH):
         if k % s == 0:
             size = k // s
             yield [order[i:i + size] for i in range(0, k, size)]
         s *= 2
 
 
-def _rate_terms(problem: HybridProblem, groups, mb: int) -> list[np.ndarray]:
-    """Per replica, the prefix sums of its seconds per sample over the layers (fwd + bwd + TP comm)."""
-    out = []
+def _rate_terms(problem: HybridProblem, groups, mb: int) -> list[tuple[int, np.ndarray]]:
+    """Per kind of replica, how many the stage has and the prefix sums of its seconds per sample over the
+    layers (fwd + bwd + TP comm)."""
+    kinds: dict[tuple, list] = {}
     for g in groups:
+        kinds.setdefault(problem.replica_kind(g), [0, g])[0] += 1
+    out = []
+    for count, g in kinds.values():
         per = np.zeros(problem.L)
         for ti in {int(problem.type_of[d]) for d in g}:
             f, b = problem.layer_times_s(ti, mb, len(g))
             per = np.maximum(per, f + b)
         per = (per + 2 * problem.tp_comm_s(mb, g)) / mb
-        out.append(np.r_[0.0, np.cumsum(per)])
+        out.append((count, np.r_[0.0, np.cumsum(per)]))
     return out
 
 
@@ -81,9 +88,8 @@ def split_layers(problem: HybridProblem, stage_groups: list[list[tuple[int, ...]
     choice = []
     for groups in stage_groups:
         rate = np.zeros((L, L))
-        for pre in _rate_terms(problem, groups, mb_hint):
-            with np.errstate(divide="ignore"):
-                rate += np.where(valid, 1.0 / np.maximum(pre[b_idx + 1] - pre[a_idx], 1e-30), 0.0)
+        for count, pre in _rate_terms(problem, groups, mb_hint):
+            rate += np.where(valid, count / np.maximum(pre[b_idx + 1] - pre[a_idx], 1e-30), 0.0)
         cap = min(problem.mem_cap_bytes[d] for g in groups for d in g)
         tp = min(len(g) for g in groups)
         cost = np.where(valid & (states / tp <= cap), G / np.maximum(rate, 1e-30), np.inf)
@@ -102,7 +108,7 @@ def split_layers(problem: HybridProblem, stage_groups: list[list[tuple[int, ...]
     return ranges[::-1] if b == -1 else None
 
 
-def _candidates(problem: HybridProblem, deadline: float) -> Iterator[HybridPlan]:
+def _candidates(problem: HybridProblem, deadline: float) -> Iterator[tuple[HybridPlan, PlanCosts]]:
     """Plans of every layout x TP degree x microbatch count (see the module docstring)."""
     G = problem.global_batch
     for layout in _layouts(problem):
@@ -120,18 +126,19 @@ def _candidates(problem: HybridProblem, deadline: float) -> Iterator[HybridPlan]
                 ranges = split_layers(problem, groups, mb_hint)
                 if ranges is None:
                     continue
-                stages = [stage_of(problem, g, a, b) for g, (a, b) in zip(groups, ranges, strict=True)]
+                stages = [stage_of(problem, g, a, b, microbatches=m) for g, (a, b) in zip(groups, ranges, strict=True)]
                 smallest = min(r.batch_share for s in stages for r in s.replicas)
                 yield from _variants(problem, stages, min(m, smallest))
             if time.perf_counter() > deadline:
                 return
 
 
-def _variants(problem: HybridProblem, stages: list[Stage], m: int) -> Iterator[HybridPlan]:
+def _variants(problem: HybridProblem, stages: list[Stage], m: int) -> Iterator[tuple[HybridPlan, PlanCosts]]:
     for sharding in ("none", "zero1", "fsdp"):
         plan = make_plan(stages, problem.global_batch, m, sharding=sharding, n_devices=problem.k)
-        yield plan
-        if np.all(plan_costs(problem, plan).mem_bytes <= problem.mem_cap_bytes):
+        costs = plan_costs(problem, plan)
+        yield plan, costs
+        if np.all(costs.mem_bytes <= problem.mem_cap_bytes):
             return  # sharding only costs when the plan already fits
 
 
@@ -157,8 +164,7 @@ def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
     del seed
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else float("inf"))
     ranked = []
-    for plan in _candidates(problem, deadline):
-        costs = plan_costs(problem, plan)
+    for plan, costs in _candidates(problem, deadline):
         fits = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
         ranked.append((not fits, estimate_step_s(problem, plan, costs), len(ranked), plan))
     ranked.sort(key=lambda t: t[:3])
