@@ -102,8 +102,21 @@ def scheduler_cmd(
     round_steps: int = typer.Option(1_000, "--round-steps", max=MAX_STEPS, min=1,
                                     help="Environment steps per round, shared by "
                                     "the actors (with --actors > 1)."),
+    experts: str = typer.Option(None, "--experts", help="Train the expert-choice agent over these heuristics "
+                                "(e.g. gavel,srtf,tiresias,sjf) on the comma-separated --cluster list; --steps "
+                                "are its DQN fine-tuning steps."),
+    hd_dim: int = typer.Option(0, "--hd-dim", min=0, max=1024,
+                               help="Hyperdimensional features (expert choice; 0: off)."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
+    if experts:
+        from gpualloc.rl.train_scheduler import train_expert_scheduler
+
+        report = train_expert_scheduler(out, clusters=tuple(c.strip() for c in cluster.split(",") if c.strip()),
+                                        experts=tuple(e.strip() for e in experts.split(",") if e.strip()),
+                                        steps=steps, seed=seed, hd_dim=hd_dim, progress=console.print)
+        console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
+        return
     from gpualloc.parallel import make_executor
     from gpualloc.rl.train_scheduler import train_scheduler
     from gpualloc.workload.traces import read_trace
