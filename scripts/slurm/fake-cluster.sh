@@ -3,6 +3,7 @@
 # typed GRES backed by empty files (no GPU devices: Slurm only counts them), all under one private folder.
 #
 #   scripts/slurm/fake-cluster.sh start DIR [GRES]   # GRES default: gpu:v100:4,gpu:t4:2
+#   JOB_SUBMIT_LUA=contrib/slurm/job_submit.lua scripts/slurm/fake-cluster.sh start DIR   # with the plugin
 #   scripts/slurm/fake-cluster.sh stop DIR
 #   export SLURM_CONF=DIR/etc/slurm.conf           # then sinfo, sbatch, squeue... talk to it
 #
@@ -113,7 +114,7 @@ GresTypes=$(printf '%s\n' "${gres_types[@]}" | sort -u | paste -sd,)
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=1,defer_batch
+SchedulerParameters=sched_interval=1
 MinJobAge=3600
 MaxJobCount=100000
 KillWait=5
@@ -122,6 +123,10 @@ SlurmdParameters=config_overrides
 NodeName=n0 NodeHostname=$host NodeAddr=127.0.0.1 CPUs=64 RealMemory=1000 Gres=$gres State=UNKNOWN
 PartitionName=gpu Nodes=n0 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
+    if [[ -n "${JOB_SUBMIT_LUA:-}" ]]; then  # the advisory plugin (contrib/slurm/job_submit.lua)
+        cp "$JOB_SUBMIT_LUA" "$dir/etc/job_submit.lua"
+        echo "JobSubmitPlugins=lua" >>"$dir/etc/slurm.conf"
+    fi
     export SLURM_CONF="$dir/etc/slurm.conf"
     "$(bin slurmctld)" -i -f "$SLURM_CONF"
     "$(bin slurmd)" -N n0 -f "$SLURM_CONF"

@@ -32,8 +32,8 @@ def _token(token: str | None, token_file: Path | None) -> str | None:
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on."),
-    backend: str = typer.Option("local", "--backend", help="Where jobs run: local (processes here), ray or slurm (sbatch; "
-                                                  "use --cluster slurm:)."),
+    backend: str = typer.Option("local", "--backend",
+                                help="Where jobs run: local (processes here), ray, or slurm (with --cluster slurm:)."),
     store: str = typer.Option("gpualloc-service.db", "--store",
                               help="SQLite file (WAL) or database URL (postgresql://...); "
                                    "the token file sits beside it."),

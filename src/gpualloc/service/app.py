@@ -57,6 +57,7 @@ from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.policies import POLICIES
 from gpualloc.service.auth import default_token_path, load_or_create_token, token_matches
 from gpualloc.service.backends import Backend, make_backend
+from gpualloc.service.slurm import AdviceRequest, advise
 from gpualloc.service.errors import Conflict, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
 from gpualloc.service.models import JobOut, JobSpec, JobState, PolicyChange
 from gpualloc.service.scheduler import DeviceTypes, Scheduler, normalise_spec, stored_policy
@@ -654,6 +655,11 @@ def _add_cluster_routes(api: APIRouter, service: Service) -> None:
     def put_policy(change: PolicyChange) -> dict[str, Any]:
         service.scheduler.set_policy(change.name, service.checked_policy_options(change.options))
         return get_policy()
+
+    @api.post("/advise", summary="Which GPUs a job run by another scheduler should get (Slurm's job_submit "
+                                 "plugin asks this)", responses={422: {}})
+    def post_advise(request: AdviceRequest) -> dict[str, Any]:
+        return advise(service.scheduler, service.backend, request)
 
 
 def _cluster_summary(service: Service) -> dict[str, Any]:

@@ -38,16 +38,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.hardware.slurm import SINFO_FORMAT, gres_device_type, parse_sinfo, run_slurm
 from gpualloc.service.backends import RunRef, RunRequest, RunState, RunStatus, rank_target, visible_devices_env
 from gpualloc.service.errors import BackendError
 from gpualloc.service.runner import EXIT_FILE, LOG_FILES, SPEC_FILE, private_dir, write_json_atomic
+from gpualloc.workload.jobs import Job, JobType
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE_STATES", "SQUEUE_FORMAT", "SlurmBackend", "SlurmJob", "batch_script", "parse_scontrol_record",
-           "parse_squeue", "sbatch_argv"]
+__all__ = ["ACTIVE_STATES", "SQUEUE_FORMAT", "AdviceRequest", "SlurmBackend", "SlurmJob", "advise", "batch_script",
+           "exit_status", "parse_scontrol_record", "parse_squeue", "sbatch_argv"]
 
 SQUEUE_FORMAT = "%i|%j|%T|%r|%b|%N"
 """``squeue --format`` of :func:`parse_squeue`: id, name, long state, reason, GRES per node, nodes."""
@@ -436,3 +440,74 @@ def slurm_options(runs_dir: Path, instance: str, cluster: ClusterSpec, cluster_a
     partition = slurm_cluster_arg(cluster_arg)
     return {"runs_dir": runs_dir, "instance": instance, "cluster": cluster,
             "partition": partition if isinstance(partition, str) else None}
+
+
+# ------------------------------------------------------------------------------------- advice
+class AdviceRequest(BaseModel):
+    """``POST /advise``: a job another scheduler (Slurm's own) will run; which GPUs should it get?"""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    gpus: int = Field(ge=1, le=1024, description="GPUs in all (per node times nodes).")
+    gpu_type: str | None = Field(None, min_length=1, max_length=64,
+                                 description="Only this device type (catalog name, alias or GRES type).")
+    duration_s: float | None = Field(None, gt=0, le=1e9, description="Expected run time (the time limit).")
+    single_node: bool = Field(True, description="All GPUs on one node.")
+    job_type: JobType = Field(JobType.ML_TRAINING, description="The job category the speed model uses.")
+    name: str = Field("slurm-job", min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")
+
+
+def advise(scheduler, backend, request: AdviceRequest) -> dict[str, Any]:
+    """The GPUs the service's policy would give ``request`` now: its device type, nodes and the
+    ``--gres`` per node, as the job_submit plugin applies them.
+
+    The policy (a fresh instance of the service's, so its state is untouched) decides on the free
+    GPUs alone; when none fit now it decides on the whole cluster (``"busy": true``: where the job
+    should go once GPUs free up). GPUs the service's own jobs hold are never offered.
+
+    Raises:
+        InvalidJob: an unknown type, or a job no allowed type can ever hold.
+    """
+    from gpualloc.scheduling.base import GPU_DOWN, GPU_FREE, QUEUED, ClusterView, Decision
+    from gpualloc.scheduling.policies import make_policy
+    from gpualloc.scheduling.rules import InvalidDecision, check_start
+    from gpualloc.service.models import JobSpec
+    from gpualloc.service.scheduler import LiveTable, normalise_spec
+    from gpualloc.workload.speed import speed_matrix
+
+    cluster, types = scheduler.cluster, scheduler.types
+    spec = JobSpec(name=request.name, command=["true"], num_gpus=request.gpus, device_type=request.gpu_type,
+                   job_type=request.job_type, work_s=request.duration_s or 3600.0, single_node=request.single_node)
+    norm = normalise_spec(spec, cluster, types)
+    now = scheduler.now_s()
+    job = Job("advice", now, request.job_type, norm["work_s"], request.gpus, gpu_types=tuple(norm["gpu_types"]),
+              single_node=request.single_node)
+    live = LiveTable(len(types.names), capacity=1)
+    row = live.add([job], speed_matrix([job], cluster.device_types), [0])[0]
+    t = live.table
+    t.status[row], t.queued_since_s[row] = QUEUED, now
+    held = scheduler.gpu_job.copy()
+    down = held == GPU_DOWN
+    for busy, owners in ((False, np.where(held == GPU_FREE, GPU_FREE, GPU_DOWN)),
+                         (True, np.where(down, GPU_DOWN, GPU_FREE))):
+        view = ClusterView(now_s=now, cluster=cluster, type_names=types.names, gpu_type=scheduler.gpu_type,
+                           gpu_node=scheduler.gpu_node, gpu_job=owners, jobs=t, queue=[row], running=[])
+        decision = make_policy(scheduler.policy_name, **scheduler.policy_options).decide(view)
+        for item in decision.starts if isinstance(decision, Decision) else ():
+            try:
+                _, gpus, ti = check_start(item, t, owners, scheduler.gpu_type, scheduler.gpu_node, types.names)
+            except InvalidDecision:
+                continue
+            return _advice(cluster, backend, types.names[ti], gpus, busy)
+    return {"gpu_type": None, "nodes": [], "gres": {}, "busy": True}
+
+
+def _advice(cluster: ClusterSpec, backend, type_name: str, gpus: Sequence[int], busy: bool) -> dict[str, Any]:
+    per_node: dict[str, int] = {}
+    for g in gpus:
+        node = cluster.nodes[cluster.devices[g].node].name
+        per_node[node] = per_node.get(node, 0) + 1
+    gres_type = getattr(backend, "gres_type", None)
+    gres = {node: f"gpu:{gres_type(node, type_name) if gres_type else type_name.lower()}:{n}"
+            for node, n in per_node.items()}
+    return {"gpu_type": type_name, "nodes": list(per_node), "gres": gres, "busy": busy}

@@ -1,0 +1,191 @@
+"""The slurm backend against a real Slurm (the session's fake cluster: one node n0 with
+Gres=gpu:v100:4,gpu:t4:2): jobs run on the GRES type the policy chose, argv without a shell, cancel,
+`hw show slurm:`, recovery after kill -9 of `gpualloc serve --backend slurm`, and the advisory
+job_submit plugin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from gpualloc.service.client import Client, ClientError
+from gpualloc.service.errors import BackendError
+from gpualloc.service.slurm import SlurmBackend
+from tests.service.conftest import GPUALLOC, LocalService, wait_for, wait_state
+from tests.service.test_restart import gpu_intervals_never_overlap
+from tests.slurm.conftest import slurm_job_id
+
+pytestmark = pytest.mark.slurm
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_hw_show_slurm_reads_nodes_and_typed_gres(fake_slurm):
+    done = _run(*GPUALLOC, "hw", "show", "slurm:", "--json")
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)
+    assert spec["name"] == "slurm" and [n["name"] for n in spec["nodes"]] == ["n0"]
+    assert Counter(d["type"] for d in spec["devices"]) == {"V100-16GB": 4, "T4": 2}
+    table = _run(*GPUALLOC, "hw", "show", "slurm:gpu")
+    assert table.returncode == 0 and "4 x V100-16GB, 2 x T4" in table.stdout
+    bad = _run(*GPUALLOC, "hw", "show", "slurm:nosuch")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_jobs_run_once_on_the_chosen_gres_type_with_argv_env_and_exit_status(fake_slurm, tmp_path):
+    svc = LocalService(tmp_path, backend="slurm", cluster="slurm:")
+    try:
+        odd = ["printf", "%s|", "a b", "$HOME", "'q'", ";ls", "*"]
+        t4 = svc.submit(name="t4", command=odd, device_type="T4", num_gpus=2, cwd=str(tmp_path))
+        v100 = svc.submit(name="v100", command=["sh", "-c", 'echo "$GPUALLOC_DEVICE_TYPE $SLURM_JOB_ID $X $PWD"'],
+                          device_type="V100", num_gpus=3, env={"X": "a,b c"})
+        bad = svc.submit(name="bad", command=["sh", "-c", "exit 3"], device_type="V100")
+        missing = svc.submit(name="missing", command=["/no/such/program"], device_type="T4")
+        for job in (t4, v100):
+            assert wait_state(svc.client, job["id"], {"finished", "failed"}, 60)["state"] == "finished"
+        assert wait_state(svc.client, bad["id"], {"finished", "failed"}, 60)["exit_code"] == 3
+        assert wait_state(svc.client, missing["id"], {"finished", "failed"}, 60)["exit_code"] == 127
+        runs = svc.runs_dir
+        assert (runs / f"{t4['id']}-1" / "stdout.log").read_text() == "a b|$HOME|'q'|;ls|*|"
+        sid = slurm_job_id(runs, v100["id"])
+        out = (runs / f"{v100['id']}-1" / "stdout.log").read_text().split()
+        assert out[:3] == ["V100-16GB", sid, "a,b"] and out[3] == "c"
+        for job, gres in ((t4, "gres:gpu:t4:2"), (v100, "gres:gpu:v100:3"), (bad, "gres:gpu:v100:1")):
+            rec = fake_slurm.job(slurm_job_id(runs, job["id"]))
+            assert (rec.gres, rec.nodes) == (gres, "n0")
+        assert fake_slurm.job(slurm_job_id(runs, bad["id"])).state == "COMPLETED"  # the runner ended well
+        assert svc.client.get(f"/jobs/{t4['id']}").json()["gpus"] == [4, 5]  # the T4s of n0
+        names = Counter(j.name for j in fake_slurm.jobs() if j.name.startswith(f"gpualloc-{svc.service.store.uid}-"))
+        assert len(names) == 4 and set(names.values()) == {1}  # one Slurm job per attempt
+        logs = svc.client.get(f"/jobs/{t4['id']}/logs")
+        assert logs.status_code == 200 and logs.content == b"a b|$HOME|'q'|;ls|*|"
+    finally:
+        svc.close()
+
+
+def test_cancel_stops_the_slurm_job_and_frees_its_gpus(fake_slurm, tmp_path):
+    svc = LocalService(tmp_path, backend="slurm", cluster="slurm:")
+    try:
+        long = svc.submit(name="long", command=["sleep", "120"], device_type="V100", num_gpus=4)
+        after = svc.submit(name="after", command=["true"], device_type="V100", num_gpus=4)
+        wait_state(svc.client, long["id"], {"running"}, 30)
+        sid = slurm_job_id(svc.runs_dir, long["id"])
+        wait_for(lambda: fake_slurm.job(sid).state == "RUNNING", 30, what="the Slurm job running")
+        assert svc.client.get(f"/jobs/{after['id']}").json()["state"] == "queued"
+        started = time.monotonic()
+        assert svc.client.post(f"/jobs/{long['id']}/cancel").status_code == 200
+        assert wait_state(svc.client, long["id"], {"cancelled"}, 30)["state"] == "cancelled"
+        assert fake_slurm.job(sid).state == "CANCELLED" and time.monotonic() - started < 20
+        assert wait_state(svc.client, after["id"], {"finished"}, 60)["exit_code"] == 0
+    finally:
+        svc.close()
+
+
+def test_a_cluster_slurm_does_not_have_is_one_clear_error(fake_slurm, tmp_path):
+    from gpualloc.hardware.cluster import load_cluster
+
+    with pytest.raises(BackendError, match="node 'n1' of cluster '4xV100\\+2xT4' is not a Slurm node"):
+        SlurmBackend(tmp_path / "runs", "x", load_cluster("4xV100+2xT4"))
+    with pytest.raises(BackendError, match="slurm node n0: Gres: the cluster has 8 x V100-16GB there, Slurm 4"):
+        SlurmBackend(tmp_path / "runs", "x", load_cluster("8xV100"))
+    done = _run(*GPUALLOC, "serve", "--backend", "slurm", "--cluster", "8xV100", "--port", "0",
+                "--store", str(tmp_path / "s.db"), "--telemetry", "none")
+    assert done.returncode == 2 and done.stderr.startswith("error: slurm node n0: Gres")
+
+
+def test_kill9_mid_stream_then_restart_runs_every_job_exactly_once(fake_slurm, server):
+    srv = server(backend="slurm", cluster="slurm:").start()
+    token = srv.token
+    acked: dict[str, int] = {}
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        with Client(srv.url, token, timeout_s=5) as c:
+            for i in range(40):
+                if stop.is_set():
+                    return
+                name = f"s{i:03d}"
+                try:
+                    job = c.submit({"name": name, "command": ["sleep", "0.3"], "num_gpus": 1 + i % 2,
+                                    "device_type": "V100" if i % 3 else "T4"}, retry_s=60)
+                except ClientError as err:
+                    errors.append(f"{name}: {err}")
+                    return
+                acked[name] = job["id"]
+
+    with Client(srv.url, token) as c:
+        long = c.submit({"name": "long", "command": ["sleep", "5"], "device_type": "T4", "num_gpus": 1})
+        wait_for(lambda: c.job(long["id"])["state"] == "running", 30, what="the long job running")
+    worker = threading.Thread(target=stream)
+    worker.start()
+    wait_for(lambda: len(acked) >= 12, 60, what="12 acknowledged submissions")
+    srv.kill9()
+    seen_at_kill = len(acked)
+    time.sleep(1.0)
+    srv.start()
+    worker.join(timeout=180)
+    stop.set()
+    assert not errors, errors
+    assert len(acked) == 40 and seen_at_kill < 40
+    with Client(srv.url, token) as c:
+        def settled():
+            jobs = c.jobs()
+            return jobs if all(j["state"] in ("finished", "failed", "cancelled") for j in jobs) else None
+
+        jobs = wait_for(settled, 180, every_s=0.5, what="every job to end")
+    by_name = {j["name"]: j for j in jobs}
+    assert len(by_name) == len(jobs) == 41  # nothing twice
+    assert all(by_name[n]["id"] == i for n, i in acked.items())
+    assert {j["state"] for j in jobs} == {"finished"}, Counter(j["state"] for j in jobs)
+    assert by_name["long"]["attempts"] == 1  # adopted, not re-run
+    uid = json.loads(_run(*GPUALLOC, "jobs", "--server", srv.url, "--token", token, "--json").stdout)[0]["handle"]
+    prefix = uid.rsplit("-", 2)[0] + "-"
+    slurm_jobs = [j for j in fake_slurm.jobs() if j.name.startswith(prefix)]
+    assert Counter(j.name for j in slurm_jobs).most_common(1)[0][1] == 1  # no attempt submitted twice
+    assert len(slurm_jobs) == sum(j["attempts"] for j in jobs)
+    for j in jobs:  # each ran on the GRES type the policy chose
+        rec = next(s for s in slurm_jobs if s.name == j["handle"])
+        assert rec.gres == f"gres:gpu:{'t4' if j['device_type'] == 'T4' else 'v100'}:{len(j['gpus'])}"
+        assert rec.state == "COMPLETED"
+    gpu_intervals_never_overlap(srv.store)
+
+
+def test_job_submit_plugin_applies_advice_and_falls_back_when_the_service_is_silent(fake_slurm, server):
+    srv = server(backend="slurm", cluster="slurm:").start()
+    etc = fake_slurm.conf.parent
+    header = srv.tmp / "advise.header"
+    header.write_text(f"Authorization: Bearer {srv.token}\n")
+    header.chmod(0o600)
+    conf = etc / "gpualloc_advise.conf"
+    conf.write_text(f"url={srv.url}\nheader_file={header}\ntimeout_s=2\n")
+
+    def submit(*opts: str) -> str:
+        done = _run("sbatch", "--parsable", *opts, "--wrap", "sleep 0.1")
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    try:
+        want = httpx.post(f"{srv.url}/advise", json={"gpus": 2}, headers={"Authorization": f"Bearer {srv.token}"},
+                          timeout=10).json()
+        untyped = submit("--gres=gpu:2")
+        assert fake_slurm.job(untyped).gres == "gres:" + want["gres"]["n0"]
+        typed = submit("--gres=gpu:t4:1", "--time=5")
+        assert fake_slurm.job(typed).gres == "gres:gpu:t4:1"
+        plain = submit()  # no GPUs asked: left alone
+        assert fake_slurm.job(plain).gres in ("", "N/A", "(null)")
+        srv.stop()  # the service is gone: Slurm's default, without waiting long
+        started = time.monotonic()
+        fallback = submit("--gres=gpu:2")
+        assert time.monotonic() - started < 5
+        assert fake_slurm.job(fallback).gres == "gres:gpu:2"
+    finally:
+        conf.unlink()
