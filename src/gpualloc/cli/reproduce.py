@@ -113,7 +113,7 @@ def scheduling_cmd(
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     table = scheduling_markdown(result["rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
-    synthetic = [r for r in result["rows"] if r["part"] == "synthetic"]
+    synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
               scale=1 / 3600,
               title=f"{spec.cluster}: average JCT by load")

@@ -9,6 +9,12 @@ Alibaba's pod list, each *scaled to the cluster*: the window's arrival times are
 compressed so its offered load (reference GPU-seconds over the span, per GPU) is ``load``. Jobs no
 device type of the cluster can hold (gangs over 8 GPUs, Alibaba pods pinned to GPU models the
 cluster lacks) are rejected and counted.
+
+Part 1 runs on ``adlro16`` and on ``unseen_cluster`` (``16xV100+8xT4+8xA100``, which the bundled
+agent never trained on). Each row carries ``vs_best``: its JCT reduction against the best heuristic
+(SRTF, Gavel, Tiresias, EASY, SJF) of the same cluster, trace and load, and the learned rows a paired
+95% CI of it over seeds. ``dqn-hd`` is the ablation: the agent trained with the hyperdimensional
+features (``sched-experts-hd.pt``) where it is bundled.
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ from gpualloc.scheduling.simulator import Workload, prepare, simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate, read_trace
 
-POLICIES = ("fcfs", "static-affinity", "sjf", "srtf", "tiresias", "gavel", "dqn")
+POLICIES = ("fcfs", "static-affinity", "sjf", "easy-backfill", "srtf", "tiresias", "gavel", "dqn", "dqn-hd")
+HEURISTICS = ("srtf", "gavel", "tiresias", "easy-backfill", "sjf")
+"""The strong heuristics the learned policy must match: ``vs_best`` compares with the best of them."""
+VARIANTS = {"dqn-hd": ("dqn", "sched-experts-hd.pt")}
+"""Table rows that are a registered policy with a bundled agent file (the HD-feature ablation)."""
 METRICS = ("avg_jct_s", "throughput_jobs_per_h", "utilization", "p99_jct_s", "makespan_s", "hyperscore",
            "effective_utilization", "saturated_utilization")
 REAL_TRACES = (("gavel-msr", "gavel/msr-seed0/0e4a51.trace", "gavel"),
@@ -45,6 +55,7 @@ class SchedTableSpec:
     """What to run; ``quick`` is the CI smoke version."""
 
     cluster: str = "adlro16"
+    unseen_cluster: str | None = "16xV100+8xT4+8xA100"
     loads: tuple[float, ...] = (0.5, 0.8, 1.0)
     seeds: int = 5
     jobs: int = 300
@@ -54,7 +65,11 @@ class SchedTableSpec:
 
     @classmethod
     def quick(cls) -> SchedTableSpec:
-        return cls(loads=(0.8,), seeds=2, jobs=120, real_jobs=120)
+        return cls(loads=(0.8,), seeds=2, jobs=120, real_jobs=120, unseen_cluster=None)
+
+    @property
+    def clusters(self) -> tuple[str, ...]:
+        return (self.cluster,) if self.unseen_cluster is None else (self.cluster, self.unseen_cluster)
 
 
 def scale_to_load(trace: Trace, cluster: ClusterSpec, load: float) -> Trace:
@@ -128,8 +143,13 @@ def _workload(cluster: str, load: float, jobs: int, trace_seed: int | None, path
 def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
     work = _workload(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
-    takes_agent = "agent" in REGISTRY.entry(run.policy).options
-    policy = make_policy(run.policy, **({"agent": run.agent} if takes_agent and run.agent else {}))
+    name, agent = run.policy, run.agent
+    if name in VARIANTS:
+        from gpualloc.rl.sched_policy import bundled_agent_path
+
+        name, agent = VARIANTS[name][0], str(bundled_agent_path(VARIANTS[name][1]))
+    takes_agent = "agent" in REGISTRY.entry(name).options
+    policy = make_policy(name, **({"agent": agent} if takes_agent and agent else {}))
     result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
     return summary(result), oracle_summary(result)
 
@@ -146,12 +166,13 @@ def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
                   agent: str | None) -> list[tuple[str, SchedRun]]:
     """Every simulation, labelled: synthetic (load, seed, policy), then real (trace, policy)."""
     runs: list[tuple[str, SchedRun]] = []
-    for load in spec.loads:
-        for seed in range(spec.seeds):
-            for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
-                runs.append((f"load {load} seed {seed} {name}",
-                             SchedRun(spec.cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
-                                      agent=agent)))
+    for cluster in spec.clusters:
+        for load in spec.loads:
+            for seed in range(spec.seeds):
+                for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
+                    runs.append((f"{cluster} load {load} seed {seed} {name}",
+                                 SchedRun(cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
+                                          agent=agent)))
     for label, path, fmt in real:
         for name in spec.policies:
             runs.append((f"{label} {name}", SchedRun(spec.cluster, name, 0, spec.real_load, spec.real_jobs,
@@ -174,7 +195,7 @@ def _vs_baselines_ci(runs_p: Sequence[dict[str, Any]], per: dict[str, list]) -> 
             if base in per}
 
 
-def _synthetic_rows(spec: SchedTableSpec, load: float,
+def _synthetic_rows(spec: SchedTableSpec, cluster: str, load: float,
                     results: Iterator[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Part-1 rows of one load: every policy and the oracle bound, aggregated over seeds."""
     policies = spec.policies
@@ -188,10 +209,14 @@ def _synthetic_rows(spec: SchedTableSpec, load: float,
     rows = []
     for p in [*policies, "oracle-lb"]:
         runs_p = per[p] if p != "oracle-lb" else oracle
-        row = {"part": "synthetic", "trace": "synthetic", "load": load, "policy": p, "seeds": spec.seeds,
-               **_aggregate(runs_p, oracle)}
+        row = {"part": "synthetic", "cluster": cluster, "trace": "synthetic", "load": load, "policy": p,
+               "seeds": spec.seeds, **_aggregate(runs_p, oracle)}
         if p != "oracle-lb":
             row.update(_vs_baselines_ci(runs_p, per))
+        if p.startswith("dqn") and any(h in per for h in HEURISTICS):
+            best = min((h for h in HEURISTICS if h in per), key=lambda h: np.mean([r["avg_jct_s"] for r in per[h]]))
+            row["best_heuristic"] = best
+            row["vs_best_ci95"] = _paired_ci([r["avg_jct_s"] for r in runs_p], [r["avg_jct_s"] for r in per[best]])
         rows.append(row)
     return rows
 
@@ -200,18 +225,25 @@ def _real_rows(spec: SchedTableSpec, label: str,
                results: Iterator[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Part-2 rows of one real trace: every policy and the oracle bound (one run each)."""
     res, orc = _take(results, spec.policies)
-    return [{"part": "real", "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
+    return [{"part": "real", "cluster": spec.cluster, "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
              **_aggregate([res[p] if p != "oracle-lb" else orc], [orc])}
             for p in [*spec.policies, "oracle-lb"]]
 
 
 def _add_vs_fcfs(rows: list[dict[str, Any]]) -> None:
-    """Give each row its JCT reduction against FCFS on the same trace and load, where FCFS ran."""
+    """Give each row its JCT reduction against FCFS and against the best heuristic on the same
+    cluster, trace and load, where they ran."""
     for r in rows:
-        same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]]
+        same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]
+                and x["cluster"] == r["cluster"]]
         fcfs = next((x["avg_jct_s"] for x in same if x["policy"] == "fcfs"), None)
         if fcfs is not None:
             r["vs_fcfs"] = reduction(r["avg_jct_s"], fcfs)
+        best = [x for x in same if x["policy"] in HEURISTICS]
+        if best:
+            b = min(best, key=lambda x: x["avg_jct_s"])
+            r["vs_best"] = reduction(r["avg_jct_s"], b["avg_jct_s"])
+            r.setdefault("best_heuristic", b["policy"])
 
 
 def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agent: str | Path | None = None,
@@ -231,13 +263,16 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
 
     # results come back in the order of ``runs``; the row builders consume them in that order
     results = iter((executor or SerialExecutor()).map(run_one, [r for _, r in runs], on_result=done))
-    rows = [row for load in spec.loads for row in _synthetic_rows(spec, load, results)]
+    rows = [row for cluster in spec.clusters for load in spec.loads
+            for row in _synthetic_rows(spec, cluster, load, results)]
     rows += [row for label, _path, _fmt in real for row in _real_rows(spec, label, results)]
     _add_vs_fcfs(rows)
-    return {"spec": {"cluster": spec.cluster, "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
+    return {"spec": {"cluster": spec.cluster, "unseen_cluster": spec.unseen_cluster,
+                     "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
                      "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
             "rows": rows, "wall_s": time.perf_counter() - start}
 
 
 def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
-    return len(spec.policies) * (len(spec.loads) * spec.seeds + (len(REAL_TRACES) if with_real else 0))
+    return len(spec.policies) * (len(spec.clusters) * len(spec.loads) * spec.seeds
+                                 + (len(REAL_TRACES) if with_real else 0))

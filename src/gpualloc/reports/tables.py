@@ -73,15 +73,21 @@ def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_
 
 
 def scheduling_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """One Markdown table: a row per (trace, load, policy)."""
-    head = ("| trace | load | policy | avg JCT (h) | 95% CI (h) | vs FCFS | x bound | jobs/h | utilisation | "
-            "util. while jobs wait | p99 JCT (h) | makespan (h) | HyperScore |")
+    """One Markdown table: a row per (cluster, trace, load, policy); ``vs best`` is the JCT reduction
+    against the best heuristic of the same trace (with the paired 95% CI over seeds for learned rows)."""
+    head = ("| cluster | trace | load | policy | avg JCT (h) | 95% CI (h) | vs FCFS | vs best heuristic | x bound | "
+            "jobs/h | utilisation | util. while jobs wait | p99 JCT (h) | makespan (h) | HyperScore |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         ci = r.get("avg_jct_s_ci95")
+        vs_best = "-" if "vs_best" not in r else f"{r['vs_best']:+.1%}"
+        if r.get("vs_best_ci95"):
+            lo, hi = r["vs_best_ci95"]
+            vs_best += f" [{lo:+.1%}, {hi:+.1%}]"
         lines.append(
-            f"| {r['trace']} | {r['load']:g} | {r['policy']} | {_pm(r, 'avg_jct_s', '.2f', 1 / 3600)} | "
-            f"{'-' if not ci else f'{ci[0] / 3600:.2f} – {ci[1] / 3600:.2f}'} | {r['vs_fcfs']:+.1%} | "
+            f"| {r.get('cluster', '-')} | {r['trace']} | {r['load']:g} | {r['policy']} | "
+            f"{_pm(r, 'avg_jct_s', '.2f', 1 / 3600)} | "
+            f"{'-' if not ci else f'{ci[0] / 3600:.2f} – {ci[1] / 3600:.2f}'} | {r['vs_fcfs']:+.1%} | {vs_best} | "
             f"{r['x_bound']:.2f} | {_pm(r, 'throughput_jobs_per_h', '.3f')} | {_pm(r, 'utilization', '.1%')} | "
             f"{_pm(r, 'saturated_utilization', '.1%')} | {_pm(r, 'p99_jct_s', '.1f', 1 / 3600)} | "
             f"{_pm(r, 'makespan_s', '.0f', 1 / 3600)} | "
