@@ -223,6 +223,9 @@ class Policy(Protocol):
 PolicyFactory = Callable[..., Policy]
 
 
+_FEW_NODES = 16  # best_fit loops in Python up to this many nodes, with numpy beyond
+
+
 def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: Sequence[np.ndarray],
              free: np.ndarray) -> tuple[int, ...] | None:
     """Consolidated best fit: which free GPUs of one device type a job gets.
@@ -242,16 +245,23 @@ def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: 
     Returns:
         The GPUs, or ``None`` when they cannot be had.
     """
-    # Plain Python over the per-node counts: a handful of nodes per type, where numpy's per-call cost
-    # dominated (the simulator asks this for every start).
-    counts = free_on_node.tolist() if isinstance(free_on_node, np.ndarray) else [int(c) for c in free_on_node]
-    node, fewest = -1, 0
-    for k, c in enumerate(counts):
-        if c >= need and (node < 0 or c < fewest):  # one node suffices: the fullest that fits (lowest index)
-            node, fewest = k, c
-    if node >= 0:
-        g = node_gpus[node]
-        return tuple(g[free[g]][:need].tolist())
+    if len(free_on_node) > _FEW_NODES:
+        free_on_node = np.asarray(free_on_node)
+        fits = free_on_node >= need
+        if fits.any():  # one node suffices: the fullest node that fits (lowest index on ties)
+            node = int(np.argmin(np.where(fits, free_on_node, np.iinfo(np.int64).max)))
+            g = node_gpus[node]
+            return tuple(g[free[g]][:need].tolist())
+        counts = free_on_node.tolist()
+    else:  # the same choice in plain Python: numpy's per-call cost dominates on a few nodes
+        counts = free_on_node.tolist() if isinstance(free_on_node, np.ndarray) else [int(c) for c in free_on_node]
+        node, fewest = -1, 0
+        for k, c in enumerate(counts):
+            if c >= need and (node < 0 or c < fewest):
+                node, fewest = k, c
+        if node >= 0:
+            g = node_gpus[node]
+            return tuple(g[free[g]][:need].tolist())
     if single_node or sum(counts) < need:
         return None
     picked: list[int] = []

@@ -178,7 +178,7 @@ def validate_decision(decision: Decision, view: ClusterView,
     problems: list[InvalidDecision] = []
     jobs = view.jobs
     gpu_job = np.array(view.gpu_job, copy=True)
-    status = jobs.status.copy()
+    status = _Moved(jobs.status)  # not a copy of the whole column: a decision moves a few jobs
     scratch = _Scratch(jobs, status)
     for j in decision.preempt:
         try:
@@ -199,10 +199,23 @@ def validate_decision(decision: Decision, view: ClusterView,
     return problems
 
 
+class _Moved:
+    """A status column seen through the moves a decision has made so far."""
+
+    def __init__(self, base: np.ndarray) -> None:
+        self.base, self.moved = base, {}
+
+    def __getitem__(self, j: int) -> int:
+        return self.moved[j] if j in self.moved else self.base[j]
+
+    def __setitem__(self, j: int, value: int) -> None:
+        self.moved[j] = value
+
+
 class _Scratch:
     """A job table whose ``status`` is a working copy (what :func:`check_start` reads)."""
 
-    def __init__(self, jobs: JobTable, status: np.ndarray) -> None:
+    def __init__(self, jobs: JobTable, status: _Moved) -> None:
         self.status, self.num_gpus, self.speed, self.single_node = status, jobs.num_gpus, jobs.speed, jobs.single_node
         self._n = len(jobs)
 

@@ -19,7 +19,8 @@ The model (details in ``docs/scheduling.md``):
   while anything is queued or running.
 
 Running jobs' ``remaining_s`` and ``attained_gpu_s`` are brought up to date (vectorised over running
-jobs) before each decision, so policies see current values.
+jobs) before each decision, so policies see current values; a policy whose class sets
+``reads_running_progress = False`` (FCFS) never reads them, and the update is skipped for it.
 
 :func:`simulate` asks a policy at each decision point; :class:`Simulation` runs the same loop (a
 generator, ``_Engine.steps``) one decision point at a time for a caller that decides itself, such as
@@ -57,6 +58,7 @@ from gpualloc.workload.jobs import Trace
 # before a failure at the same instant could hit their jobs.
 COMPLETION, REPAIR, FAILURE, ARRIVAL, ROUND = 0, 1, 2, 3, 4
 _PREEMPT = 5  # reason for stopping a job (not an event)
+_SLOT_FIELDS = ("seg_start", "prog_start", "rem_base", "att_base", "run_speed", "num_gpus")
 _INF = math.inf
 
 
@@ -485,6 +487,8 @@ class _Engine:
             raise SchedulingError(f"round_s must be > 0, got {rs}")
         self.round_s = rs
         self.progress, self.record, self.check = opts.progress, opts.timeline, opts.check
+        # a policy that never reads running jobs' remaining_s / attained_gpu_s may say so (FCFS does)
+        self.refresh = bool(getattr(policy, "reads_running_progress", True))
         seed = opts.seed
         self.seed = seed if isinstance(seed, int) or seed is None else None
 
@@ -527,11 +531,11 @@ class _Engine:
 
         # per-job segment state: the current run started at seg_start, makes progress from
         # prog_start at run_speed, with rem_base work left and att_base service at its start
-        self.seg_start = np.zeros(n)
-        self.prog_start = np.zeros(n)
-        self.rem_base = np.zeros(n)
-        self.att_base = np.zeros(n)
-        self.run_speed = np.zeros(n)
+        self.seg_start = [0.0] * n
+        self.prog_start = [0.0] * n
+        self.rem_base = [0.0] * n
+        self.att_base = [0.0] * n
+        self.run_speed = [0.0] * n
         self.lost_s = np.zeros(n)
         self.lost_work_s = np.zeros(n)
         self.done_work = np.zeros(n)
@@ -544,6 +548,9 @@ class _Engine:
         self.queue: list[int] = []
         self.run_list: list[int] = []
         self.run_buf = np.zeros(G, dtype=np.int64)
+        # the same segment state by running slot (run_buf order), rows _SLOT_FIELDS: _refresh reads
+        # contiguous slices instead of gathering per job
+        self.slots = np.zeros((len(_SLOT_FIELDS), G))
         self.run_pos = [0] * n
         self.view = _LiveView(
             now_s=0.0, cluster=cluster, type_names=self.type_names, gpu_type=self.gpu_type,
@@ -601,10 +608,11 @@ class _Engine:
         tb.run_type[j] = t
         self.last_type[j] = t
         rem = float(tb.remaining_s[j])
+        att = float(tb.attained_gpu_s[j])
         self.seg_start[j] = now
         self.prog_start[j] = now + pen
         self.rem_base[j] = rem
-        self.att_base[j] = tb.attained_gpu_s[j]
+        self.att_base[j] = att
         self.run_speed[j] = s
         fin = now + pen + rem / s
         tb.expected_finish_s[j] = fin
@@ -619,8 +627,10 @@ class _Engine:
         self.free_type[t] -= k
         self.n_free -= k
         self.job_gpus[j] = gpus
-        self.run_pos[j] = len(self.run_list)
-        self.run_buf[len(self.run_list)] = j
+        slot = len(self.run_list)
+        self.run_pos[j] = slot
+        self.run_buf[slot] = j
+        self.slots[:, slot] = (now, now + pen, rem, att, s, k)
         self.run_list.append(j)
 
     def _stop(self, j: int, now: float, reason: int) -> None:
@@ -628,9 +638,9 @@ class _Engine:
         tb = self.table
         gpus = self.job_gpus[j]
         t = int(tb.run_type[j])
-        s = float(self.run_speed[j])
-        el = now - float(self.seg_start[j])
-        prog_t = now - float(self.prog_start[j])
+        s = self.run_speed[j]
+        el = now - self.seg_start[j]
+        prog_t = now - self.prog_start[j]
         if prog_t < 0.0:
             prog_t = 0.0
         progress = s * prog_t
@@ -640,10 +650,10 @@ class _Engine:
         if reason == COMPLETION:
             tb.remaining_s[j] = 0.0
         else:
-            rem = float(self.rem_base[j]) - progress + lost_work
+            rem = self.rem_base[j] - progress + lost_work
             tb.remaining_s[j] = rem if rem > 0.0 else 0.0
         k = len(gpus)
-        tb.attained_gpu_s[j] = float(self.att_base[j]) + el * k
+        tb.attained_gpu_s[j] = self.att_base[j] + el * k
         self.lost_s[j] += (el - prog_t) + lost_work / s
         self.lost_work_s[j] += lost_work
         self.done_work[j] += progress
@@ -667,6 +677,7 @@ class _Engine:
             self.run_list[p] = last
             self.run_buf[p] = last
             self.run_pos[last] = p
+            self.slots[:, p] = self.slots[:, len(self.run_list)]
 
     def _finish(self, j: int, now: float) -> None:
         tb = self.table
@@ -728,9 +739,10 @@ class _Engine:
         n_run = len(self.run_list)
         if n_run:
             r = self.run_buf[:n_run]
-            tb.attained_gpu_s[r] = self.att_base[r] + (now - self.seg_start[r]) * tb.num_gpus[r]
-            done = np.maximum(now - self.prog_start[r], 0.0) * self.run_speed[r]
-            tb.remaining_s[r] = np.maximum(self.rem_base[r] - done, 0.0)
+            seg, prog, rem, att, speed, gpus = self.slots[:, :n_run]
+            tb.attained_gpu_s[r] = att + (now - seg) * gpus
+            done = np.maximum(now - prog, 0.0) * speed
+            tb.remaining_s[r] = np.maximum(rem - done, 0.0)
 
     def _apply(self, decision: Decision, now: float) -> None:
         """Check ``decision`` (:func:`~gpualloc.scheduling.rules.validate_decision`: the first rule
@@ -822,7 +834,8 @@ class _Engine:
             if self.events == events0:
                 continue  # only completions of stopped runs: nothing changed
             if self._wants_decision(tick):
-                self._refresh(now)
+                if self.refresh:
+                    self._refresh(now)
                 self.decisions += 1
                 self.next_arrival = ptr
                 decision = yield view

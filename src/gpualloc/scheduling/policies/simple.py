@@ -36,6 +36,7 @@ class FCFS:
     name = "fcfs"
     preemptive = False
     round_s: float | None = None
+    reads_running_progress = False  # the simulator may skip bringing running jobs' progress up to date
 
     def decide(self, view: ClusterView) -> Decision:
         starts: list[tuple[int, tuple[int, ...]]] = []
