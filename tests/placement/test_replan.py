@@ -277,7 +277,7 @@ def test_an_earlier_plan_is_a_candidate_when_conditions_recover():
 def test_best_of_planner_is_no_slower_than_kl_refine(dag_problem):
     p, a = dag_problem
     slow = conditioned(p, Conditions((0.3, 1.0, 1.0, 1.0), Conditions.nominal(4).link_bandwidth))
-    assert set(PLANNERS) == {"kl", "best-of"}
+    assert set(PLANNERS) == {"kl", "best-of", "hybrid"} and PLANNERS.names("hybrid") == ["hybrid"]
     chosen = best_of_planner()(slow, a)
     assert simulate(slow, chosen).step_time_s <= simulate(slow, kl_refine(slow, a, seed=0)).step_time_s
 

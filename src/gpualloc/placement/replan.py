@@ -32,6 +32,12 @@ import numpy as np
 from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.conditions import Conditions, DriftSchedule, conditioned
+from gpualloc.placement.hybrid.baselines import stage_of
+from gpualloc.placement.hybrid.drift import with_speed_scale
+from gpualloc.placement.hybrid.plan import HybridPlan, make_plan
+from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.hybrid.search import plan_hybrid
+from gpualloc.placement.hybrid.simulate import simulate_hybrid
 from gpualloc.placement.partition.kernighan_lin import kl_refine
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
@@ -42,6 +48,8 @@ __all__ = [
     "DEFAULT_PLANNER",
     "PLANNERS",
     "Decision",
+    "HybridDecision",
+    "HybridPlanner",
     "Monitor",
     "Planner",
     "Segment",
@@ -49,9 +57,14 @@ __all__ = [
     "StepCache",
     "TrainingRun",
     "best_of_planner",
+    "decide_hybrid",
+    "hybrid_migration_bytes",
+    "hybrid_migration_cost_s",
+    "hybrid_planner",
     "kl_planner",
     "migration_bytes",
     "migration_cost_s",
+    "rebalance_shares",
     "run_training",
     "should_migrate",
 ]
@@ -98,11 +111,161 @@ def best_of_planner(*, seed: int | None = 0, passes: int = 10, pipeline: str = "
 
 
 PLANNERS: Registry[Callable[..., Planner]] = Registry("planner", PlacementError)
-"""Planner factories by name (keyword options only)."""
+"""Planner factories by name (keyword options only). Those tagged ``hybrid`` re-plan hybrid plans
+(:func:`decide_hybrid`); the others op-level assignments (:func:`run_training`)."""
 PLANNERS.register("kl", kl_planner)
 PLANNERS.register("best-of", best_of_planner)
 
 DEFAULT_PLANNER: Planner = kl_planner()
+
+
+# ------------------------------------------------------------------------------------------ hybrid plans
+HybridPlanner = Callable[[HybridProblem, HybridPlan], HybridPlan]
+"""Proposes a hybrid plan for a problem (under the estimated device speeds), starting from the current one."""
+
+
+def hybrid_planner(*, seed: int | None = 0, time_limit_s: float | None = None) -> HybridPlanner:
+    """A fresh :func:`~gpualloc.placement.hybrid.search.plan_hybrid` search (stages, device groups, TP,
+    shares) for the estimated speeds. :func:`decide_hybrid` weighs it against re-balancing the current
+    plan's batch shares, which moves no weights, and adopts it only when its extra gain pays its move."""
+
+    def plan(problem: HybridProblem, current: HybridPlan) -> HybridPlan:
+        del current  # the search starts afresh; the decision prices the move from the current plan
+        return plan_hybrid(problem, seed=seed, time_limit_s=time_limit_s)[0]
+
+    return plan
+
+
+PLANNERS.register("hybrid", hybrid_planner, tags=("hybrid",))
+
+
+def rebalance_shares(problem: HybridProblem, plan: HybridPlan) -> HybridPlan:
+    """``plan`` with every stage's batch shares recomputed for ``problem``'s device speeds (the planner's
+    rule, :func:`~gpualloc.placement.hybrid.baselines.stage_of`: the replicas of a stage finish their
+    microbatches together); stages, replicas, TP groups, schedule and sync stay, so no weight moves."""
+    stages = [stage_of(problem, [r.devices for r in s.replicas], s.first, s.last, microbatches=plan.microbatches)
+              for s in plan.stages]
+    smallest = min(r.batch_share for s in stages for r in s.replicas)
+    return make_plan(stages, plan.global_batch, min(plan.microbatches, smallest), schedule=plan.schedule,
+                     sync=plan.sync, sharding=plan.sharding, n_devices=problem.k)
+
+
+def _holdings(plan: HybridPlan, k: int) -> list[tuple[int, int, int] | None]:
+    """Per device: the layers ``(first, last)`` it holds and its TP degree (None when unused)."""
+    out: list[tuple[int, int, int] | None] = [None] * k
+    for s in plan.stages:
+        for r in s.replicas:
+            for d in r.devices:
+                out[d] = (s.first, s.last, r.tp)
+    return out
+
+
+def _hybrid_moves(problem: HybridProblem, old: HybridPlan, new: HybridPlan) -> list[tuple[int, int, float]]:
+    """``(src, dst, bytes)`` per device that must receive weights to move from ``old`` to ``new``."""
+    before, after = _holdings(old, problem.k), _holdings(new, problem.k)
+    layer_state = physics.weight_state_bytes(problem.layer_param_bytes, problem.optimizer_states, gradients=False)
+    moves = []
+    for d, held in enumerate(after):
+        if held is None or held == before[d]:
+            continue
+        first, last, tp = held
+        need = np.zeros(problem.L, dtype=bool)
+        need[first:last + 1] = True
+        if before[d] is not None and before[d][2] == tp:  # same TP shard of the layers it already holds
+            need[before[d][0]:before[d][1] + 1] = False
+        if not need.any():
+            continue
+        layer = int(np.flatnonzero(need)[0])
+        # from another device: a device re-sharded to another TP degree still needs its new shard sent
+        holders = [e for e, h in enumerate(before) if e != d and h is not None and h[0] <= layer <= h[1]]
+        if not holders:
+            continue
+        src = max(holders, key=lambda e: (problem.bandwidth[e, d], -e))
+        moves.append((src, d, float(layer_state[need].sum()) / tp))
+    return moves
+
+
+def hybrid_migration_bytes(problem: HybridProblem, old: HybridPlan, new: HybridPlan) -> float:
+    """Bytes moving from hybrid plan ``old`` to ``new`` sends: weights and optimizer states of the layers a
+    device holds in ``new`` and did not hold, with the same TP degree, in ``old`` (0 for share changes)."""
+    return float(sum(b for _, _, b in _hybrid_moves(problem, old, new)))
+
+
+def hybrid_migration_cost_s(problem: HybridProblem, old: HybridPlan, new: HybridPlan, *,
+                            overhead_s: float = 0.0) -> float:
+    """Time to move from hybrid plan ``old`` to ``new`` between two steps: every receiving device gets its
+    new layers' weights and optimizer states (its TP shard of them) from the old holder with the fastest
+    link to it, all devices in parallel (as :func:`migration_cost_s` prices op-level moves), plus
+    ``overhead_s`` when anything moves. Re-balancing batch shares moves nothing and costs 0. Sharded
+    optimizer states (ZeRO-1, FSDP) are priced unsharded, an upper bound."""
+    moves = _hybrid_moves(problem, old, new)
+    if not moves:
+        return 0.0
+    src, dst, nbytes = (np.array(x) for x in zip(*moves, strict=True))
+    times = physics.transfer_time_s(nbytes.astype(np.float64), problem.latency[src, dst], problem.bandwidth[src, dst])
+    return float(times.max()) + overhead_s
+
+
+@dataclass(frozen=True)
+class HybridDecision:
+    """One re-planning decision for a hybrid plan.
+
+    Attributes:
+        plan: the plan to run from now on (the current one when nothing was adopted).
+        source: ``"rebalance"`` (new batch shares only), ``"planner"`` (new stages) or ``"none"``.
+        current_step_s: the current plan's step under the estimated speeds.
+        new_step_s: the chosen candidate's step (inf when there was none).
+        migration_s: its predicted migration time.
+        moved_bytes: the bytes it sends.
+        adopted: whether to migrate.
+    """
+
+    plan: HybridPlan
+    source: str
+    current_step_s: float
+    new_step_s: float
+    migration_s: float
+    moved_bytes: float
+    adopted: bool
+
+
+def decide_hybrid(problem: HybridProblem, plan: HybridPlan, speed: np.ndarray | tuple[float, ...],
+                  remaining_iterations: int, *, planner: HybridPlanner | None = None, margin: float = 0.0,
+                  horizon_iterations: int | None = None, overhead_s: float = 0.0) -> HybridDecision:
+    """Re-plan a hybrid plan after devices changed speed (``speed``: one factor per device, e.g. the
+    monitor's ``estimate.device_speed``; link and batch drift are not modelled for hybrid plans yet).
+
+    Candidates, in order of preference: the plan with its batch shares re-balanced for the new speeds
+    (:func:`rebalance_shares`: no weight moves, so no migration cost), then the ``planner``'s proposal
+    (default :func:`hybrid_planner`: new stages, priced by :func:`hybrid_migration_cost_s`). The one with
+    the largest net gain over the counted iterations wins, re-balancing on a tie, and is adopted only if
+    :func:`should_migrate` (the rule of the op-level planners). A candidate over a memory cap is never
+    chosen while the current plan fits.
+    """
+    p = with_speed_scale(problem, speed)
+    cur = simulate_hybrid(p, plan)
+    candidates = [("rebalance", rebalance_shares(p, plan))]
+    try:
+        candidates.append(("planner", (planner or hybrid_planner())(p, plan)))
+    except PlacementError:  # no plan fits under the estimated speeds
+        pass
+    best: tuple[float, str, HybridPlan, float, float] | None = None
+    for source, cand in candidates:
+        r = simulate_hybrid(p, cand)
+        if not r.feasible and cur.feasible:
+            continue
+        mig = hybrid_migration_cost_s(p, plan, cand, overhead_s=overhead_s)
+        net = (cur.step_time_s - r.step_time_s) * _counted(remaining_iterations, horizon_iterations) \
+            - mig * (1.0 + margin)
+        if best is None or net > best[0]:
+            best = (net, source, cand, r.step_time_s, mig)
+    if best is None:
+        return HybridDecision(plan, "none", cur.step_time_s, float("inf"), 0.0, 0.0, False)
+    _, source, cand, step, mig = best
+    adopt = should_migrate(cur.step_time_s, step, remaining_iterations, mig, margin=margin,
+                           horizon_iterations=horizon_iterations)
+    return HybridDecision(cand if adopt else plan, source, cur.step_time_s, step, mig,
+                          hybrid_migration_bytes(p, plan, cand), adopt)
 
 
 # ------------------------------------------------------------------------------------------ decision rule
