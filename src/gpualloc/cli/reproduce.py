@@ -33,7 +33,7 @@ def placement_cmd(
     from dataclasses import replace
 
     from gpualloc.experiments.placement_table import TableSpec, run_table, total_runs
-    from gpualloc.reports.tables import placement_markdown, plot_bars
+    from gpualloc.reports.tables import placement_hybrid_markdown, placement_markdown, plot_bars
     from gpualloc.rl.placer import load_placer
 
     spec = TableSpec.quick() if quick else TableSpec()
@@ -49,7 +49,7 @@ def placement_cmd(
         (f" --seeds {seeds}" if seeds else "") + (f" --iterations {iterations}" if iterations else "")
     result["command"] = command
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    table = placement_markdown(result["rows"])
+    table = placement_markdown(result["rows"]) + "\n" + placement_hybrid_markdown(result["hybrid_rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
     plot_bars(result["rows"], ("model", "cluster"), "method", "training_time_s", out / "training_time.png",
               ylabel="training time (s)",

@@ -6,6 +6,12 @@ over ``iterations`` training steps for every method. The heuristics' plans are s
 nominal conditions, never changed); ``best+replan`` starts from the best heuristic and re-plans on
 drift with KL and fresh heuristics; ``dqn`` starts from the agent's plan and re-plans on drift with the
 agent (:func:`gpualloc.rl.placer.dqn_planner`). Rows are means and standard deviations over seeds.
+
+Beside them, ``hybrid_rows``: one training step of the same model, cluster and batch under the hybrid
+planner (data x pipeline x tensor parallel, :func:`gpualloc.placement.hybrid.search.plan_hybrid`) and
+the DDP baselines (equal shares, and shares proportional to speed), with the best op-level plan as the
+reference: step time, samples per second, the ratio to each family's lower bound, and utilisation
+(device-busy seconds over devices x step, as in the drift rows).
 """
 
 from __future__ import annotations
@@ -20,13 +26,16 @@ import numpy as np
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import random_schedule
+from gpualloc.placement.hybrid.search import place_hybrid
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import best_of_planner, run_training
-from gpualloc.placement.run import gain, place
+from gpualloc.placement.run import gain, hybrid_problem, place, score
 from gpualloc.rl.dqn import DQNAgent
 from gpualloc.rl.placer import dqn_planner, load_placer, place_dqn
 
 METHODS = ("static", "round-robin", "metis", "kl", "best", "best+replan", "dqn")
+HYBRID_METHODS = ("hybrid", "ddp", "ddp-speed")
+"""The hybrid plans the table shows (the planner and the two DDP baselines)."""
 METRICS = ("training_time_s", "utilization", "mfu", "comm_overhead", "energy_j", "avg_power_w", "replans",
            "migration_time_s")
 
@@ -52,11 +61,15 @@ def run_table(spec: TableSpec, agent: DQNAgent | None = None,
     start = time.perf_counter()
     agent = agent or load_placer()
     raw: dict[tuple[str, str, str], list[dict[str, float]]] = {}
+    hybrid_rows: list[dict[str, Any]] = []
     for model, batch in spec.models:
         graph = capture(model, batch=batch)
         for cluster in spec.clusters:
             problem = PlacementProblem(graph, load_cluster(cluster), microbatches=spec.microbatches)
-            plans = {m: place(problem, m).assignment for m in ("static", "round-robin", "metis", "kl", "best")}
+            # the drift runs simulate 1F1B, so the static plans are chosen under it too
+            plans = {m: place(problem, m, schedule="1f1b").assignment
+                     for m in ("static", "round-robin", "metis", "kl", "best")}
+            hybrid_rows += _hybrid_rows(model, cluster, problem, plans["best"])
             plans["best+replan"] = plans["best"]
             plans["dqn"] = place_dqn(problem, agent).assignment
             planners = {"best+replan": best_of_planner(), "dqn": dqn_planner(agent)}
@@ -73,11 +86,37 @@ def run_table(spec: TableSpec, agent: DQNAgent | None = None,
     _gains(rows)
     return {"spec": {"models": [m for m, _ in spec.models], "clusters": list(spec.clusters), "seeds": spec.seeds,
                      "iterations": spec.iterations, "microbatches": spec.microbatches},
-            "rows": rows, "wall_s": time.perf_counter() - start}
+            "rows": rows, "hybrid_rows": hybrid_rows, "wall_s": time.perf_counter() - start}
 
 
 def total_runs(spec: TableSpec) -> int:
     return len(spec.models) * len(spec.clusters) * spec.seeds * len(METHODS)
+
+
+def _hybrid_rows(model: str, cluster: str, problem: PlacementProblem, best: np.ndarray) -> list[dict[str, Any]]:
+    """One step of every hybrid method and of the best op-level plan (the reference), one row each."""
+    k = problem.k
+    hp = hybrid_problem(problem)
+    rows = []
+    for method in HYBRID_METHODS:
+        o = place_hybrid(hp, method)
+        r = o.result
+        rows.append({"method": method, "plan": o.plan.describe(), "step_time_s": r.step_time_s,
+                     "samples_per_s": r.samples_per_s, "lower_bound_s": o.lower_bound_s,
+                     "ratio_to_bound": o.ratio_to_bound, "busy_s": float(np.sum(r.busy_s)), "feasible": r.feasible})
+    o = score(problem, "best", best)
+    r = o.result
+    rows.append({"method": "best (op-level)", "plan": f"{problem.microbatches} microbatches, 1f1b",
+                 "step_time_s": r.step_time_s, "samples_per_s": r.throughput_samples_per_s,
+                 "lower_bound_s": o.lower_bound_s, "ratio_to_bound": o.ratio_to_bound,
+                 "busy_s": float(np.sum(r.busy_s)), "feasible": r.feasible})
+    ddp = rows[HYBRID_METHODS.index("ddp")]["step_time_s"]
+    for row in rows:
+        step = row["step_time_s"]
+        row.update(model=model, cluster=cluster, global_batch=hp.global_batch,
+                   utilization=row.pop("busy_s") / (k * step) if step > 0 else 0.0,
+                   speedup_vs_ddp=ddp / step if step > 0 else float("nan"))
+    return rows
 
 
 def _row(model: str, cluster: str, method: str, runs: Sequence[dict[str, float]]) -> dict[str, Any]:

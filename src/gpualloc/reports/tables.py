@@ -29,6 +29,20 @@ def placement_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def placement_hybrid_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """One Markdown table of single steps: a row per (model, cluster, hybrid method or op-level reference)."""
+    head = ("| model | cluster | batch | method | plan | step (ms) | samples/s | × bound | vs ddp | utilisation | "
+            "fits |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['cluster']} | {r['global_batch']} | {r['method']} | {r['plan']} | "
+            f"{_pm(r, 'step_time_s', '.2f', 1e3)} | {_pm(r, 'samples_per_s', ',.0f')} | "
+            f"{_pm(r, 'ratio_to_bound', '.2f')} | {_pm(r, 'speedup_vs_ddp', '.2f')}× | "
+            f"{_pm(r, 'utilization', '.1%')} | {'yes' if r['feasible'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
 def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str, *,
                 ylabel: str, title: str, scale: float = 1.0):
     """Grouped bar chart as a Figure: one group per distinct ``group_keys`` tuple, one bar per
