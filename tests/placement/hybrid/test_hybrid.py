@@ -229,6 +229,42 @@ def test_bound_is_below_every_simulated_step(case):
     assert 0 <= r.utilisation <= 1 + 1e-9
 
 
+@st.composite
+def profiled_cases(draw):
+    """Random measured tables (not monotone in the microbatch size) on one or two GPU types."""
+    L = draw(st.integers(1, 4))
+    types = draw(st.sampled_from([("A100-40GB",), ("A100-40GB", "T4")]))
+    times = st.lists(st.lists(st.floats(1e-4, 0.1), min_size=2, max_size=2), min_size=L, max_size=L)
+    mbs = sorted(draw(st.sets(st.integers(1, 16), min_size=1, max_size=3)))
+    prof = {"gpu": {t: {str(mb): {str(tp): draw(times) for tp in (1, 2)} for mb in mbs} for t in types},
+            "opt_step_s": {t: draw(st.floats(0, 0.01)) for t in types}, "seq_len": 8, "source": "test"}
+    base = chain(L, params=draw(st.floats(0, 1e8)), act=draw(st.floats(0, 1e8)), batch=1)
+    g = OpGraph("prof", base.nodes, base.edges, batch_size=1, meta={"profile": prof})
+    c = load_cluster("2xA100" if len(types) == 1 else "2xA100+2xT4")
+    G = draw(st.integers(2, 64))
+    p = HybridProblem(g, c, G)
+    devs = list(draw(st.permutations(range(len(c)))))
+    S = draw(st.integers(1, min(L, 2)))
+    groups = np.array_split(np.array(devs), S)
+    stages, first = [], 0
+    for s, group in enumerate(groups):
+        last = first + (L - first) // (S - s) - 1 if s < S - 1 else L - 1
+        tp = draw(st.sampled_from([t for t in (1, 2) if len(group) % t == 0]))
+        reps = [tuple(int(d) for d in group[i:i + tp]) for i in range(0, len(group), tp)][:G]
+        shares = largest_remainder(G, [1.0] * len(reps))
+        stages.append(Stage(first, last, tuple(Replica(r, b) for r, b in zip(reps, shares, strict=True))))
+        first = last + 1
+    return p, make_plan(stages, G, draw(st.integers(1, min(G, 8))), n_devices=len(c),
+                        schedule=draw(st.sampled_from(["1f1b", "gpipe"])))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profiled_cases())
+def test_bound_is_below_every_simulated_step_on_profiles(case):
+    p, plan = case
+    assert lower_bound_hybrid(p) <= simulate_hybrid(p, plan).step_time_s * (1 + 1e-9)
+
+
 def test_bound_below_planner_and_baselines():
     g = chain(6, batch=32)
     p = HybridProblem(g, load_cluster("2xA100+2xV100"), 32)

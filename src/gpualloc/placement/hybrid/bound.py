@@ -13,7 +13,8 @@ microbatches, schedule, sync and sharding):
   Some device runs each layer at least once, paying its launch overheads ``f[t, l]``: another
   ``sum_l min_j y_j f[t_j, l]``.
 * **critical path**: some sample goes forward through every layer and back, each layer taking at least
-  its one-sample time under some TP degree plus that degree's all-reduces on the cluster's fastest link.
+  its least time for one sample or more under some TP degree, plus that degree's all-reduces on the
+  cluster's fastest link.
 
 Gradient synchronisation and pipeline bubbles are avoidable separately (one replica per stage has no
 all-reduce, one stage has no bubble), so neither adds a term of its own; both show in ``x bound``.
@@ -44,6 +45,14 @@ def _tp_range(problem: HybridProblem) -> tuple[int, ...]:
     return problem.tp_degrees if problem.profile is not None else tuple(range(1, problem.k + 1))
 
 
+def _smallest_time_sizes(problem: HybridProblem, type_index: int, tp: int) -> list[int]:
+    """Microbatch sizes among which a layer's time is least: 1 for op graphs (time grows with the size);
+    for profiles 1 and every measured size (piecewise linear, and measurements need not grow)."""
+    if problem.profile is None:
+        return [1]
+    return [1, *problem.profile["gpu"][problem.type_names[type_index]]["table"][tp]]
+
+
 def hybrid_bound(problem: HybridProblem) -> HybridBound:
     """Both terms of the bound (see the module docstring)."""
     G = problem.global_batch
@@ -65,8 +74,9 @@ def hybrid_bound(problem: HybridProblem) -> HybridBound:
     for tp in _tp_range(problem):
         comm = 2 * physics.tp_layer_comm_s(problem.layer_act_out_bytes, tp, lat, bw, problem.tp_allreduces)
         for ti in range(len(problem.type_names)):
-            f, b = problem.layer_times_s(ti, 1, tp)
-            one = np.minimum(one, f + b + comm)
+            for mb in _smallest_time_sizes(problem, ti, tp):
+                f, b = problem.layer_times_s(ti, mb, tp)
+                one = np.minimum(one, f + b + comm)
     crit = float(one.sum())
     binding = "balanced_work" if balanced >= crit else "critical_path"
     return HybridBound(max(balanced, crit), binding, balanced, crit)
