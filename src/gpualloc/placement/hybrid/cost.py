@@ -72,9 +72,15 @@ class PlanCosts:
 
 
 def _splits(plan: HybridPlan, stage) -> np.ndarray:
-    """Samples of each replica in each microbatch, ``(R, M)``."""
-    return np.array([[replica_microbatch(plan, r, k) for k in range(plan.microbatches)] for r in stage.replicas],
-                    dtype=np.int64)
+    """Samples of each replica in each microbatch, ``(R, M)``: :func:`replica_microbatch` takes one size for
+    the first microbatches and one less for the rest, so two calls give the whole row."""
+    M = plan.microbatches
+    out = np.empty((len(stage.replicas), M), dtype=np.int64)
+    for i, r in enumerate(stage.replicas):
+        first, last = replica_microbatch(plan, r, 0), replica_microbatch(plan, r, M - 1)
+        out[i] = last
+        out[i, : r.batch_share - last * M] = first
+    return out
 
 
 def nic_shares(problem: HybridProblem, plan: HybridPlan) -> np.ndarray:
@@ -188,14 +194,14 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
         for r, rep in enumerate(stage.replicas):
             share = _group_share(problem, shares, rep.devices) if rep.tp > 1 else 1.0
             kind = problem.replica_kind(rep.devices)
-            for k in range(M):
-                m = int(splits[si][r, k])
+            for m in np.unique(splits[si][r]).tolist():  # a share spreads as two sizes at most
                 key = ("replica", stage.first, stage.last, kind, share, m)
                 hit = problem.memo.get(key)
                 if hit is None:
                     hit = problem.memo[key] = replica_time_s(problem, stage, rep, m, share)
                 f, b, c = hit
-                fwd[r, k], bwd[r, k], comp[r, k], tpc[r, k] = f + c, b + c, f + b, 2 * c
+                at = splits[si][r] == m
+                fwd[r, at], bwd[r, at], comp[r, at], tpc[r, at] = f + c, b + c, f + b, 2 * c
         recv, feeds = (None, None) if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1],
                                                         splits[si], shares)
         sync, buckets = _sync(problem, plan, stage, shares)

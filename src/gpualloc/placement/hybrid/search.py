@@ -10,7 +10,8 @@
    O(1)); ranges whose weights and optimizer states do not fit the stage's smallest GPU are excluded
    (as in PipeDream's planner, Narayanan et al., SOSP 2019, extended to heterogeneous replicas).
 4. **Shares** in proportion to each replica's speed on its stage's layers (largest remainder), and
-   **microbatches** from ``S`` to ``4 S``; ZeRO-1 and FSDP when nothing else fits.
+   **microbatches** from ``S`` to ``4 S`` (4x more while nothing fits memory, down to one sample a
+   replica); ZeRO-1 and FSDP when nothing else fits.
 5. The closed form (:func:`~gpualloc.placement.hybrid.cost.estimate_step_s`) ranks the candidates; the
    best few, the baselines (DDP, speed-proportional DDP, Metis-style) among them, are simulated with both
    schedules and both all-reduce algorithms, and the simulator picks the plan.
@@ -120,17 +121,31 @@ def _candidates(problem: HybridProblem, deadline: float) -> Iterator[tuple[Hybri
             reps = max(len(g) for g in groups)
             if G < reps:  # fewer samples than replicas: keep only the layouts every replica gets one of
                 continue
-            m_options = sorted({1, 2} if S == 1 else {S, 2 * S, 4 * S})
-            for m in m_options:
-                mb_hint = max(1, G // (m * reps))
-                ranges = split_layers(problem, groups, mb_hint)
-                if ranges is None:
-                    continue
-                stages = [stage_of(problem, g, a, b, microbatches=m) for g, (a, b) in zip(groups, ranges, strict=True)]
-                smallest = min(r.batch_share for s in stages for r in s.replicas)
-                yield from _variants(problem, stages, min(m, smallest))
+            yield from _with_microbatches(problem, groups, [1, 2] if S == 1 else [S, 2 * S, 4 * S])
             if time.perf_counter() > deadline:
                 return
+
+
+def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Iterator[tuple[HybridPlan, PlanCosts]]:
+    """Plans of one layout and TP degree for each microbatch count; while none fits memory, 4x more
+    microbatches (smaller ones keep fewer activations in flight), down to one sample a replica."""
+    G, reps = problem.global_batch, max(len(g) for g in groups)
+    counts = list(counts)
+    i = 0
+    while i < len(counts):
+        m = counts[i]
+        i += 1
+        ranges = split_layers(problem, groups, max(1, G // (m * reps)))
+        if ranges is None:
+            continue
+        stages = [stage_of(problem, g, a, b, microbatches=m) for g, (a, b) in zip(groups, ranges, strict=True)]
+        smallest = min(r.batch_share for s in stages for r in s.replicas)
+        fits = False
+        for plan, costs in _variants(problem, stages, min(m, smallest)):
+            fits = fits or bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+            yield plan, costs
+        if i == len(counts) and not fits and m < smallest:
+            counts.append(min(4 * m, smallest))
 
 
 def _variants(problem: HybridProblem, stages: list[Stage], m: int) -> Iterator[tuple[HybridPlan, PlanCosts]]:
