@@ -189,3 +189,43 @@ def test_job_submit_plugin_applies_advice_and_falls_back_when_the_service_is_sil
         assert fake_slurm.job(fallback).gres == "gres:gpu:2"
     finally:
         conf.unlink()
+
+
+def test_a_job_slurm_cancels_behind_the_services_back_is_requeued_and_rerun(fake_slurm, tmp_path):
+    svc = LocalService(tmp_path, backend="slurm", cluster="slurm:")
+    try:
+        job = svc.submit(name="victim", command=["sleep", "120"], device_type="T4")
+        wait_state(svc.client, job["id"], {"running"}, 30)
+        first = slurm_job_id(svc.runs_dir, job["id"], 1)
+        assert _run("scancel", first).returncode == 0  # an administrator, not the service
+        again = wait_for(lambda: (j := svc.client.get(f"/jobs/{job['id']}").json())["attempts"] == 2
+                         and j["state"] == "running" and j, 60, what="the job re-run")
+        assert again["requeues"] == 1
+        second = slurm_job_id(svc.runs_dir, job["id"], 2)
+        assert second != first and fake_slurm.job(first).state == "CANCELLED"
+        svc.client.post(f"/jobs/{job['id']}/cancel")
+        wait_state(svc.client, job["id"], {"cancelled"}, 30)
+    finally:
+        svc.close()
+
+
+def test_launch_after_a_crash_between_sbatch_and_its_record_submits_nothing_twice(fake_slurm, tmp_path):
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.service.backends import RunRef, RunRequest, RunStatus
+
+    backend = SlurmBackend(tmp_path / "runs", "crash", load_cluster("slurm:"))
+    req = RunRequest(job_id=1, attempt=1, name="x", target={"argv": ["sleep", "30"]}, device_type="T4",
+                     vendor="nvidia", resource="gpu_T4", gpus=(4,), groups=((0, (0,)),))
+    handle = backend.launch(req)
+    run_dir = backend.run_dir(handle)
+    sid = backend.slurm_job_id(handle)
+    (run_dir / "slurm_job.json").unlink()  # as if the service died right after sbatch returned
+    fresh = SlurmBackend(tmp_path / "runs", "crash", load_cluster("slurm:"))
+    assert fresh.launch(req) == handle
+    assert [j.job_id for j in fake_slurm.jobs() if j.name == handle] == [sid]  # not submitted again
+    ref = RunRef(1, 1, handle)
+    assert fresh.poll([ref])[ref.key].status is RunStatus.RUNNING  # found by its name
+    fresh.stop(ref)
+    state = fresh.poll([ref])[ref.key]
+    assert state.status in (RunStatus.GONE, RunStatus.EXITED) and fake_slurm.job(sid).state == "CANCELLED"
+    assert fresh.cleanup([]) == []
