@@ -601,8 +601,12 @@ class _Workers:
             proc.start()
             self._procs.append(proc)
         ready = 0
-        while ready < len(self.specs):
-            ready += self._next()[0] == "ready"
+        try:
+            while ready < len(self.specs):
+                ready += self._next()[0] == "ready"
+        except BaseException:
+            self.__exit__()  # the others would wait for the failed one in the gloo rendezvous
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
