@@ -84,57 +84,78 @@ def worker_order(schedule: str, stage: int, stages: int, microbatches: int) -> l
     return order + [(1, k) for k in range(M - warm, M)]
 
 
+def _feeders(costs: PlanCosts, S: int, M: int, sizes: list[int]):
+    """Per stage, replica and microbatch: the ``(replica, transfer time)`` pairs of the previous stage whose
+    forwards it waits for (``fwd``) and of the next stage whose backwards it waits for (``bwd``)."""
+    fwd = [[[[] for _ in range(M)] for _ in range(sizes[s])] for s in range(S)]
+    bwd = [[[[] for _ in range(M)] for _ in range(sizes[s])] for s in range(S)]
+    for s in range(1, S):
+        sc = costs.stages[s]
+        ks, src, dst = np.nonzero(sc.feeds)
+        delay = sc.recv_fwd_s[ks, src, dst]
+        for k, i, j, t in zip(ks.tolist(), src.tolist(), dst.tolist(), delay.tolist(), strict=True):
+            fwd[s][j][k].append((i, t))
+            bwd[s - 1][i][k].append((j, t))  # gradients go back on the same pairs
+    return fwd, bwd
+
+
 def _run_pipeline(plan: HybridPlan, costs: PlanCosts) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """End times of every forward and backward, per stage ``(R, M)`` arrays."""
+    """End times of every forward and backward, per stage ``(R, M)`` arrays.
+
+    Each worker runs its ops in order as far as their inputs are done, sweep after sweep; Python lists,
+    not numpy, because each step touches a handful of scalars.
+    """
     S, M = plan.pipeline_depth, plan.microbatches
-    f_end = [np.full((len(s.replicas), M), np.nan) for s in plan.stages]
-    b_end = [np.full((len(s.replicas), M), np.nan) for s in plan.stages]
+    sizes = [len(s.replicas) for s in plan.stages]
+    feed_f, feed_b = _feeders(costs, S, M, sizes)
+    dur = [(sc.fwd_s.tolist(), sc.bwd_s.tolist()) for sc in costs.stages]
+    ends = [([[None] * M for _ in range(n)], [[None] * M for _ in range(n)]) for n in sizes]
     orders = [worker_order(plan.schedule, s, S, M) for s in range(S)]
-    pos = [np.zeros(len(s.replicas), dtype=np.int64) for s in plan.stages]
-    free = [np.zeros(len(s.replicas)) for s in plan.stages]
-    remaining = sum(2 * M * len(s.replicas) for s in plan.stages)
+    pos = [[0] * n for n in sizes]
+    free = [[0.0] * n for n in sizes]
+    remaining = 2 * M * sum(sizes)
     while remaining:
         progressed = 0
         for s in range(S):
-            sc = costs.stages[s]
-            for r in range(len(plan.stages[s].replicas)):
-                while pos[s][r] < 2 * M:
-                    d, k = orders[s][pos[s][r]]
-                    ready = _ready(costs, f_end, b_end, s, r, d, k, S)
+            for r in range(sizes[s]):
+                p, t = pos[s][r], free[s][r]
+                while p < 2 * M:
+                    d, k = orders[s][p]
+                    ready = _ready(ends, feed_f, feed_b, s, r, d, k)
                     if ready is None:
                         break
-                    start = max(free[s][r], ready)
-                    free[s][r] = start + (sc.fwd_s[r, k] if d == 0 else sc.bwd_s[r, k])
-                    (f_end if d == 0 else b_end)[s][r, k] = free[s][r]
-                    pos[s][r] += 1
-                    progressed += 1
+                    t = max(t, ready) + dur[s][d][r][k]
+                    ends[s][d][r][k] = t
+                    p += 1
+                progressed += p - pos[s][r]
+                pos[s][r], free[s][r] = p, t
         if not progressed:  # cannot happen for the orders above; a guard against a hang
             raise PlacementError("hybrid simulation deadlocked (a schedule whose workers wait on each other)")
         remaining -= progressed
-    return f_end, b_end
+    return ([np.array(e[0], dtype=np.float64) for e in ends], [np.array(e[1], dtype=np.float64) for e in ends])
 
 
-def _ready(costs: PlanCosts, f_end, b_end, s: int, r: int, d: int, k: int, S: int) -> float | None:
+def _ready(ends, feed_f, feed_b, s: int, r: int, d: int, k: int) -> float | None:
     """When the inputs of worker ``(s, r)``'s op ``(d, k)`` are there; ``None`` while some are not done."""
     if d == 0:
         if s == 0:
             return 0.0
-        recv = costs.stages[s].recv_fwd_s[k][:, r]
-        need = costs.stages[s].feeds[k][:, r]
-        src = f_end[s - 1][:, k]
+        done, feeders = ends[s - 1][0], feed_f[s][r][k]
+        arrive = 0.0
     else:
-        own = f_end[s][r, k]
-        if np.isnan(own):
+        own = ends[s][0][r][k]
+        if own is None:
             return None
-        if s == S - 1:
-            return float(own)
-        recv = costs.stages[s + 1].recv_fwd_s[k][r, :]  # gradients go back on the same pairs
-        need = costs.stages[s + 1].feeds[k][r, :]
-        src = b_end[s + 1][:, k]
-    if np.isnan(src[need]).any():
-        return None
-    arrive = float((src[need] + recv[need]).max()) if need.any() else 0.0
-    return max(arrive, float(f_end[s][r, k])) if d == 1 else arrive
+        if s == len(ends) - 1:
+            return own
+        done, feeders = ends[s + 1][1], feed_b[s][r][k]
+        arrive = own
+    for i, delay in feeders:
+        t = done[i][k]
+        if t is None:
+            return None
+        arrive = max(arrive, t + delay)
+    return arrive
 
 
 def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> HybridResult:
