@@ -1,6 +1,6 @@
 """A lower bound on the step time of every hybrid plan of a problem.
 
-Two terms, each valid for every plan the simulator runs (any stages, replicas, TP degrees, shares,
+Three terms, each valid for every plan the simulator runs (any stages, replicas, TP degrees, shares,
 microbatches, schedule, sync and sharding):
 
 * **balanced work** (with the optimizer step): every sample goes forward and backward through every
@@ -15,6 +15,16 @@ microbatches, schedule, sync and sharding):
 * **critical path**: some sample goes forward through every layer and back, each layer taking at least
   its least time for one sample or more under some TP degree, plus that degree's all-reduces on the
   cluster's fastest link.
+
+* **stage work**: a device of a stage on layers ``a..b`` cannot start before one sample has gone forward
+  through layers ``0..a-1`` and the step cannot end before the gradient of its last backward has gone
+  back through them (``H(a)``: the critical path's per-layer times); in between, the stage's ``n``
+  devices each pay every layer's launch overheads ``F(a, b)`` at least once and share the work
+  ``W(a, b)`` of all samples (cheapest device type, optimizer update included), so the busiest works at
+  least ``F + W / n``. The plan's stages and device counts are unknown: the term is the least over all
+  of them of the slowest stage (a dynamic program over layers and device counts, clusters up to
+  :data:`STAGE_TERM_MAX_DEVICES` devices). It is what makes the bound see that every GPU of a data-parallel
+  stage pays every launch, and that a pipeline that avoids this pays the fill instead.
 
 Gradient synchronisation and pipeline bubbles are avoidable separately (one replica per stage has no
 all-reduce, one stage has no bubble), so neither adds a term of its own; both show in ``x bound``.
@@ -38,6 +48,7 @@ class HybridBound:
     binding: str
     balanced_work_s: float
     critical_path_s: float
+    stage_work_s: float = 0.0
 
 
 def _tp_range(problem: HybridProblem) -> tuple[int, ...]:
@@ -78,8 +89,36 @@ def hybrid_bound(problem: HybridProblem) -> HybridBound:
                 f, b = problem.layer_times_s(ti, mb, tp)
                 one = np.minimum(one, f + b + comm)
     crit = float(one.sum())
-    binding = "balanced_work" if balanced >= crit else "critical_path"
-    return HybridBound(max(balanced, crit), binding, balanced, crit)
+    staged = _stage_term(problem, one, work_tl.min(axis=0) + np.maximum(opt_tl, 0.0).min(axis=0),
+                         problem.min_layer_fixed_s().min(axis=0))
+    terms = {"balanced_work": balanced, "critical_path": crit, "stage_work": staged}
+    binding = max(terms, key=terms.__getitem__)
+    return HybridBound(terms[binding], binding, balanced, crit, staged)
+
+
+STAGE_TERM_MAX_DEVICES = 32
+"""Largest cluster the stage-work term is computed for (its dynamic program grows with devices squared)."""
+
+
+def _stage_term(problem: HybridProblem, one: np.ndarray, work: np.ndarray, fixed: np.ndarray) -> float:
+    """Least over every split of the layers into stages and of the devices among them of the slowest stage's
+    ``H(a) + F(a, b) + W(a, b) / n`` (see the module docstring), by dynamic programming over layers and
+    device counts; 0 above :data:`STAGE_TERM_MAX_DEVICES` devices."""
+    k, L = problem.k, problem.L
+    if k > STAGE_TERM_MAX_DEVICES:
+        return 0.0
+    head = np.r_[0.0, np.cumsum(one)]
+    Fp, Wp = np.r_[0.0, np.cumsum(fixed)], np.r_[0.0, np.cumsum(work)]
+    m = np.arange(1, k + 1)
+    n = np.arange(k + 1)
+    idx = n[None, :] - m[:, None]  # [m - 1, n]: devices left for the earlier stages
+    best = np.zeros((1, k + 1))  # best[a, n]: layers 0..a-1 on at most n devices
+    for end in range(1, L + 1):
+        a = np.arange(end)
+        cost = (head[a] + Fp[end] - Fp[a])[:, None] + (Wp[end] - Wp[a])[:, None] / m[None, :]
+        prev = np.where(idx[None] >= 0, best[:, np.clip(idx, 0, k)], np.inf)  # [a, m - 1, n]
+        best = np.vstack([best, np.maximum(prev, cost[:, :, None]).min(axis=(0, 1))])
+    return float(best[L, k])
 
 
 def lower_bound_hybrid(problem: HybridProblem) -> float:
