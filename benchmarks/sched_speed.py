@@ -1,11 +1,23 @@
-"""Speed of :func:`gpualloc.scheduling.simulator.simulate`: the whole Philly trace on 1,024 GPUs.
+"""Speed of :func:`gpualloc.scheduling.simulator.simulate`: jobs simulated per second for each policy,
+and the ratio to the previous release.
 
-Replays the 82,247 jobs of ``shared/data/philly/philly.csv`` on ``1024xV100`` (128 nodes of 8 V100)
-under FCFS and, when its module is present, Tiresias. Every Philly duration is V100 time, so the
-speed matrix is all ones. Writes ``benchmarks/results/sched_speed.json`` and prints a table with
-the wall time, jobs simulated per second and the process's peak RSS after each run.
+Workloads:
 
-Run: ``python benchmarks/sched_speed.py [--jobs N] [--policies fcfs,tiresias,...] [--profile]``
+* ``philly``: the 82,247 jobs of ``shared/data/philly/philly.csv`` on ``1024xV100`` (128 nodes of 8
+  V100). Every Philly duration is V100 time, so the speed matrix is all ones.
+* ``msr``: Gavel's msr trace ``ed69ec`` (951 jobs, ``shared/data/gavel/msr-seed0``) on
+  ``12xV100+12xP100+12xK80`` with the measured speed matrix; Gavel runs here with its 360 s rounds.
+
+Each (workload, policy) runs ``--repeat`` times; the table shows the median wall and CPU seconds
+(the machine may be shared: CPU time is the steadier figure) and jobs per second of wall time. With
+``--save-prev`` the figures go to ``benchmarks/results/sched_speed_prev.json`` with the commit of the
+``gpualloc`` that ran (run it against the previous release: ``git worktree add /tmp/prev COMMIT``,
+then ``PYTHONPATH=/tmp/prev/src python benchmarks/sched_speed.py --save-prev``). Otherwise they go to
+``benchmarks/results/sched_speed.json`` beside the saved previous figures, with the speed-up ratio
+(previous seconds / these seconds) and whether the average JCT is the same.
+
+Run: ``python benchmarks/sched_speed.py [--runs philly:fcfs,msr:gavel,...] [--repeat 3] [--jobs N]
+[--save-prev] [--profile]``
 """
 
 from __future__ import annotations
@@ -16,39 +28,35 @@ import json
 import platform
 import pstats
 import resource
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+import gpualloc
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.policies import make_policy
-from gpualloc.scheduling.simulator import simulate
-from gpualloc.workload.jobs import Job, JobType, Trace
+from gpualloc.scheduling.simulator import prepare, simulate
+from gpualloc.workload.traces import read_trace
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results" / "sched_speed.json"
-PHILLY = ROOT.parent.parent / "shared" / "data" / "philly" / "philly.csv"
-CLUSTER = "1024xV100"
-TARGET_S = {"fcfs": 10.0, "tiresias": 30.0}
-
-
-def read_philly(path: Path) -> Trace:
-    """The trace through :mod:`gpualloc.workload.traces`, or a minimal pandas parse without it."""
-    try:
-        from gpualloc.workload.traces import read_trace
-    except ImportError:
-        import pandas as pd
-
-        df = pd.read_csv(path)
-        stamp = pd.to_datetime(df["timestamp"]).to_numpy(dtype="datetime64[s]").astype(np.int64)
-        arrival = (stamp - stamp.min()).astype(float)
-        return Trace.of((Job(str(i), float(a), JobType.ML_TRAINING, float(d), int(g)) for i, (a, d, g)
-                         in enumerate(zip(arrival, df["duration"], df["num_gpus"], strict=True))),
-                        source=str(path), format="philly")
-    return read_trace(path, "philly")
+PREV = ROOT / "results" / "sched_speed_prev.json"
+DATA = ROOT.parent.parent / "shared" / "data"
+WORKLOADS = {
+    "philly": (DATA / "philly" / "philly.csv", "philly", "1024xV100"),
+    "msr": (DATA / "gavel" / "msr-seed0" / "ed69ec.trace", "gavel", "12xV100+12xP100+12xK80"),
+}
+DEFAULT_RUNS = ("philly:fcfs,philly:easy-backfill,msr:fcfs,msr:static-affinity,msr:sjf,msr:srtf,msr:easy-backfill,"
+                "msr:tiresias,msr:gavel")
+"""Every heuristic on the msr trace, and the issue's FCFS run (with EASY backfilling) on all of Philly;
+``--runs philly:sjf,philly:srtf,philly:tiresias,...`` adds the others there (minutes on a shared
+2-core machine)."""
+TARGET_S = {"philly:fcfs": 3.0, "msr:gavel": 1.0}  # issue 18's targets
 
 
 def peak_rss_mib() -> float:
@@ -56,59 +64,104 @@ def peak_rss_mib() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
+def source_commit() -> str:
+    """The git commit of the ``gpualloc`` package that is running (``unknown`` outside a checkout)."""
+    here = Path(gpualloc.__file__).resolve().parent
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def load_workload(name: str, jobs: int):
+    """``(prepared workload, cluster)``; the trace is read once per workload."""
+    path, fmt, spec = WORKLOADS[name]
+    trace = read_trace(path, fmt)
+    if jobs:
+        trace = trace.head(jobs)
+    cluster = load_cluster(spec)
+    speed = np.ones((len(trace), len(cluster.device_types))) if name == "philly" else None
+    return prepare(trace, cluster, speed), cluster
+
+
+def time_run(work, cluster, policy: str, repeat: int, profile: bool) -> dict:
+    """Median wall/CPU seconds of ``repeat`` runs and the metrics of the last (every run is the same)."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        prof = cProfile.Profile() if profile else None
+        p = make_policy(policy)
+        w, c = time.perf_counter(), time.process_time()
+        if prof:
+            prof.enable()
+        result = simulate(work, cluster, p, timeline=False)
+        if prof:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    s = metrics.summary(result)
+    wall = statistics.median(walls)
+    return {"jobs": len(work), "gpus": len(cluster), "wall_s": wall, "walls_s": walls, "cpu_s": statistics.median(cpus),
+            "jobs_per_s": len(work) / wall, "events": result.events, "decisions": result.decisions,
+            "avg_jct_s": s["avg_jct_s"], "utilization": s["utilization"], "preemptions": s["preemptions"]}
+
+
+def compare(rows: dict, prev: dict | None) -> None:
+    """Add the previous release's figures and the speed-up ratio to each row."""
+    before = (prev or {}).get("results", {})
+    for key, row in rows.items():
+        old = before.get(key)
+        if not old or old["jobs"] != row["jobs"]:
+            continue
+        row["prev_wall_s"], row["prev_cpu_s"] = old["wall_s"], old["cpu_s"]
+        row["speedup_wall"] = old["wall_s"] / row["wall_s"]
+        row["speedup_cpu"] = old["cpu_s"] / row["cpu_s"]
+        row["same_avg_jct"] = bool(old["avg_jct_s"] == row["avg_jct_s"])
+
+
+def print_table(rows: dict, prev: dict | None) -> None:
+    head = (f"{'workload:policy':<22} {'jobs':>6} {'wall s':>7} {'cpu s':>7} {'jobs/s':>8} {'target s':>8} "
+            f"{'prev wall':>9} {'prev cpu':>8} {'x wall':>6} {'x cpu':>6} {'same JCT':>8}")
+    print(head)
+    for key, r in rows.items():
+        target = f"{TARGET_S[key]:.0f}" if key in TARGET_S else "-"
+        prev_w = f"{r['prev_wall_s']:.2f}" if "prev_wall_s" in r else "-"
+        prev_c = f"{r['prev_cpu_s']:.2f}" if "prev_cpu_s" in r else "-"
+        xw = f"{r['speedup_wall']:.2f}" if "speedup_wall" in r else "-"
+        xc = f"{r['speedup_cpu']:.2f}" if "speedup_cpu" in r else "-"
+        same = ("yes" if r["same_avg_jct"] else "NO") if "same_avg_jct" in r else "-"
+        print(f"{key:<22} {r['jobs']:>6} {r['wall_s']:>7.2f} {r['cpu_s']:>7.2f} {r['jobs_per_s']:>8.0f} {target:>8} "
+              f"{prev_w:>9} {prev_c:>8} {xw:>6} {xc:>6} {same:>8}")
+    if prev:
+        print(f"previous release: commit {prev.get('commit', '?')[:12]} ({PREV.name})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=0, help="first N jobs only (0: all)")
-    ap.add_argument("--policies", default="fcfs,tiresias")
+    ap.add_argument("--runs", default=DEFAULT_RUNS, help="comma-separated workload:policy pairs")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per pair; the median is reported")
+    ap.add_argument("--jobs", type=int, default=0, help="first N jobs of each trace only (0: all)")
+    ap.add_argument("--save-prev", action="store_true", help=f"write the figures to {PREV.name} (previous release)")
     ap.add_argument("--profile", action="store_true", help="print the top of a cProfile of each run")
     args = ap.parse_args()
 
-    t0 = time.perf_counter()
-    trace = read_philly(PHILLY)
-    if args.jobs:
-        trace = trace.head(args.jobs)
-    read_s = time.perf_counter() - t0
-    cluster = load_cluster(CLUSTER)
-    speed = np.ones((len(trace), len(cluster.device_types)))
-    rows = []
-    for name in args.policies.split(","):
-        try:
-            policy = make_policy(name)
-        except ImportError as err:
-            print(f"skip {name}: {err}")
-            continue
-        prof = cProfile.Profile() if args.profile else None
-        t = time.perf_counter()
-        if prof:
-            prof.enable()
-        result = simulate(trace, cluster, policy, speed=speed, timeline=False)
-        if prof:
-            prof.disable()
-        wall = time.perf_counter() - t
-        s = metrics.summary(result)
-        rows.append({
-            "policy": name, "jobs": len(trace), "gpus": len(cluster), "wall_s": wall,
-            "jobs_per_s": len(trace) / wall, "events": result.events, "decisions": result.decisions,
-            "peak_rss_mib": peak_rss_mib(), "target_s": TARGET_S.get(name),
-            "avg_jct_s": s["avg_jct_s"], "utilization": s["utilization"], "makespan_s": s["makespan_s"],
-            "preemptions": s["preemptions"],
-        })
-        if prof:
-            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({
-        "benchmark": "sched_speed", "cluster": CLUSTER, "trace": str(PHILLY.name), "read_s": read_s,
-        "python": platform.python_version(), "machine": platform.machine(), "profiled": args.profile,
-        "results": rows}, indent=2) + "\n")
-    print(f"trace read in {read_s:.2f} s ({len(trace)} jobs); cluster {CLUSTER}")
-    print(f"{'policy':<16} {'wall s':>8} {'target s':>8} {'jobs/s':>9} {'events':>8} {'decisions':>9} "
-          f"{'peak RSS MiB':>12} {'avg JCT h':>9} {'util':>6}")
-    for r in rows:
-        target = f"{r['target_s']:.0f}" if r["target_s"] else "-"
-        print(f"{r['policy']:<16} {r['wall_s']:>8.2f} {target:>8} {r['jobs_per_s']:>9.0f} {r['events']:>8} "
-              f"{r['decisions']:>9} {r['peak_rss_mib']:>12.0f} {r['avg_jct_s'] / 3600:>9.2f} "
-              f"{r['utilization']:>6.3f}")
-    print(f"wrote {OUT}")
+    rows: dict[str, dict] = {}
+    loaded: dict[str, tuple] = {}
+    for key in args.runs.split(","):
+        workload, policy = key.split(":")
+        if workload not in loaded:
+            loaded[workload] = load_workload(workload, args.jobs)
+        rows[key] = time_run(*loaded[workload], policy, args.repeat, args.profile)
+        rows[key]["peak_rss_mib"] = peak_rss_mib()
+        print(f"{key}: {rows[key]['wall_s']:.2f} s wall, {rows[key]['cpu_s']:.2f} s CPU", file=sys.stderr)
+    info = {"benchmark": "sched_speed", "commit": source_commit(), "python": platform.python_version(),
+            "machine": platform.machine(), "repeat": args.repeat, "profiled": args.profile,
+            "workloads": {k: {"trace": str(v[0].name), "cluster": v[2]} for k, v in WORKLOADS.items()}}
+    prev = None if args.save_prev or not PREV.exists() else json.loads(PREV.read_text())
+    compare(rows, prev)
+    out = PREV if args.save_prev else OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**info, "results": rows}, indent=2) + "\n")
+    print_table(rows, prev)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ The model (details in ``docs/scheduling.md``):
   while anything is queued or running.
 
 Running jobs' ``remaining_s`` and ``attained_gpu_s`` are brought up to date (vectorised over running
-jobs) before each decision, so policies see current values; a policy whose class sets
-``reads_running_progress = False`` (FCFS) never reads them, and the update is skipped for it.
+jobs) before each decision, so policies see current values; a policy class that sets
+``reads_running_progress = False`` in its own body (FCFS; not inherited by subclasses) never reads
+them, and the update is skipped for it.
 
 :func:`simulate` asks a policy at each decision point; :class:`Simulation` runs the same loop (a
 generator, ``_Engine.steps``) one decision point at a time for a caller that decides itself, such as
@@ -487,8 +488,9 @@ class _Engine:
             raise SchedulingError(f"round_s must be > 0, got {rs}")
         self.round_s = rs
         self.progress, self.record, self.check = opts.progress, opts.timeline, opts.check
-        # a policy that never reads running jobs' remaining_s / attained_gpu_s may say so (FCFS does)
-        self.refresh = bool(getattr(policy, "reads_running_progress", True))
+        # a policy class that never reads running jobs' remaining_s / attained_gpu_s may say so (FCFS
+        # does); only the class itself: a subclass (or wrapper) may read them, so it inherits nothing
+        self.refresh = bool(type(policy).__dict__.get("reads_running_progress", True))
         seed = opts.seed
         self.seed = seed if isinstance(seed, int) or seed is None else None
 
@@ -536,9 +538,9 @@ class _Engine:
         self.rem_base = [0.0] * n
         self.att_base = [0.0] * n
         self.run_speed = [0.0] * n
-        self.lost_s = np.zeros(n)
-        self.lost_work_s = np.zeros(n)
-        self.done_work = np.zeros(n)
+        self.lost_s = [0.0] * n  # lists while running (scalar updates), arrays in the result
+        self.lost_work_s = [0.0] * n
+        self.done_work = [0.0] * n
         self.failure_restarts = np.zeros(n, dtype=np.int64)
         self.last_type = np.full(n, -1, dtype=np.int64)  # run_type is cleared when a job stops
         self.epoch = [0] * n
@@ -688,8 +690,8 @@ class _Engine:
         tb.finish_s[j] = now
         self.n_finished += 1
         if self.check:
-            want = float(tb.work_s[j]) + float(self.lost_work_s[j])
-            got = float(self.done_work[j])
+            want = float(tb.work_s[j]) + self.lost_work_s[j]
+            got = self.done_work[j]
             if abs(got - want) > 1e-6 * max(want, 1.0):
                 raise AssertionError(f"job {self.ids[j]}: work not conserved: did {got!r}, "
                                      f"expected {want!r} (work + lost work)")
@@ -959,7 +961,8 @@ class _Engine:
             finish_s=tb.finish_s.copy(), num_gpus=tb.num_gpus.copy(), work_s=tb.work_s.copy(),
             type_code=tb.type_code.copy(), best_time_s=self.best_time_s,
             run_type=self.last_type, preemptions=tb.preemptions.copy(),
-            failure_restarts=self.failure_restarts, lost_s=self.lost_s, lost_work_s=self.lost_work_s,
+            failure_restarts=self.failure_restarts, lost_s=np.array(self.lost_s),
+            lost_work_s=np.array(self.lost_work_s),
             gpu_type=self.gpu_type.copy(), gpu_busy_s=busy, gpu_effective_s=np.array(self.eff),
             gpu_down_s=down, times_s=times, busy_gpus=busy_t, queue_len=queue_t,
             start_s_window=t0, end_s=t1, makespan_s=makespan, energy_j=energy,

@@ -546,8 +546,8 @@ class Gavel:
             return victims
         row = self._row
         losers = [j for j in r.tolist() if granted.get(j, -1) != jobs.run_type[j]]
-        losers.sort(key=lambda j: (prio[row[j]].max() if row[j] >= 0 else 0.0,
-                                   -jobs.arrival_s[j], -j))
+        best = prio.max(axis=1).tolist() if prio.shape[0] and prio.shape[1] else []  # each row's top priority
+        losers.sort(key=lambda j: (best[row[j]] if row[j] >= 0 else 0.0, -jobs.arrival_s[j], -j))
         for j in losers:
             victims[int(jobs.run_type[j])].append(j)
         return victims
