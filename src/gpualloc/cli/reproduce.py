@@ -70,7 +70,7 @@ def scheduling_cmd(
     data: Path = typer.Option(Path("../shared/data"), "--data",
                               help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); "
                                    "skipped if absent."),
-    agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled adlro16 one)."),
+    agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled expert-choice one)."),
     out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", callback=output_folder,
                           help="Folder for table.md, results.json, plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),

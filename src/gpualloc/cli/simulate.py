@@ -29,7 +29,7 @@ _HEAD = typer.Option(None, "--head", max=MAX_JOBS, min=1, help="Only the first N
 _SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the generator and of the policies.")
 _DROP = typer.Option(False, "--drop-unplaceable",
                      help="Reject jobs larger than any device type of the cluster instead of stopping.")
-_AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled adlro16 one).")
+_AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled one).")
 
 
 def workload(cluster: str | None, trace: Path | None, fmt: str | None, generate: int | None, load: float,
