@@ -357,3 +357,16 @@ def test_hybrid_methods_on_resnet50_8xa100_are_fast():
     best = min(o.result.step_time_s for o in outcomes)
     assert outcomes[0].result.step_time_s == best
     assert outcomes[0].result.utilisation > 0.9
+
+
+@pytest.mark.parametrize("cluster", ["1xA100", "hetero8", "4xA100+4xV100+8xT4"])
+@pytest.mark.parametrize("batch", [1, 8, 100])
+def test_every_method_plans_a_tiny_graph(cluster, batch):
+    from tests.conftest import diamond
+
+    p = HybridProblem(diamond(), load_cluster(cluster), batch)
+    lb = lower_bound_hybrid(p)
+    steps = {m: place_hybrid(p, m).result for m in HYBRID_METHODS}
+    for m, r in steps.items():
+        assert np.isfinite(r.step_time_s) and r.step_time_s >= lb * (1 - 1e-9), m
+    assert steps["hybrid"].step_time_s <= min(r.step_time_s for r in steps.values() if r.feasible) * (1 + 1e-9)

@@ -83,6 +83,8 @@ def replica_speed(problem: HybridProblem, devices: Sequence[int], first: int, la
 def finish_together(total: int, fixed_s: np.ndarray, slope_s: np.ndarray) -> np.ndarray:
     """Real shares ``b`` with ``fixed + slope x b`` equal for every replica and ``sum b = total`` (replicas too
     slow to take any get 0): the small LP of balancing a stage, solved in closed form."""
+    if np.any(slope_s <= 1e-15):  # a replica with (almost) no per-sample cost: the line does not say
+        return np.ones(len(fixed_s))
     active = np.ones(len(fixed_s), dtype=bool)
     while True:
         inv = 1.0 / slope_s[active]
@@ -91,6 +93,8 @@ def finish_together(total: int, fixed_s: np.ndarray, slope_s: np.ndarray) -> np.
         if np.all(b[active] >= 0) or active.sum() == 1:
             return np.maximum(b, 0.0)
         active &= b > 0
+        if not active.any():
+            return np.ones(len(fixed_s))
 
 
 def stage_of(problem: HybridProblem, groups: Sequence[tuple[int, ...]], first: int, last: int,

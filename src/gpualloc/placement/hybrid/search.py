@@ -1,7 +1,8 @@
 """The hybrid planner: search pipeline depth, device groups, TP, layer split, shares, microbatches, schedule.
 
 1. **Layouts**: the device groups of the stages, in pipeline order: all devices in one stage; one stage
-   per GPU type (fastest first, and slowest first); and 2, 4, 8, ... contiguous equal groups of the
+   per GPU type (fastest first, and slowest first); the fastest types only (one stage, or one stage per
+   type), leaving slow GPUs idle; and 2, 4, 8 contiguous equal groups of the
    devices ordered by type speed and node (stages of one type, or mixed where a type's devices do not
    fill whole stages).
 2. **TP** per layout: every degree that cuts each stage into same-node, same-type groups.
@@ -50,6 +51,10 @@ def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
     by_type = baselines.type_groups(problem)
     if len(by_type) > 1:
         yield from (by_type, by_type[::-1])
+    for i in range(1, len(by_type)):  # leave the slowest types out: their sync or bubbles may cost more
+        yield [[d for g in by_type[:i] for d in g]]
+        if i > 1:
+            yield by_type[:i]
     s = 2
     while s <= min(k, problem.L, MAX_DEPTH):
         if k % s == 0:
