@@ -1,8 +1,8 @@
 """Jobs through ``gpualloc serve --backend slurm`` on a fake Slurm cluster: exactly once, on the chosen
 GRES type, no GPU shared, and the decision-to-sbatch latency.
 
-Starts the fake cluster of ``scripts/slurm/fake-cluster.sh`` (one node ``n0``,
-``Gres=gpu:v100:4,gpu:t4:2``) in a temporary folder, or uses the one ``--slurm-conf`` names, then
+Starts the fake cluster of ``scripts/slurm/fake-cluster.sh`` (``n0`` with ``Gres=gpu:v100:4,gpu:t4:2``,
+``n1`` with ``Gres=gpu:v100:2,gpu:t4:2``) in a temporary folder, or uses the one ``--slurm-conf`` names, then
 ``gpualloc serve --backend slurm --cluster slurm:`` (fcfs) on a fresh store, and submits ``--jobs``
 short jobs (``sleep --sleep``; 1 or 2 GPUs; V100, T4 or any type, so the policy picks the type for a
 third of them) one after another, each retried with its idempotency key until acknowledged. With
@@ -14,9 +14,9 @@ jobs for ``MinJobAge``; the fake cluster has no slurmdbd, so no ``sacct``) again
 
 * every acknowledged job is in the store once, finished, in one attempt, and Slurm has exactly one
   job of that attempt's name;
-* Slurm's ``--gres`` of each job is ``gpu:<type>:<n>`` of the device type and count the store
-  recorded for it;
-* no two jobs hold one GPU at once: per GPU index Slurm bound (``IDX``, which each job prints from
+* Slurm's ``--gres`` and nodes of each job are those of the GPUs the store recorded for it (type,
+  count per node; a gang over nodes with unequal counts is a heterogeneous job);
+* no two jobs hold one GPU at once: per GPU (node, index) Slurm bound (``IDX``, which each job prints from
   ``scontrol`` while it runs: Slurm drops it from the record when the job ends), Slurm's start/end
   intervals are disjoint (whole seconds; an end at t before a start at t), and so are the store's
   allocation intervals (exact times).
@@ -136,34 +136,63 @@ def _slurm_time(text: str) -> float | None:
         return None
 
 
+def expand_hostlist(text: str) -> list[str]:
+    """``"n[0-1,3]"`` -> ``["n0", "n1", "n3"]``; ``"n0"`` -> ``["n0"]``."""
+    m = re.fullmatch(r"([^\[]*)\[([0-9,\-]+)\]", text)
+    if m is None:
+        return [text]
+    out = []
+    for part in m.group(2).split(","):
+        lo, _, hi = part.partition("-")
+        out += [f"{m.group(1)}{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
 def slurm_records(prefix: str, runs: Path) -> list[dict]:
-    """Slurm's record of each job of this store: id, name, state, GRES, start and end (``scontrol``), and
-    the GPU indices Slurm bound (from the job's own ``scontrol`` output in its run folder)."""
-    from gpualloc.service.slurm import SQUEUE_FORMAT, parse_scontrol_record, parse_squeue
+    """Slurm's record of each job of this store (a heterogeneous job's components merged): id, name,
+    state, GRES, nodes, start and end (``scontrol``), and the ``(node, GPU index)`` pairs Slurm bound
+    (from the job's own ``scontrol --details`` output in its run folder)."""
+    from gpualloc.service.slurm import SQUEUE_FORMAT, merge_components, parse_scontrol_record, parse_squeue
 
     out = subprocess.run(["squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
-    records = []
+    parts: dict[str, list] = defaultdict(list)
     for job in parse_squeue(out):
-        if not job.name.startswith(prefix):
-            continue
-        detail = subprocess.run(["scontrol", "--details", "--oneliner", "show", "job", job.job_id],
-                                capture_output=True, text=True, timeout=30).stdout
-        fields = parse_scontrol_record(detail)
+        if job.name.startswith(prefix):
+            parts[job.job_id.split("+")[0]].append(job)
+    records = []
+    for comps in parts.values():
+        job = merge_components(comps)
+        detail = subprocess.run(["scontrol", "--oneliner", "show", "job", job.job_id],
+                                capture_output=True, text=True, timeout=30).stdout.splitlines()
+        fields = parse_scontrol_record(detail[0] if detail else "")
         _, _, job_no, attempt = job.name.rsplit("-", 3)
         try:
             own = (runs / f"{job_no}-{attempt}" / "stdout.log").read_text()
         except OSError:
             own = ""
-        idx = re.search(r"IDX:([0-9,\-]+)\)", own)
         gpus = []
-        for part in (idx.group(1).split(",") if idx else []):
-            lo, _, hi = part.partition("-")
-            gpus += list(range(int(lo), int(hi or lo) + 1))
+        for nodes, idx in re.findall(r"Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=\S*?\(IDX:([0-9,\-]+)\)", own):
+            for node in expand_hostlist(nodes):
+                for part in idx.split(","):
+                    lo, _, hi = part.partition("-")
+                    gpus += [(node, i) for i in range(int(lo), int(hi or lo) + 1)]
         records.append({"job_id": job.job_id, "name": job.name, "state": job.state, "gres": job.gres,
-                        "gpus": gpus, "start": _slurm_time(fields.get("StartTime", "")),
+                        "nodes": job.nodes, "gpus": gpus, "start": _slurm_time(fields.get("StartTime", "")),
                         "end": _slurm_time(fields.get("EndTime", ""))})
     return records
+
+
+def expected_gres(cluster, device_type: str, gpus) -> tuple[str, str]:
+    """``(GRES, nodes)`` Slurm should show for GPUs ``gpus`` of the cluster: one ``--gres`` when every
+    node has the same count, else one component per node (``;``-joined)."""
+    per_node = Counter(cluster.nodes[cluster.devices[g].node].name for g in gpus)
+    gtype = "t4" if device_type == "T4" else "v100"
+    nodes = sorted(per_node)
+    if len(set(per_node.values())) == 1:
+        hostlist = nodes[0] if len(nodes) == 1 else f"n[{nodes[0][1:]}-{nodes[-1][1:]}]"  # 2 nodes: n[0-1]
+        return f"gres:gpu:{gtype}:{per_node[nodes[0]]}", hostlist
+    return ";".join(f"gres:gpu:{gtype}:{per_node[n]}" for n in nodes), ";".join(nodes)
 
 
 def disjoint(spans: dict, what: str) -> list[str]:
@@ -187,7 +216,8 @@ def check(srv: Serve, acked: dict[str, int]) -> dict:
         store.close()
     recs = {j.name: j for j in jobs}
     names = Counter(j.name for j in jobs)
-    prefix = f"gpualloc-{jobs[0].handle.split('-')[1]}-" if jobs and jobs[0].handle else "gpualloc-"
+    uid = next((j.handle.split("-")[1] for j in jobs if j.handle), None)
+    prefix = f"gpualloc-{uid}-" if uid else "gpualloc-"
     runs = srv.store.with_name(srv.store.name + ".runs")
     slurm = slurm_records(prefix, runs)
     by_name = Counter(r["name"] for r in slurm)
@@ -197,14 +227,20 @@ def check(srv: Serve, acked: dict[str, int]) -> dict:
     problems += [f"{j.name}: {j.state.value}, {j.attempts} attempts" for j in jobs
                  if j.state.value != "finished" or j.attempts != 1]
     problems += [f"Slurm job {n} submitted {k} times" for n, k in by_name.items() if k > 1]
-    problems += [f"{j.name}: no Slurm job {j.handle}" for j in jobs if j.handle not in slurm_of]
+    # a job that ended while the service was down, before its start was recorded, has no handle in
+    # the store (the scheduler's recovery, for every backend); its Slurm name is the same
+    handle = {j.name: j.handle or f"{prefix}{j.id}-{j.attempts}" for j in jobs}
+    problems += [f"{j.name}: no Slurm job {handle[j.name]}" for j in jobs if handle[j.name] not in slurm_of]
+    from gpualloc.hardware.cluster import load_cluster
+
+    cluster = load_cluster("slurm:")
     wrong_type = []
     for j in jobs:
-        r = slurm_of.get(j.handle)
-        want = f"gres:gpu:{'t4' if j.device_type == 'T4' else 'v100'}:{len(j.gpus)}"
-        if r is not None and (r["gres"] != want or r["state"] != "COMPLETED"):
-            wrong_type.append(f"{j.name}: Slurm {r['gres']} {r['state']}, store {want}")
-    slurm_spans: dict[int, list] = defaultdict(list)
+        r = slurm_of.get(handle[j.name])
+        want = expected_gres(cluster, j.device_type, j.gpus)
+        if r is not None and ((r["gres"], r["nodes"]) != want or r["state"] != "COMPLETED"):
+            wrong_type.append(f"{j.name}: Slurm {r['gres']} on {r['nodes']} {r['state']}, store {want}")
+    slurm_spans: dict[tuple[str, int], list] = defaultdict(list)
     for r in slurm:
         for g in r["gpus"]:
             slurm_spans[g].append((r["start"], r["end"], r["name"]))
@@ -309,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(["scancel", "--me"], capture_output=True, timeout=30)
                 subprocess.run(["bash", str(SCRIPT), "stop", str(cluster)], capture_output=True, timeout=60)
     result = {"benchmark": "slurm_load", "jobs": args.jobs, "sleep_s": args.sleep, "kill9": args.kill9,
-              "slurm": version, "cluster": "n0: gpu:v100:4,gpu:t4:2", "host": platform.node(),
+              "slurm": version, "cluster": "n0: gpu:v100:4,gpu:t4:2; n1: gpu:v100:2,gpu:t4:2", "host": platform.node(),
               "cpus": os.cpu_count(), **result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,7 +1,7 @@
-"""A fake Slurm cluster for the tests marked ``slurm``: ``scripts/slurm/fake-cluster.sh`` started once
-per session (munged, slurmctld, one slurmd ``n0`` with ``Gres=gpu:v100:4,gpu:t4:2``, the advisory
-job_submit plugin loaded), ``SLURM_CONF`` pointing at it, and stopped at the end. Skipped with the
-reason where Slurm is not installed."""
+"""A fake Slurm cluster for the tests marked ``slurm``: ``scripts/slurm/fake-cluster.sh`` started
+once per session (munged, slurmctld, two slurmd: ``n0`` with ``Gres=gpu:v100:4,gpu:t4:2``, ``n1``
+with ``Gres=gpu:v100:2,gpu:t4:2``; the advisory job_submit plugin loaded), ``SLURM_CONF`` pointing
+at it, and stopped at the end. Skipped with the reason where Slurm is not installed."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import os
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpualloc.service.slurm import SQUEUE_FORMAT, SlurmJob, parse_squeue
+from gpualloc.service.slurm import SQUEUE_FORMAT, SlurmJob, merge_components, parse_squeue
 from tests.service.conftest import local_service, server  # noqa: F401 - the service tests' fixtures, shared
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,9 +36,13 @@ class FakeSlurm:
     conf: Path
 
     def jobs(self) -> list[SlurmJob]:
+        """Every job Slurm still knows, the components of a heterogeneous job merged into one."""
         out = subprocess.run(["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"],
                              capture_output=True, text=True, timeout=30, check=True)
-        return parse_squeue(out.stdout)
+        parts: dict[str, list[SlurmJob]] = {}
+        for job in parse_squeue(out.stdout):
+            parts.setdefault(job.job_id.split("+")[0], []).append(job)
+        return [merge_components(p) for p in parts.values()]
 
     def job(self, job_id: str) -> SlurmJob:
         return next(j for j in self.jobs() if j.job_id == job_id)
@@ -87,3 +92,15 @@ def fake_slurm(slurm_cluster) -> Iterator[FakeSlurm]:
 
 def slurm_job_id(runs_dir: Path, job_id: int, attempt: int = 1) -> str:
     return json.loads((runs_dir / f"{job_id}-{attempt}" / "slurm_job.json").read_text())["job_id"]
+
+
+def expected_gres(job: dict, cluster) -> tuple[str, str]:
+    """``(GRES, nodes)`` as :meth:`FakeSlurm.jobs` shows a job the service placed on ``job["gpus"]``:
+    one component when every node has the same count, else one per node joined with ``;``."""
+    per_node = Counter(cluster.nodes[cluster.devices[g].node].name for g in job["gpus"])
+    gtype = "t4" if job["device_type"] == "T4" else "v100"
+    nodes = sorted(per_node)
+    if len(set(per_node.values())) == 1:
+        hostlist = nodes[0] if len(nodes) == 1 else f"n[{nodes[0][1:]}-{nodes[-1][1:]}]"
+        return f"gres:gpu:{gtype}:{per_node[nodes[0]]}", hostlist
+    return ";".join(f"gres:gpu:{gtype}:{per_node[n]}" for n in nodes), ";".join(nodes)

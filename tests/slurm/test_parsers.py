@@ -15,7 +15,8 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.hardware.slurm import (SlurmNode, cluster_from_nodes, gres_device_type, parse_gres, parse_sinfo,
                                      slurm_cluster_arg)
 from gpualloc.service.errors import BackendError
-from gpualloc.service.slurm import (batch_script, exit_status, parse_scontrol_record, parse_squeue, sbatch_argv)
+from gpualloc.service.slurm import (batch_script, exit_status, merge_components, parse_scontrol_record, parse_squeue,
+                                    sbatch_argv)
 
 CAT = default_catalog()
 
@@ -175,3 +176,13 @@ def test_batch_script_runs_under_sh_without_interpreting_the_folder(tmp_path):
     out = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=10)
     assert out.stdout.strip() == f"-m gpualloc.service.runner {odd}"
     assert not (tmp_path / "pwned").exists()
+
+
+def test_merge_components_of_a_heterogeneous_job():
+    lead, second = parse_squeue("7+0|h|COMPLETED|None|gres:gpu:v100:4|n0\n7+1|h|RUNNING|None|gres:gpu:v100:2|n1\n")
+    merged = merge_components([lead, second])
+    assert (merged.job_id, merged.name, merged.state) == ("7", "h", "RUNNING")  # active while any part is
+    assert (merged.gres, merged.nodes) == ("gres:gpu:v100:4;gres:gpu:v100:2", "n0;n1")
+    done = merge_components(parse_squeue("7+0|h|COMPLETED|None|a|n0\n7+1|h|COMPLETED|None|b|n1\n"))
+    assert done.state == "COMPLETED" and not done.active
+    assert merge_components([parse_squeue("8|x|PENDING|Resources|g|\n")[0]]).job_id == "8"

@@ -51,7 +51,7 @@ from gpualloc.workload.jobs import Job, JobType
 log = logging.getLogger(__name__)
 
 __all__ = ["ACTIVE_STATES", "SQUEUE_FORMAT", "AdviceRequest", "SlurmBackend", "SlurmJob", "advise", "batch_script",
-           "exit_status", "parse_scontrol_record", "parse_squeue", "sbatch_argv"]
+           "exit_status", "merge_components", "parse_scontrol_record", "parse_squeue", "sbatch_argv"]
 
 SQUEUE_FORMAT = "%i|%j|%T|%r|%b|%N"
 """``squeue --format`` of :func:`parse_squeue`: id, name, long state, reason, GRES per node, nodes."""
@@ -105,6 +105,16 @@ def parse_squeue(text: str) -> list[SlurmJob]:
         jobs.append(SlurmJob(job_id.strip(), name, state.strip().split()[0].upper() if state.strip() else "",
                              reason.strip(), gres.strip(), nodes.strip()))
     return jobs
+
+
+def merge_components(jobs: Sequence[SlurmJob]) -> SlurmJob:
+    """One job from the ``squeue`` lines of a heterogeneous job (ids ``7+0``, ``7+1``): the leader's id,
+    active while any component is, the components' GRES and nodes joined with ``;``."""
+    if len(jobs) == 1 and "+" not in jobs[0].job_id:
+        return jobs[0]
+    lead = next((j for j in jobs if j.active), jobs[0])
+    return SlurmJob(jobs[0].job_id.split("+")[0], jobs[0].name, lead.state, lead.reason,
+                    ";".join(j.gres for j in jobs), ";".join(j.nodes for j in jobs))
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:
@@ -247,17 +257,17 @@ class SlurmBackend:
         """This user's jobs of this store by name (the newest one of a name wins)."""
         done = self._run("squeue", "--me", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}")
         prefix = f"gpualloc-{self.instance}-"
-        out: dict[str, SlurmJob] = {}
+        parts: dict[str, dict[int, list[SlurmJob]]] = {}
         for job in parse_squeue(done.stdout):
-            if job.name.startswith(prefix):
-                old = out.get(job.name)
-                if old is None or old.job_id.isdigit() and job.job_id.isdigit() and int(job.job_id) > int(old.job_id):
-                    out[job.name] = job
-        return out
+            base = job.job_id.split("+")[0]
+            if job.name.startswith(prefix) and base.isdigit():
+                parts.setdefault(job.name, {}).setdefault(int(base), []).append(job)
+        return {name: merge_components(by_id[max(by_id)]) for name, by_id in parts.items()}
 
     def _scontrol_exit(self, job_id: str) -> tuple[int | None, str | None]:
         done = self._run("scontrol", "--oneliner", "show", "job", job_id, check=False)
-        return exit_status(parse_scontrol_record(done.stdout).get("ExitCode", ""))
+        lines = done.stdout.splitlines()  # a heterogeneous job: one line per component, the leader first
+        return exit_status(parse_scontrol_record(lines[0] if lines else "").get("ExitCode", ""))
 
     def _sacct(self, job_id: str) -> tuple[str, str] | None:
         """``(state, ExitCode)`` from accounting, or None (accounting off, or no record)."""
