@@ -371,6 +371,7 @@ class Gavel:
     """
 
     name = "gavel"
+    reads_running_progress = False  # allocations from speeds and time received, not work left
 
     def __init__(self, *, objective: str = "max-min-fairness", round_s: float | None = DEFAULT_ROUND_S,
                  max_jobs_lp: int = DEFAULT_MAX_JOBS_LP, preemptive: bool = True) -> None:

@@ -101,6 +101,7 @@ class StaticAffinity:
     name = "static-affinity"
     preemptive = False
     round_s: float | None = None
+    reads_running_progress = False  # reads queued jobs' work only (see FCFS)
 
     def __init__(self, affinity: Mapping[str, str] | None = None) -> None:
         self.affinity = dict(affinity or {})
@@ -170,6 +171,7 @@ class SJF:
     name = "sjf"
     preemptive = False
     round_s: float | None = None
+    reads_running_progress = False  # reads queued jobs' work only (see FCFS)
 
     def decide(self, view: ClusterView) -> Decision:
         q = np.fromiter(view.queue, dtype=np.int64, count=len(view.queue))
@@ -267,6 +269,7 @@ class EasyBackfill:
     name = "easy-backfill"
     preemptive = False
     round_s: float | None = None
+    reads_running_progress = False  # reads queued jobs' work only (see FCFS)
 
     def decide(self, view: ClusterView) -> Decision:
         queue = list(view.queue)
