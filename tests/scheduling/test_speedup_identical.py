@@ -214,6 +214,27 @@ def test_lp_columns_are_linprogs_matrix():
     np.testing.assert_array_equal(data, want.data)
 
 
+@pytest.mark.parametrize("policy_key", ["fcfs", "sjf", "easy-backfill", "gavel"])
+def test_a_subclass_of_a_policy_that_skips_the_refresh_sees_current_progress(policy_key):
+    """``reads_running_progress = False`` counts for the class that says it only: a subclass reading
+    running jobs' progress gets it brought up to date (A: 10 s of work at speed 2, seen at 4 s)."""
+    from gpualloc.workload.jobs import Job, JobType
+
+    base = type(make_policy(POLICIES[policy_key][0]))
+    assert base.__dict__["reads_running_progress"] is False
+    seen = []
+
+    class Watch(base):
+        def decide(self, view):
+            for j in view.running:
+                seen.append((view.now_s, float(view.jobs.remaining_s[j]), float(view.jobs.attained_gpu_s[j])))
+            return super().decide(view)
+
+    trace = Trace.of([Job("A", 0, JobType.ML_TRAINING, 10, 2), Job("B", 4, JobType.ML_TRAINING, 1, 1)])
+    simulate(trace, load_cluster("4xV100"), Watch(), speed=np.array([[2.0], [1.0]]))
+    assert (4.0, 2.0, 8.0) in seen
+
+
 def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     runs = {f"{case}/{key}": record(case, key) for case in CASES for key in POLICIES}

@@ -20,8 +20,8 @@ The model (details in ``docs/scheduling.md``):
 
 Running jobs' ``remaining_s`` and ``attained_gpu_s`` are brought up to date (vectorised over running
 jobs) before each decision, so policies see current values; a policy class that sets
-``reads_running_progress = False`` in its own body (FCFS; not inherited by subclasses) never reads
-them, and the update is skipped for it.
+``reads_running_progress = False`` in its own body (FCFS, SJF, static-affinity, EASY, Gavel; not
+inherited by subclasses) never reads them, and the update is skipped for it.
 
 :func:`simulate` asks a policy at each decision point; :class:`Simulation` runs the same loop (a
 generator, ``_Engine.steps``) one decision point at a time for a caller that decides itself, such as
