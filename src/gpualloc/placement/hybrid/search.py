@@ -14,7 +14,7 @@
    **microbatches** from ``S`` to ``4 S`` (4x more while nothing fits memory, down to one sample a
    replica); ZeRO-1 and FSDP when nothing else fits.
 5. The closed form (:func:`~gpualloc.placement.hybrid.cost.estimate_step_s`) ranks the candidates; the
-   best few and the four baselines are simulated, the best three of those again under the other
+   best few and the four baselines are simulated, those within 1.5x of the best again under the other
    schedule and all-reduce algorithm, and the simulator picks the plan (so it is never worse than a
    baseline).
 """
@@ -40,8 +40,9 @@ from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 SIMULATED = 6
 """Candidates (by the closed form) the simulator judges, besides the baselines."""
 
-REFINED = 3
-"""Simulated plans whose other schedule and all-reduce algorithm are simulated too."""
+REFINED = 1.5
+"""Simulated plans within this factor of the best one are simulated again under the other schedule and
+all-reduce algorithm."""
 
 MAX_DEPTH = 8
 """Deepest pipeline of equal device groups the search tries (deeper ones only add bubbles at these sizes)."""
@@ -204,7 +205,9 @@ def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
         judged.append(((not r.feasible, r.step_time_s), len(judged), plan, r))
     judged.sort(key=lambda t: t[:2])
     best = (judged[0][0], judged[0][2], judged[0][3]) if judged else None
-    for _, _, plan, _ in judged[:REFINED]:  # the other schedule and all-reduce for the best few
+    for key, _, plan, _ in judged:  # the other schedule and all-reduce for the plans near the best
+        if key[0] != judged[0][0][0] or key[1] > REFINED * judged[0][0][1]:
+            break
         for variant in _refinements(problem, plan):
             if variant == plan:
                 continue
