@@ -272,6 +272,8 @@ def check(srv: Serve, acked: dict[str, int]) -> dict:
             "on_chosen_gres_type": not wrong_type, "gres_problems": wrong_type[:20],
             "gpus_with_slurm_idx": len(slurm_spans), "no_gpu_overlap": not overlap, "overlap_problems": overlap[:20],
             "types_chosen": dict(Counter(j.device_type for j in jobs)),
+            "multi_node_slurm_jobs": sum(1 for r in slurm if "[" in r["nodes"] or ";" in r["nodes"]),
+            "heterogeneous_slurm_jobs": sum(1 for r in slurm if ";" in r["nodes"]),
             "decision_to_sbatch_s": {"p50": percentile(decision, 0.5), "p99": percentile(decision, 0.99),
                                      "max": decision[-1] if decision else None, "n": len(decision)},
             "sbatch_call_s": {"p50": percentile(sbatch, 0.5), "p99": percentile(sbatch, 0.99)}}
@@ -363,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             ("no GPU overlap (Slurm IDX, store)",
              "yes" if result["no_gpu_overlap"] else f"NO: {result['overlap_problems'][:3]}"),
             ("types chosen", ", ".join(f"{k} {v}" for k, v in result["types_chosen"].items())),
+            ("Slurm jobs over 2 nodes (heterogeneous)",
+             f"{result['multi_node_slurm_jobs']} ({result['heterogeneous_slurm_jobs']})"),
             ("decision -> sbatch p50 / p99 / max", f"{ms(d['p50'])} / {ms(d['p99'])} / {ms(d['max'])}"),
             ("sbatch call p50 / p99", f"{ms(s['p50'])} / {ms(s['p99'])}"),
             ("wall, jobs/s", f"{result['wall_s']} s, {result['jobs_per_s']}")]
