@@ -180,7 +180,7 @@ def test_job_submit_plugin_applies_advice_and_falls_back_when_the_service_is_sil
     conf.write_text(f"url={srv.url}\nheader_file={header}\ntimeout_s=2\n")
 
     def submit(*opts: str) -> str:
-        done = _run("sbatch", "--parsable", *opts, "--wrap", "sleep 0.1")
+        done = _run("sbatch", "--parsable", f"--output={srv.tmp}/slurm-%j.out", *opts, "--wrap", "sleep 0.1")
         assert done.returncode == 0, done.stderr
         return done.stdout.strip().split(";")[0]
 
