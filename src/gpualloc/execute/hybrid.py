@@ -248,9 +248,10 @@ def _routes(prog: _Program, pieces: Sequence[Piece]) -> dict[int, _Routes]:
 
 
 def _inflight_limits(pieces: Sequence[Piece], prog: _Program, n_stages: int, microbatches: int) -> dict[int, int]:
-    """1F1B limit per worker: ``S - stage`` (as :func:`gpualloc.execute.worker.inflight_limits`), raised to
-    what its oldest backward needs: when shares differ between stages a later stage's microbatch may read
-    rows of this worker's next one, whose forward must run before that backward can."""
+    """1F1B limit per worker: ``S - stage`` (the stage depth on a chain, as
+    :func:`gpualloc.placement.simulate.inflight_limits`), raised to what its oldest backward needs: when
+    shares differ between stages a later stage's microbatch may read rows of this worker's next one, whose
+    forward must run before that backward can."""
     edges = {(p, c) for p, cs in prog.crossing.values() for c in cs}
     idx = {q: i for i, q in enumerate(pieces)}
     producers = {q: [x for x in pieces if (x.stage, q.stage) in edges and _overlap(x, q)[0] < _overlap(x, q)[1]]

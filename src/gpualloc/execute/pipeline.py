@@ -19,7 +19,7 @@ import torch.multiprocessing as tmp
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.split import SplitModel
-from gpualloc.execute.worker import ProgramTable, WorkerSpec, inflight_limits, worker_main
+from gpualloc.execute.worker import ProgramTable, WorkerSpec, worker_main
 
 __all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
 
@@ -61,6 +61,8 @@ class Pipeline:
         threads: torch threads of each such device's worker.
         inputs: the model's flat inputs for the whole batch (split into ``microbatches`` along dim 0).
         microbatches: microbatches per step (must divide the batch).
+        inflight_limits: 1F1B in-flight microbatch limit of each device that runs a stage (the
+            simulator's, :func:`gpualloc.placement.simulate.inflight_limits`).
         schedule: ``"1f1b"`` or ``"gpipe"``.
         lr: SGD learning rate of the workers.
         timeout_s: longest wait for a worker's answer before giving up.
@@ -68,7 +70,8 @@ class Pipeline:
 
     def __init__(self, programs: Mapping[str, SplitModel], torch_devices: Mapping[int, str],
                  threads: Mapping[int, int], inputs: Sequence[torch.Tensor], *, microbatches: int,
-                 schedule: str = "1f1b", lr: float = 1e-4, timeout_s: float = 600.0) -> None:
+                 inflight_limits: Mapping[int, int], schedule: str = "1f1b", lr: float = 1e-4,
+                 timeout_s: float = 600.0) -> None:
         if schedule not in ("1f1b", "gpipe"):
             raise ExecutionError(f"unknown schedule {schedule!r}; expected 1f1b or gpipe")
         batch = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 0
@@ -85,7 +88,6 @@ class Pipeline:
         rank = {d: r for r, d in enumerate(self.devices)}
         chunks = {name: tuple(t.contiguous().clone() for t in x.chunk(microbatches)) for name, x in
                   zip(first.inputs, inputs, strict=False)}
-        limits = inflight_limits([s.device for s in first.stages], microbatches)
         self.specs = []
         for d in self.devices:
             tables = {}
@@ -99,7 +101,7 @@ class Pipeline:
             self.specs.append(WorkerSpec(
                 rank=rank[d], torch_device=torch_devices[d], threads=int(threads.get(d, 1)), programs=tables,
                 inputs={n: chunks[n] for n in sorted(needed)}, microbatches=microbatches, schedule=schedule,
-                inflight_limit=limits.get(d, 1), lr=lr))
+                inflight_limit=int(inflight_limits[d]), lr=lr))
         self._procs: list[Any] = []
         self._inboxes: list[Any] = []
         self._outbox: Any = None

@@ -38,6 +38,7 @@ from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.run import read_plan_doc
+from gpualloc.placement.simulate import inflight_limits
 from gpualloc.placement.simulate import StepResult, simulate
 
 __all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "execute_plan", "plan_version", "predict",
@@ -311,7 +312,9 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
 
     step_times: list[float] = []
     worker_samples: dict[int, list[tuple[float, float, float]]] = {d: [] for d in used}
+    limits = inflight_limits(graph, a, len(cluster), microbatches)
     with Pipeline(programs, {d: placed[d] for d in used}, per_worker, args, microbatches=microbatches,
+                  inflight_limits={d: int(limits[d]) for d in used},
                   schedule=schedule, lr=o.lr, timeout_s=o.timeout_s) as pipe:
         note("checking the output", 0, 1)
         out = pipe.forward("check")

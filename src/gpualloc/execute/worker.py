@@ -10,7 +10,7 @@ Each step the worker list-schedules its tasks like :mod:`gpualloc.placement.simu
 
 * ``"1f1b"``: a ready backward first (oldest microbatch, last stage first); else a ready forward of an
   admitted microbatch, where microbatches are admitted in order and at most ``inflight_limit`` at once
-  (the simulator's ``S - stage rank``);
+  (the simulator's, :func:`gpualloc.placement.simulate.inflight_limits`);
 * ``"gpipe"``: forwards (oldest microbatch, first stage first), and backwards only once every forward
   of the worker is done.
 
@@ -354,12 +354,6 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor) and value.device != device:
         return value.to(device)
     return value
-
-
-def inflight_limits(stage_devices: list[int], microbatches: int) -> dict[int, int]:
-    """1F1B in-flight limit per device: ``S - rank`` (devices ranked by their first stage), at most M."""
-    used = list(dict.fromkeys(stage_devices))
-    return {d: max(1, min(microbatches, len(used) - r)) for r, d in enumerate(used)}
 
 
 def threads_per_worker(torch_devices: list[str], total: int) -> list[int]:

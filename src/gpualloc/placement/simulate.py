@@ -50,6 +50,7 @@ from numba import njit
 
 from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
+from gpualloc.graph.ir import OpGraph
 from gpualloc.placement.problem import PlacementProblem
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -298,7 +299,7 @@ def build_tasks(problem: PlacementProblem, assignment: np.ndarray, *, gpipe: boo
     else:
         prio_base, stride = np.concatenate([pos, n + rev]), 2 * n
 
-    limit = inflight_limits(a, es, ed, pos, k, M)
+    limit = _limits(a, es, ed, pos, k, M)
     nodes_on = np.bincount(a, minlength=k).astype(np.int64)
 
     dur = np.concatenate([fwd, bwd, t_act, t_grad]).astype(np.float64)
@@ -307,8 +308,16 @@ def build_tasks(problem: PlacementProblem, assignment: np.ndarray, *, gpipe: boo
                      prio_base.astype(np.int64), stride, limit, nodes_on, gpipe)
 
 
-def inflight_limits(a: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray, pos: np.ndarray, k: int,
-                    M: int) -> np.ndarray:
+def inflight_limits(graph: OpGraph, assignment: np.ndarray, k: int, M: int) -> np.ndarray:
+    """1F1B in-flight microbatch limit of each of the ``k`` devices for ``assignment`` (node -> device):
+    what the simulator uses, and what ``gpualloc run``'s workers obey (see :func:`_limits`)."""
+    pos = np.empty(len(graph), dtype=np.int64)
+    pos[graph.topo_order] = np.arange(len(graph))
+    return _limits(np.asarray(assignment, dtype=np.int64), graph.edge_src, graph.edge_dst, pos, k, M)
+
+
+def _limits(a: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray, pos: np.ndarray, k: int,
+            M: int) -> np.ndarray:
     """1F1B in-flight microbatch limit of each device: its stage depth, capped at ``M``.
 
     A node's stage depth is the most devices a path from it to the end of the graph runs through,
