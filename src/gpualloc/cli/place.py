@@ -117,10 +117,10 @@ def evaluate_cmd(
     """Score a given assignment (node id -> device index) with the same simulator."""
     import json
 
-    from gpualloc.placement.run import load_assignment, saved_schedule, score
+    from gpualloc.placement.run import load_assignment, plan_version, saved_schedule, score
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
-    if _plan_version(plan) == 2:
+    if plan_version(plan) == 2:
         _evaluate_hybrid(problem, plan, cluster, as_json)
         return
     assignment = load_assignment(plan, problem)
@@ -151,13 +151,6 @@ def compare_cmd(
         return
     print_outcomes(problem, outcomes, f"{problem.graph.name} on {cluster} ({len(problem.cluster)} devices, "
                                       f"{microbatches} microbatch(es))")
-
-
-def _plan_version(path: Path) -> object:
-    from gpualloc.errors import PlacementError, read_json
-
-    doc = read_json(path, PlacementError)
-    return doc.get("version") if isinstance(doc, dict) else None
 
 
 def _evaluate_hybrid(problem, path: Path, cluster: str, as_json: bool) -> None:

@@ -50,7 +50,8 @@ def run_cmd(
     """Run a placement plan on real devices: split MODEL by the plan, check its output against the unsplit
     model, train N steps, and report the measured step time beside the simulator's prediction."""
     from gpualloc.errors import ExecutionError
-    from gpualloc.execute.run import execute_plan, plan_version, read_plan
+    from gpualloc.execute.run import execute_plan, read_plan
+    from gpualloc.placement.run import plan_version
     from gpualloc.graph.ir import OpGraph
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem

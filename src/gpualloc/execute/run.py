@@ -28,7 +28,7 @@ import torch
 
 from gpualloc.cost.microbench import apply_profiles
 from gpualloc.cost.model import Calibration, CostModel
-from gpualloc.errors import ExecutionError, PlacementError, read_json
+from gpualloc.errors import ExecutionError, PlacementError
 from gpualloc.execute.measure import summarize
 from gpualloc.execute.pipeline import Pipeline
 from gpualloc.execute.split import split_model
@@ -38,10 +38,9 @@ from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.run import read_plan_doc
-from gpualloc.placement.simulate import inflight_limits
-from gpualloc.placement.simulate import StepResult, simulate
+from gpualloc.placement.simulate import StepResult, inflight_limits, simulate
 
-__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "execute_plan", "plan_version", "predict",
+__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "execute_plan", "predict",
            "read_plan", "torch_devices_for", "worker_threads"]
 
 Progress = Callable[[str, int, int], None]
@@ -73,16 +72,6 @@ class PlanFile:
     batch_size: int | None
     method: str | None
     assignment: Mapping[str, int]
-
-
-def plan_version(path: str | Path) -> int:
-    """A plan file's ``version``: 1 (an op-level assignment; also when the field is absent) or 2 (a hybrid
-    plan, :func:`gpualloc.placement.hybrid.plan.load_hybrid_plan`)."""
-    doc = read_json(path, PlacementError)
-    version = doc.get("version", 1) if isinstance(doc, dict) else 1
-    if version not in (1, 2) or isinstance(version, bool):
-        raise PlacementError(f"{path}: version: expected 1 (op-level) or 2 (hybrid), got {version!r}")
-    return version
 
 
 def read_plan(path: str | Path) -> PlanFile:

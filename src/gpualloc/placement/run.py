@@ -202,6 +202,16 @@ def save_plan(path: str | Path, problem: PlacementProblem, outcome: Outcome, clu
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def plan_version(path: str | Path) -> int:
+    """A plan file's ``version``: 1 (an op-level assignment; also when the field is absent) or 2 (a hybrid
+    plan, :func:`gpualloc.placement.hybrid.plan.load_hybrid_plan`)."""
+    doc = read_json(path, PlacementError)
+    version = doc.get("version", 1) if isinstance(doc, dict) else 1
+    if version not in (1, 2) or isinstance(version, bool):
+        raise PlacementError(f"{path}: version: expected 1 (op-level) or 2 (hybrid), got {version!r}")
+    return version
+
+
 def read_plan_doc(path: str | Path) -> dict:
     """A plan file's JSON object, checked to hold an ``assignment`` object; errors name the file and field."""
     where = str(path)
