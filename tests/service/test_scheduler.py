@@ -9,7 +9,7 @@ import pytest
 
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.base import Decision
-from gpualloc.service.backends import LocalBackend
+from gpualloc.service.backends import LocalBackend, RunRef, RunRequest, RunStatus
 from gpualloc.service.errors import InvalidJob
 from gpualloc.service.models import JobSpec, JobState
 from gpualloc.service.scheduler import DeviceTypes, Scheduler, normalise_spec
@@ -153,3 +153,31 @@ def test_live_table_compacts_and_keeps_rows_consistent(parts):
         [r.id for r in store.list_jobs([JobState.QUEUED])]
     view = sched.view()
     assert np.array_equal(np.flatnonzero(view.gpu_job >= 0), [0])
+
+
+def test_a_run_that_ended_before_its_start_was_recorded_keeps_its_handle(tmp_path):
+    """A crash between launch and ``mark_started``, and the run ends while the service is down: recovery
+    records the run's handle (its logs stay reachable) and its end, in that order."""
+    store = Store(tmp_path / "s.db")
+    backend = LocalBackend(tmp_path / "runs", stop_grace_s=1.0)
+    first = Scheduler(store, backend, load_cluster("adlro16"), tick_s=0.05)
+    first.recover()
+    rec, _ = store.submit(normalise_spec(JobSpec(name="quick", command="true"), first.cluster, first.types))
+    ti = int(first.gpu_type[0])
+    rec = store.allocate(rec.id, first.types.names[ti], (0,))
+    handle = backend.launch(RunRequest(job_id=rec.id, attempt=rec.attempts, name=rec.name,
+                                       target=rec.spec["target"], device_type=first.types.names[ti],
+                                       vendor=first.types.vendors[ti], resource=first.types.resources[ti],
+                                       gpus=rec.gpus, groups=first._groups(rec.gpus)))
+    # the service dies here, before mark_started; the run exits
+    wait_for(lambda: backend.poll([RunRef(rec.id, rec.attempts, handle)])[(rec.id, rec.attempts)].status
+             is RunStatus.EXITED, 20, what="the run exits")
+    try:
+        report = Scheduler(store, backend, load_cluster("adlro16"), tick_s=0.05).recover()
+        assert report["ended"] == [rec.id]
+        done = store.get(rec.id)
+        assert (done.state, done.exit_code, done.handle) == (JobState.FINISHED, 0, handle)
+        assert [e["kind"] for e in store.events(rec.id)][-2:] == ["started", "finished"]
+    finally:
+        kill_runs(tmp_path / "runs")
+        store.close()

@@ -351,6 +351,8 @@ class Scheduler:
                 if rec.cancel_requested:
                     self._inbox.append(("cancel", rec.id))
             elif st.status is RunStatus.EXITED:
+                if rec.state is JobState.ALLOCATED:  # it ran: keep its handle (logs, events) before ending it
+                    self.store.mark_started(rec.id, rec.attempts, ref.handle)
                 self.store.mark_ended(rec.id, rec.attempts, exit_code=st.exit_code, error=st.error,
                                       result=st.result, cancelled=rec.cancel_requested)
                 self.backend.release(ref)
