@@ -91,7 +91,7 @@ def scheduling_cmd(
     from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table, total_runs
     from gpualloc.reports.tables import plot_bars, scheduling_markdown
 
-    spec = SchedTableSpec.quick() if quick else SchedTableSpec()
+    spec = SchedTableSpec.quick() if quick else SchedTableSpec.full()
     if seeds:
         spec = replace(spec, seeds=seeds)
     if loads:

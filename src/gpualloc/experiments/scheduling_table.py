@@ -10,11 +10,11 @@ compressed so its offered load (reference GPU-seconds over the span, per GPU) is
 device type of the cluster can hold (gangs over 8 GPUs, Alibaba pods pinned to GPU models the
 cluster lacks) are rejected and counted.
 
-Part 1 runs on ``adlro16`` and on ``unseen_cluster`` (``16xV100+8xT4+8xA100``, which the bundled
-agent never trained on). Each row carries ``vs_best``: its JCT reduction against the best heuristic
-(SRTF, Gavel, Tiresias, EASY, SJF) of the same cluster, trace and load, and the learned rows a paired
-95% CI of it over seeds. ``dqn-hd`` is the ablation: the agent trained with the hyperdimensional
-features (``sched-experts-hd.pt``) where it is bundled.
+Part 1 runs on ``adlro16`` and, in :meth:`SchedTableSpec.full` (``reproduce scheduling``), on
+``16xV100+8xT4+8xA100``, which the bundled agent never trained on. Each row carries ``vs_best``:
+its JCT reduction against the best heuristic (SRTF, Gavel, Tiresias, EASY, SJF) of the same
+cluster, trace and load, and the learned rows a paired 95% CI of it over seeds. ``dqn-hd`` is the
+ablation: the agent trained with the hyperdimensional features (``sched-experts-hd.pt``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from gpualloc.workload.traces import generate, read_trace
 POLICIES = ("fcfs", "static-affinity", "sjf", "easy-backfill", "srtf", "tiresias", "gavel", "dqn", "dqn-hd")
 HEURISTICS = ("srtf", "gavel", "tiresias", "easy-backfill", "sjf")
 """The strong heuristics the learned policy must match: ``vs_best`` compares with the best of them."""
+UNSEEN_CLUSTER = "16xV100+8xT4+8xA100"
+"""A cluster the bundled agent never trained on (``reproduce scheduling`` runs it beside ``adlro16``)."""
 VARIANTS = {"dqn-hd": ("dqn", "sched-experts-hd.pt")}
 """Table rows that are a registered policy with a bundled agent file (the HD-feature ablation)."""
 METRICS = ("avg_jct_s", "throughput_jobs_per_h", "utilization", "p99_jct_s", "makespan_s", "hyperscore",
@@ -55,13 +57,18 @@ class SchedTableSpec:
     """What to run; ``quick`` is the CI smoke version."""
 
     cluster: str = "adlro16"
-    unseen_cluster: str | None = "16xV100+8xT4+8xA100"
+    unseen_cluster: str | None = None
     loads: tuple[float, ...] = (0.5, 0.8, 1.0)
     seeds: int = 5
     jobs: int = 300
     real_jobs: int = 300
     real_load: float = 0.8
     policies: tuple[str, ...] = POLICIES
+
+    @classmethod
+    def full(cls) -> SchedTableSpec:
+        """What ``reproduce scheduling`` runs: the defaults plus :data:`UNSEEN_CLUSTER`."""
+        return cls(unseen_cluster=UNSEEN_CLUSTER)
 
     @classmethod
     def quick(cls) -> SchedTableSpec:
@@ -170,7 +177,8 @@ def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
         for load in spec.loads:
             for seed in range(spec.seeds):
                 for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
-                    runs.append((f"{cluster} load {load} seed {seed} {name}",
+                    where = "" if cluster == spec.cluster else f"{cluster} "
+                    runs.append((f"{where}load {load} seed {seed} {name}",
                                  SchedRun(cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
                                           agent=agent)))
     for label, path, fmt in real:
