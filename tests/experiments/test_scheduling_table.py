@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpualloc.experiments.scheduling_table import POLICIES, scale_to_load
+from gpualloc.experiments.scheduling_table import SchedTableSpec, scale_to_load
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.workload.traces import generate
 
@@ -31,7 +31,8 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
                             "--out", str(tmp_path)).stdout)
     rows = doc["rows"]
     synthetic = [r for r in rows if r["trace"] == "synthetic"]
-    assert {r["policy"] for r in synthetic} == {*POLICIES, "oracle-lb"}
+    assert {r["policy"] for r in synthetic} == {*SchedTableSpec.quick().policies, "oracle-lb"}
+    assert {"dqn", "gavel", "srtf", "tiresias"} <= set(SchedTableSpec.quick().policies)
     for r in synthetic:
         assert ROW_KEYS <= set(r)
         assert r["avg_jct_s"] >= next(x["avg_jct_s"] for x in synthetic if x["policy"] == "oracle-lb") * (1 - 1e-9)

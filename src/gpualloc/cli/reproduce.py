@@ -65,7 +65,8 @@ def placement_cmd(
 
 @app.command("scheduling")
 def scheduling_cmd(
-    quick: bool = typer.Option(False, "--quick", help="Load 0.8 only, 2 seeds, 120 jobs: the CI smoke version."),
+    quick: bool = typer.Option(False, "--quick", help="Load 0.8 only, 2 seeds, 120 jobs (60 of each real "
+                                                      "trace), no HD ablation: the CI smoke version."),
     seeds: int = typer.Option(None, "--seeds", max=MAX_STEPS, min=2, help="Seeds (synthetic traces) per load."),
     data: Path = typer.Option(Path("../shared/data"), "--data",
                               help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); "
