@@ -1,0 +1,77 @@
+"""Rollout labels (one step of policy iteration over the experts): known answers, determinism, training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpualloc.errors import AgentError
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.rl.dqn import DQNAgent, DQNConfig
+from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
+from gpualloc.rl.rollouts import choice_points, improve_agent, label_points, rollout_cost
+from gpualloc.scheduling import metrics
+from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.simulator import simulate
+from gpualloc.workload.jobs import Job, JobType, Trace
+from gpualloc.workload.traces import generate
+
+ML = JobType.ML_TRAINING
+PANEL = ("fcfs", "sjf")  # teacher fcfs (index 0)
+
+
+def _long_first():
+    """One GPU; at t=0 a long job (listed first) and two short ones: FCFS starts the long one, SJF a
+    short one. Sum of JCTs in units of the short job: FCFS first 10+11+12 = 33, SJF first 1+2+12 = 15."""
+    cluster = load_cluster("1xV100")
+    trace = Trace.of([Job("long", 0, ML, 36_000, 1), Job("s1", 0, ML, 3_600, 1), Job("s2", 0, ML, 3_600, 1)],
+                     source="hand")
+    return cluster, trace
+
+
+def test_forced_decision_cost_is_the_known_answer():
+    problem = _long_first()
+    assert choice_points(problem, PANEL) >= 1
+    fcfs_first = rollout_cost(problem, PANEL, 0, 0, base=1)
+    sjf_first = rollout_cost(problem, PANEL, 0, 1, base=1)
+    assert fcfs_first / sjf_first == pytest.approx(33 / 15)
+    # forcing SJF's decision and following SJF is SJF's whole run: its cost is the sum of JCTs
+    cluster, trace = problem
+    whole = simulate(trace, cluster, make_policy("sjf"), drop_unplaceable=True, timeline=False)
+    assert sjf_first == pytest.approx(metrics.avg_jct_s(whole) * 3)
+
+
+def test_labeller_picks_the_cheaper_forced_decision_and_keeps_the_teacher_on_ties():
+    problem = _long_first()
+    lab = label_points([problem], PANEL, teacher=0, points=1, base=1, horizon_s=None, seed=0)
+    assert lab.teacher_action.tolist() == [0] and lab.label.tolist() == [1]
+    assert lab.costs[0, 0] / lab.costs[0, 1] == pytest.approx(33 / 15)
+    # a horizon shorter than any job: every job is in the system throughout, whatever is chosen
+    short = label_points([problem], PANEL, teacher=0, points=1, base=1, horizon_s=1800.0, seed=0)
+    assert short.costs[0].tolist() == pytest.approx([3 * 1800.0, 3 * 1800.0])
+    assert short.label.tolist() == [0]
+
+
+def test_labels_are_deterministic_per_seed():
+    cluster = load_cluster("4xV100+2xT4+2xK80")
+    problems = [(cluster, generate(30, cluster, 1.5, seed=s)) for s in (4, 5)]
+    kw = dict(teacher=0, points=3, horizon_s=4 * 3600.0)
+    a = label_points(problems, ("srtf", "sjf", "fcfs"), seed=7, **kw)
+    b = label_points(problems, ("srtf", "sjf", "fcfs"), seed=7, **kw)
+    for f in ("obs", "mask", "costs", "teacher_action", "label"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert len(a) == 6 and np.isfinite(a.costs[a.mask]).all()
+    assert a.mask[np.arange(len(a)), a.label].all() and (a.label != a.teacher_action).any()
+
+
+def test_improve_agent_learns_the_labels():
+    problem = _long_first()
+    lab = label_points([problem], PANEL, teacher=0, points=1, base=1, horizon_s=None, seed=0)
+    env = ExpertChoiceEnv([problem], experts=PANEL)
+    agent = DQNAgent(env.observation_space, env.action_space, DQNConfig(hidden=(16, 16), seed=0))
+    assert improve_agent(agent, lab, epochs=60, seed=0) == 1.0
+
+
+def test_bad_point_is_an_agent_error():
+    with pytest.raises(AgentError, match="no choice point 99"):
+        rollout_cost(_long_first(), PANEL, 99, 0)
