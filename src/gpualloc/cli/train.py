@@ -80,6 +80,14 @@ def placer_cmd(
     console.print(f"wrote {out} (best held-out return {best}: mean gain over the best heuristic) and {curve}")
 
 
+def _windows(data: Path | None, clusters: str) -> list:
+    if data is None:
+        return []
+    from gpualloc.experiments.scheduling_table import training_windows
+
+    return training_windows(data, [c.strip() for c in clusters.split(",") if c.strip()])
+
+
 @app.command("scheduler")
 def scheduler_cmd(
     cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Cluster preset, shorthand or file."),
@@ -107,6 +115,15 @@ def scheduler_cmd(
                                 "are its DQN fine-tuning steps."),
     hd_dim: int = typer.Option(0, "--hd-dim", min=0, max=1024,
                                help="Hyperdimensional features (expert choice; 0: off)."),
+    rollout_points: int = typer.Option(0, "--rollout-points", min=0, max=1000,
+                                       help="Expert choice: choice points per training trace labelled by "
+                                       "rollout with the cheapest expert, trained on after cloning (0: off)."),
+    rollout_horizon_h: float = typer.Option(6.0, "--rollout-horizon-h", min=0.0, max=10_000.0,
+                                            help="Simulated hours of each rollout (0: to the end of the trace)."),
+    rollout_base: str = typer.Option(None, "--rollout-base", help="Expert followed after the forced decision "
+                                     "(default the teacher)."),
+    windows: Path = typer.Option(None, "--train-windows", help="Data folder of the real traces: also train on "
+                                 "windows of them past the evaluated ones (jobs 1000- and 5000-, 100 each)."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
     if experts:
@@ -114,7 +131,10 @@ def scheduler_cmd(
 
         report = train_expert_scheduler(out, clusters=tuple(c.strip() for c in cluster.split(",") if c.strip()),
                                         experts=tuple(e.strip() for e in experts.split(",") if e.strip()),
-                                        steps=steps, seed=seed, hd_dim=hd_dim, progress=console.print)
+                                        steps=steps, seed=seed, hd_dim=hd_dim, progress=console.print,
+                                        rollout_points=rollout_points, rollout_base=rollout_base,
+                                        rollout_horizon_s=rollout_horizon_h * 3600 or None,
+                                        extra_problems=tuple(_windows(windows, cluster)))
         console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
         return
     from gpualloc.parallel import make_executor

@@ -287,3 +287,19 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
 def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
     return len(spec.policies) * (len(spec.clusters) * len(spec.loads) * spec.seeds
                                  + (len(REAL_TRACES) if with_real else 0))
+
+
+def training_windows(data_root: str | Path, clusters: Sequence[str], *, starts: Sequence[int] = (1000, 5000),
+                     jobs: int = 100, load: float = 0.8) -> list[tuple[ClusterSpec, Trace]]:
+    """Windows of the real traces for training: ``jobs`` jobs from each of ``starts`` (past the
+    first ``real_jobs`` the table evaluates on), scaled to ``load`` on each cluster in turn."""
+    specs = [load_cluster(c) for c in clusters]
+    out = []
+    for label, path, fmt in _real_traces(data_root):
+        whole = read_trace(path, fmt)
+        for k, start in enumerate(starts):
+            window = Trace.of(whole.jobs[start:start + jobs], source=f"{label}[{start}:{start + jobs}]")
+            if window.jobs:
+                spec = specs[k % len(specs)]
+                out.append((spec, scale_to_load(window, spec, load)))
+    return out

@@ -428,6 +428,15 @@ class ExpertTraining:
     """DQN settings; default :data:`EXPERT_CONFIG`."""
     hd_dim: int = 0
     """Dimension of the hyperdimensional encoding appended to the observation (0: plain features)."""
+    rollout_points: int = 0
+    """Choice points per training problem labelled by rollout (:func:`gpualloc.rl.rollouts.label_points`)
+    and trained on after cloning (0: off); the result is kept only when it beats the clone on validation."""
+    rollout_horizon_s: float | None = 6 * 3600.0
+    """Simulated seconds of each rollout (None: to the end of the trace)."""
+    rollout_base: str | None = None
+    """Expert followed after the forced decision (default the teacher)."""
+    rollout_min_gain: float = 0.01
+    """Another expert replaces the teacher's label only when cheaper by more than this share."""
 
 
 @dataclass(frozen=True)
@@ -525,13 +534,32 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
     bc = agent_jcts(agent, val, run.experts, teacher, encoder)
     say(f"cloned: agreement {clone.agreement[-1]:.1%}, validation {np.mean(bc) / 3600:.2f} h")
     kept, mine, tuned = "cloned", bc, None
+    rolled = None
+    if run.rollout_points:
+        from gpualloc.rl.rollouts import improve_agent, label_points
+
+        base = None if run.rollout_base is None else run.experts.index(run.rollout_base)
+        labels = label_points(train_p, run.experts, teacher=teacher, points=run.rollout_points, base=base,
+                              horizon_s=run.rollout_horizon_s, min_gain=run.rollout_min_gain, seed=run.seed,
+                              encoder=encoder)
+        changed = float(np.mean(labels.label != labels.teacher_action))
+        cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
+        fit = improve_agent(agent, labels, seed=run.seed)
+        rolled = agent_jcts(agent, val, run.experts, teacher, encoder)
+        say(f"rollout labels: {len(labels)} points, {changed:.1%} not the teacher's; fit {fit:.1%}; "
+            f"validation {np.mean(rolled) / 3600:.2f} h")
+        if np.mean(rolled) < np.mean(mine):
+            kept, mine = "rollout", rolled
+        else:
+            agent.qnet.load_state_dict(cloned_state)
+            agent.sync_target()
     if run.steps:
         cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
         agent.sync_target()
         train(env, agent, run.steps, seed=run.seed)
         tuned = agent_jcts(agent, val, run.experts, teacher, encoder)
         say(f"fine-tuned: validation {np.mean(tuned) / 3600:.2f} h")
-        if np.mean(tuned) < np.mean(bc):
+        if np.mean(tuned) < np.mean(mine):
             kept, mine = "fine-tuned", tuned
         else:
             agent.qnet.load_state_dict(cloned_state)
@@ -544,7 +572,9 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
                                bc_episodes=run.bc_episodes, train_problems=len(train_p), wall_s=round(wall, 1),
                                validation={"experts_h": {k: v / 3600 for k, v in means.items()},
                                            "cloned_h": float(np.mean(bc)) / 3600,
-                                           "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600})
+                                           "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600,
+                                           "rollout_h": None if rolled is None else float(np.mean(rolled)) / 3600},
+                               rollout_points=run.rollout_points, rollout_horizon_s=run.rollout_horizon_s)
     agent.save(out_path)
     return ExpertTrainReport(out_path, run.experts[teacher], means, float(np.mean(bc)),
                              None if tuned is None else float(np.mean(tuned)), kept, verdict, wall,
