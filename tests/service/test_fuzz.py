@@ -46,6 +46,12 @@ POLICY_BODIES = st.fixed_dictionaries(
     {}, optional={"name": st.sampled_from([p for p in POLICIES if p != "dqn"]) | st.text(max_size=20) | JSON,
                   "options": st.dictionaries(st.text(max_size=10), JSON, max_size=3) | JSON,
                   "extra": JSON}) | JSON
+ADVICE_BODIES = st.fixed_dictionaries(
+    {}, optional={"gpus": st.integers(min_value=-5, max_value=5000) | JSON,
+                  "gpu_type": st.sampled_from(["T4", "t4", "V100", "gpu:t4", ""]) | st.text(max_size=70) | JSON,
+                  "duration_s": st.floats(allow_nan=True, allow_infinity=True) | JSON,
+                  "single_node": st.booleans() | JSON, "job_type": st.text(max_size=20) | JSON,
+                  "name": st.text(max_size=140) | JSON, "extra": JSON}) | JSON
 RAW = st.binary(max_size=300) | st.sampled_from([b"", b"{", b"[" * 5000 + b"]" * 5000, b'{"name": "\\ud800"}',
                                                  b'{"name": "a", "command": "x", "num_gpus": 1e400}'])
 PATH_IDS = st.integers(min_value=-2**70, max_value=2**70) | st.text(min_size=1, max_size=20)
@@ -124,12 +130,24 @@ def test_fuzz_paths_and_queries(blocked, job, state, limit, offset, cursor, stre
     _no_5xx(c.get(f"/jobs/{holder}/logs", params=log_params))
 
 
+@FUZZ
+@given(body=ADVICE_BODIES, raw=RAW)
+def test_fuzz_advise(blocked, body, raw):
+    svc, _ = blocked
+    headers = {**svc.headers, "Content-Type": "application/json"}
+    _no_5xx(svc.client.post("/advise", content=_dump(body), headers=headers))
+    _no_5xx(svc.client.post("/advise", content=raw, headers=headers))
+    assert svc.anon.post("/advise", content=_dump(body), headers={"Content-Type": "application/json"}).status_code \
+        == 401
+
+
 def test_every_openapi_operation_was_fuzzed(blocked):
     """The fuzzers above cover the whole spec: a new endpoint must be added to them."""
     svc, _ = blocked
     ops = {(m.upper(), p) for p, item in svc.client.get("/openapi.json").json()["paths"].items() for m in item}
     covered = {("POST", "/jobs"), ("PUT", "/policy"), ("GET", "/jobs/{job_id}"), ("GET", "/jobs/{job_id}/events"),
-               ("POST", "/jobs/{job_id}/cancel"), ("GET", "/jobs"), ("GET", "/jobs/{job_id}/logs")}
+               ("POST", "/jobs/{job_id}/cancel"), ("GET", "/jobs"), ("GET", "/jobs/{job_id}/logs"),
+               ("POST", "/advise")}
     read_only = {("GET", "/health"), ("GET", "/cluster"), ("GET", "/policy")}  # no input to fuzz
     assert ops == covered | read_only
     for method, path in read_only:
