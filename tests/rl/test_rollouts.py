@@ -41,6 +41,15 @@ def test_forced_decision_cost_is_the_known_answer():
     assert sjf_first == pytest.approx(metrics.avg_jct_s(whole) * 3)
 
 
+def test_follow_keeps_the_forced_expert_deciding():
+    """Forcing SJF once and then FCFS: 1+11+12 = 24; SJF kept deciding throughout: 1+2+12 = 15."""
+    problem = _long_first()
+    once = rollout_cost(problem, PANEL, 0, 1, base=0)
+    kept = rollout_cost(problem, PANEL, 0, 1, base=0, follow_s=1e9)
+    assert once / kept == pytest.approx(24 / 15)
+    assert rollout_cost(problem, PANEL, 0, 0, base=0, follow_s=1e9) / kept == pytest.approx(33 / 15)
+
+
 def test_labeller_picks_the_cheaper_forced_decision_and_keeps_the_teacher_on_ties():
     problem = _long_first()
     lab = label_points([problem], PANEL, teacher=0, points=1, base=1, horizon_s=None, seed=0)

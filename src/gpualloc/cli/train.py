@@ -120,6 +120,9 @@ def scheduler_cmd(
                                        "rollout with the cheapest expert, trained on after cloning (0: off)."),
     rollout_horizon_h: float = typer.Option(6.0, "--rollout-horizon-h", min=0.0, max=10_000.0,
                                             help="Simulated hours of each rollout (0: to the end of the trace)."),
+    rollout_follow_h: float = typer.Option(0.0, "--rollout-follow-h", min=0.0, max=10_000.0,
+                                           help="Hours the forced expert keeps deciding before the base "
+                                           "(0: one decision)."),
     rollout_base: str = typer.Option(None, "--rollout-base", help="Expert followed after the forced decision "
                                      "(default the teacher)."),
     windows: Path = typer.Option(None, "--train-windows", help="Data folder of the real traces: also train on "
@@ -134,6 +137,7 @@ def scheduler_cmd(
                                         steps=steps, seed=seed, hd_dim=hd_dim, progress=console.print,
                                         rollout_points=rollout_points, rollout_base=rollout_base,
                                         rollout_horizon_s=rollout_horizon_h * 3600 or None,
+                                        rollout_follow_s=rollout_follow_h * 3600,
                                         extra_problems=tuple(_windows(windows, cluster)))
         console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
         return

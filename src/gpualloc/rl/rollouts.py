@@ -106,16 +106,19 @@ def choice_points(problem: Problem, experts: Sequence[str], teacher: int = 0, si
     return int(_to_point(_start(problem, panel, sim_options), panel, None))
 
 
-def _cost_from(sim: Simulation, first, follow, horizon_s: float | None, idle_weight: float) -> float:
-    """Apply ``first`` now, then ``follow.decide`` until ``horizon_s`` after now (None: the end); the
-    cost accrued from now, cut at the horizon (the areas grow linearly between decision points)."""
+def _cost_from(sim: Simulation, first, chosen, follow, follow_s: float, horizon_s: float | None,
+               idle_weight: float) -> float:
+    """Apply ``first`` now, then ``chosen``'s decisions for ``follow_s`` seconds (``follow`` is asked
+    too, so its state follows the run), then ``follow``'s until ``horizon_s`` after now (None: the
+    end); the cost accrued from now, cut at the horizon (the areas grow linearly between points)."""
     t0, j0, i0 = sim.now_s, sim.jobs_area_s, sim.idle_area_gpu_s
     end = np.inf if horizon_s is None else t0 + float(horizon_s)
     prev = (t0, j0, i0)
     sim.decide(first)
     while not sim.done and sim.now_s < end:
         prev = (sim.now_s, sim.jobs_area_s, sim.idle_area_gpu_s)
-        sim.decide(follow.decide(sim.view))
+        base = follow.decide(sim.view)
+        sim.decide(chosen.decide(sim.view) if sim.now_s < t0 + follow_s and chosen is not follow else base)
     t, j, i = sim.now_s, sim.jobs_area_s, sim.idle_area_gpu_s
     if t > end and t > prev[0]:
         w = (end - prev[0]) / (t - prev[0])
@@ -124,7 +127,8 @@ def _cost_from(sim: Simulation, first, follow, horizon_s: float | None, idle_wei
 
 
 def _forced(problem: Problem, experts: Sequence[str], teacher: int, point: int, choice: int, base: int | None,
-            horizon_s: float | None, idle_weight: float, sim_options: dict | None, encoder=None):
+            horizon_s: float | None, idle_weight: float, sim_options: dict | None, encoder=None,
+            follow_s: float = 0.0):
     """One rollout; returns ``(cost, proposals, mask, observation)`` (the last three of the point)."""
     panel = ExpertPanel(experts, teacher)
     sim = _start(problem, panel, sim_options)
@@ -137,25 +141,29 @@ def _forced(problem: Problem, experts: Sequence[str], teacher: int, point: int, 
         obs = np.concatenate([obs, np.asarray(encoder(sim.view), dtype=np.float32)])
     first = panel.apply(choice, proposals, sim.view)
     follow = panel.policies[teacher if base is None else base]
-    return _cost_from(sim, first, follow, horizon_s, idle_weight), proposals, mask, obs
+    cost = _cost_from(sim, first, panel.policies[choice], follow, follow_s, horizon_s, idle_weight)
+    return cost, proposals, mask, obs
 
 
 def rollout_cost(problem: Problem, experts: Sequence[str], point: int, choice: int, *, teacher: int = 0,
                  base: int | None = None, horizon_s: float | None = None, idle_weight: float = 0.0,
-                 sim_options: dict | None = None) -> float:
+                 follow_s: float = 0.0, sim_options: dict | None = None) -> float:
     """Cost of applying expert ``choice``'s decision at choice point ``point`` of the teacher's run,
     then following expert ``base`` (default the teacher) for ``horizon_s`` seconds (None: to the end):
-    job-seconds (plus ``idle_weight`` x idle GPU-seconds) accrued from the point to the horizon.
+    job-seconds (plus ``idle_weight`` x idle GPU-seconds) accrued from the point to the horizon. With
+    ``follow_s`` > 0 expert ``choice`` keeps deciding for that long before ``base`` takes over (a
+    regime switch, not one deviation: one round of a time-sharing teacher is undone at the next).
 
     Raises:
         AgentError: the run has fewer than ``point + 1`` choice points.
     """
-    return _forced(problem, experts, teacher, point, choice, base, horizon_s, idle_weight, sim_options)[0]
+    return _forced(problem, experts, teacher, point, choice, base, horizon_s, idle_weight, sim_options,
+                   follow_s=follow_s)[0]
 
 
 def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher: int = 0, points: int = 8,
                  base: int | None = None, horizon_s: float | None = 6 * 3600.0, idle_weight: float = 0.0,
-                 min_gain: float = 0.01, seed: int | np.random.Generator | None = 0,
+                 min_gain: float = 0.01, follow_s: float = 0.0, seed: int | np.random.Generator | None = 0,
                  sim_options: dict | None = None, encoder=None) -> RolloutLabels:
     """Label up to ``points`` choice points per problem (drawn uniformly without replacement) with
     the cheapest expert by rollout (see the module docstring).
@@ -167,6 +175,7 @@ def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher
         base: expert followed after the forced decision (default the teacher).
         horizon_s: simulated seconds of each rollout (None: to the end of the trace).
         idle_weight: weight of idle GPU-seconds in the cost.
+        follow_s: seconds the chosen expert keeps deciding before ``base`` (see :func:`rollout_cost`).
         min_gain: another expert replaces the teacher's label only when cheaper by more than this
             share of the teacher's cost (rollout noise must not undo the clone).
         seed: draws the points.
@@ -185,7 +194,7 @@ def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher
                 if proposals is not None and not mask[e]:
                     continue
                 c, proposals, mask, o = _forced(problem, experts, teacher, k, e, base, horizon_s, idle_weight,
-                                                sim_options, encoder)
+                                                sim_options, encoder, follow_s)
                 cost[e] = c
             for e in range(n_e):  # an expert proposing an earlier one's decision shares its cost
                 if not mask[e]:

@@ -435,6 +435,8 @@ class ExpertTraining:
     """Simulated seconds of each rollout (None: to the end of the trace)."""
     rollout_base: str | None = None
     """Expert followed after the forced decision (default the teacher)."""
+    rollout_follow_s: float = 0.0
+    """Seconds the forced expert keeps deciding before the base takes over (0: one decision)."""
     rollout_min_gain: float = 0.01
     """Another expert replaces the teacher's label only when cheaper by more than this share."""
 
@@ -541,6 +543,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         base = None if run.rollout_base is None else run.experts.index(run.rollout_base)
         labels = label_points(train_p, run.experts, teacher=teacher, points=run.rollout_points, base=base,
                               horizon_s=run.rollout_horizon_s, min_gain=run.rollout_min_gain, seed=run.seed,
+                              follow_s=run.rollout_follow_s,
                               encoder=encoder)
         changed = float(np.mean(labels.label != labels.teacher_action))
         cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
@@ -574,7 +577,8 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
                                            "cloned_h": float(np.mean(bc)) / 3600,
                                            "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600,
                                            "rollout_h": None if rolled is None else float(np.mean(rolled)) / 3600},
-                               rollout_points=run.rollout_points, rollout_horizon_s=run.rollout_horizon_s)
+                               rollout_points=run.rollout_points, rollout_horizon_s=run.rollout_horizon_s,
+                               rollout_follow_s=run.rollout_follow_s)
     agent.save(out_path)
     return ExpertTrainReport(out_path, run.experts[teacher], means, float(np.mean(bc)),
                              None if tuned is None else float(np.mean(tuned)), kept, verdict, wall,
