@@ -62,6 +62,7 @@ from gpualloc.execute.run import (
     worker_threads,
 )
 from gpualloc.execute.split import SplitModel, Stage, split_model
+from gpualloc.execute.worker import stop_workers
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
@@ -611,17 +612,7 @@ class _Workers:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for box in self._inboxes:
-            try:
-                box.put(("stop",))
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + 5.0
-        for proc in self._procs:
-            proc.join(timeout=max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=1.0)
+        stop_workers(self._inboxes, self._procs)
         self._procs = []
 
     def _next(self) -> tuple[Any, ...]:

@@ -19,7 +19,7 @@ import torch.multiprocessing as tmp
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.split import SplitModel
-from gpualloc.execute.worker import ProgramTable, WorkerSpec, worker_main
+from gpualloc.execute.worker import ProgramTable, WorkerSpec, stop_workers, worker_main
 
 __all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
 
@@ -127,17 +127,7 @@ class Pipeline:
 
     def close(self) -> None:
         """Ask the workers to stop; kill any that has not within a few seconds."""
-        for box in self._inboxes:
-            try:
-                box.put(("stop",))
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + 5.0
-        for proc in self._procs:
-            proc.join(timeout=max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=1.0)
+        stop_workers(self._inboxes, self._procs)
         self._procs = []
 
     def __enter__(self) -> Pipeline:

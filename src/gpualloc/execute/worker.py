@@ -356,6 +356,21 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def stop_workers(inboxes: list[Any], procs: list[Any], grace_s: float = 5.0) -> None:
+    """Ask every worker to stop; kill any that has not within ``grace_s`` seconds."""
+    for box in inboxes:
+        try:
+            box.put(("stop",))
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=1.0)
+
+
 def threads_per_worker(torch_devices: list[str], total: int) -> list[int]:
     """Split ``total`` CPU threads: one per GPU worker (it mostly launches kernels), the rest evenly
     over the CPU workers (at least one each)."""
