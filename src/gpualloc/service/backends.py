@@ -175,6 +175,14 @@ def _proc_start_time(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def read_exit(run_dir: Path) -> dict[str, Any] | None:
+    """The outcome the job runner wrote in ``run_dir`` (``exit.json``), or None while it has not."""
+    try:
+        return json.loads((run_dir / EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class LocalBackend:
     """Job attempts as processes on this host, one run folder each under ``runs_dir``.
 
@@ -260,10 +268,7 @@ class LocalBackend:
         return None
 
     def _exit(self, handle: str) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.run_dir(handle) / EXIT_FILE).read_text())
-        except (OSError, ValueError):
-            return None
+        return read_exit(self.run_dir(handle))
 
     def poll(self, runs: Sequence[RunRef]) -> dict[tuple[int, int], RunState]:
         out = {}

@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.hardware.slurm import SINFO_FORMAT, gres_device_type, parse_sinfo, run_slurm
-from gpualloc.service.backends import RunRef, RunRequest, RunState, RunStatus, rank_target, visible_devices_env
+from gpualloc.service.backends import (RunRef, RunRequest, RunState, RunStatus, rank_target, read_exit,
+                                       visible_devices_env)
 from gpualloc.service.errors import BackendError
 from gpualloc.service.runner import EXIT_FILE, LOG_FILES, SPEC_FILE, private_dir, write_json_atomic
 from gpualloc.workload.jobs import Job, JobType
@@ -337,10 +338,7 @@ class SlurmBackend:
         return handle
 
     def _exit(self, handle: str) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.run_dir(handle) / EXIT_FILE).read_text())
-        except (OSError, ValueError):
-            return None
+        return read_exit(self.run_dir(handle))
 
     def poll(self, runs: Sequence[RunRef]) -> dict[tuple[int, int], RunState]:
         if not runs:
