@@ -81,8 +81,8 @@ def scheduling_cmd(
     workers: int = typer.Option(1, "--workers", min=1, help="Parallel simulations: local processes without --ray, "
                                 "CPUs of a local Ray with it."),
     loads: str = typer.Option(None, "--loads", hidden=True, help="Comma-separated loads (tests)."),
-    jobs: int = typer.Option(None, "--jobs", max=MAX_JOBS, min=1, hidden=True,
-                             help="Jobs per synthetic trace (tests)."),
+    jobs: int = typer.Option(None, "--jobs", max=MAX_JOBS, min=1,
+                             help="Jobs per synthetic trace and per real-trace window (default 300; quick 120/60)."),
 ) -> None:
     """adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
     scaled to the cluster: every policy, the DQN agent and the lower bound."""
