@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
 from torch import fx, nn
 
 from gpualloc.cost.microbench import apply_profiles
@@ -62,7 +61,7 @@ from gpualloc.execute.run import (
     worker_threads,
 )
 from gpualloc.execute.split import SplitModel, Stage, split_model
-from gpualloc.execute.worker import stop_workers
+from gpualloc.execute.worker import spawn_workers, stop_workers
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
@@ -593,15 +592,8 @@ class _Workers:
         self._step = 0
 
     def __enter__(self) -> _Workers:
-        ctx = tmp.get_context("spawn")
-        self._outbox = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in self.specs]
-        for spec in self.specs:
-            proc = ctx.Process(target=_worker_main, args=(spec, self._inboxes[spec.rank], self._outbox,
-                                                          self._inboxes), daemon=True,
-                               name=f"gpualloc-hybrid-{spec.stage}.{spec.rank}")
-            proc.start()
-            self._procs.append(proc)
+        self._outbox, self._inboxes, self._procs = spawn_workers(
+            _worker_main, self.specs, lambda spec: f"gpualloc-hybrid-{spec.stage}.{spec.rank}")
         ready = 0
         try:
             while ready < len(self.specs):

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.multiprocessing as tmp
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.split import SplitModel
-from gpualloc.execute.worker import ProgramTable, WorkerSpec, stop_workers, worker_main
+from gpualloc.execute.worker import ProgramTable, WorkerSpec, spawn_workers, stop_workers, worker_main
 
 __all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
 
@@ -110,14 +109,8 @@ class Pipeline:
     # ------------------------------------------------------------------ life cycle
     def start(self) -> Pipeline:
         """Spawn the workers and wait until each has set up its stages."""
-        ctx = tmp.get_context("spawn")
-        self._outbox = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in self.specs]
-        for spec in self.specs:
-            proc = ctx.Process(target=worker_main, args=(spec, self._inboxes[spec.rank], self._outbox, self._inboxes),
-                               daemon=True, name=f"gpualloc-worker-{spec.rank}")
-            proc.start()
-            self._procs.append(proc)
+        self._outbox, self._inboxes, self._procs = spawn_workers(worker_main, self.specs,
+                                                                 lambda spec: f"gpualloc-worker-{spec.rank}")
         ready = 0
         while ready < len(self.specs):
             msg = self._next()

@@ -356,6 +356,28 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def spawn_workers(target: Any, specs: list[Any], name: Any) -> tuple[Any, list[Any], list[Any]]:
+    """Start one ``target(spec, inbox, outbox, inboxes)`` process per spec (indexed by ``spec.rank``), with
+    the ``spawn`` start method; returns the shared outbox, the inboxes and the processes. ``name(spec)``
+    names each process. If one fails to start, those already started are stopped."""
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("spawn")
+    outbox = ctx.Queue()
+    inboxes = [ctx.Queue() for _ in specs]
+    procs: list[Any] = []
+    try:
+        for spec in specs:
+            proc = ctx.Process(target=target, args=(spec, inboxes[spec.rank], outbox, inboxes), daemon=True,
+                               name=name(spec))
+            proc.start()
+            procs.append(proc)
+    except BaseException:
+        stop_workers(inboxes, procs)
+        raise
+    return outbox, inboxes, procs
+
+
 def stop_workers(inboxes: list[Any], procs: list[Any], grace_s: float = 5.0) -> None:
     """Ask every worker to stop; kill any that has not within ``grace_s`` seconds."""
     for box in inboxes:
