@@ -224,6 +224,7 @@ PolicyFactory = Callable[..., Policy]
 
 
 _FEW_NODES = 16  # best_fit loops in Python up to this many nodes, with numpy beyond
+_NO_ROOM = np.iinfo(np.int64).max  # best_fit's free count for a node too small for the job
 
 
 def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: Sequence[np.ndarray],
@@ -247,9 +248,9 @@ def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: 
     """
     if len(free_on_node) > _FEW_NODES:
         free_on_node = np.asarray(free_on_node)
-        fits = free_on_node >= need
-        if fits.any():  # one node suffices: the fullest node that fits (lowest index on ties)
-            node = int(np.argmin(np.where(fits, free_on_node, np.iinfo(np.int64).max)))
+        room = np.where(free_on_node >= need, free_on_node, _NO_ROOM)
+        node = int(room.argmin())
+        if room[node] != _NO_ROOM:  # one node suffices: the fullest node that fits (lowest index on ties)
             g = node_gpus[node]
             return tuple(g[free[g]][:need].tolist())
         counts = free_on_node.tolist()
@@ -291,8 +292,8 @@ class FreeGpus:
         self.view = view
         self.free = view.free_mask().copy()
         self.count = np.array(view.free_by_type_node(), dtype=np.int64)
-        self.by_type = self.count.sum(axis=1)
-        self.total = int(self.by_type.sum())
+        self.by_type = np.array(view.free_by_type(), dtype=np.int64)
+        self.total = sum(self.by_type.tolist())
         self._node_gpus = view.gpus_by_type_node()
         self._type_node = view.__dict__.get("_type_node_lists")
         if self._type_node is None:  # Python lists: indexing them is cheaper than numpy scalars in _move
