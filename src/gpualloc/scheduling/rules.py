@@ -133,13 +133,13 @@ def check_start(item: object, jobs: JobTable, gpu_job: np.ndarray, gpu_type: np.
         j, gpus = item  # type: ignore[misc]
     except (TypeError, ValueError):
         raise InvalidDecision(None, f"start {item!r} is not (job, gpus)") from None
-    if not _is_index(j) or not 0 <= j < len(jobs):
+    if not _is_index(j) or not 0 <= j < n:
         raise _invalid(j, "started, but there is no such job", n, label)
     j = int(j)
     if jobs.status[j] != QUEUED:
         raise _invalid(j, "started, but it is not queued", n, label)
     try:
-        gl = tuple(int(g) for g in gpus)
+        gl = tuple(map(int, gpus))
     except (TypeError, ValueError):
         raise _invalid(j, f"GPUs {gpus!r} are not a sequence of GPU indices", n, label) from None
     need = int(jobs.num_gpus[j])
@@ -156,11 +156,11 @@ def check_start(item: object, jobs: JobTable, gpu_job: np.ndarray, gpu_type: np.
     if len(set(gl)) != need:
         raise _invalid(j, f"GPUs {gl} repeat a GPU", n, label)
     t = int(gpu_type[gl[0]])
-    if any(gpu_type[g] != t for g in gl):
+    if need > 1 and any(gpu_type[g] != t for g in gl):
         raise _invalid(j, f"GPUs {gl} mix device types", n, label)
     if not jobs.speed[j, t] > 0:
         raise _invalid(j, f"may not run on {type_names[t]}", n, label)
-    if jobs.single_node[j] and any(gpu_node[g] != gpu_node[gl[0]] for g in gl):
+    if need > 1 and jobs.single_node[j] and any(gpu_node[g] != gpu_node[gl[0]] for g in gl):
         raise _invalid(j, f"needs one node, GPUs {gl} span several", n, label)
     return j, gl, t
 
@@ -194,7 +194,8 @@ def validate_decision(decision: Decision, view: ClusterView,
         except InvalidDecision as err:
             problems.append(err)
             continue
-        gpu_job[list(gpus)] = j
+        for g in gpus:  # a gang is a few GPUs: cheaper than fancy indexing
+            gpu_job[g] = j
         status[j] = RUNNING
     return problems
 
