@@ -631,8 +631,9 @@ class _Engine:
         self.job_gpus[j] = gpus
         slot = len(self.run_list)
         self.run_pos[j] = slot
-        self.run_buf[slot] = j
-        self.slots[:, slot] = (now, now + pen, rem, att, s, k)
+        if self.refresh:  # only _refresh reads the slots
+            self.run_buf[slot] = j
+            self.slots[:, slot] = (now, now + pen, rem, att, s, k)
         self.run_list.append(j)
 
     def _stop(self, j: int, now: float, reason: int) -> None:
@@ -677,9 +678,10 @@ class _Engine:
         last = self.run_list.pop()
         if last != j:
             self.run_list[p] = last
-            self.run_buf[p] = last
             self.run_pos[last] = p
-            self.slots[:, p] = self.slots[:, len(self.run_list)]
+            if self.refresh:
+                self.run_buf[p] = last
+                self.slots[:, p] = self.slots[:, len(self.run_list)]
 
     def _finish(self, j: int, now: float) -> None:
         tb = self.table
