@@ -61,7 +61,7 @@ from gpualloc.execute.run import (
     worker_threads,
 )
 from gpualloc.execute.split import SplitModel, Stage, split_model
-from gpualloc.execute.worker import spawn_workers, stop_workers
+from gpualloc.execute.worker import next_message, spawn_workers, stop_workers
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
@@ -608,22 +608,11 @@ class _Workers:
         self._procs = []
 
     def _next(self) -> tuple[Any, ...]:
-        """The next message from a worker; a worker's error or death becomes an ExecutionError."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                msg = self._outbox.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p for p in self._procs if not p.is_alive()]
-                if dead:
-                    raise ExecutionError(f"worker {dead[0].name} died (exit code {dead[0].exitcode})") from None
-                if time.monotonic() > deadline:
-                    raise ExecutionError(f"no answer from the workers in {self.timeout_s:.0f} s") from None
-                continue
-            if msg[0] == "error":
-                spec = self.specs[msg[1]]
-                raise ExecutionError(f"worker for stage {spec.stage} (rank {spec.rank}) failed: {msg[2]}")
-            return msg
+        return next_message(self._outbox, self._procs, self.timeout_s, self._describe)
+
+    def _describe(self, index: int) -> str:
+        spec = self.specs[index]
+        return f"stage {spec.stage} (rank {spec.rank})"
 
     def command(self, program: str, *, train: bool, sink: dict | None = None) -> list[dict[str, Any]]:
         self._step += 1

@@ -8,8 +8,6 @@ that returns its timings. Workers are stopped on exit, and killed if they do not
 
 from __future__ import annotations
 
-import queue
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +16,8 @@ import torch
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.split import SplitModel
-from gpualloc.execute.worker import ProgramTable, WorkerSpec, spawn_workers, stop_workers, worker_main
+from gpualloc.execute.worker import (ProgramTable, WorkerSpec, next_message, spawn_workers, stop_workers,
+                                     worker_main)
 
 __all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
 
@@ -171,23 +170,5 @@ class Pipeline:
         return reports  # type: ignore[return-value]
 
     def _next(self) -> tuple[Any, ...]:
-        """The next message from a worker; a worker's error or death becomes an ExecutionError."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                msg = self._outbox.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p for p in self._procs if not p.is_alive()]
-                if dead:
-                    self.close()
-                    raise ExecutionError(f"worker {dead[0].name} died (exit code {dead[0].exitcode})") from None
-                if time.monotonic() > deadline:
-                    self.close()
-                    raise ExecutionError(f"no answer from the workers in {self.timeout_s:.0f} s") from None
-                continue
-            if msg[0] == "error":
-                self.close()
-                device = self.devices[msg[1]]
-                raise ExecutionError(f"worker for device {device} ({self.specs[msg[1]].torch_device}) failed: "
-                                     f"{msg[2]}")
-            return msg
+        return next_message(self._outbox, self._procs, self.timeout_s,
+                            lambda i: f"device {self.devices[i]} ({self.specs[i].torch_device})", self.close)

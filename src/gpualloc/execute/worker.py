@@ -25,7 +25,7 @@ import os
 import queue
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,6 +376,32 @@ def spawn_workers(target: Any, specs: list[Any], name: Any) -> tuple[Any, list[A
         stop_workers(inboxes, procs)
         raise
     return outbox, inboxes, procs
+
+
+def next_message(outbox: Any, procs: list[Any], timeout_s: float, describe: Callable[[int], str],
+                 on_error: Callable[[], None] | None = None) -> tuple[Any, ...]:
+    """The next message of a worker pool. A worker's death, its ``("error", index, text)`` report or
+    no message for ``timeout_s`` becomes one ExecutionError (after ``on_error()``, e.g. stopping the
+    pool); ``describe(index)`` names the worker that reported the error."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            msg = outbox.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if not p.is_alive()]
+            if dead:
+                problem = f"worker {dead[0].name} died (exit code {dead[0].exitcode})"
+            elif time.monotonic() > deadline:
+                problem = f"no answer from the workers in {timeout_s:.0f} s"
+            else:
+                continue
+        else:
+            if msg[0] != "error":
+                return msg
+            problem = f"worker for {describe(msg[1])} failed: {msg[2]}"
+        if on_error is not None:
+            on_error()
+        raise ExecutionError(problem) from None
 
 
 def stop_workers(inboxes: list[Any], procs: list[Any], grace_s: float = 5.0) -> None:
