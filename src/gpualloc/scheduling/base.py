@@ -145,7 +145,10 @@ class ClusterView:
     preemption: bool = False
     restart_penalty_s: float = 0.0
 
+    # free_mask, free_by_type and free_by_type_node return new arrays: callers (FreeGpus) may change them
+
     def free_mask(self) -> np.ndarray:
+        """Per GPU: whether it is free."""
         return self.gpu_job == GPU_FREE
 
     def free_by_type(self) -> np.ndarray:
@@ -224,7 +227,6 @@ PolicyFactory = Callable[..., Policy]
 
 
 _FEW_NODES = 16  # best_fit loops in Python up to this many nodes, with numpy beyond
-_NO_ROOM = np.iinfo(np.int64).max  # best_fit's free count for a node too small for the job
 
 
 def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: Sequence[np.ndarray],
@@ -247,10 +249,11 @@ def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: 
         The GPUs, or ``None`` when they cannot be had.
     """
     if len(free_on_node) > _FEW_NODES:
-        free_on_node = np.asarray(free_on_node)
-        room = np.where(free_on_node >= need, free_on_node, _NO_ROOM)
-        node = int(room.argmin())
-        if room[node] != _NO_ROOM:  # one node suffices: the fullest node that fits (lowest index on ties)
+        free_on_node = np.asarray(free_on_node, dtype=np.int64)
+        # free - need as unsigned: a node without room wraps around to a huge value, so the least is
+        # the fullest node that fits (lowest index on ties) when one does
+        node = int((free_on_node - need).view(np.uint64).argmin())
+        if free_on_node[node] >= need:  # one node suffices
             g = node_gpus[node]
             return tuple(g[free[g]][:need].tolist())
         counts = free_on_node.tolist()
@@ -290,9 +293,9 @@ class FreeGpus:
 
     def __init__(self, view: ClusterView) -> None:
         self.view = view
-        self.free = view.free_mask().copy()
-        self.count = np.array(view.free_by_type_node(), dtype=np.int64)
-        self.by_type = np.array(view.free_by_type(), dtype=np.int64)
+        self.free = view.free_mask()  # the view's free_* methods return new arrays
+        self.count = np.asarray(view.free_by_type_node(), dtype=np.int64)
+        self.by_type = np.asarray(view.free_by_type(), dtype=np.int64)
         self.total = sum(self.by_type.tolist())
         self._node_gpus = view.gpus_by_type_node()
         self._type_node = view.__dict__.get("_type_node_lists")

@@ -248,16 +248,20 @@ def prepare(trace: Trace, cluster: ClusterSpec, speed: np.ndarray | None = None)
 
 
 class _LiveView(ClusterView):
-    """The simulator's view: the base fields plus incrementally kept free counts, so that the
-    per-decision queries cost O(types x nodes), not O(GPUs) or O(jobs)."""
+    """The simulator's view: the base fields plus an incrementally kept free mask and free counts,
+    so that the per-decision queries are copies, not recounts over GPUs or jobs."""
 
-    def __init__(self, *, free_tn: np.ndarray, free_type: np.ndarray, job_gpus: list,
+    def __init__(self, *, free: np.ndarray, free_tn: np.ndarray, free_type: np.ndarray, job_gpus: list,
                  rng: np.random.Generator, **fields) -> None:
         super().__init__(**fields)
+        self._free = free
         self._free_tn = free_tn
         self._free_type = free_type
         self._job_gpus = job_gpus
         self.rng = rng  # for policies that randomise; seeded from simulate(seed=...)
+
+    def free_mask(self) -> np.ndarray:
+        return self._free.copy()
 
     def free_by_type(self) -> np.ndarray:
         return self._free_type.copy()
@@ -500,6 +504,7 @@ class _Engine:
         self.gpu_type_l = self.gpu_type.tolist()
         self.gpu_node_l = self.gpu_node.tolist()
         self.gpu_job = np.full(G, GPU_FREE, dtype=np.int64)
+        self.gpu_free = np.ones(G, dtype=bool)  # gpu_job == GPU_FREE, kept as GPUs change hands
         self.free_tn = cluster.gpus_per_type_node.copy()
         self.free_type = self.free_tn.sum(axis=1)
         self.n_free, self.n_down = G, 0
@@ -558,7 +563,7 @@ class _Engine:
             now_s=0.0, cluster=cluster, type_names=self.type_names, gpu_type=self.gpu_type,
             gpu_node=self.gpu_node, gpu_job=self.gpu_job, jobs=table, queue=self.queue,
             running=self.run_list, preemption=self.allow_preempt, restart_penalty_s=self.penalty,
-            free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
+            free=self.gpu_free, free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
             rng=np.random.default_rng(seed))
 
         # events
@@ -621,9 +626,10 @@ class _Engine:
         ep = self.epoch[j] + 1
         self.epoch[j] = ep
         self._push(fin, COMPLETION, (j, ep))
-        gpu_job, free_tn, node = self.gpu_job, self.free_tn, self.gpu_node_l
+        gpu_job, free, free_tn, node = self.gpu_job, self.gpu_free, self.free_tn, self.gpu_node_l
         for g in gpus:
             gpu_job[g] = j
+            free[g] = False
             free_tn[t, node[g]] -= 1
         k = len(gpus)
         self.free_type[t] -= k
@@ -661,11 +667,13 @@ class _Engine:
         self.lost_work_s[j] += lost_work
         self.done_work[j] += progress
         useful = (progress - lost_work) / self.best_l[j]
-        busy, eff, gpu_job, free_tn, node = self.busy, self.eff, self.gpu_job, self.free_tn, self.gpu_node_l
+        busy, eff, gpu_job, free, free_tn = self.busy, self.eff, self.gpu_job, self.gpu_free, self.free_tn
+        node = self.gpu_node_l
         for g in gpus:
             busy[g] += el
             eff[g] += useful
             gpu_job[g] = GPU_FREE
+            free[g] = True
             free_tn[t, node[g]] += 1
         self.free_type[t] += k
         self.n_free += k
@@ -711,6 +719,7 @@ class _Engine:
                 self.failure_restarts[j] += 1
                 self._enqueue(j, now)
             gpu_job[g] = GPU_DOWN
+            self.gpu_free[g] = False
             t = t_of[g]
             self.free_tn[t, node[g]] -= 1
             self.free_type[t] -= 1
@@ -728,6 +737,7 @@ class _Engine:
             if self.down[g]:
                 continue
             self.gpu_job[g] = GPU_FREE
+            self.gpu_free[g] = True
             t = t_of[g]
             self.free_tn[t, node[g]] += 1
             self.free_type[t] += 1
@@ -762,18 +772,17 @@ class _Engine:
             self._stop(j, now, _PREEMPT)
             tb.preemptions[j] += 1
             self._enqueue(j, now)
-        if not decision.starts:
+        starts = decision.starts
+        if not starts:
             return
-        started: set[int] = set()
         t_of = self.gpu_type_l
-        for j, gpus in decision.starts:
-            j = int(j)
-            gl = tuple(int(g) for g in gpus)
-            self._start(j, gl, t_of[gl[0]], now)
-            started.add(j)
-        if len(started) == 1:
-            self.queue.remove(next(iter(started)))
+        for j, gpus in starts:
+            gl = tuple(map(int, gpus))
+            self._start(int(j), gl, t_of[gl[0]], now)
+        if len(starts) == 1:  # valid starts name distinct jobs
+            self.queue.remove(int(starts[0][0]))
         else:
+            started = {int(j) for j, _ in starts}
             self.queue[:] = [q for q in self.queue if q not in started]
 
     def _check_state(self) -> None:
@@ -790,6 +799,8 @@ class _Engine:
         if int((self.gpu_job >= 0).sum()) != len(owner):
             raise AssertionError("a GPU is marked busy with no running job")
         free = self.gpu_job == GPU_FREE
+        if not np.array_equal(free, self.gpu_free):
+            raise AssertionError("the free GPU mask drifted from the GPU table")
         recount = np.zeros_like(self.free_tn)
         np.add.at(recount, (self.gpu_type[free], self.gpu_node[free]), 1)
         if not np.array_equal(recount, self.free_tn) or self.n_free != int(free.sum()) \
