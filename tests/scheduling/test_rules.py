@@ -264,6 +264,16 @@ def test_best_fit_equals_the_former_view_rule(free_list, need, single, t):
     assert view.free_gpus().find(0, t) == want
 
 
+@given(st.lists(st.booleans(), min_size=160, max_size=160), st.integers(1, 20), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_best_fit_on_many_nodes_equals_the_former_view_rule(free_list, need, single):
+    cluster = load_cluster("160xV100")  # 20 nodes: more than best_fit loops over in Python
+    assert len(cluster.nodes) > 16
+    free = np.array(free_list)
+    want = _reference_find(need, single, cluster.gpu_type, cluster.gpu_node, free, 0)
+    assert _best_fit_on(cluster, free, need, single) == want
+
+
 # ------------------------------------------------------------------------- prepared workload
 
 def _trace(n: int = 40) -> Trace:
