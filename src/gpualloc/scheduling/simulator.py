@@ -52,7 +52,7 @@ from gpualloc.scheduling.base import (
     JobTable,
     Policy,
 )
-from gpualloc.scheduling.rules import fits_types, unplaceable_reason, validate_decision
+from gpualloc.scheduling.rules import InvalidDecision, check_start, fits_types, unplaceable_reason, validate_decision
 from gpualloc.workload.jobs import Trace
 
 # Event kinds; the kind is also the priority among events at one timestamp: completions free GPUs
@@ -760,12 +760,20 @@ class _Engine:
 
     def _apply(self, decision: Decision, now: float) -> None:
         """Check ``decision`` (:func:`~gpualloc.scheduling.rules.validate_decision`: the first rule
-        broken stops the run), then stop its preempted jobs and start its starts."""
+        broken stops the run, before anything changes), then stop its preempted jobs and start its starts."""
         if not (decision.preempt or decision.starts):
             return
-        problems = validate_decision(decision, self.view, self.ids.__getitem__)
-        if problems:
-            raise SchedulingError(f"policy {self.name}: {problems[0]}") from problems[0]
+        label = self.ids.__getitem__
+        if decision.preempt or len(decision.starts) > 1:
+            problems = validate_decision(decision, self.view, label)
+            if problems:
+                raise SchedulingError(f"policy {self.name}: {problems[0]}") from problems[0]
+        else:  # a lone start (most decisions): the same rule on the live state, without a scratch copy
+            try:
+                check_start(decision.starts[0], self.table, self.gpu_job, self.gpu_type_l, self.gpu_node_l,
+                            self.type_names, label)
+            except InvalidDecision as err:
+                raise SchedulingError(f"policy {self.name}: {err}") from err
         tb = self.table
         for j in decision.preempt:
             j = int(j)
