@@ -41,3 +41,24 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     assert {r["trace"] for r in rows} == {"synthetic", "gavel-msr", "philly", "alibaba"}
     for name in ("table.md", "results.json", "avg_jct.png", "real_traces.png"):
         assert (tmp_path / name).exists()
+
+
+def test_training_windows_are_unseen_by_the_table_and_keep_the_trace_format(shared_data):
+    from gpualloc.experiments.scheduling_table import (REAL_TRACES, TRAIN_WINDOWS, VAL_WINDOWS,
+                                                       training_windows)
+
+    assert SchedTableSpec.full().real_jobs <= 300
+    for label in TRAIN_WINDOWS:
+        spans = [(s, s + 150) for s in (*TRAIN_WINDOWS[label], *VAL_WINDOWS.get(label, ()))]
+        assert min(s for s, _ in spans) >= 300  # the table evaluates the first real_jobs jobs
+        ordered = sorted(spans)
+        assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:], strict=False))  # train and val disjoint
+    clusters = ["adlro16", "4xA100+4xV100+8xT4"]
+    train = training_windows(shared_data, clusters)
+    val = training_windows(shared_data, clusters, starts=VAL_WINDOWS)
+    assert len(train) == sum(map(len, TRAIN_WINDOWS.values())) and len(val) == sum(map(len, VAL_WINDOWS.values()))
+    formats = {label: fmt for label, _, fmt in REAL_TRACES}
+    for spec, trace in train + val:
+        label = trace.source.split("[")[0]
+        assert trace.format == formats[label] and len(trace.jobs) == 150 and spec.name in clusters
+        assert trace.meta["load"] == 0.8

@@ -16,10 +16,12 @@ from gpualloc.cli.main import main
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
-from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, distinct, gate, obs_dim, observe
+from gpualloc.errors import AgentError
+from gpualloc.rl.expert_choice import (ExpertPanel, GateResult, HDFeatures, distinct, gate, mean_ratio, obs_dim,
+                                       observe)
 from gpualloc.rl.imitation import clone_teacher
 from gpualloc.rl.sched_policy import AgentFallbackWarning, ExpertChoicePolicy, expert_extra, learned_policy
-from gpualloc.rl.train_scheduler import agent_jcts, expert_jcts, train_expert_scheduler
+from gpualloc.rl.train_scheduler import _guide, agent_jcts, expert_jcts, train_expert_scheduler
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.base import GPU_DOWN, GPU_FREE
 from gpualloc.scheduling.policies import make_policy
@@ -184,3 +186,60 @@ def test_simulate_dqn_on_an_unseen_cluster_through_main(capsys, monkeypatch):
     assert exc.value.code in (0, None), err
     row = json.loads(out)
     assert row["jobs"] == 40 and np.isfinite(row["avg_jct_s"]) and row["avg_jct_s"] > 0
+
+
+def test_guided_episodes_replay_each_problems_own_expert():
+    """With per-problem guides, following ``teacher_action`` replays that problem's guide exactly."""
+    cluster = load_cluster("4xV100+2xT4+2xK80")
+    problems = [(cluster, generate(20, cluster, 1.0, seed=s)) for s in (31, 32)]
+    env = ExpertChoiceEnv(problems, experts=FAST, teacher=0, guides=[1, 2])
+    for k, guide in enumerate((1, 2)):
+        _, info = env.reset(seed=0, options={"index": k})
+        done = False
+        while not done:
+            _, _, done, _, info = env.step(info["teacher_action"])
+        alone = simulate(problems[k][1], cluster, make_policy(FAST[guide]), drop_unplaceable=True, timeline=False)
+        np.testing.assert_array_equal(env.last_result.finish_s, alone.finish_s)
+    with pytest.raises(AgentError, match="one expert index per problem"):
+        ExpertChoiceEnv(problems, experts=FAST, guides=[0])
+    with pytest.raises(AgentError, match="out of range"):
+        env.reset(options={"index": 5})
+
+
+def test_guide_is_the_best_expert_only_when_clearly_better():
+    assert _guide(np.array([10.0, 9.0, 12.0]), teacher=0, min_gain=0.01) == 1
+    assert _guide(np.array([10.0, 9.95, 12.0]), teacher=0, min_gain=0.01) == 0  # 0.5%: noise, keep the teacher
+    assert _guide(np.array([10.0, 11.0]), teacher=0, min_gain=0.01) == 0
+
+
+def test_gate_scores_per_trace_ratios_so_a_long_window_cannot_hide_a_loss():
+    # sums: the agent wins (310 vs 315); per trace it doubles the first trace's JCT and saves 3% on the second
+    verdict = gate([10.0, 300.0], [5.0, 310.0], "gavel")
+    assert not verdict.passed and verdict.ratio == pytest.approx((2.0 + 300 / 310) / 2)
+    assert "falling back to gavel" in verdict.note()
+    assert gate([5.0, 300.0], [5.0, 310.0], "gavel").passed
+    assert mean_ratio([0.0, 1.0], [0.0, 2.0]) == pytest.approx(0.75)  # 0/0 counts 1
+    assert GateResult.from_dict(verdict.to_dict()) == verdict
+    old = {k: v for k, v in verdict.to_dict().items() if k != "ratio"}  # checkpoints before the ratio
+    assert GateResult.from_dict(old).ratio is None
+    with pytest.raises(AgentError):
+        mean_ratio([1.0], [1.0, 2.0])
+
+
+def test_train_expert_scheduler_with_per_trace_guides(tmp_path):
+    report = train_expert_scheduler(tmp_path / "g.pt", clusters=("4xV100+2xT4",), experts=FAST, train_traces=2,
+                                    num_jobs=(15, 20), val_loads=(0.9,), bc_rounds=1, steps=0, guide="best")
+    assert set(report.scores) >= set(FAST) | {"cloned"} and min(report.scores[e] for e in FAST) == 1.0
+    extra = DQNAgent.load(report.out_path).extra
+    assert extra["guide"] == "best" and sum(extra["guides"].values()) == 2
+    with pytest.raises(AgentError, match="guide"):
+        train_expert_scheduler(tmp_path / "x.pt", guide="oracle")
+
+
+def test_train_scheduler_cli_rejects_a_bad_guide_in_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["gpualloc", "train", "scheduler", "--experts", "srtf,sjf", "--guide", "nope",
+                                      "--steps", "0", "-o", str(tmp_path / "a.pt")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "guide" in err and len(err.splitlines()) == 1

@@ -80,12 +80,14 @@ def placer_cmd(
     console.print(f"wrote {out} (best held-out return {best}: mean gain over the best heuristic) and {curve}")
 
 
-def _windows(data: Path | None, clusters: str) -> list:
+def _windows(data: Path | None, clusters: str) -> tuple[list, list]:
+    """Training and validation windows of the real traces under ``data`` (none without it)."""
     if data is None:
-        return []
-    from gpualloc.experiments.scheduling_table import training_windows
+        return [], []
+    from gpualloc.experiments.scheduling_table import VAL_WINDOWS, training_windows
 
-    return training_windows(data, [c.strip() for c in clusters.split(",") if c.strip()])
+    names = [c.strip() for c in clusters.split(",") if c.strip()]
+    return training_windows(data, names), training_windows(data, names, starts=VAL_WINDOWS)
 
 
 @app.command("scheduler")
@@ -95,8 +97,9 @@ def scheduler_cmd(
     fmt: str = typer.Option(None, "--format", "-f", help="Trace format (default: from the file)."),
     generator: bool = typer.Option(True, "--generator/--no-generator",
                                    help="Train on synthetic traces (ignored when --trace is given)."),
-    steps: int = typer.Option(80_000, "--steps", max=MAX_STEPS, min=100,
-                              help="Environment steps (scheduling decisions)."),
+    steps: int = typer.Option(80_000, "--steps", max=MAX_STEPS, min=0,
+                              help="Environment steps (scheduling decisions; at least 100; with --experts the "
+                              "DQN fine-tuning steps, 0: none)."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the agent and the generated traces."),
     out: Path = typer.Option(Path("sched.pt"), "-o", "--out", callback=output_file,
                              help="Checkpoint (the best by held-out avg JCT)."),
@@ -125,24 +128,33 @@ def scheduler_cmd(
                                            "(0: one decision)."),
     rollout_base: str = typer.Option(None, "--rollout-base", help="Expert followed after the forced decision "
                                      "(default the teacher)."),
-    windows: Path = typer.Option(None, "--train-windows", help="Data folder of the real traces: also train on "
-                                 "windows of them past the evaluated ones (jobs 1000- and 5000-, 100 each)."),
+    windows: Path = typer.Option(None, "--train-windows", help="Data folder of the real traces: also train and "
+                                 "validate on 150-job windows of them past the first 300 jobs (which the "
+                                 "results table evaluates)."),
+    guide: str = typer.Option("teacher", "--guide", help="Expert choice: clone the teacher everywhere "
+                              "('teacher') or each training trace's best expert ('best')."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
     if experts:
         from gpualloc.rl.train_scheduler import train_expert_scheduler
 
+        train_w, val_w = _windows(windows, cluster)
         report = train_expert_scheduler(out, clusters=tuple(c.strip() for c in cluster.split(",") if c.strip()),
                                         experts=tuple(e.strip() for e in experts.split(",") if e.strip()),
                                         steps=steps, seed=seed, hd_dim=hd_dim, progress=console.print,
                                         rollout_points=rollout_points, rollout_base=rollout_base,
                                         rollout_horizon_s=rollout_horizon_h * 3600 or None,
                                         rollout_follow_s=rollout_follow_h * 3600,
-                                        extra_problems=tuple(_windows(windows, cluster)))
+                                        guide=guide, extra_problems=tuple(train_w), val_problems=tuple(val_w))
         console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
         return
     from gpualloc.parallel import make_executor
     from gpualloc.rl.train_scheduler import train_scheduler
+
+    if steps < 100:
+        from gpualloc.errors import AgentError
+
+        raise AgentError(f"--steps {steps}: the per-slot agent needs at least 100")
     from gpualloc.workload.traces import read_trace
 
     if not trace and not generator:

@@ -289,17 +289,32 @@ def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
                                  + (len(REAL_TRACES) if with_real else 0))
 
 
-def training_windows(data_root: str | Path, clusters: Sequence[str], *, starts: Sequence[int] = (1000, 5000),
-                     jobs: int = 100, load: float = 0.8) -> list[tuple[ClusterSpec, Trace]]:
-    """Windows of the real traces for training: ``jobs`` jobs from each of ``starts`` (past the
-    first ``real_jobs`` the table evaluates on), scaled to ``load`` on each cluster in turn."""
+TRAIN_WINDOWS = {"gavel-msr": (300, 600, 900), "philly": (1500, 7000, 30000, 60000), "alibaba": (1000, 2000, 4000)}
+"""First jobs of the real-trace windows the agent trains on: past the first 300 jobs, which the table
+evaluates (``real_jobs`` is at most 300 in :meth:`SchedTableSpec.full`). Philly's are windows where the
+experts differ (most 150-job Philly windows finish in minutes under any policy and teach nothing):
+from a scan of 18 offsets, 300 to 80,000, on ``adlro16`` (docs/scheduling-agent.md)."""
+VAL_WINDOWS = {"gavel-msr": (450, 750), "philly": (2500, 70000), "alibaba": (3000, 5000)}
+"""First jobs of the held-out real-trace windows of the agent's validation (and gate)."""
+
+
+def training_windows(data_root: str | Path, clusters: Sequence[str], *,
+                     starts: dict[str, Sequence[int]] | None = None, jobs: int = 150,
+                     load: float = 0.8) -> list[tuple[ClusterSpec, Trace]]:
+    """Windows of the real traces: ``jobs`` jobs from each start in ``starts`` (per trace label;
+    default :data:`TRAIN_WINDOWS`, :data:`VAL_WINDOWS` for validation), scaled to ``load`` on the
+    clusters in turn, like the table's real rows."""
     specs = [load_cluster(c) for c in clusters]
+    starts = TRAIN_WINDOWS if starts is None else starts
     out = []
+    k = 0
     for label, path, fmt in _real_traces(data_root):
         whole = read_trace(path, fmt)
-        for k, start in enumerate(starts):
-            window = Trace.of(whole.jobs[start:start + jobs], source=f"{label}[{start}:{start + jobs}]")
+        for start in starts.get(label, ()):
+            window = Trace(whole.jobs[start:start + jobs], f"{label}[{start}:{start + jobs}]", whole.format,
+                           dict(whole.meta))
             if window.jobs:
                 spec = specs[k % len(specs)]
+                k += 1
                 out.append((spec, scale_to_load(window, spec, load)))
     return out

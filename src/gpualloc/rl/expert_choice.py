@@ -29,7 +29,7 @@ from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.rules import validate_decision
 
 __all__ = ["DEFAULT_EXPERTS", "EXPERT_FEATURES", "GLOBAL_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel",
-           "GateResult", "HDFeatures", "distinct", "gate", "obs_dim", "observe"]
+           "GateResult", "HDFeatures", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
 
 DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf")
 """The heuristics whose proposals the agent chooses among (registry names)."""
@@ -37,7 +37,7 @@ DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf")
 MAX_TYPES = 4
 """Per-type feature blocks; a cluster with more types folds the smallest ones into the last block."""
 
-GLOBAL_FEATURES = 10
+GLOBAL_FEATURES = 12
 TYPE_FEATURES = 4
 EXPERT_FEATURES = 7
 
@@ -155,12 +155,16 @@ def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0) 
     q_left = jobs.remaining_s[q] / jobs.speed[q].max(axis=1) if q.size else np.zeros(1)
     r_left = jobs.remaining_s[r] / jobs.speed[r].max(axis=1) if r.size else np.zeros(1)
     wait = view.now_s - jobs.queued_since_s[q] if q.size else np.zeros(1)
+    both = np.concatenate([q_left, r_left])
     glob = np.array([
         busy, float(jobs.num_gpus[q].sum()) / n_gpus, q.size / n_gpus, r.size / n_gpus,
         np.log1p(np.mean(q_left) / _HOUR), np.log1p(np.max(q_left) / _HOUR), np.log1p(np.mean(r_left) / _HOUR),
         np.log1p(np.nanmean(wait) / _HOUR) if q.size else 0.0,
         float(np.mean(jobs.num_gpus[q] > 1)) if q.size else 0.0,
         float(np.mean(jobs.preemptions[r] > 0)) if r.size else 0.0,
+        # how heavy-tailed the work in the system is (where shortest-first beats fair sharing)
+        np.log1p(np.std(q_left) / np.mean(q_left)) if np.mean(q_left) > 0 else 0.0,
+        np.log1p(np.max(both) / np.median(both)) if np.median(both) > 0 else 0.0,
     ], dtype=np.float32)
     blocks = [_expert_block(view, d, busy, n_gpus, proposals[teacher]) for d in proposals]
     out = np.concatenate([glob, _type_blocks(view, q, total, free, n_gpus), *blocks])
@@ -172,10 +176,13 @@ class GateResult:
     """The gate's verdict: the agent ships only when it is at least as good as its teacher.
 
     Attributes:
-        passed: ``agent_jct_s <= teacher_jct_s`` on the validation traces.
+        passed: the mean over the validation traces of the agent's average JCT divided by the
+            teacher's (``ratio``) is at most 1. A ratio, not a difference of sums, so a real-trace
+            window with JCTs of hundreds of hours does not outweigh the synthetic traces.
         agent_jct_s, teacher_jct_s: mean average JCT over the validation traces.
         teacher: the teacher's name.
         traces: how many validation traces.
+        ratio: the mean paired ratio (None in checkpoints written before it existed: the means decide).
     """
 
     passed: bool
@@ -183,32 +190,46 @@ class GateResult:
     teacher_jct_s: float
     teacher: str
     traces: int
+    ratio: float | None = None
 
     def note(self) -> str:
         """One line saying which policy runs and why."""
-        change = 1.0 - self.agent_jct_s / self.teacher_jct_s if self.teacher_jct_s > 0 else 0.0
+        if self.ratio is not None:
+            change = 1.0 - self.ratio
+        else:
+            change = 1.0 - self.agent_jct_s / self.teacher_jct_s if self.teacher_jct_s > 0 else 0.0
         if self.passed:
             return (f"learned agent: {change:+.1%} average JCT vs its teacher {self.teacher} on "
-                    f"{self.traces} validation traces")
+                    f"{self.traces} validation traces (mean per-trace ratio)")
         return (f"learned agent worse than its teacher {self.teacher} on {self.traces} validation traces "
-                f"({self.agent_jct_s / 3600:.2f} h vs {self.teacher_jct_s / 3600:.2f} h); falling back to "
-                f"{self.teacher}")
+                f"({change:+.1%} mean per-trace average JCT); falling back to {self.teacher}")
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "agent_jct_s": self.agent_jct_s, "teacher_jct_s": self.teacher_jct_s,
-                "teacher": self.teacher, "traces": self.traces}
+                "teacher": self.teacher, "traces": self.traces, "ratio": self.ratio}
 
     @classmethod
     def from_dict(cls, data: dict) -> GateResult:
+        ratio = data.get("ratio")
         return cls(bool(data["passed"]), float(data["agent_jct_s"]), float(data["teacher_jct_s"]),
-                   str(data["teacher"]), int(data["traces"]))
+                   str(data["teacher"]), int(data["traces"]), None if ratio is None else float(ratio))
+
+
+def mean_ratio(jcts: Sequence[float], reference: Sequence[float]) -> float:
+    """Mean over paired traces of ``jcts / reference`` (a trace where the reference is 0 counts 1
+    when both are 0): the one score of a policy over traces of very different scales."""
+    a, b = np.asarray(jcts, dtype=float), np.asarray(reference, dtype=float)
+    if a.shape != b.shape or not a.size:
+        raise AgentError(f"mean_ratio: {a.size} and {b.size} traces; need the same positive number")
+    return float(np.mean(np.where(b > 0, a / np.where(b > 0, b, 1.0), np.where(a > 0, np.inf, 1.0))))
 
 
 def gate(agent_jcts: Sequence[float], teacher_jcts: Sequence[float], teacher: str) -> GateResult:
-    """The one gate: pass when the agent's mean average JCT over the validation traces is not above
-    the teacher's (paired traces)."""
-    a, t = float(np.mean(agent_jcts)), float(np.mean(teacher_jcts))
-    return GateResult(bool(a <= t), a, t, teacher, len(agent_jcts))
+    """The one gate: pass when the agent's average JCT over the validation traces, divided by the
+    teacher's on the same trace and averaged (:func:`mean_ratio`), is at most 1."""
+    ratio = mean_ratio(agent_jcts, teacher_jcts)
+    return GateResult(bool(ratio <= 1.0), float(np.mean(agent_jcts)), float(np.mean(teacher_jcts)), teacher,
+                      len(agent_jcts), ratio)
 
 
 class HDFeatures:

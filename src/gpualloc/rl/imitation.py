@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gpualloc.errors import AgentError
 from gpualloc.rl.dqn import DQNAgent
 from gpualloc.rl.dqn.replay import ReplayBuffer
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
@@ -46,8 +47,8 @@ def margin_loss(q: torch.Tensor, expert: torch.Tensor, mask: torch.Tensor, margi
 
 
 def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store: dict, teacher_drives: bool,
-             seed: int) -> int:
-    obs, info = env.reset(seed=seed)
+             seed: int, options: dict | None = None) -> int:
+    obs, info = env.reset(seed=seed, options=options)
     n, done = 0, False
     while not done:
         label, mask = info["teacher_action"], info["action_mask"]
@@ -62,7 +63,7 @@ def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store:
     return n
 
 
-def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, episodes: int = 2,
+def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, episodes: int | None = 2,
                   epochs: int = 4, batch_size: int = 64, margin: float = 0.5, td_weight: float = 1.0,
                   seed: int = 0) -> CloneLog:
     """DAgger rounds of behaviour cloning with DQfD's loss; the agent is trained in place.
@@ -71,7 +72,8 @@ def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, epi
         agent: the agent (its network is updated; its counters are left as they were).
         env: the expert-choice environment (episodes drawn from its problems or generator).
         rounds: DAgger rounds; round 0 follows the teacher, later ones the agent.
-        episodes: episodes rolled out per round.
+        episodes: episodes rolled out per round; when the environment has a problem list, episodes
+            go through it in a seeded order (None: each problem once per round).
         epochs: passes over the gathered states per round.
         batch_size: states per gradient step.
         margin: the large margin of the classification term.
@@ -82,9 +84,18 @@ def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, epi
     buffer = ReplayBuffer(200_000, env.observation_space, agent.n_actions, seed=rng, device=agent.device)
     store: dict[str, list] = {"obs": [], "label": [], "mask": []}
     log = CloneLog()
+    order = None if env.problems is None else rng.permutation(len(env.problems)).tolist()
+    if episodes is None:
+        if order is None:
+            raise AgentError("clone_teacher: episodes=None needs an environment with a problem list")
+        episodes = len(order)
+    k = 0
     for r in range(rounds):
         for _ in range(episodes):
-            _rollout(env, agent, buffer, store, teacher_drives=r == 0, seed=int(rng.integers(2**31 - 1)))
+            options = None if order is None else {"index": order[k % len(order)]}
+            k += 1
+            _rollout(env, agent, buffer, store, teacher_drives=r == 0, seed=int(rng.integers(2**31 - 1)),
+                     options=options)
         obs = torch.as_tensor(np.asarray(store["obs"], dtype=np.float32), device=agent.device)
         label = torch.as_tensor(np.asarray(store["label"], dtype=np.int64), device=agent.device)
         mask = torch.as_tensor(np.asarray(store["mask"], dtype=bool), device=agent.device)

@@ -418,10 +418,21 @@ class ExpertTraining:
     """Loads of the validation traces (one per cluster and load, 80 jobs, seeds 20,000+)."""
     extra_problems: tuple = ()
     """More ``(cluster spec, trace)`` training problems (real-trace windows)."""
+    val_problems: tuple = ()
+    """More ``(cluster spec, trace)`` validation problems (held-out real-trace windows)."""
+    guide: str = "teacher"
+    """Whose choices cloning imitates: ``teacher`` (one expert everywhere) or ``best`` (on each
+    training trace, the expert with the lowest average JCT on it: a per-workload oracle)."""
     bc_rounds: int = 2
     """DAgger rounds (round 0 follows the teacher)."""
-    bc_episodes: int = 3
-    """Episodes per DAgger round."""
+    bc_episodes: int | None = None
+    """Episodes per DAgger round (None: every training problem once per round)."""
+    bc_epochs: int = 8
+    """Passes over the gathered states per DAgger round."""
+    bc_td_weight: float = 0.0
+    """Weight of DQfD's TD term in cloning (0: pure large-margin classification; the rewards of a
+    backlogged real-trace window are orders of magnitude above a synthetic trace's and would drown the
+    classification term)."""
     steps: int = 6_000
     """DQN fine-tuning environment steps (0: behaviour cloning only)."""
     config: DQNConfig | None = None
@@ -448,6 +459,10 @@ class ExpertTrainReport:
     out_path: Path
     teacher: str
     expert_jct_s: dict[str, float]
+    """Each expert's mean average JCT on the validation traces."""
+    scores: dict[str, float]
+    """Mean per-validation-trace ratio of average JCT to the best expert's on that trace, for each
+    expert and for ``cloned``, ``rollout``, ``fine-tuned`` when run (1.0 = the per-trace best)."""
     bc_jct_s: float
     tuned_jct_s: float | None
     kept: str
@@ -467,7 +482,7 @@ def _problems(run: ExpertTraining) -> tuple[list, list]:
         train_p.append((spec, generate(n, spec, float(rng.uniform(*run.loads)), seed=int(rng.integers(10_000)))))
     val = [(spec, generate(80, spec, load, seed=20_000 + i)) for i, (spec, load) in
            enumerate((s, ld) for s in specs for ld in run.val_loads)]
-    return train_p + list(run.extra_problems), val
+    return train_p + list(run.extra_problems), val + list(run.val_problems)
 
 
 def _jct(problem, policy) -> float:
@@ -487,14 +502,26 @@ def agent_jcts(agent: DQNAgent, problems: Sequence, experts: Sequence[str], teac
     return [_jct(p, ExpertChoicePolicy(agent, experts, teacher, encoder=encoder)) for p in problems]
 
 
+def _guide(jcts: np.ndarray, teacher: int, min_gain: float) -> int:
+    """The expert to imitate on one trace: the one with the lowest average JCT there, or the teacher
+    unless that one is better by more than ``min_gain`` of the teacher's JCT."""
+    best = int(np.argmin(jcts))
+    return best if jcts[teacher] - jcts[best] > min_gain * jcts[teacher] else teacher
+
+
 def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None = None, *,
                            progress: Callable[[str], None] | None = None, **overrides: Any) -> ExpertTrainReport:
     """Train the expert-choice agent: pick the teacher, clone it (DAgger), fine-tune with DQN, gate.
 
-    1. Teacher: the expert with the lowest mean average JCT on the validation traces.
-    2. Behaviour cloning of the teacher (:func:`gpualloc.rl.imitation.clone_teacher`).
-    3. DQN fine-tuning (double DQN, target network) on the training problems, when ``steps > 0``;
-       the fine-tuned agent is kept only when it beats the cloned one on the validation traces.
+    1. Teacher: the expert with the lowest mean ratio of average JCT to the per-trace best expert's
+       on the validation traces (:func:`~gpualloc.rl.expert_choice.mean_ratio`); it replaces invalid
+       choices and is the fallback of a failed gate.
+    2. Behaviour cloning (:func:`gpualloc.rl.imitation.clone_teacher`) of the teacher, or with
+       ``guide="best"`` of each training trace's best expert (so the agent learns which expert
+       suits which workload).
+    3. Optionally, rollout labels (:mod:`gpualloc.rl.rollouts`, ``rollout_points > 0``) and DQN
+       fine-tuning (double DQN, target network, ``steps > 0``); each result is kept only when it
+       scores better on the validation traces than what it started from.
     4. Gate (:func:`gpualloc.rl.expert_choice.gate`): agent vs teacher on the validation traces; the
        verdict is saved with the agent, and a failed gate makes the ``dqn`` policy run the teacher.
 
@@ -502,7 +529,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         AgentError: bad settings.
     """
     from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
-    from gpualloc.rl.expert_choice import gate
+    from gpualloc.rl.expert_choice import gate, mean_ratio
     from gpualloc.rl.imitation import clone_teacher
     from gpualloc.rl.sched_policy import expert_extra
 
@@ -511,47 +538,66 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         run = replace(training or ExpertTraining(), **overrides)
     except TypeError as err:
         raise AgentError(f"train_expert_scheduler: {err}") from err
-    if run.steps < 0 or run.bc_rounds < 1 or run.bc_episodes < 1 or not run.experts:
-        raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive")
+    if (run.steps < 0 or run.bc_rounds < 1 or (run.bc_episodes is not None and run.bc_episodes < 1)
+            or not run.experts or run.guide not in ("teacher", "best")):
+        raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive, "
+                         "guide 'teacher' or 'best'")
     say = progress or (lambda _msg: None)
     out_path = Path(out_path)
     train_p, val = _problems(run)
     say(f"{len(train_p)} training and {len(val)} validation traces; running the experts on validation")
     per_expert = expert_jcts(val, run.experts)
+    oracle = np.min(np.array([per_expert[e] for e in run.experts]), axis=0)
+
+    def score(jcts: Sequence[float]) -> float:
+        return mean_ratio(jcts, oracle)
+
+    scores = {e: score(per_expert[e]) for e in run.experts}
     means = {k: float(np.mean(v)) for k, v in per_expert.items()}
-    teacher = min(range(len(run.experts)), key=lambda i: (means[run.experts[i]], i))
-    say(f"teacher: {run.experts[teacher]} ({means[run.experts[teacher]] / 3600:.2f} h)")
+    teacher = min(range(len(run.experts)), key=lambda i: (scores[run.experts[i]], i))
+    say(f"teacher: {run.experts[teacher]} ({scores[run.experts[teacher]]:.3f} x the per-trace best expert)")
+    guides = None
+    if run.guide == "best":
+        on_train = np.array([v for v in expert_jcts(train_p, run.experts).values()])
+        guides = [_guide(col, teacher, run.rollout_min_gain) for col in on_train.T]
+        say("guides: " + ", ".join(f"{run.experts[g]} {guides.count(g)}" for g in sorted(set(guides))))
     encoder, hd = None, None
     if run.hd_dim:
         from gpualloc.rl.expert_choice import HDFeatures
 
         encoder = HDFeatures(out_dim=run.hd_dim, seed=run.seed)
         hd = encoder.to_dict()
-    env = ExpertChoiceEnv(train_p, experts=run.experts, teacher=teacher, encoder=encoder,
+    env = ExpertChoiceEnv(train_p, experts=run.experts, teacher=teacher, guides=guides, encoder=encoder,
                           encoder_dim=run.hd_dim)
     env.reset(seed=run.seed)
     config = replace(run.config or EXPERT_CONFIG, seed=run.seed)
     agent = DQNAgent(env.observation_space, env.action_space, config)
-    clone = clone_teacher(agent, env, rounds=run.bc_rounds, episodes=run.bc_episodes, seed=run.seed)
+    clone = clone_teacher(agent, env, rounds=run.bc_rounds, episodes=run.bc_episodes, epochs=run.bc_epochs,
+                          td_weight=run.bc_td_weight, seed=run.seed)
     bc = agent_jcts(agent, val, run.experts, teacher, encoder)
-    say(f"cloned: agreement {clone.agreement[-1]:.1%}, validation {np.mean(bc) / 3600:.2f} h")
+    scores["cloned"] = score(bc)
+    say(f"cloned: agreement {clone.agreement[-1]:.1%}, validation {scores['cloned']:.3f} x the per-trace best")
     kept, mine, tuned = "cloned", bc, None
     rolled = None
     if run.rollout_points:
-        from gpualloc.rl.rollouts import improve_agent, label_points
+        from gpualloc.rl.rollouts import RolloutLabels, improve_agent, label_points
 
         base = None if run.rollout_base is None else run.experts.index(run.rollout_base)
-        labels = label_points(train_p, run.experts, teacher=teacher, points=run.rollout_points, base=base,
-                              horizon_s=run.rollout_horizon_s, min_gain=run.rollout_min_gain, seed=run.seed,
-                              follow_s=run.rollout_follow_s,
-                              encoder=encoder)
+        by_guide = guides or [teacher] * len(train_p)
+        labels = RolloutLabels.concat([
+            label_points([p for p, g in zip(train_p, by_guide, strict=True) if g == guide], run.experts, teacher=guide,
+                         points=run.rollout_points, base=base, horizon_s=run.rollout_horizon_s,
+                         min_gain=run.rollout_min_gain, seed=run.seed, follow_s=run.rollout_follow_s,
+                         encoder=encoder)
+            for guide in sorted(set(by_guide))])
         changed = float(np.mean(labels.label != labels.teacher_action))
         cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
         fit = improve_agent(agent, labels, seed=run.seed)
         rolled = agent_jcts(agent, val, run.experts, teacher, encoder)
-        say(f"rollout labels: {len(labels)} points, {changed:.1%} not the teacher's; fit {fit:.1%}; "
-            f"validation {np.mean(rolled) / 3600:.2f} h")
-        if np.mean(rolled) < np.mean(mine):
+        scores["rollout"] = score(rolled)
+        say(f"rollout labels: {len(labels)} points, {changed:.1%} not the guide's; fit {fit:.1%}; "
+            f"validation {scores['rollout']:.3f}")
+        if score(rolled) < score(mine):
             kept, mine = "rollout", rolled
         else:
             agent.qnet.load_state_dict(cloned_state)
@@ -561,8 +607,9 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         agent.sync_target()
         train(env, agent, run.steps, seed=run.seed)
         tuned = agent_jcts(agent, val, run.experts, teacher, encoder)
-        say(f"fine-tuned: validation {np.mean(tuned) / 3600:.2f} h")
-        if np.mean(tuned) < np.mean(mine):
+        scores["fine-tuned"] = score(tuned)
+        say(f"fine-tuned: validation {scores['fine-tuned']:.3f}")
+        if score(tuned) < score(mine):
             kept, mine = "fine-tuned", tuned
         else:
             agent.qnet.load_state_dict(cloned_state)
@@ -573,13 +620,16 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
     agent.extra = expert_extra(run.experts, teacher, verdict, hd=hd, kept=kept, seed=run.seed,
                                clusters=list(run.clusters), steps=run.steps, bc_rounds=run.bc_rounds,
                                bc_episodes=run.bc_episodes, train_problems=len(train_p), wall_s=round(wall, 1),
+                               guide=run.guide, guides=None if guides is None else
+                               {e: guides.count(i) for i, e in enumerate(run.experts)},
                                validation={"experts_h": {k: v / 3600 for k, v in means.items()},
+                                           "traces": len(val), "scores": scores,
                                            "cloned_h": float(np.mean(bc)) / 3600,
                                            "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600,
                                            "rollout_h": None if rolled is None else float(np.mean(rolled)) / 3600},
                                rollout_points=run.rollout_points, rollout_horizon_s=run.rollout_horizon_s,
                                rollout_follow_s=run.rollout_follow_s)
     agent.save(out_path)
-    return ExpertTrainReport(out_path, run.experts[teacher], means, float(np.mean(bc)),
+    return ExpertTrainReport(out_path, run.experts[teacher], means, scores, float(np.mean(bc)),
                              None if tuned is None else float(np.mean(tuned)), kept, verdict, wall,
                              tuple(clone.agreement))

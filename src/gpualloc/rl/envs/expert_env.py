@@ -42,6 +42,8 @@ class ExpertChoiceEnv(gym.Env):
         clusters: clusters (specs or names) of generated episodes.
         num_jobs, loads: ``(low, high)`` job count and offered load of a generated trace.
         experts: registry names of the experts; ``teacher`` indexes them.
+        guides: per problem, the expert whose choice :meth:`teacher_action` labels (the best expert
+            on that trace, for cloning a per-workload oracle); default ``teacher`` everywhere.
         idle_weight: lambda of the reward.
         shaping: add the potential-based shaping term.
         encoder: optional ``(view) -> features`` appended to the observation, with ``encoder_dim``.
@@ -53,7 +55,8 @@ class ExpertChoiceEnv(gym.Env):
     def __init__(self, problems: Sequence[Problem] | None = None, *,
                  clusters: Sequence[ClusterSpec | str] = ("adlro16",), num_jobs: tuple[int, int] = (60, 160),
                  loads: tuple[float, float] = (0.5, 1.0), experts: Sequence[str] = DEFAULT_EXPERTS,
-                 teacher: int = 0, idle_weight: float = DEFAULT_IDLE_WEIGHT, shaping: bool = True,
+                 teacher: int = 0, guides: Sequence[int] | None = None,
+                 idle_weight: float = DEFAULT_IDLE_WEIGHT, shaping: bool = True,
                  encoder: Encoder | None = None, encoder_dim: int = 0, sim_options: dict | None = None) -> None:
         super().__init__()
         self.problems = list(problems) if problems is not None else None
@@ -64,6 +67,11 @@ class ExpertChoiceEnv(gym.Env):
             raise AgentError(f"ExpertChoiceEnv: bad num_jobs {num_jobs} or loads {loads}")
         self.num_jobs, self.loads = num_jobs, loads
         self.experts, self.teacher = tuple(experts), int(teacher)
+        if guides is not None and (self.problems is None or len(guides) != len(self.problems)
+                                   or not all(0 <= g < len(self.experts) for g in guides)):
+            raise AgentError("ExpertChoiceEnv: guides needs one expert index per problem")
+        self.guides = None if guides is None else [int(g) for g in guides]
+        self._guide = self.teacher
         self.idle_weight, self.shaping = float(idle_weight), bool(shaping)
         self.encoder, self.encoder_dim = encoder, int(encoder_dim)
         self.sim_options = dict(sim_options or {})
@@ -74,7 +82,8 @@ class ExpertChoiceEnv(gym.Env):
         self.last_result = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        """Start an episode; ``options={"problem": (cluster, trace)}`` plays that one."""
+        """Start an episode; ``options={"problem": (cluster, trace)}`` plays that one, ``{"index": k}``
+        the ``k``-th of ``problems``."""
         super().reset(seed=seed)
         cluster, trace = self._draw(options or {})
         self.panel = ExpertPanel(self.experts, self.teacher)
@@ -112,11 +121,17 @@ class ExpertChoiceEnv(gym.Env):
 
     # ----------------------------------------------------------------------------- internals
     def _draw(self, options: dict) -> Problem:
+        self._guide = self.teacher
         if "problem" in options:
             return options["problem"]
         rng = self.np_random
         if self.problems is not None:
-            return self.problems[int(rng.integers(len(self.problems)))]
+            k = int(options["index"]) if "index" in options else int(rng.integers(len(self.problems)))
+            if not 0 <= k < len(self.problems):
+                raise AgentError(f"ExpertChoiceEnv: problem index {k} out of range for {len(self.problems)}")
+            if self.guides is not None:
+                self._guide = self.guides[k]
+            return self.problems[k]
         cluster = self.clusters[int(rng.integers(len(self.clusters)))]
         n = int(rng.integers(self.num_jobs[0], self.num_jobs[1] + 1))
         return cluster, generate(n, cluster, float(rng.uniform(*self.loads)), seed=int(rng.integers(2**31 - 1)))
@@ -159,11 +174,12 @@ class ExpertChoiceEnv(gym.Env):
                 "teacher_action": self.teacher_action()}
 
     def teacher_action(self) -> int:
-        """The action that applies the teacher's proposal (the first expert proposing the same)."""
+        """The action that applies the guide's proposal (the teacher's unless ``guides`` says
+        otherwise for this episode's problem; the first expert proposing the same)."""
         if self._sim is None or self._sim.done:
-            return self.teacher
-        t = self._proposals[self.teacher]
+            return self._guide
+        t = self._proposals[self._guide]
         for k, d in enumerate(self._proposals):
             if self._mask[k] and d.preempt == t.preempt and d.starts == t.starts:
                 return k
-        return self.teacher
+        return self._guide
