@@ -131,6 +131,10 @@ def scheduler_cmd(
     windows: Path = typer.Option(None, "--train-windows", help="Data folder of the real traces: also train and "
                                  "validate on 150-job windows of them past the first 300 jobs (which the "
                                  "results table evaluates)."),
+    bc_rounds: int = typer.Option(2, "--bc-rounds", min=1, max=20, help="Expert choice: DAgger rounds of "
+                                  "behaviour cloning (round 0 follows the guide, later ones the agent)."),
+    train_traces: int = typer.Option(12, "--train-traces", min=1, max=1000,
+                                     help="Expert choice: generated training traces (clusters in turn)."),
     guide: str = typer.Option("teacher", "--guide", help="Expert choice: clone the teacher everywhere "
                               "('teacher') or each training trace's best expert ('best')."),
 ) -> None:
@@ -145,7 +149,8 @@ def scheduler_cmd(
                                         rollout_points=rollout_points, rollout_base=rollout_base,
                                         rollout_horizon_s=rollout_horizon_h * 3600 or None,
                                         rollout_follow_s=rollout_follow_h * 3600,
-                                        guide=guide, extra_problems=tuple(train_w), val_problems=tuple(val_w))
+                                        guide=guide, bc_rounds=bc_rounds, train_traces=train_traces,
+                                        extra_problems=tuple(train_w), val_problems=tuple(val_w))
         console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
         return
     from gpualloc.parallel import make_executor

@@ -289,12 +289,14 @@ def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
                                  + (len(REAL_TRACES) if with_real else 0))
 
 
-TRAIN_WINDOWS = {"gavel-msr": (300, 600, 900), "philly": (1500, 7000, 30000, 60000), "alibaba": (1000, 2000, 4000)}
+TRAIN_WINDOWS = {"gavel-msr": (300, 600, 900), "philly": (1500, 3500, 7000, 30000, 60000),
+                 "alibaba": (1000, 2000, 4000)}
 """First jobs of the real-trace windows the agent trains on: past the first 300 jobs, which the table
-evaluates (``real_jobs`` is at most 300 in :meth:`SchedTableSpec.full`). Philly's are windows where the
-experts differ (most 150-job Philly windows finish in minutes under any policy and teach nothing):
-from a scan of 18 offsets, 300 to 80,000, on ``adlro16`` (docs/scheduling-agent.md)."""
-VAL_WINDOWS = {"gavel-msr": (450, 750), "philly": (2500, 70000), "alibaba": (3000, 5000)}
+evaluates (``real_jobs`` is at most 300 in :meth:`SchedTableSpec.full`). Philly's are the windows of a
+scan of 18 offsets, 300 to 80,000 (``benchmarks/sched_windows.py``), where Gavel's average JCT is at
+least 3 h and SRTF's differs from it by more than 10%, either way: most 150-job Philly windows finish in
+minutes under any policy and teach nothing."""
+VAL_WINDOWS = {"gavel-msr": (450, 750), "philly": (2500, 70000, 80000), "alibaba": (3000, 5000)}
 """First jobs of the held-out real-trace windows of the agent's validation (and gate)."""
 
 

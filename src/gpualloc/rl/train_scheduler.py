@@ -619,7 +619,8 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
     wall = time.perf_counter() - t0
     agent.extra = expert_extra(run.experts, teacher, verdict, hd=hd, kept=kept, seed=run.seed,
                                clusters=list(run.clusters), steps=run.steps, bc_rounds=run.bc_rounds,
-                               bc_episodes=run.bc_episodes, train_problems=len(train_p), wall_s=round(wall, 1),
+                               bc_episodes=run.bc_episodes, bc_epochs=run.bc_epochs, bc_td_weight=run.bc_td_weight,
+                               train_problems=len(train_p), wall_s=round(wall, 1),
                                guide=run.guide, guides=None if guides is None else
                                {e: guides.count(i) for i, e in enumerate(run.experts)},
                                validation={"experts_h": {k: v / 3600 for k, v in means.items()},
