@@ -61,6 +61,7 @@ References:
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from scipy import sparse
@@ -275,6 +276,7 @@ def _lp_columns(rows: np.ndarray, cols: np.ndarray, gang: np.ndarray, w: np.ndar
 
 
 _HIGHS: list = []  # [module, options] once the direct path is set up; [None] without it
+_SOLVER = threading.local()  # .highs: this thread's HiGHS object
 
 
 def _highs_options():
@@ -310,21 +312,18 @@ def _highs_min(c: np.ndarray, indptr: np.ndarray, indices: np.ndarray, data: np.
         a = sparse.csc_array((data, indices, indptr), shape=(rhs.size, c.size))
         res = linprog(c, A_ub=a, b_ub=rhs, bounds=np.column_stack([np.zeros(c.size), ub]), method="highs")
         return res.x if res.status == 0 else None
+    highs = getattr(_SOLVER, "highs", None)
+    if highs is None:  # one solver object per thread, reused: passModel clears the previous model and solve
+        highs = _SOLVER.highs = h._Highs()
+        if highs.passOptions(opts) == h.HighsStatus.kError:
+            _SOLVER.highs = None
+            return None
     inf = h.kHighsInf
-    lp = h.HighsLp()
-    lp.num_col_ = lp.a_matrix_.num_col_ = c.size
-    lp.num_row_ = lp.a_matrix_.num_row_ = rhs.size
-    lp.a_matrix_.format_ = h.MatrixFormat.kColwise
-    lp.col_cost_ = c
-    lp.col_lower_ = np.zeros(c.size)
-    lp.col_upper_ = np.where(np.isinf(ub), inf, ub)
-    lp.row_lower_ = np.full(rhs.size, -inf)
-    lp.row_upper_ = rhs
-    lp.a_matrix_.start_ = indptr
-    lp.a_matrix_.index_ = indices
-    lp.a_matrix_.value_ = data
-    highs = h._Highs()
-    if highs.passOptions(opts) == h.HighsStatus.kError or highs.passModel(lp) == h.HighsStatus.kError \
+    # the model as arrays (colwise, minimise, no offset, every column continuous): the HighsLp linprog builds
+    colwise, minimize = int(h.MatrixFormat.kColwise), int(h.ObjSense.kMinimize)
+    if highs.passModel(c.size, rhs.size, indices.size, colwise, minimize, 0.0, c, np.zeros(c.size),
+                       np.where(np.isinf(ub), inf, ub), np.full(rhs.size, -inf), rhs, indptr, indices, data,
+                       np.zeros(c.size, dtype=np.int32)) == h.HighsStatus.kError \
             or highs.run() == h.HighsStatus.kError or highs.getModelStatus() != h.HighsModelStatus.kOptimal:
         return None
     sol = highs.getSolution()
@@ -401,6 +400,7 @@ class Gavel:
         self.allocation = np.zeros((0, n_types))
         self._active_key: np.ndarray | None = None
         self._settled: np.ndarray | None = None  # each allocation row's one type, when every row has one
+        self._cache_allocation()
         self._last_now: float | None = None
         self._last_round: float | None = None
         self.lp_solves = 0
@@ -489,47 +489,69 @@ class Gavel:
         self._settled = np.argmax(positive, axis=1) if (positive.sum(axis=1) == 1).all() else None
         new = np.isnan(self._entered_s[lp_jobs])
         self._entered_s[lp_jobs[new]] = view.now_s
+        self._cache_allocation(jobs)
+
+    def _cache_allocation(self, jobs: JobTable | None = None) -> None:
+        """What the rounds read of the allocation and stays fixed until the next solve: when each row's job
+        entered it, ``X * 1e9`` (the priority before any time is received), the rows' gang sizes and
+        each row's rank by (arrival, job index), the grant order's tie-break."""
+        lp, x = self.allocation_jobs, self.allocation
+        self._lp_entered = self._entered_s[lp]
+        self._lp_never = x * _NEVER_RECEIVED
+        self._lp_zero = x <= 0
+        if jobs is None:
+            self._lp_gangs = np.zeros(lp.size, dtype=np.int64)
+            self._lp_rank = np.zeros(lp.size, dtype=np.int64)
+            return
+        self._lp_gangs = jobs.num_gpus[lp]
+        rank = np.empty(lp.size, dtype=np.int64)
+        rank[np.lexsort((lp, jobs.arrival_s[lp]))] = np.arange(lp.size)
+        self._lp_rank = rank
 
     # ------------------------------------------------------------------------------ assign
     def _priorities(self, view: ClusterView) -> np.ndarray:
         """``X / received fraction`` for the allocation rows (``X * 1e9`` where nothing received)."""
-        lp = self.allocation_jobs
         x = self.allocation
-        age = np.maximum(view.now_s - self._entered_s[lp], 0.0)
-        frac = np.divide(self._received_s[lp], age[:, None], out=np.zeros(x.shape), where=age[:, None] > 0)
-        prio = np.divide(x, frac, out=x * _NEVER_RECEIVED, where=frac > 0)
-        prio[x <= 0] = 0.0
+        age = np.maximum(view.now_s - self._lp_entered, 0.0)[:, None]
+        frac = np.divide(self._received_s[self.allocation_jobs], age, out=np.zeros(x.shape), where=age > 0)
+        prio = np.divide(x, frac, out=self._lp_never.copy(), where=frac > 0)
+        prio[self._lp_zero] = 0.0
         return prio
 
     def _assign(self, view: ClusterView, r: np.ndarray, q: np.ndarray, *, preempt: bool) -> Decision:
         working = view.free_gpus()
         prio = self._priorities(view)
         granted = self._grant(view, prio, working, preempt=preempt)
+        held = _Held(view)
         victims = self._victims(view, r, granted, prio, preempt=preempt)
-        starts, stopped = _realise(view, granted, victims, working)
+        starts, stopped = _realise(view, held, granted, victims, working)
         starts += _fill_leftover(view, q, {j for j, _ in starts}, working)
         return Decision(starts=starts, preempt=stopped)
 
     def _grant(self, view: ClusterView, prio: np.ndarray, working: FreeGpus, *, preempt: bool) -> dict[int, int]:
         """Grant (job, type) pairs in decreasing priority while the type has room, counting GPUs.
 
-        Returns job -> granted type index.
+        Ties: the job already running on the type, then earlier arrival, lower job index, lower type
+        index (one integer per pair from the rows' cached arrival ranks). Returns job -> granted type
+        index.
         """
         jobs = view.jobs
         lp = self.allocation_jobs
         status = jobs.status[lp]
         alive = (status == QUEUED) | (preempt & (status == RUNNING))
         rows, cols = np.nonzero((prio > 0) & alive[:, None])
+        if not rows.size:
+            return {}
         pair_jobs = lp[rows]
-        keeps = jobs.run_type[pair_jobs] == cols
-        order = np.lexsort((cols, pair_jobs, jobs.arrival_s[pair_jobs], ~keeps, -prio[rows, cols]))
+        moves = jobs.run_type[pair_jobs] != cols  # False (sorts first) where the job keeps its type
+        tie = (moves * lp.size + self._lp_rank[rows]) * prio.shape[1] + cols
+        order = np.lexsort((tie, -prio[rows, cols]))
         room = (np.bincount(view.gpu_type[view.gpu_job >= GPU_FREE], minlength=len(view.type_names)) if preempt
                 else working.by_type).tolist()
+        gangs = self._lp_gangs[rows]
+        smallest = int(gangs.min())
         granted: dict[int, int] = {}
-        smallest = int(jobs.num_gpus[pair_jobs].min()) if pair_jobs.size else 0
-        pair_jobs = pair_jobs[order]
-        for j, t, g in zip(pair_jobs.tolist(), cols[order].tolist(), jobs.num_gpus[pair_jobs].tolist(),
-                           strict=False):
+        for j, t, g in zip(pair_jobs[order].tolist(), cols[order].tolist(), gangs[order].tolist(), strict=True):
             if j in granted or room[t] < g:
                 continue
             granted[j] = t
@@ -545,16 +567,30 @@ class Gavel:
         victims: list[list[int]] = [[] for _ in range(len(view.type_names))]
         if not preempt or not r.size:
             return victims
-        row = self._row
-        losers = [j for j in r.tolist() if granted.get(j, -1) != jobs.run_type[j]]
         best = prio.max(axis=1).tolist() if prio.shape[0] and prio.shape[1] else []  # each row's top priority
-        losers.sort(key=lambda j: (best[row[j]] if row[j] >= 0 else 0.0, -jobs.arrival_s[j], -j))
-        for j in losers:
-            victims[int(jobs.run_type[j])].append(j)
+        losers = [(best[k] if k >= 0 else 0.0, -a, -j, t)
+                  for j, t, k, a in zip(r.tolist(), jobs.run_type[r].tolist(), self._row[r].tolist(),
+                                        jobs.arrival_s[r].tolist(), strict=True)
+                  if granted.get(j, -1) != t]
+        losers.sort()  # -j is unique: the type never decides
+        for _, _, j, t in losers:
+            victims[t].append(-j)
         return victims
 
 
-def _realise(view: ClusterView, granted: dict[int, int], victims: list[list[int]],
+class _Held(dict):
+    """Job -> its GPUs in the view (:meth:`ClusterView.gpus_of`), each looked up once per decision."""
+
+    def __init__(self, view: ClusterView) -> None:
+        super().__init__()
+        self.view = view
+
+    def __missing__(self, job: int) -> tuple[int, ...]:
+        gpus = self[job] = self.view.gpus_of(job)
+        return gpus
+
+
+def _realise(view: ClusterView, held: _Held, granted: dict[int, int], victims: list[list[int]],
              working: FreeGpus) -> tuple[list[tuple[int, tuple[int, ...]]], list[int]]:
     """Turn grants into starts and preemptions; returns ``(starts, stopped)``.
 
@@ -562,27 +598,28 @@ def _realise(view: ClusterView, granted: dict[int, int], victims: list[list[int]
     taking GPUs of running jobs left without a grant (lowest priority first) only where they are
     needed. Ungranted jobs nobody needs keep running.
     """
-    rt_all = view.jobs.run_type
     starts: list[tuple[int, tuple[int, ...]]] = []
     stopped: list[int] = []
-    for j, t in granted.items():
-        if rt_all[j] == t:
+    if not granted:
+        return starts, stopped
+    run_types = view.jobs.run_type[list(granted)].tolist()
+    for (j, t), old in zip(granted.items(), run_types, strict=True):
+        if old == t:
             continue
-        gpus = _find_freeing_victims(view, working, j, t, victims[t], stopped)
+        gpus = _find_freeing_victims(held, working, j, t, victims[t], stopped)
         if gpus is None:
             continue
         working.take(gpus)
-        if rt_all[j] >= 0 and j not in stopped:  # a move between types: stop it, start it there
-            old = int(rt_all[j])
+        if old >= 0 and j not in stopped:  # a move between types: stop it, start it there
             if j in victims[old]:
                 victims[old].remove(j)
-            working.give(view.gpus_of(j))
+            working.give(held[j])
             stopped.append(j)
         starts.append((j, gpus))
     return starts, stopped
 
 
-def _find_freeing_victims(view: ClusterView, working: FreeGpus, job: int, t: int, victims: list[int],
+def _find_freeing_victims(held: _Held, working: FreeGpus, job: int, t: int, victims: list[int],
                           stopped: list[int]) -> tuple[int, ...] | None:
     """GPUs of type ``t`` for ``job``, freeing ``victims`` (in order) until ``find`` succeeds.
 
@@ -590,16 +627,18 @@ def _find_freeing_victims(view: ClusterView, working: FreeGpus, job: int, t: int
     order, at the front of ``victims`` with their GPUs taken again.
     """
     gpus = working.find(job, t)
+    if gpus is not None or not victims:
+        return gpus
     taken: list[int] = []
     while gpus is None and victims:
         victim = victims.pop(0)
-        working.give(view.gpus_of(victim))
+        working.give(held[victim])
         taken.append(victim)
         gpus = working.find(job, t)
     used = set(gpus) if gpus is not None else set()
     returned = []
     for victim in taken:
-        vg = view.gpus_of(victim)
+        vg = held[victim]
         if used.intersection(vg):
             stopped.append(victim)
         else:
@@ -616,7 +655,7 @@ def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int],
         return []
     jobs = view.jobs
     starts: list[tuple[int, tuple[int, ...]]] = []
-    rest = q[~np.isin(q, list(started))] if started else q
+    rest = np.array([j for j in q.tolist() if j not in started], dtype=q.dtype) if started else q
     fits = ((jobs.speed[rest] > 0) & (jobs.num_gpus[rest][:, None] <= working.by_type[None, :])).any(axis=1)
     rest = rest[fits]
     rest = rest[np.lexsort((rest, jobs.arrival_s[rest]))]
