@@ -192,6 +192,34 @@ def test_direct_highs_gives_linprogs_solution_bit_for_bit(objective):
         np.testing.assert_array_equal(fast, slow)
 
 
+def test_the_reused_highs_object_forgets_the_previous_model():
+    """One HiGHS object is reused per thread: a problem's solution does not depend on what that object
+    solved before it (forwards, backwards, each on a fresh object and in another thread: the same bits)."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    problems = []
+    for _ in range(25):
+        m = int(rng.integers(2, 60))
+        thr = rng.choice([0.0, 0.3, 0.5, 1.0, 1.7, 2.4], size=(m, 3)) * (rng.random((m, 3)) < 0.9)
+        g = rng.choice([1, 1, 1, 2, 4, 8], size=m).astype(float)
+        problems.append((thr, g, rng.integers(2, 13, size=3).astype(float)))
+    forward = [hetero.solve_allocation(*pb) for pb in problems]
+    backward = [hetero.solve_allocation(*pb) for pb in problems[::-1]][::-1]
+    fresh = []
+    for pb in problems:
+        hetero._SOLVER.highs = None
+        fresh.append(hetero.solve_allocation(*pb))
+    other: list = []
+    worker = threading.Thread(target=lambda: other.extend(hetero.solve_allocation(*pb) for pb in problems))
+    worker.start()
+    worker.join()
+    for a, b, c, d in zip(forward, backward, fresh, other, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(a, d)
+
+
 def test_lp_columns_are_linprogs_matrix():
     """The CSC arrays built from the pair pattern are the matrix ``linprog`` assembles from blocks."""
     from scipy import sparse

@@ -68,7 +68,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from gpualloc.errors import SchedulingError
-from gpualloc.scheduling.base import GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, FreeGpus, JobTable
+from gpualloc.scheduling.base import DONE, GPU_FREE, PENDING, QUEUED, RUNNING, ClusterView, Decision, FreeGpus, JobTable
 
 __all__ = ["DEFAULT_MAX_JOBS_LP", "DEFAULT_ROUND_S", "OBJECTIVES", "Gavel", "equal_share",
            "feasible_pairs", "normalised_throughput", "solve_allocation"]
@@ -82,6 +82,9 @@ DEFAULT_MAX_JOBS_LP = 512
 """Queued jobs in the LP besides the running ones (HiGHS: tens of milliseconds at 512 x 3 types)."""
 
 _NEVER_RECEIVED = 1e9  # Gavel's priority multiplier for a job that has not run yet on a type
+_GRANTABLE = np.zeros((2, max(PENDING, QUEUED, RUNNING, DONE) + 1), dtype=bool)  # [preempt][status]
+_GRANTABLE[:, QUEUED] = True
+_GRANTABLE[1, RUNNING] = True
 _TIE_SLACK = 1e-6      # relative slack on the optimal minimum in the tie-breaking LP
 
 
@@ -398,7 +401,7 @@ class Gavel:
         self._row = np.full(n, -1, dtype=np.int64)
         self.allocation_jobs = np.zeros(0, dtype=np.int64)
         self.allocation = np.zeros((0, n_types))
-        self._active_key: np.ndarray | None = None
+        self._active_key: list[int] | None = None
         self._settled: np.ndarray | None = None  # each allocation row's one type, when every row has one
         self._cache_allocation()
         self._last_now: float | None = None
@@ -436,8 +439,10 @@ class Gavel:
                 return Decision()
             return self._assign(view, r, q, preempt=False)
         self._last_round = now
-        key = np.sort(np.concatenate([r, q]))
-        if self._active_key is None or not np.array_equal(key, self._active_key):
+        key = sorted(view.running)  # the job set, as a sorted list of ints: cheaper than numpy at this size
+        key.extend(view.queue)
+        key.sort()
+        if self._active_key is None or key != self._active_key:
             self._solve(view, r, q)
             self._active_key = key
         elif q.size == 0 and self._settled is not None and np.array_equal(jobs.run_type[self.allocation_jobs],
@@ -512,7 +517,7 @@ class Gavel:
     def _priorities(self, view: ClusterView) -> np.ndarray:
         """``X / received fraction`` for the allocation rows (``X * 1e9`` where nothing received)."""
         x = self.allocation
-        age = np.maximum(view.now_s - self._lp_entered, 0.0)[:, None]
+        age = (view.now_s - self._lp_entered)[:, None]  # where age <= 0 the fraction stays 0
         frac = np.divide(self._received_s[self.allocation_jobs], age, out=np.zeros(x.shape), where=age > 0)
         prio = np.divide(x, frac, out=self._lp_never.copy(), where=frac > 0)
         prio[self._lp_zero] = 0.0
@@ -537,8 +542,7 @@ class Gavel:
         """
         jobs = view.jobs
         lp = self.allocation_jobs
-        status = jobs.status[lp]
-        alive = (status == QUEUED) | (preempt & (status == RUNNING))
+        alive = _GRANTABLE[int(bool(preempt))][jobs.status[lp]]  # queued, or running when preempting
         rows, cols = np.nonzero((prio > 0) & alive[:, None])
         if not rows.size:
             return {}
@@ -567,8 +571,8 @@ class Gavel:
         victims: list[list[int]] = [[] for _ in range(len(view.type_names))]
         if not preempt or not r.size:
             return victims
-        best = prio.max(axis=1).tolist() if prio.shape[0] and prio.shape[1] else []  # each row's top priority
-        losers = [(best[k] if k >= 0 else 0.0, -a, -j, t)
+        rows = prio.tolist()
+        losers = [(max(rows[k]) if k >= 0 and rows[k] else 0.0, -a, -j, t)  # a row's top priority first
                   for j, t, k, a in zip(r.tolist(), jobs.run_type[r].tolist(), self._row[r].tolist(),
                                         jobs.arrival_s[r].tolist(), strict=True)
                   if granted.get(j, -1) != t]
@@ -659,15 +663,12 @@ def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int],
     fits = ((jobs.speed[rest] > 0) & (jobs.num_gpus[rest][:, None] <= working.by_type[None, :])).any(axis=1)
     rest = rest[fits]
     rest = rest[np.lexsort((rest, jobs.arrival_s[rest]))]
-    for a in range(0, rest.size, 64):
+    for j in rest.tolist():
         if working.total == 0:
             break
-        for j in rest[a:a + 64].tolist():
-            if working.total == 0:
-                break
-            gpus = working.start(j)
-            if gpus is not None:
-                starts.append((j, gpus))
+        gpus = working.start(j)
+        if gpus is not None:
+            starts.append((j, gpus))
     return starts
 
 
