@@ -79,6 +79,12 @@ def _no_5xx(resp) -> None:
     assert resp.status_code < 500, (resp.status_code, resp.text[:500])
 
 
+def _body_and_raw(send, path: str, body, raw: bytes, headers: dict) -> None:
+    """Send the generated JSON body, then the raw bytes, to ``path``; neither may give a 5xx."""
+    _no_5xx(send(path, content=_dump(body), headers=headers))
+    _no_5xx(send(path, content=raw, headers=headers))
+
+
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
 
@@ -90,8 +96,7 @@ def test_fuzz_submit(blocked, body, raw, key):
     headers = {**svc.headers, "Content-Type": "application/json"}
     if key is not None and key.isascii() and key.isprintable():
         headers["Idempotency-Key"] = key
-    _no_5xx(svc.client.post("/jobs", content=_dump(body), headers=headers))
-    _no_5xx(svc.client.post("/jobs", content=raw, headers=headers))
+    _body_and_raw(svc.client.post, "/jobs", body, raw, headers)
     _no_5xx(svc.anon.post("/jobs", content=_dump(body), headers={"Content-Type": "application/json"}))
 
 
@@ -100,8 +105,7 @@ def test_fuzz_submit(blocked, body, raw, key):
 def test_fuzz_policy(blocked, body, raw):
     svc, _ = blocked
     headers = {**svc.headers, "Content-Type": "application/json"}
-    _no_5xx(svc.client.put("/policy", content=_dump(body), headers=headers))
-    _no_5xx(svc.client.put("/policy", content=raw, headers=headers))
+    _body_and_raw(svc.client.put, "/policy", body, raw, headers)
 
 
 @FUZZ
@@ -135,8 +139,7 @@ def test_fuzz_paths_and_queries(blocked, job, state, limit, offset, cursor, stre
 def test_fuzz_advise(blocked, body, raw):
     svc, _ = blocked
     headers = {**svc.headers, "Content-Type": "application/json"}
-    _no_5xx(svc.client.post("/advise", content=_dump(body), headers=headers))
-    _no_5xx(svc.client.post("/advise", content=raw, headers=headers))
+    _body_and_raw(svc.client.post, "/advise", body, raw, headers)
     assert svc.anon.post("/advise", content=_dump(body), headers={"Content-Type": "application/json"}).status_code \
         == 401
 
