@@ -12,10 +12,13 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.base import DONE, QUEUED, RUNNING, ClusterView, Decision, JobTable, Policy
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.policies.hetero import (
+    MIN_REMAINING_S,
     Gavel,
+    GavelShortestFirst,
     equal_share,
     feasible_pairs,
     normalised_throughput,
+    shortest_first_weights,
     solve_allocation,
 )
 from gpualloc.scheduling.simulator import random_failures, simulate
@@ -178,15 +181,35 @@ def test_unknown_objective():
         Gavel(objective="fastest")
 
 
+def test_shortest_first_weights_and_one_type_knapsack():
+    np.testing.assert_allclose(shortest_first_weights(np.array([100.0, 200.0, 10.0])), [0.6, 0.3, 1.0])
+    assert shortest_first_weights(np.array([0.0, 2 * MIN_REMAINING_S])).tolist() == [1.0, 0.5]
+    # 4 GPUs; remaining 100, 50, 400 s with gangs 2, 4, 1: weight per GPU 1/200, 1/200, 1/400 -> job 0
+    # (tie with job 1, row order) whole, job 1 on the 2 GPUs left (half its gang's time), job 2 nothing
+    t, g = np.ones((3, 1)), np.array([2, 4, 1])
+    x = solve_allocation(t, g, [4], objective="shortest-first", remaining=np.array([100.0, 50.0, 400.0]))
+    np.testing.assert_allclose(x.ravel(), [1.0, 0.5, 0.0], atol=1e-9)
+    with pytest.raises(SchedulingError, match="remaining"):
+        solve_allocation(t, g, [4], objective="shortest-first")
+
+
+def test_shortest_first_lp_puts_the_short_job_on_its_best_type():
+    # one V100, one K80; the short job (1 h left) and the long one (10 h) both run 3x faster on the V100
+    t = np.array([[3.0, 1.0], [3.0, 1.0]])
+    x = solve_allocation(t, [1, 1], [1, 1], objective="shortest-first", remaining=np.array([36_000.0, 3_600.0]))
+    np.testing.assert_allclose(x, [[0.0, 1.0], [1.0, 0.0]], atol=1e-9)
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), m=st.integers(1, 6), n_types=st.integers(1, 3),
-       objective=st.sampled_from(["max-min-fairness", "max-throughput"]))
+       objective=st.sampled_from(["max-min-fairness", "max-throughput", "shortest-first"]))
 def test_lp_respects_the_constraints(data, m, n_types, objective):
     t = np.array(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5, 10.0]), min_size=n_types,
                                              max_size=n_types), min_size=m, max_size=m)))
     g = np.array(data.draw(st.lists(st.sampled_from([1, 2, 4]), min_size=m, max_size=m)))
     cap = np.array(data.draw(st.lists(st.integers(1, 8), min_size=n_types, max_size=n_types)))
-    x = solve_allocation(t, g, cap, objective=objective)
+    left = np.array(data.draw(st.lists(st.floats(0.0, 1e7), min_size=m, max_size=m)))
+    x = solve_allocation(t, g, cap, objective=objective, remaining=left if objective == "shortest-first" else None)
     assert x.shape == (m, n_types)
     assert np.all(x >= 0)
     assert np.all(x.sum(axis=1) <= 1 + 1e-9)
@@ -333,7 +356,45 @@ def test_simulated_time_slicing_golden():
     assert r.preemptions.tolist() == [1, 1]
 
 
-@pytest.mark.parametrize("objective", ["max-min-fairness", "max-throughput"])
+def test_gavel_srtf_registry_and_state():
+    policy = make_policy("gavel-srtf", round_s=120.0)
+    assert isinstance(policy, GavelShortestFirst) and isinstance(policy, Policy)
+    assert policy.objective == "shortest-first" and policy.round_s == 120.0 and policy.preemptive
+    assert GavelShortestFirst.__dict__["reads_running_progress"] is True  # the simulator refreshes remaining work
+
+
+def test_gavel_srtf_short_arrival_preempts_at_the_round():
+    # one V100: the long job runs; a short one arriving mid-round waits for the round, then preempts it
+    sim = MiniSim("1xV100", [[1.0], [1.0]], [1, 1], work=[10_000.0, 500.0])
+    policy = GavelShortestFirst(round_s=100.0)
+    sim.arrive(0)
+    sim.apply(d := policy.decide(sim.view))
+    assert [j for j, _ in d.starts] == [0]
+    sim.advance(50.0)
+    sim.arrive(1)
+    d = policy.decide(sim.view)
+    assert not d.starts and not d.preempt  # between rounds it never preempts
+    sim.advance(50.0)
+    d = policy.decide(sim.view)
+    assert d.preempt == [0] and [j for j, _ in d.starts] == [1]
+    sim.apply(d)
+    sim.advance(100.0)
+    d = policy.decide(sim.view)  # the next round: the short job keeps its GPU (no time-sharing)
+    assert not d.preempt and not d.starts
+
+
+def test_gavel_srtf_simulated_golden():
+    # A 1000 s, B 100 s, both 10x faster on the V100: B (shorter) gets the V100, A the K80; once B ends
+    # (t=10) the round at 360 moves A to the V100 after its 30-s restart
+    trace = Trace.of([Job("A", 0.0, JobType.ML_TRAINING, 1000.0), Job("B", 0.0, JobType.ML_TRAINING, 100.0)])
+    r = simulate(trace, load_cluster("1xV100+1xK80"), GavelShortestFirst(), speed=np.array([[10.0, 1.0], [10.0, 1.0]]),
+                 check=True)
+    assert r.finish_s[1] == 10.0
+    assert r.finish_s[0] == pytest.approx(360.0 + 30.0 + (1000.0 - 360.0) / 10.0)
+    assert r.preemptions.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("objective", ["max-min-fairness", "max-throughput", "shortest-first"])
 def test_simulated_random_traces_keep_the_invariants(objective):
     rng = np.random.default_rng(3)
     jobs, t = [], 0.0
@@ -347,7 +408,8 @@ def test_simulated_random_traces_keep_the_invariants(objective):
     speed[rng.random((len(trace), 3)) < 0.2] = 0.0
     speed[:, 0] = np.maximum(speed[:, 0], 0.5)  # every job may use the V100s
     failures = random_failures(cluster, 4000.0, 20_000.0, 300.0, seed=2)
-    policy = Gavel(objective=objective, round_s=120.0, max_jobs_lp=16)
+    policy = (GavelShortestFirst(round_s=120.0, max_jobs_lp=16) if objective == "shortest-first"
+              else Gavel(objective=objective, round_s=120.0, max_jobs_lp=16))
     r = simulate(trace, cluster, policy, speed=speed, failures=failures, check=True)
     assert r.completed.all()
     assert policy.lp_solves > 0

@@ -15,7 +15,7 @@ from gpualloc.limits import MAX_JOBS, MAX_SEED
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                   help="Simulate a GPU cluster: `simulate --cluster C --trace T --policy P`, `simulate compare`.")
 
-DEFAULT_POLICIES = "fcfs,static-affinity,sjf,srtf,easy-backfill,tiresias,gavel,dqn"
+DEFAULT_POLICIES = "fcfs,static-affinity,sjf,srtf,easy-backfill,tiresias,gavel,gavel-srtf,dqn"
 _CLUSTER = typer.Option(None, "--cluster", "-c",
                         help="Preset, shorthand or file; default adlro16, or the Alibaba node list of --nodes.")
 _TRACE = typer.Option(None, "--trace", "-t", help="Trace file.")

@@ -18,7 +18,8 @@ POLICIES: Registry[Any] = Registry("policy", SchedulingError)
 
 for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:StaticAffinity"), ("sjf", "simple:SJF"),
                        ("srtf", "simple:SRTF"), ("easy-backfill", "simple:EasyBackfill"),
-                       ("tiresias", "las:Tiresias"), ("gavel", "hetero:Gavel")):
+                       ("tiresias", "las:Tiresias"), ("gavel", "hetero:Gavel"),
+                       ("gavel-srtf", "hetero:GavelShortestFirst")):
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
 POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent",))
 
