@@ -27,7 +27,7 @@ from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.traces import generate
 
 OUT = Path(__file__).resolve().parent / "results" / "sched_quality.json"
-POLICIES = ("fcfs", "static-affinity", "sjf", "srtf", "easy-backfill", "tiresias", "gavel")
+POLICIES = ("fcfs", "static-affinity", "sjf", "srtf", "easy-backfill", "tiresias", "gavel", "gavel-srtf")
 KEYS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "throughput_jobs_per_h", "utilization", "effective_utilization",
         "makespan_s", "avg_slowdown", "hyperscore", "sim_wall_s")
 

@@ -52,7 +52,7 @@ WORKLOADS = {
     "msr": (DATA / "gavel" / "msr-seed0" / "ed69ec.trace", "gavel", "12xV100+12xP100+12xK80"),
 }
 DEFAULT_RUNS = ("philly:fcfs,philly:easy-backfill,msr:fcfs,msr:static-affinity,msr:sjf,msr:srtf,msr:easy-backfill,"
-                "msr:tiresias,msr:gavel")
+                "msr:tiresias,msr:gavel,msr:gavel-srtf")
 """Every heuristic on the msr trace, and the issue's FCFS run (with EASY backfilling) on all of Philly;
 ``--runs philly:sjf,philly:srtf,philly:tiresias,...`` adds the others there (minutes on a shared
 2-core machine)."""

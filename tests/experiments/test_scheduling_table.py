@@ -39,7 +39,7 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
         lo, hi = r["avg_jct_s_ci95"]
         assert lo <= r["avg_jct_s"] <= hi
     assert {r["trace"] for r in rows} == {"synthetic", "gavel-msr", "philly", "alibaba"}
-    for name in ("table.md", "results.json", "avg_jct.png", "real_traces.png"):
+    for name in ("table.md", "summary.md", "results.json", "avg_jct.png", "real_traces.png"):
         assert (tmp_path / name).exists()
 
 
@@ -62,3 +62,30 @@ def test_training_windows_are_unseen_by_the_table_and_keep_the_trace_format(shar
         label = trace.source.split("[")[0]
         assert trace.format == formats[label] and len(trace.jobs) == 150 and spec.name in clusters
         assert trace.meta["load"] == 0.8
+
+
+def test_vs_best_takes_every_heuristic_and_vs_best_published_only_the_published_ones():
+    from gpualloc.experiments.scheduling_table import _add_vs_fcfs
+
+    key = {"cluster": "c", "trace": "synthetic", "load": 0.8}
+    rows = [{**key, "policy": p, "avg_jct_s": jct}
+            for p, jct in (("fcfs", 400.0), ("srtf", 120.0), ("gavel", 100.0), ("gavel-srtf", 80.0), ("dqn", 90.0))]
+    _add_vs_fcfs(rows)
+    dqn = rows[-1]
+    assert dqn["best_heuristic"] == "gavel-srtf" and dqn["vs_best"] == pytest.approx(1 - 90 / 80)
+    assert dqn["best_published"] == "gavel" and dqn["vs_best_published"] == pytest.approx(0.1)
+    assert dqn["vs_fcfs"] == pytest.approx(1 - 90 / 400)
+
+
+def test_summary_names_both_bests_and_skips_traces_without_the_learned_policy():
+    from gpualloc.experiments.scheduling_table import _add_vs_fcfs
+    from gpualloc.reports.tables import scheduling_summary_markdown
+
+    metrics = {"p99_jct_s": 7200.0, "makespan_s": 36_000.0, "saturated_utilization": 0.5}
+    rows = [{"cluster": "c", "trace": t, "load": 0.8, "policy": p, "avg_jct_s": jct, **metrics}
+            for t in ("synthetic", "philly") for p, jct in (("gavel", 3600.0), ("gavel-srtf", 1800.0), ("dqn", 2700.0))
+            if not (t == "philly" and p == "dqn")]
+    _add_vs_fcfs(rows)
+    lines = scheduling_summary_markdown(rows).splitlines()
+    assert len(lines) == 3 and "| c | synthetic | 0.8 | gavel-srtf | 0.50 | gavel | 1.00 | 0.75 | -50.0% | +25.0% |" in lines[2]
+    assert scheduling_summary_markdown([r for r in rows if r["policy"] != "dqn"]) == ""

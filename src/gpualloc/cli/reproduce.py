@@ -90,7 +90,7 @@ def scheduling_cmd(
 
     from gpualloc.parallel import make_executor
     from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table, total_runs
-    from gpualloc.reports.tables import plot_bars, scheduling_markdown
+    from gpualloc.reports.tables import plot_bars, scheduling_markdown, scheduling_summary_markdown
 
     spec = SchedTableSpec.quick() if quick else SchedTableSpec.full()
     if seeds:
@@ -114,6 +114,9 @@ def scheduling_cmd(
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     table = scheduling_markdown(result["rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
+    summary = scheduling_summary_markdown(result["rows"])
+    if summary:
+        (out / "summary.md").write_text(f"<!-- {command} -->\n" + summary)
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
               scale=1 / 3600,
@@ -127,5 +130,6 @@ def scheduling_cmd(
         print_json(result)
         return
     console.print(table)
-    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, avg_jct.png"
+    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, {'summary.md, ' if summary else ''}results.json, "
+                  "avg_jct.png"
                   + (", real_traces.png" if real else ""))
