@@ -114,8 +114,8 @@ def scheduler_cmd(
                                     help="Environment steps per round, shared by "
                                     "the actors (with --actors > 1)."),
     experts: str = typer.Option(None, "--experts", help="Train the expert-choice agent over these heuristics "
-                                "(e.g. gavel,srtf,tiresias,sjf) on the comma-separated --cluster list; --steps "
-                                "are its DQN fine-tuning steps."),
+                                "(e.g. gavel,srtf,tiresias,sjf,gavel-srtf) on the comma-separated --cluster "
+                                "list; --steps are its DQN fine-tuning steps."),
     hd_dim: int = typer.Option(0, "--hd-dim", min=0, max=1024,
                                help="Hyperdimensional features (expert choice; 0: off)."),
     rollout_points: int = typer.Option(0, "--rollout-points", min=0, max=1000,

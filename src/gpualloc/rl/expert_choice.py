@@ -31,7 +31,7 @@ from gpualloc.scheduling.rules import validate_decision
 __all__ = ["DEFAULT_EXPERTS", "EXPERT_FEATURES", "GLOBAL_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel",
            "GateResult", "HDFeatures", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
 
-DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf")
+DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf", "gavel-srtf")
 """The heuristics whose proposals the agent chooses among (registry names)."""
 
 MAX_TYPES = 4

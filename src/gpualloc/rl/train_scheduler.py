@@ -28,6 +28,7 @@ from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.dqn.distributed import train_distributed
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
+from gpualloc.rl.expert_choice import DEFAULT_EXPERTS
 from gpualloc.rl.features import FeatureLayout, FeatureScaler, JobRequests
 from gpualloc.rl.sched_policy import DQNPolicy, scheduler_extra
 from gpualloc.scheduling import metrics
@@ -404,7 +405,7 @@ class ExpertTraining:
 
     clusters: tuple[str, ...] = TRAIN_CLUSTERS
     """Clusters of the generated training and validation traces."""
-    experts: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf")
+    experts: tuple[str, ...] = DEFAULT_EXPERTS
     """The heuristics the agent chooses among (registry names)."""
     seed: int = 0
     """Seeds the agent, the traces and the episodes."""
