@@ -383,6 +383,17 @@ def test_gavel_srtf_short_arrival_preempts_at_the_round():
     assert not d.preempt and not d.starts
 
 
+def test_gavel_srtf_leftover_gpus_go_to_the_shortest_queued_job():
+    # two V100s, the LP holds one queued job (the shortest, C); the other GPU goes to B (less work
+    # left than A); Gavel's leftover order is arrival (then index), which picks A
+    sim = MiniSim("2xV100", [[1.0]] * 3, [1, 1, 1], work=[1000.0, 500.0, 100.0])
+    sim.arrive(0, 1, 2)
+    d = GavelShortestFirst(max_jobs_lp=1).decide(sim.view)
+    assert sorted(j for j, _ in d.starts) == [1, 2]
+    d = Gavel(max_jobs_lp=1).decide(sim.view)
+    assert sorted(j for j, _ in d.starts) == [0, 1]  # Gavel's LP takes the earliest (A), leftover B
+
+
 def test_gavel_srtf_simulated_golden():
     # A 1000 s, B 100 s, both 10x faster on the V100: B (shorter) gets the V100, A the K80; once B ends
     # (t=10) the round at 360 moves A to the V100 after its 30-s restart

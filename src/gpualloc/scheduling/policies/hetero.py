@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from scipy import sparse
@@ -555,8 +556,13 @@ class Gavel:
         held = _Held(view)
         victims = self._victims(view, r, granted, prio, preempt=preempt)
         starts, stopped = _realise(view, held, granted, victims, working)
-        starts += _fill_leftover(view, q, {j for j, _ in starts}, working)
+        starts += _fill_leftover(view, q, {j for j, _ in starts}, working, self._leftover_key)
         return Decision(starts=starts, preempt=stopped)
+
+    @staticmethod
+    def _leftover_key(jobs: JobTable, idx: np.ndarray) -> np.ndarray:
+        """Order of the queued jobs that get leftover GPUs: earliest arrival first."""
+        return jobs.arrival_s[idx]
 
     def _grant(self, view: ClusterView, prio: np.ndarray, working: FreeGpus, *, preempt: bool) -> dict[int, int]:
         """Grant (job, type) pairs in decreasing priority while the type has room, counting GPUs.
@@ -636,6 +642,11 @@ class GavelShortestFirst(Gavel):
     def __repr__(self) -> str:
         return (f"GavelShortestFirst(round_s={self.round_s}, max_jobs_lp={self.max_jobs_lp}, "
                 f"preemptive={self.preemptive})")
+
+    @staticmethod
+    def _leftover_key(jobs: JobTable, idx: np.ndarray) -> np.ndarray:
+        """Leftover GPUs go to the queued jobs with the least time left first."""
+        return _best_time_s(jobs, idx)
 
     def _priorities(self, view: ClusterView) -> np.ndarray:
         """The current :func:`shortest_first_weights` of each allocation row on its largest-share type."""
@@ -720,9 +731,10 @@ def _find_freeing_victims(held: _Held, working: FreeGpus, job: int, t: int, vict
     return gpus
 
 
-def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int],
-                   working: FreeGpus) -> list[tuple[int, tuple[int, ...]]]:
-    """Work conservation: leftover GPUs to queued jobs not ``started``, earliest arrival first, fastest type."""
+def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int], working: FreeGpus,
+                   key: Callable[[JobTable, np.ndarray], np.ndarray]) -> list[tuple[int, tuple[int, ...]]]:
+    """Work conservation: leftover GPUs to queued jobs not ``started``, by ``key`` (then job index),
+    each on its fastest type with room."""
     if working.total <= 0 or not q.size:
         return []
     jobs = view.jobs
@@ -730,7 +742,7 @@ def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int],
     rest = np.array([j for j in q.tolist() if j not in started], dtype=q.dtype) if started else q
     fits = ((jobs.speed[rest] > 0) & (jobs.num_gpus[rest][:, None] <= working.by_type[None, :])).any(axis=1)
     rest = rest[fits]
-    rest = rest[np.lexsort((rest, jobs.arrival_s[rest]))]
+    rest = rest[np.lexsort((rest, key(jobs, rest)))]
     for j in rest.tolist():
         if working.total == 0:
             break
