@@ -87,5 +87,6 @@ def test_summary_names_both_bests_and_skips_traces_without_the_learned_policy():
             if not (t == "philly" and p == "dqn")]
     _add_vs_fcfs(rows)
     lines = scheduling_summary_markdown(rows).splitlines()
-    assert len(lines) == 3 and "| c | synthetic | 0.8 | gavel-srtf | 0.50 | gavel | 1.00 | 0.75 | -50.0% | +25.0% |" in lines[2]
+    assert len(lines) == 3
+    assert "| c | synthetic | 0.8 | gavel-srtf | 0.50 | gavel | 1.00 | 0.75 | -50.0% | +25.0% |" in lines[2]
     assert scheduling_summary_markdown([r for r in rows if r["policy"] != "dqn"]) == ""

@@ -9,6 +9,7 @@ import pytest
 
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.base import Decision
+from gpualloc.scheduling.policies import POLICIES
 from gpualloc.service.backends import LocalBackend, RunRef, RunRequest, RunStatus
 from gpualloc.service.errors import InvalidJob
 from gpualloc.service.models import JobSpec, JobState
@@ -56,7 +57,7 @@ def test_device_type_names_and_spec_checks():
         normalise_spec(JobSpec(name="a", command="x", num_gpus=5, single_node=True, device_type="T4"), cluster, types)
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "static-affinity", "sjf", "srtf", "easy-backfill", "tiresias", "gavel"])
+@pytest.mark.parametrize("policy", POLICIES.names("heuristic"))
 def test_every_policy_decides_on_live_state(parts, policy):
     store, make = parts
     sched = make(policy=policy)
