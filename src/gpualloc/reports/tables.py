@@ -59,10 +59,12 @@ def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], serie
     width = 0.8 / max(len(series), 1)
     fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(groups) * max(1, len(series) / 4)) + 2, 4.5))
     x = np.arange(len(groups))
+    palette = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")  # one distinct colour per series
     for i, s in enumerate(series):
         vals = [by[(g, s)][value_key] * scale if (g, s) in by else np.nan for g in groups]
         errs = [(by[(g, s)].get(f"{value_key}_std") or 0.0) * scale if (g, s) in by else 0.0 for g in groups]
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, yerr=errs, label=str(s), capsize=2)
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, yerr=errs, label=str(s), capsize=2,
+               color=palette(i % palette.N))
     ax.set_xticks(x, ["\n".join(map(str, g)) for g in groups])
     ax.set_xlabel(" / ".join(group_keys))
     ax.set_ylabel(ylabel)
