@@ -361,6 +361,8 @@ def test_gavel_srtf_registry_and_state():
     assert isinstance(policy, GavelShortestFirst) and isinstance(policy, Policy)
     assert policy.objective == "shortest-first" and policy.round_s == 120.0 and policy.preemptive
     assert GavelShortestFirst.__dict__["reads_running_progress"] is True  # the simulator refreshes remaining work
+    with pytest.raises(SchedulingError, match="gavel-srtf"):  # Gavel would read stale remaining work
+        make_policy("gavel", objective="shortest-first")
 
 
 def test_gavel_srtf_short_arrival_preempts_at_the_round():

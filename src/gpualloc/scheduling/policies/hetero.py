@@ -403,6 +403,9 @@ class Gavel:
                  max_jobs_lp: int = DEFAULT_MAX_JOBS_LP, preemptive: bool = True) -> None:
         if objective not in OBJECTIVES:
             raise SchedulingError(f"gavel: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+        if objective == "shortest-first" and not type(self).__dict__.get("reads_running_progress", False):
+            # Gavel tells the simulator it never reads running jobs' remaining work; this objective does
+            raise SchedulingError("gavel: objective 'shortest-first' is the 'gavel-srtf' policy (GavelShortestFirst)")
         if round_s is not None and not (math.isfinite(round_s) and round_s > 0):
             raise SchedulingError(f"gavel: round_s must be > 0 or None, got {round_s}")
         if int(max_jobs_lp) < 1:
@@ -625,8 +628,8 @@ class GavelShortestFirst(Gavel):
     rounds, which would only pay restart penalties for a shortest-first objective (on Philly, Gavel's
     ``X / received`` priorities with this LP preempted 35,732 times in 150 jobs; these 114). Shorter
     jobs preempt longer ones at rounds; between rounds it only fills free GPUs; leftover GPUs go to
-    the other queued jobs as in Gavel. The simulator keeps running jobs' remaining work up to date
-    for it (``reads_running_progress``).
+    the other queued jobs, least time left first. The simulator keeps running jobs' remaining work
+    up to date for it (``reads_running_progress``).
 
     Not one of Gavel's published policies: SRTF's objective in Gavel's framework, a heuristic of
     ours, reported beside the others and one of the experts the learned scheduler may choose.
