@@ -403,8 +403,8 @@ class Gavel:
                  max_jobs_lp: int = DEFAULT_MAX_JOBS_LP, preemptive: bool = True) -> None:
         if objective not in OBJECTIVES:
             raise SchedulingError(f"gavel: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
-        if objective == "shortest-first" and not type(self).__dict__.get("reads_running_progress", False):
-            # Gavel tells the simulator it never reads running jobs' remaining work; this objective does
+        if objective == "shortest-first" and not type(self).__dict__.get("reads_running_progress", True):
+            # as the simulator reads it: Gavel says it never reads running jobs' remaining work; this objective does
             raise SchedulingError("gavel: objective 'shortest-first' is the 'gavel-srtf' policy (GavelShortestFirst)")
         if round_s is not None and not (math.isfinite(round_s) and round_s > 0):
             raise SchedulingError(f"gavel: round_s must be > 0 or None, got {round_s}")
