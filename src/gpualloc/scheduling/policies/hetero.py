@@ -626,7 +626,7 @@ class GavelShortestFirst(Gavel):
     round it: each job of the allocation may run on its largest-share type only, and (job, type)
     pairs are granted by the job's remaining time now, shortest first — no time-sharing between
     rounds, which would only pay restart penalties for a shortest-first objective (on Philly, Gavel's
-    ``X / received`` priorities with this LP preempted 35,732 times in 150 jobs; these 114). Shorter
+    ``X / received`` priorities with this LP preempted 35,732 times in 150 jobs; these 101). Shorter
     jobs preempt longer ones at rounds; between rounds it only fills free GPUs; leftover GPUs go to
     the other queued jobs, least time left first. The simulator keeps running jobs' remaining work
     up to date for it (``reads_running_progress``).
