@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -198,6 +200,60 @@ def test_shortest_first_lp_puts_the_short_job_on_its_best_type():
     t = np.array([[3.0, 1.0], [3.0, 1.0]])
     x = solve_allocation(t, [1, 1], [1, 1], objective="shortest-first", remaining=np.array([36_000.0, 3_600.0]))
     np.testing.assert_allclose(x, [[0.0, 1.0], [1.0, 0.0]], atol=1e-9)
+
+
+def test_integral_shortest_first_runs_the_gang_the_lp_time_shares():
+    # 2 V100 + 2 T4. A: a 2-GPU gang that runs only on V100s, 2 h left; B: 1 GPU, 1 h left, 0.6x on a T4.
+    # Per V100 GPU, A is worth w_A / 2 = 0.25 and B's V100 over its T4 0.4: the LP gives B its V100 and
+    # A half its time on the other one (1.25), which the rounds cannot run (each job on its largest
+    # share: B on a V100, A waits: 1.0). The 0/1 allocation runs A on both V100s, B on a T4 (1.1).
+    t, g, cap, left = np.array([[1.0, 0.0], [1.0, 0.6]]), np.array([2, 1]), np.array([2, 2]), np.array([7200.0, 3600.0])
+    lp = solve_allocation(t, g, cap, objective="shortest-first", remaining=left)
+    np.testing.assert_allclose(lp, [[0.5, 0.0], [1.0, 0.0]], atol=1e-9)
+    milp = solve_allocation(t, g, cap, objective="shortest-first", remaining=left, integral=True)
+    assert milp.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    with pytest.raises(SchedulingError, match="integral"):
+        solve_allocation(t, g, cap, integral=True)  # max-min fairness has no 0/1 version here
+
+
+def _brute_force_best(t: np.ndarray, g: np.ndarray, cap: np.ndarray, gain: np.ndarray) -> float:
+    """The best sum of ``gain[j, type]`` over every 0/1 assignment of jobs to one type or none that fits."""
+    feas = feasible_pairs(t, g, cap)
+    best = 0.0
+    for choice in itertools.product(range(-1, t.shape[1]), repeat=t.shape[0]):
+        used = np.zeros(t.shape[1])
+        value, ok = 0.0, True
+        for j, c in enumerate(choice):
+            if c < 0:
+                continue
+            if not feas[j, c]:
+                ok = False
+                break
+            used[c] += g[j]
+            value += gain[j, c]
+        if ok and np.all(used <= cap):
+            best = max(best, value)
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), m=st.integers(1, 5), n_types=st.integers(1, 3),
+       objective=st.sampled_from(["max-throughput", "shortest-first"]))
+def test_integral_allocation_is_the_best_0_1_assignment(data, m, n_types, objective):
+    t = np.array(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5, 10.0]), min_size=n_types,
+                                             max_size=n_types), min_size=m, max_size=m)))
+    g = np.array(data.draw(st.lists(st.sampled_from([1, 2, 4]), min_size=m, max_size=m)))
+    cap = np.array(data.draw(st.lists(st.integers(1, 8), min_size=n_types, max_size=n_types)))
+    left = np.array(data.draw(st.lists(st.floats(0.0, 1e7), min_size=m, max_size=m)))
+    shortest = objective == "shortest-first"
+    x = solve_allocation(t, g, cap, objective=objective, remaining=left if shortest else None, integral=True)
+    assert set(np.unique(x).tolist()) <= {0.0, 1.0}
+    assert np.all(x.sum(axis=1) <= 1) and np.all(g @ x <= cap) and np.all(x[~feasible_pairs(t, g, cap)] == 0)
+    best = np.where(feasible_pairs(t, g, cap), t, 0.0).max(axis=1)
+    gain = np.divide(t, best[:, None], out=np.zeros(t.shape), where=best[:, None] > 0)
+    if shortest:
+        gain = gain * shortest_first_weights(left)[:, None]
+    assert float((gain * x).sum()) == pytest.approx(_brute_force_best(t, g, cap, gain), rel=2e-4, abs=1e-9)  # HiGHS mip_rel_gap 1e-4
 
 
 @settings(max_examples=40, deadline=None)

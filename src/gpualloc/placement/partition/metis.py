@@ -25,13 +25,11 @@ References:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 
 import numpy as np
 
+from gpualloc.native import quiet_stdout
 from gpualloc.placement.partition.memory import repair_memory, require_fit, undirected_csr
 from gpualloc.placement.problem import PlacementProblem
 
@@ -127,20 +125,6 @@ def _int_seed(seed: int | np.random.Generator | None) -> int:
     return int(np.random.default_rng(seed).integers(2**31 - 1))
 
 
-@contextlib.contextmanager
-def _quiet_stdout():
-    """Send the C library's writes to file descriptor 1 to /dev/null for the duration."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _trivial(problem: PlacementProblem, *, speed_aware: bool) -> np.ndarray | None:
     """Plans that need no partitioner: one device, or no more nodes than devices."""
     n, k = problem.n, problem.k
@@ -172,7 +156,7 @@ def _metis(problem: PlacementProblem, seed, *, speed_aware: bool) -> np.ndarray:
         tpwgts = (tp / tp.sum()).tolist()
     else:
         tpwgts = None
-    with _quiet_stdout():  # METIS prints "Cannot bisect a graph with 0 vertices" on tiny sub-graphs
+    with quiet_stdout():  # METIS prints "Cannot bisect a graph with 0 vertices" on tiny sub-graphs
         part = pymetis.part_graph(
             k,
             adjacency=pymetis.CSRAdjacency(xadj.tolist(), adjncy.tolist()),

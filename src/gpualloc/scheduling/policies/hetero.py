@@ -25,6 +25,9 @@ Objectives (``objective=``):
   by its best type (``T[j, t] / max_t T[j, t]``), so the sum counts jobs' worth of full-speed
   progress and each job goes where it has a comparative advantage (small gangs first when GPUs are
   short).
+* ``"shortest-first"`` — ours (:class:`GavelShortestFirst`, ``gavel-srtf``): the same sum weighted
+  by the inverse of each job's remaining time, solved over 0/1 allocations (a MILP: each job on one
+  type or none), which the rounds then run without time-sharing.
 
 Mechanism (Gavel §5): time is cut into rounds of ``round_s``. At each round, the priority of job
 ``j`` on type ``t`` is ``X[j, t] / f[j, t]``, where ``f[j, t]`` is the fraction of wall time ``j``
@@ -66,9 +69,10 @@ from collections.abc import Callable
 
 import numpy as np
 from scipy import sparse
-from scipy.optimize import linprog
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from gpualloc.errors import SchedulingError
+from gpualloc.native import quiet_stdout
 from gpualloc.scheduling.base import DONE, GPU_FREE, PENDING, QUEUED, RUNNING, ClusterView, Decision, FreeGpus, JobTable
 
 __all__ = ["DEFAULT_MAX_JOBS_LP", "DEFAULT_ROUND_S", "MIN_REMAINING_S", "OBJECTIVES", "Gavel", "GavelShortestFirst",
@@ -129,12 +133,15 @@ def normalised_throughput(throughput: np.ndarray, num_gpus: np.ndarray, capacity
 
 
 def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray, *,
-                     objective: str = "max-min-fairness", remaining: np.ndarray | None = None) -> np.ndarray:
+                     objective: str = "max-min-fairness", remaining: np.ndarray | None = None,
+                     integral: bool = False) -> np.ndarray:
     """Gavel's allocation ``X`` (jobs x types) for one objective.
 
     With several device types this is a linear program solved with HiGHS (two for max-min
-    fairness: the optimum, then the tie-break). With one type both objectives have a closed form
+    fairness: the optimum, then the tie-break). With one type every objective has a closed form
     (:func:`_one_type`) that gives the same optimum without the solver's per-call overhead.
+    ``integral=True`` asks for the best allocation that runs each job all the time on one type or
+    not at all (``X`` in {0, 1}: a MILP, HiGHS's branch and bound, on any number of types).
 
     Args:
         throughput: jobs x types; 0 where a job may not run on a type.
@@ -142,6 +149,8 @@ def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.
         capacity: GPUs of each type.
         objective: one of :data:`OBJECTIVES`.
         remaining: each job's remaining time on its fastest type (``"shortest-first"`` only: required).
+        integral: a 0/1 allocation (``"max-throughput"`` and ``"shortest-first"`` only); the LP's if
+            the MILP fails.
 
     Returns:
         ``X`` with ``X >= 0``, ``sum_t X[j, t] <= 1``, ``sum_j num_gpus[j] X[j, t] <= capacity[t]``
@@ -157,9 +166,11 @@ def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.
         if remaining is None or np.shape(remaining) != (throughput.shape[0],):
             raise SchedulingError("gavel: objective 'shortest-first' needs one remaining time per job")
         weight = shortest_first_weights(remaining)
-    if throughput.shape[1] == 1:
+    if integral and objective == "max-min-fairness":
+        raise SchedulingError("gavel: an integral allocation is for 'max-throughput' and 'shortest-first' only")
+    if throughput.shape[1] == 1 and not integral:
         return _one_type(throughput, num_gpus, capacity, objective, weight)
-    return _solve_lp(throughput, num_gpus, capacity, objective, weight)
+    return _solve_lp(throughput, num_gpus, capacity, objective, weight, integral)
 
 
 def shortest_first_weights(remaining: np.ndarray) -> np.ndarray:
@@ -214,13 +225,14 @@ def _one_type(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
 
 
 def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray,
-              objective: str, weight: np.ndarray | None = None) -> np.ndarray:
+              objective: str, weight: np.ndarray | None = None, integral: bool = False) -> np.ndarray:
     """The LP formulation for any number of types (HiGHS).
 
     Variables are the feasible (job, type) pairs in row-major order (then ``z`` in stage 1 of
     max-min fairness). Every pair's column holds three entries: 1 in its job's row, its gang size in
     its type's row, and (max-min fairness) ``-w`` in its job's fairness row; the CSC arrays are built
     directly from that pattern (:func:`_lp_columns`), the same matrix ``linprog`` would be given.
+    ``integral`` (not for max-min fairness) makes every column binary: a MILP.
     """
     m, n_types = throughput.shape
     feas = feasible_pairs(throughput, num_gpus, capacity)
@@ -237,10 +249,12 @@ def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
         if weight is not None:
             gain = gain * weight[rows]
         indptr, indices, data = _lp_columns(rows, cols, num_gpus[rows], None, m, n_types)
-        sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p))
+        sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p), integral=integral)
+        if sol is None and integral:  # the MILP failed: its relaxation
+            sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p))
         if sol is None:
             return equal_share(throughput, num_gpus, capacity)
-        x[rows, cols] = sol[:p]
+        x[rows, cols] = np.round(sol[:p]) if integral else sol[:p]
         return _clip(x, num_gpus, capacity)
 
     base = (throughput * equal_share(throughput, num_gpus, capacity)).sum(axis=1)
@@ -330,13 +344,21 @@ def _highs_options():
 
 
 def _highs_min(c: np.ndarray, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rhs: np.ndarray,
-               ub: np.ndarray) -> np.ndarray | None:
+               ub: np.ndarray, integral: bool = False) -> np.ndarray | None:
     """``argmin c @ x`` subject to ``A x <= rhs`` and ``0 <= x <= ub`` (``A`` as CSC arrays), solved as
-    ``linprog(method="highs")`` solves it; ``None`` where ``linprog`` would not report success."""
+    ``linprog(method="highs")`` solves it; ``None`` where ``linprog`` would not report success.
+    ``integral``: every ``x`` an integer, solved as ``milp`` solves it (with :func:`quiet_stdout`:
+    HiGHS's MIP solver prints a line when it repairs an incumbent, whatever its output options)."""
     h, opts = _highs_options()
     if h is None:
         a = sparse.csc_array((data, indices, indptr), shape=(rhs.size, c.size))
-        res = linprog(c, A_ub=a, b_ub=rhs, bounds=np.column_stack([np.zeros(c.size), ub]), method="highs")
+        bounds = np.column_stack([np.zeros(c.size), ub])
+        if integral:
+            with quiet_stdout():
+                res = milp(c, constraints=LinearConstraint(a, -np.inf, rhs), integrality=np.ones(c.size),
+                           bounds=Bounds(bounds[:, 0], bounds[:, 1]))
+            return res.x if res.status == 0 else None
+        res = linprog(c, A_ub=a, b_ub=rhs, bounds=bounds, method="highs")
         return res.x if res.status == 0 else None
     highs = getattr(_SOLVER, "highs", None)
     if highs is None:  # one solver object per thread, reused: passModel clears the previous model and solve
@@ -345,12 +367,18 @@ def _highs_min(c: np.ndarray, indptr: np.ndarray, indices: np.ndarray, data: np.
             _SOLVER.highs = None
             return None
     inf = h.kHighsInf
-    # the model as arrays (colwise, minimise, no offset, every column continuous): the HighsLp linprog builds
+    # the model as arrays (colwise, minimise, no offset, columns continuous or, for a MILP, integer)
     colwise, minimize = int(h.MatrixFormat.kColwise), int(h.ObjSense.kMinimize)
     if highs.passModel(c.size, rhs.size, indices.size, colwise, minimize, 0.0, c, np.zeros(c.size),
                        np.where(np.isinf(ub), inf, ub), np.full(rhs.size, -inf), rhs, indptr, indices, data,
-                       np.zeros(c.size, dtype=np.int32)) == h.HighsStatus.kError \
-            or highs.run() == h.HighsStatus.kError or highs.getModelStatus() != h.HighsModelStatus.kOptimal:
+                       np.full(c.size, int(integral), dtype=np.int32)) == h.HighsStatus.kError:
+        return None
+    if integral:
+        with quiet_stdout():
+            status = highs.run()
+    else:
+        status = highs.run()
+    if status == h.HighsStatus.kError or highs.getModelStatus() != h.HighsModelStatus.kOptimal:
         return None
     sol = highs.getSolution()
     x = np.array(sol.col_value)
@@ -398,6 +426,7 @@ class Gavel:
 
     name = "gavel"
     reads_running_progress = False  # allocations from speeds and time received, not work left
+    integral = False  # the LP's fractional allocation, time-shared by the rounds
 
     def __init__(self, *, objective: str = "max-min-fairness", round_s: float | None = DEFAULT_ROUND_S,
                  max_jobs_lp: int = DEFAULT_MAX_JOBS_LP, preemptive: bool = True) -> None:
@@ -513,7 +542,7 @@ class Gavel:
             x[np.flatnonzero(has), best[has]] = 1.0
         else:
             x = solve_allocation(thr, g, capacity, objective=self.objective,
-                                 remaining=_best_time_s(jobs, lp_jobs) if shortest else None)
+                                 remaining=_best_time_s(jobs, lp_jobs) if shortest else None, integral=self.integral)
         self.lp_solves += 1
         self._row[self.allocation_jobs] = -1
         self._row[lp_jobs] = np.arange(lp_jobs.size)
@@ -620,16 +649,19 @@ class GavelShortestFirst(Gavel):
     """Gavel's framework with SRTF's objective (``gavel-srtf``): heterogeneity-aware shortest-first.
 
     The allocation maximises ``sum_j w_j sum_t X[j, t] T[j, t] / max_t T[j, t]`` with ``w_j`` the
-    inverse of job ``j``'s remaining time on its fastest type (:func:`shortest_first_weights`): the
-    LP gives GPUs to the jobs with the least GPU-time left (Smith's rule), each on the type where it
-    is comparatively fastest. It is re-solved when the job set changes, as Gavel's. The rounds then
-    round it: each job of the allocation may run on its largest-share type only, and (job, type)
-    pairs are granted by the job's remaining time now, shortest first — no time-sharing between
-    rounds, which would only pay restart penalties for a shortest-first objective (on Philly, Gavel's
-    ``X / received`` priorities with this LP preempted 35,732 times in 150 jobs; these 101). Shorter
-    jobs preempt longer ones at rounds; between rounds it only fills free GPUs; leftover GPUs go to
-    the other queued jobs, least time left first. The simulator keeps running jobs' remaining work
-    up to date for it (``reads_running_progress``).
+    inverse of job ``j``'s remaining time on its fastest type (:func:`shortest_first_weights`) over
+    0/1 allocations (``integral``: a MILP): each job runs all the time on one type or waits, gangs
+    fit their types, and jobs with the least GPU-time left come first (Smith's rule), each on the
+    type where it is comparatively fastest. It is re-solved when the job set changes, as Gavel's.
+    The rounds run it as it is: (job, type) pairs are granted by the job's remaining time now,
+    shortest first — no time-sharing between rounds, which would only pay restart penalties for a
+    shortest-first objective (on Philly, Gavel's ``X / received`` priorities with the LP preempted
+    35,732 times in 150 jobs). The LP's fractional optimum, rounded to each job's largest share,
+    left a large gang waiting behind small jobs that had somewhere slower to go (its share was
+    fractional, so the rounding dropped it) with most GPUs idle; the 0/1 optimum moves the small
+    jobs and runs the gang. Shorter jobs preempt longer ones at rounds; between rounds it only fills
+    free GPUs; leftover GPUs go to the other queued jobs, least time left first. The simulator keeps
+    running jobs' remaining work up to date for it (``reads_running_progress``).
 
     Not one of Gavel's published policies: SRTF's objective in Gavel's framework, a heuristic of
     ours, reported beside the others and one of the experts the learned scheduler may choose.
@@ -637,6 +669,7 @@ class GavelShortestFirst(Gavel):
 
     name = "gavel-srtf"
     reads_running_progress = True
+    integral = True  # a 0/1 allocation: each job on one type, or waiting
 
     def __init__(self, *, round_s: float | None = DEFAULT_ROUND_S, max_jobs_lp: int = DEFAULT_MAX_JOBS_LP,
                  preemptive: bool = True) -> None:
