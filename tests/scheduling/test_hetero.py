@@ -253,7 +253,8 @@ def test_integral_allocation_is_the_best_0_1_assignment(data, m, n_types, object
     gain = np.divide(t, best[:, None], out=np.zeros(t.shape), where=best[:, None] > 0)
     if shortest:
         gain = gain * shortest_first_weights(left)[:, None]
-    assert float((gain * x).sum()) == pytest.approx(_brute_force_best(t, g, cap, gain), rel=2e-4, abs=1e-9)  # HiGHS mip_rel_gap 1e-4
+    best_value = _brute_force_best(t, g, cap, gain)
+    assert float((gain * x).sum()) == pytest.approx(best_value, rel=2e-4, abs=1e-9)  # HiGHS's mip_rel_gap: 1e-4
 
 
 @settings(max_examples=40, deadline=None)
