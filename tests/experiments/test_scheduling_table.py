@@ -90,3 +90,22 @@ def test_summary_names_both_bests_and_skips_traces_without_the_learned_policy():
     assert len(lines) == 3
     assert "| c | synthetic | 0.8 | gavel-srtf | 0.50 | gavel | 1.00 | 0.75 | -50.0% | +25.0% |" in lines[2]
     assert scheduling_summary_markdown([r for r in rows if r["policy"] != "dqn"]) == ""
+
+
+def test_utilisation_while_waiting_averages_the_seeds_in_which_a_job_waited():
+    from gpualloc.experiments.scheduling_table import METRICS, _aggregate
+    from gpualloc.reports.tables import scheduling_markdown, scheduling_summary_markdown
+
+    base = {key: 1.0 for key in METRICS} | {"rejected": 0}
+    runs = [base | {"avg_jct_s": 3600.0, "saturated_utilization": u} for u in (0.6, float("nan"), 0.8)]
+    row = _aggregate(runs, [{"avg_jct_s": 1800.0}] * 3)
+    assert row["saturated_utilization"] == pytest.approx(0.7) and row["avg_jct_s"] == 3600.0
+    assert row["saturated_utilization_runs"] == 2 and "avg_jct_s_runs" not in row
+    never = _aggregate([base | {"saturated_utilization": float("nan")}] * 2, [{"avg_jct_s": 1.0}] * 2)
+    assert never["saturated_utilization"] != never["saturated_utilization"]  # no seed had a job wait: NaN
+    rows = [{"cluster": "c", "trace": "synthetic", "load": 1.0, "policy": p, **never, "best_heuristic": "gavel-srtf"}
+            for p in ("gavel-srtf", "dqn")]
+    assert scheduling_summary_markdown(rows).splitlines()[2].endswith("| - | - |")  # not "nan%"
+    two_of_three = {"cluster": "c", "trace": "synthetic", "load": 1.0, "policy": "gavel-srtf", "seeds": 3, **row,
+                    "vs_fcfs": 0.0}
+    assert "| 70.0% ± 14.1% (2 of 3 seeds) |" in scheduling_markdown([two_of_three])

@@ -19,6 +19,7 @@ ablation: the agent trained with the hyperdimensional features (``sched-experts-
 
 from __future__ import annotations
 
+import math
 import time
 from functools import lru_cache
 from collections.abc import Callable, Iterator, Sequence
@@ -102,8 +103,11 @@ def _aggregate(runs: Sequence[dict[str, Any]], oracle: Sequence[dict[str, Any]])
     row: dict[str, Any] = {}
     for key in METRICS:
         vals = np.array([r[key] for r in runs], dtype=float)
-        row[key] = float(np.mean(vals))
+        vals = vals[~np.isnan(vals)]  # utilisation while jobs wait: over the seeds in which a job waited
+        row[key] = float(np.mean(vals)) if len(vals) else math.nan
         row[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        if len(vals) < len(runs):
+            row[f"{key}_runs"] = int(len(vals))  # how many runs it is defined in (of ``len(runs)``)
     jct = np.array([r["avg_jct_s"] for r in runs])
     if len(jct) > 1:
         half = stats.t.ppf(0.975, len(jct) - 1) * np.std(jct, ddof=1) / np.sqrt(len(jct))

@@ -8,11 +8,22 @@ from typing import Any
 
 
 def _pm(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
-    value, std = row.get(key), row.get(f"{key}_std")
-    if value is None or value != value:
-        return "-"
-    text = format(value * scale, fmt)
-    return text if not std else f"{text} ± {format(std * scale, fmt)}"
+    std = row.get(f"{key}_std")
+    text = _mean(row, key, fmt, scale)
+    return text if not std or text == "-" else f"{text} ± {format(std * scale, fmt)}"
+
+
+def _defined_in(row: dict[str, Any], key: str) -> str:
+    """`` (k of n seeds)`` where ``row[key]`` is a mean over fewer seeds than the row's (a metric
+    undefined in some, e.g. utilisation while jobs wait where no job waited), else nothing."""
+    runs = row.get(f"{key}_runs")
+    return "" if runs is None or not runs else f" ({runs} of {row.get('seeds', '?')} seeds)"
+
+
+def _mean(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
+    """``row[key]`` formatted, ``-`` where it is missing or NaN (e.g. no job ever waited)."""
+    value = row.get(key)
+    return "-" if value is None or value != value else format(value * scale, fmt)
 
 
 def placement_markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -109,7 +120,8 @@ def scheduling_summary_markdown(rows: Sequence[dict[str, Any]], learned: str = "
             f"{pub['policy']} | {_pm(pub, 'avg_jct_s', '.2f', 1 / 3600)} | {_pm(mine, 'avg_jct_s', '.2f', 1 / 3600)} | "
             f"{_vs(mine, 'best')} | {_vs(mine, 'best_published')} | {_vs(group.get(f'{learned}-hd', {}), 'best')} | "
             f"{mine['p99_jct_s'] / 3600:.1f} | {mine['makespan_s'] / 3600:.0f} | "
-            f"{mine['saturated_utilization']:.1%} | {best['saturated_utilization']:.1%} |")
+            f"{_mean(mine, 'saturated_utilization', '.1%')}{_defined_in(mine, 'saturated_utilization')} | "
+            f"{_mean(best, 'saturated_utilization', '.1%')}{_defined_in(best, 'saturated_utilization')} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -140,7 +152,8 @@ def scheduling_markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"{'-' if not ci else f'{ci[0] / 3600:.2f} – {ci[1] / 3600:.2f}'} | {r['vs_fcfs']:+.1%} | "
             f"{_vs(r, 'best')} | {_vs(r, 'best_published')} | "
             f"{r['x_bound']:.2f} | {_pm(r, 'throughput_jobs_per_h', '.3f')} | {_pm(r, 'utilization', '.1%')} | "
-            f"{_pm(r, 'saturated_utilization', '.1%')} | {_pm(r, 'p99_jct_s', '.1f', 1 / 3600)} | "
+            f"{_pm(r, 'saturated_utilization', '.1%')}{_defined_in(r, 'saturated_utilization')} | "
+            f"{_pm(r, 'p99_jct_s', '.1f', 1 / 3600)} | "
             f"{_pm(r, 'makespan_s', '.0f', 1 / 3600)} | "
             f"{_pm(r, 'hyperscore', '.3f')} |")
     return "\n".join(lines) + "\n"
