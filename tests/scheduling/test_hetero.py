@@ -216,6 +216,16 @@ def test_integral_shortest_first_runs_the_gang_the_lp_time_shares():
         solve_allocation(t, g, cap, integral=True)  # max-min fairness has no 0/1 version here
 
 
+def test_a_failed_milp_falls_back_to_the_lp(monkeypatch):
+    import gpualloc.scheduling.policies.hetero as hetero
+
+    solve = hetero._highs_min
+    monkeypatch.setattr(hetero, "_highs_min", lambda *a, integral=False: None if integral else solve(*a))
+    t, g, cap, left = np.array([[1.0, 0.0], [1.0, 0.6]]), np.array([2, 1]), np.array([2, 2]), np.array([7200.0, 3600.0])
+    x = solve_allocation(t, g, cap, objective="shortest-first", remaining=left, integral=True)
+    np.testing.assert_allclose(x, [[0.5, 0.0], [1.0, 0.0]], atol=1e-9)  # the LP's (node limit, solver error)
+
+
 def _brute_force_best(t: np.ndarray, g: np.ndarray, cap: np.ndarray, gain: np.ndarray) -> float:
     """The best sum of ``gain[j, type]`` over every 0/1 assignment of jobs to one type or none that fits."""
     feas = feasible_pairs(t, g, cap)

@@ -93,6 +93,10 @@ _GRANTABLE[1, RUNNING] = True
 MIN_REMAINING_S = 60.0
 """Remaining times below a minute weigh as a minute in the ``"shortest-first"`` objective."""
 _TIE_SLACK = 1e-6      # relative slack on the optimal minimum in the tie-breaking LP
+MAX_MIP_NODES = 2000
+"""Branch-and-bound nodes a 0/1 allocation may take (deterministic, unlike a time limit); past it the
+MILP counts as failed and the LP's allocation is used. These MILPs' relaxations are nearly integral:
+a few nodes suffice in practice."""
 
 
 # ----------------------------------------------------------------------------------- the LP
@@ -250,7 +254,8 @@ def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
             gain = gain * weight[rows]
         indptr, indices, data = _lp_columns(rows, cols, num_gpus[rows], None, m, n_types)
         sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p), integral=integral)
-        if sol is None and integral:  # the MILP failed: its relaxation
+        if sol is None and integral:  # the MILP failed (node limit, solver error): its relaxation
+            integral = False
             sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p))
         if sol is None:
             return equal_share(throughput, num_gpus, capacity)
@@ -337,6 +342,7 @@ def _highs_options():
             opts.log_to_console = False
             opts.output_flag = False
             opts.simplex_strategy = h.simplex_constants.SimplexStrategy.kSimplexStrategyDual
+            opts.mip_max_nodes = MAX_MIP_NODES  # MILPs only: LPs are solved as linprog solves them
             _HIGHS.extend([h, opts])
         except (ImportError, AttributeError, TypeError):  # another scipy: the public API
             _HIGHS.extend([None, None])
@@ -356,7 +362,7 @@ def _highs_min(c: np.ndarray, indptr: np.ndarray, indices: np.ndarray, data: np.
         if integral:
             with quiet_stdout():
                 res = milp(c, constraints=LinearConstraint(a, -np.inf, rhs), integrality=np.ones(c.size),
-                           bounds=Bounds(bounds[:, 0], bounds[:, 1]))
+                           bounds=Bounds(bounds[:, 0], bounds[:, 1]), options={"node_limit": MAX_MIP_NODES})
             return res.x if res.status == 0 else None
         res = linprog(c, A_ub=a, b_ub=rhs, bounds=bounds, method="highs")
         return res.x if res.status == 0 else None
