@@ -27,8 +27,9 @@ def test_scale_to_load_sets_the_offered_load():
 def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     from tests.cli.test_cli import invoke
 
+    # 2 worker processes (CI has 2 cores): the agent's runs on the real windows take minutes serially
     doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--json", "--data", str(shared_data),
-                            "--out", str(tmp_path)).stdout)
+                            "--workers", "2", "--out", str(tmp_path)).stdout)
     rows = doc["rows"]
     synthetic = [r for r in rows if r["trace"] == "synthetic"]
     assert {r["policy"] for r in synthetic} == {*SchedTableSpec.quick().policies, "oracle-lb"}
