@@ -226,6 +226,16 @@ def test_a_failed_milp_falls_back_to_the_lp(monkeypatch):
     np.testing.assert_allclose(x, [[0.5, 0.0], [1.0, 0.0]], atol=1e-9)  # the LP's (node limit, solver error)
 
 
+def _draw_problem(data, m: int, n_types: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random allocation problem: speeds (0 = forbidden), gang sizes, GPUs per type, remaining times."""
+    t = np.array(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5, 10.0]), min_size=n_types,
+                                             max_size=n_types), min_size=m, max_size=m)))
+    g = np.array(data.draw(st.lists(st.sampled_from([1, 2, 4]), min_size=m, max_size=m)))
+    cap = np.array(data.draw(st.lists(st.integers(1, 8), min_size=n_types, max_size=n_types)))
+    left = np.array(data.draw(st.lists(st.floats(0.0, 1e7), min_size=m, max_size=m)))
+    return t, g, cap, left
+
+
 def _brute_force_best(t: np.ndarray, g: np.ndarray, cap: np.ndarray, gain: np.ndarray) -> float:
     """The best sum of ``gain[j, type]`` over every 0/1 assignment of jobs to one type or none that fits."""
     feas = feasible_pairs(t, g, cap)
@@ -250,11 +260,7 @@ def _brute_force_best(t: np.ndarray, g: np.ndarray, cap: np.ndarray, gain: np.nd
 @given(data=st.data(), m=st.integers(1, 5), n_types=st.integers(1, 3),
        objective=st.sampled_from(["max-throughput", "shortest-first"]))
 def test_integral_allocation_is_the_best_0_1_assignment(data, m, n_types, objective):
-    t = np.array(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5, 10.0]), min_size=n_types,
-                                             max_size=n_types), min_size=m, max_size=m)))
-    g = np.array(data.draw(st.lists(st.sampled_from([1, 2, 4]), min_size=m, max_size=m)))
-    cap = np.array(data.draw(st.lists(st.integers(1, 8), min_size=n_types, max_size=n_types)))
-    left = np.array(data.draw(st.lists(st.floats(0.0, 1e7), min_size=m, max_size=m)))
+    t, g, cap, left = _draw_problem(data, m, n_types)
     shortest = objective == "shortest-first"
     x = solve_allocation(t, g, cap, objective=objective, remaining=left if shortest else None, integral=True)
     assert set(np.unique(x).tolist()) <= {0.0, 1.0}
@@ -271,11 +277,7 @@ def test_integral_allocation_is_the_best_0_1_assignment(data, m, n_types, object
 @given(data=st.data(), m=st.integers(1, 6), n_types=st.integers(1, 3),
        objective=st.sampled_from(["max-min-fairness", "max-throughput", "shortest-first"]))
 def test_lp_respects_the_constraints(data, m, n_types, objective):
-    t = np.array(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5, 10.0]), min_size=n_types,
-                                             max_size=n_types), min_size=m, max_size=m)))
-    g = np.array(data.draw(st.lists(st.sampled_from([1, 2, 4]), min_size=m, max_size=m)))
-    cap = np.array(data.draw(st.lists(st.integers(1, 8), min_size=n_types, max_size=n_types)))
-    left = np.array(data.draw(st.lists(st.floats(0.0, 1e7), min_size=m, max_size=m)))
+    t, g, cap, left = _draw_problem(data, m, n_types)
     x = solve_allocation(t, g, cap, objective=objective, remaining=left if objective == "shortest-first" else None)
     assert x.shape == (m, n_types)
     assert np.all(x >= 0)
