@@ -63,6 +63,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -379,10 +380,7 @@ def _highs_min(c: np.ndarray, indptr: np.ndarray, indices: np.ndarray, data: np.
                        np.where(np.isinf(ub), inf, ub), np.full(rhs.size, -inf), rhs, indptr, indices, data,
                        np.full(c.size, int(integral), dtype=np.int32)) == h.HighsStatus.kError:
         return None
-    if integral:
-        with quiet_stdout():
-            status = highs.run()
-    else:
+    with quiet_stdout() if integral else contextlib.nullcontext():
         status = highs.run()
     if status == h.HighsStatus.kError or highs.getModelStatus() != h.HighsModelStatus.kOptimal:
         return None
