@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -216,6 +217,25 @@ def test_integral_shortest_first_runs_the_gang_the_lp_time_shares():
         solve_allocation(t, g, cap, integral=True)  # max-min fairness has no 0/1 version here
 
 
+def test_idle_weight_runs_the_gang_once_busy_gpus_are_worth_enough():
+    # 2 V100 + 1 T4. A: a 2-GPU gang, V100s only, 20 h left (w = 0.05); B: 1 GPU, 1 h left (w = 1), 0.5x on
+    # the T4. Smith's rule: B on a V100 (1.0) beats A on the V100s and B on the T4 (0.05 + 0.5), 2 GPUs
+    # idle. A busy GPU earns idle_weight x 1.05 / 3 = 0.35 idle_weight: 1 + 0.35 l vs 0.55 + 1.05 l, so
+    # the gang runs once l > 0.45 / 0.7 = 0.643.
+    t, g, cap, left = np.array([[1.0, 0.0], [1.0, 0.5]]), np.array([2, 1]), np.array([2, 1]), np.array([72_000.0, 3600.0])
+    for idle_weight, expected in ((0.0, [[0, 0], [1, 0]]), (0.6, [[0, 0], [1, 0]]), (0.7, [[1, 0], [0, 1]])):
+        x = solve_allocation(t, g, cap, objective="shortest-first", remaining=left, integral=True,
+                             idle_weight=idle_weight)
+        assert x.tolist() == expected, idle_weight
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(SchedulingError, match="idle_weight"):
+            solve_allocation(t, g, cap, objective="shortest-first", remaining=left, idle_weight=bad)
+        with pytest.raises(SchedulingError, match="idle_weight"):
+            make_policy("gavel-srtf", idle_weight=bad)
+    with pytest.raises(SchedulingError, match="idle_weight"):
+        solve_allocation(t, g, cap, objective="max-throughput", idle_weight=1.0)
+
+
 def test_a_failed_milp_falls_back_to_the_lp(monkeypatch):
     import gpualloc.scheduling.policies.hetero as hetero
 
@@ -258,19 +278,23 @@ def _brute_force_best(t: np.ndarray, g: np.ndarray, cap: np.ndarray, gain: np.nd
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), m=st.integers(1, 5), n_types=st.integers(1, 3),
-       objective=st.sampled_from(["max-throughput", "shortest-first"]))
-def test_integral_allocation_is_the_best_0_1_assignment(data, m, n_types, objective):
+       objective=st.sampled_from(["max-throughput", "shortest-first"]), idle_weight=st.sampled_from([0.0, 0.7]))
+def test_integral_allocation_is_the_best_0_1_assignment(data, m, n_types, objective, idle_weight):
     t, g, cap, left = _draw_problem(data, m, n_types)
     shortest = objective == "shortest-first"
-    x = solve_allocation(t, g, cap, objective=objective, remaining=left if shortest else None, integral=True)
+    idle_weight = idle_weight if shortest else 0.0
+    x = solve_allocation(t, g, cap, objective=objective, remaining=left if shortest else None, integral=True,
+                         idle_weight=idle_weight)
     assert set(np.unique(x).tolist()) <= {0.0, 1.0}
     assert np.all(x.sum(axis=1) <= 1) and np.all(g @ x <= cap) and np.all(x[~feasible_pairs(t, g, cap)] == 0)
     best = np.where(feasible_pairs(t, g, cap), t, 0.0).max(axis=1)
     gain = np.divide(t, best[:, None], out=np.zeros(t.shape), where=best[:, None] > 0)
     if shortest:
-        gain = gain * shortest_first_weights(left)[:, None]
+        w = shortest_first_weights(left)
+        gain = gain * w[:, None] + idle_weight * g[:, None] * w.sum() / g.sum()
     best_value = _brute_force_best(t, g, cap, gain)
-    assert float((gain * x).sum()) == pytest.approx(best_value, rel=2e-4, abs=1e-9)  # HiGHS's mip_rel_gap: 1e-4
+    # HiGHS stops within mip_rel_gap (1e-4) or mip_abs_gap (1e-6) of the bound
+    assert float((gain * x).sum()) == pytest.approx(best_value, rel=2e-4, abs=2e-6)
 
 
 @settings(max_examples=40, deadline=None)

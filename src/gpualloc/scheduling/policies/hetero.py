@@ -98,6 +98,10 @@ MAX_MIP_NODES = 2000
 """Branch-and-bound nodes a 0/1 allocation may take (deterministic, unlike a time limit); past it the
 MILP counts as failed and the LP's allocation is used. These MILPs' relaxations are nearly integral:
 a few nodes suffice in practice."""
+DEFAULT_IDLE_WEIGHT = 1.0
+"""``gavel-srtf``'s ``idle_weight``: the design's ``lambda`` on idle GPUs, in units of the mean weight
+per GPU asked. Chosen on the validation traces (``benchmarks/sched_idle_weight.py``), not on the
+table's."""
 
 
 # ----------------------------------------------------------------------------------- the LP
@@ -139,7 +143,7 @@ def normalised_throughput(throughput: np.ndarray, num_gpus: np.ndarray, capacity
 
 def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray, *,
                      objective: str = "max-min-fairness", remaining: np.ndarray | None = None,
-                     integral: bool = False) -> np.ndarray:
+                     integral: bool = False, idle_weight: float = 0.0) -> np.ndarray:
     """Gavel's allocation ``X`` (jobs x types) for one objective.
 
     With several device types this is a linear program solved with HiGHS (two for max-min
@@ -156,6 +160,10 @@ def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.
         remaining: each job's remaining time on its fastest type (``"shortest-first"`` only: required).
         integral: a 0/1 allocation (``"max-throughput"`` and ``"shortest-first"`` only); the LP's if
             the MILP fails.
+        idle_weight: ``"shortest-first"`` only: every GPU the allocation keeps busy also earns
+            ``idle_weight`` times the mean weight per GPU asked (``sum_j w_j / sum_j num_gpus[j]``),
+            the design's ``lambda`` on idle GPU time. 0 is Smith's rule alone; larger values run a
+            gang that would otherwise leave GPUs idle even where it costs a shorter job some speed.
 
     Returns:
         ``X`` with ``X >= 0``, ``sum_t X[j, t] <= 1``, ``sum_j num_gpus[j] X[j, t] <= capacity[t]``
@@ -173,9 +181,18 @@ def solve_allocation(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.
         weight = shortest_first_weights(remaining)
     if integral and objective == "max-min-fairness":
         raise SchedulingError("gavel: an integral allocation is for 'max-throughput' and 'shortest-first' only")
-    if throughput.shape[1] == 1 and not integral:
+    if _idle_weight(idle_weight) and objective != "shortest-first":
+        raise SchedulingError("gavel: idle_weight is for the 'shortest-first' objective only")
+    if throughput.shape[1] == 1 and not integral and not idle_weight:
         return _one_type(throughput, num_gpus, capacity, objective, weight)
-    return _solve_lp(throughput, num_gpus, capacity, objective, weight, integral)
+    return _solve_lp(throughput, num_gpus, capacity, objective, weight, integral, idle_weight)
+
+
+def _idle_weight(value: float) -> float:
+    """``value`` as a float; raises SchedulingError unless it is finite and >= 0."""
+    if not (math.isfinite(value) and value >= 0):
+        raise SchedulingError(f"gavel: idle_weight must be a finite number >= 0, got {value}")
+    return float(value)
 
 
 def shortest_first_weights(remaining: np.ndarray) -> np.ndarray:
@@ -230,14 +247,16 @@ def _one_type(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
 
 
 def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray,
-              objective: str, weight: np.ndarray | None = None, integral: bool = False) -> np.ndarray:
+              objective: str, weight: np.ndarray | None = None, integral: bool = False,
+              idle_weight: float = 0.0) -> np.ndarray:
     """The LP formulation for any number of types (HiGHS).
 
     Variables are the feasible (job, type) pairs in row-major order (then ``z`` in stage 1 of
     max-min fairness). Every pair's column holds three entries: 1 in its job's row, its gang size in
     its type's row, and (max-min fairness) ``-w`` in its job's fairness row; the CSC arrays are built
     directly from that pattern (:func:`_lp_columns`), the same matrix ``linprog`` would be given.
-    ``integral`` (not for max-min fairness) makes every column binary: a MILP.
+    ``integral`` (not for max-min fairness) makes every column binary: a MILP. ``idle_weight`` adds
+    ``idle_weight * num_gpus[j] * sum(weight) / sum(num_gpus)`` to every pair's gain.
     """
     m, n_types = throughput.shape
     feas = feasible_pairs(throughput, num_gpus, capacity)
@@ -253,6 +272,8 @@ def _solve_lp(throughput: np.ndarray, num_gpus: np.ndarray, capacity: np.ndarray
         gain = throughput[rows, cols] / best[rows]
         if weight is not None:
             gain = gain * weight[rows]
+        if idle_weight:
+            gain = gain + idle_weight * num_gpus[rows] * weight.sum() / num_gpus.sum()
         indptr, indices, data = _lp_columns(rows, cols, num_gpus[rows], None, m, n_types)
         sol = _highs_min(-gain, indptr, indices, data, b_base, np.ones(p), integral=integral)
         if sol is None and integral:  # the MILP failed (node limit, solver error): its relaxation
@@ -431,6 +452,7 @@ class Gavel:
     name = "gavel"
     reads_running_progress = False  # allocations from speeds and time received, not work left
     integral = False  # the LP's fractional allocation, time-shared by the rounds
+    idle_weight = 0.0  # no weight on idle GPUs: Gavel's objectives as published
 
     def __init__(self, *, objective: str = "max-min-fairness", round_s: float | None = DEFAULT_ROUND_S,
                  max_jobs_lp: int = DEFAULT_MAX_JOBS_LP, preemptive: bool = True) -> None:
@@ -546,7 +568,8 @@ class Gavel:
             x[np.flatnonzero(has), best[has]] = 1.0
         else:
             x = solve_allocation(thr, g, capacity, objective=self.objective,
-                                 remaining=_best_time_s(jobs, lp_jobs) if shortest else None, integral=self.integral)
+                                 remaining=_best_time_s(jobs, lp_jobs) if shortest else None, integral=self.integral,
+                                 idle_weight=self.idle_weight)
         self.lp_solves += 1
         self._row[self.allocation_jobs] = -1
         self._row[lp_jobs] = np.arange(lp_jobs.size)
@@ -667,6 +690,11 @@ class GavelShortestFirst(Gavel):
     free GPUs; leftover GPUs go to the other queued jobs, least time left first. The simulator keeps
     running jobs' remaining work up to date for it (``reads_running_progress``).
 
+    ``idle_weight`` (the design's ``lambda`` on idle GPU time; :data:`DEFAULT_IDLE_WEIGHT`) makes every
+    GPU the allocation keeps busy worth that many times the mean weight per GPU asked. Smith's rule
+    alone kept an 8-GPU gang waiting, with 15 of 16 GPUs idle, rather than move a 1-GPU job that
+    had 9 h left to a type where it runs at 0.46 of its speed; the weight runs both.
+
     Not one of Gavel's published policies: SRTF's objective in Gavel's framework, a heuristic of
     ours, reported beside the others and one of the experts the learned scheduler may choose.
     """
@@ -676,12 +704,13 @@ class GavelShortestFirst(Gavel):
     integral = True  # a 0/1 allocation: each job on one type, or waiting
 
     def __init__(self, *, round_s: float | None = DEFAULT_ROUND_S, max_jobs_lp: int = DEFAULT_MAX_JOBS_LP,
-                 preemptive: bool = True) -> None:
+                 preemptive: bool = True, idle_weight: float = DEFAULT_IDLE_WEIGHT) -> None:
         super().__init__(objective="shortest-first", round_s=round_s, max_jobs_lp=max_jobs_lp, preemptive=preemptive)
+        self.idle_weight = _idle_weight(idle_weight)
 
     def __repr__(self) -> str:
         return (f"GavelShortestFirst(round_s={self.round_s}, max_jobs_lp={self.max_jobs_lp}, "
-                f"preemptive={self.preemptive})")
+                f"preemptive={self.preemptive}, idle_weight={self.idle_weight})")
 
     @staticmethod
     def _leftover_key(jobs: JobTable, idx: np.ndarray) -> np.ndarray:
