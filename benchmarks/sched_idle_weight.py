@@ -91,7 +91,8 @@ def main() -> None:
                      "util_while_waiting_load1": float(np.nanmean(full)) if np.isfinite(full).any() else None})
     meets = [r for r in rows if (r["util_while_waiting_load1"] or 0.0) >= UTIL_TARGET] or rows
     best = min(meets, key=lambda r: r["jct_ratio_geomean"])["idle_weight"]
-    table = Table(title=f"gavel-srtf idle_weight on {len(work)} validation workloads ({time.perf_counter() - start:.0f} s)")
+    took = time.perf_counter() - start
+    table = Table(title=f"gavel-srtf idle_weight on {len(work)} validation workloads ({took:.0f} s)")
     for col in ("idle_weight", "JCT / weight 0 (geomean)", "real windows only", "worst", "util while waiting, load 1.0",
                 "chosen"):
         table.add_column(col, justify="right")

@@ -222,7 +222,8 @@ def test_idle_weight_runs_the_gang_once_busy_gpus_are_worth_enough():
     # the T4. Smith's rule: B on a V100 (1.0) beats A on the V100s and B on the T4 (0.05 + 0.5), 2 GPUs
     # idle. A busy GPU earns idle_weight x 1.05 / 3 = 0.35 idle_weight: 1 + 0.35 l vs 0.55 + 1.05 l, so
     # the gang runs once l > 0.45 / 0.7 = 0.643.
-    t, g, cap, left = np.array([[1.0, 0.0], [1.0, 0.5]]), np.array([2, 1]), np.array([2, 1]), np.array([72_000.0, 3600.0])
+    t, g, cap = np.array([[1.0, 0.0], [1.0, 0.5]]), np.array([2, 1]), np.array([2, 1])
+    left = np.array([72_000.0, 3600.0])
     for idle_weight, expected in ((0.0, [[0, 0], [1, 0]]), (0.6, [[0, 0], [1, 0]]), (0.7, [[1, 0], [0, 1]])):
         x = solve_allocation(t, g, cap, objective="shortest-first", remaining=left, integral=True,
                              idle_weight=idle_weight)
