@@ -144,7 +144,8 @@ def test_gate_falls_back_to_the_teacher_when_the_agent_is_worse(tmp_path):
     bad.save(path)
     with pytest.warns(AgentFallbackWarning, match="falling back to srtf"):
         policy = make_policy("dqn", agent=str(path))
-    assert isinstance(policy, ExpertChoicePolicy) and policy.fallback
+    assert isinstance(policy, ExpertChoicePolicy) and policy.fallback and policy.agent is None
+    assert policy.learned is not None  # kept, so its decisions can still be timed
     fell = simulate(problems[0][1], cluster, policy, drop_unplaceable=True, timeline=False)
     srtf = simulate(problems[0][1], cluster, make_policy("srtf"), drop_unplaceable=True, timeline=False)
     np.testing.assert_array_equal(fell.finish_s, srtf.finish_s)

@@ -91,6 +91,7 @@ class ExpertChoicePolicy:
         self.experts, self.teacher = tuple(experts), int(teacher)
         self.gate = gate
         self.fallback = agent is None or (gate is not None and not gate.passed)
+        self.learned = agent  # kept when the gate fails, to measure it (benchmarks/sched_decision_latency.py)
         self.agent = None if self.fallback else agent
         self.encoder = encoder
         if agent is not None and agent.n_actions != len(self.experts):
