@@ -7,6 +7,10 @@ class GpuallocError(Exception):
     """Base class of every error gpualloc raises on purpose (the CLI prints these as one line)."""
 
 
+class GpuallocWarning(UserWarning):
+    """Base class of every warning gpualloc issues (the CLI prints these as one line)."""
+
+
 class CatalogError(GpuallocError):
     """Unknown device or link type, or a malformed catalog entry."""
 

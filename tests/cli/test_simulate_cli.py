@@ -99,3 +99,14 @@ def test_train_scheduler_cli_with_parallel_actors(tmp_path):
                                  "--round-steps", "100", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert out.exists() and "vs fcfs" in result.stdout
+
+
+def test_bundled_agent_fallback_is_one_warning_line():
+    """The bundled agent fails its gate: `dqn` says so in one line (no source location) and runs its teacher."""
+    proc = run_main("simulate", "--cluster", "adlro16", "--generate", "20", "--seed", "1", "--policy", "dqn", "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: learned agent worse than its teacher gavel-srtf")
+    teacher = run_main("simulate", "--cluster", "adlro16", "--generate", "20", "--seed", "1", "--policy", "gavel-srtf",
+                       "--json")
+    assert json.loads(proc.stdout)["avg_jct_s"] == json.loads(teacher.stdout)["avg_jct_s"]

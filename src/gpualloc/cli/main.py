@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import typer
@@ -13,7 +14,7 @@ from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, t
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import service as service_cli
 from gpualloc.cli.common import OrderedGroup, console, err_console, output_folder
-from gpualloc.errors import GpuallocError
+from gpualloc.errors import GpuallocError, GpuallocWarning
 from gpualloc.limits import MAX_BATCH
 
 app = typer.Typer(
@@ -95,8 +96,17 @@ def _error_line(message: str) -> None:
     err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning) -> None:
+    """Our warnings as one line, without the source location and line Python adds; others as Python shows them."""
+    if issubclass(category, GpuallocWarning):
+        err_console.print(Text.assemble(("warning: ", "bold yellow"), str(message)), soft_wrap=True)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main() -> None:
     """Entry point: bad input, whether a domain error or a usage error, is one line on stderr and exit status 2."""
+    warnings.showwarning = _warning_line
     try:
         code = app(standalone_mode=False)
     except GpuallocError as err:

@@ -194,15 +194,13 @@ class GateResult:
 
     def note(self) -> str:
         """One line saying which policy runs and why."""
-        if self.ratio is not None:
-            change = 1.0 - self.ratio
-        else:
-            change = 1.0 - self.agent_jct_s / self.teacher_jct_s if self.teacher_jct_s > 0 else 0.0
+        ratio = self.ratio if self.ratio is not None else (
+            self.agent_jct_s / self.teacher_jct_s if self.teacher_jct_s > 0 else 1.0)
         if self.passed:
-            return (f"learned agent: {change:+.1%} average JCT vs its teacher {self.teacher} on "
-                    f"{self.traces} validation traces (mean per-trace ratio)")
+            return (f"learned agent: average JCT {1.0 - ratio:.2%} below its teacher {self.teacher}'s on "
+                    f"{self.traces} validation traces (mean per-trace ratio {ratio:.4f})")
         return (f"learned agent worse than its teacher {self.teacher} on {self.traces} validation traces "
-                f"({change:+.1%} mean per-trace average JCT); falling back to {self.teacher}")
+                f"(mean per-trace average JCT ratio {ratio:.4f}, at most 1 passes); falling back to {self.teacher}")
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "agent_jct_s": self.agent_jct_s, "teacher_jct_s": self.teacher_jct_s,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpualloc.errors import AgentError
+from gpualloc.errors import AgentError, GpuallocWarning
 from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, distinct, observe
 from gpualloc.scheduling.base import ClusterView, Decision, JobTable
 from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
@@ -62,7 +62,7 @@ def bundled_agent_path(name: str = BUNDLED_AGENT) -> Path:
     return Path(str(resources.files("gpualloc.rl") / "data" / name))
 
 
-class AgentFallbackWarning(UserWarning):
+class AgentFallbackWarning(GpuallocWarning):
     """The learned agent failed its gate; its teacher heuristic schedules instead."""
 
 
