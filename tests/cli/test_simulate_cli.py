@@ -110,3 +110,9 @@ def test_bundled_agent_fallback_is_one_warning_line():
     teacher = run_main("simulate", "--cluster", "adlro16", "--generate", "20", "--seed", "1", "--policy", "gavel-srtf",
                        "--json")
     assert json.loads(proc.stdout)["avg_jct_s"] == json.loads(teacher.stdout)["avg_jct_s"]
+
+
+def test_progress_bars_leave_nothing_in_logs():
+    """stderr that is not a terminal gets no progress bars, not even the blank line a finished bar leaves."""
+    proc = run_main("simulate", "compare", "--generate", "20", "--policies", "fcfs,sjf,srtf")
+    assert proc.returncode == 0 and proc.stderr == "" and "oracle-lb" in proc.stdout

@@ -94,13 +94,14 @@ def device_types(names: str) -> list:
     return types
 
 
-def progress_bar(*, transient: bool = True):
-    """A Rich progress bar on stderr, so stdout stays clean for results and ``--json``: description, bar,
-    done/total, elapsed. Silent when stderr is not a terminal (logs stay free of redraws)."""
+def progress_bar(*columns, transient: bool = True):
+    """A Rich progress bar on stderr, so stdout stays clean for results and ``--json``: ``columns``, by default
+    description, bar, done/total, elapsed. Silent when stderr is not a terminal (logs stay free of redraws and
+    of the blank line a finished bar leaves)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=transient, disable=not err_console.is_terminal)
+    columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=err_console, transient=transient, disable=not err_console.is_terminal)
 
 
 def print_json(data: Any) -> None:

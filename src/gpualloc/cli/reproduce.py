@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from gpualloc.cli.common import console, err_console, output_folder, print_json
+from gpualloc.cli.common import console, output_folder, print_json, progress_bar
 from gpualloc.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_STEPS
 
 app = typer.Typer(no_args_is_help=True,
@@ -39,8 +39,8 @@ def placement_cmd(
     spec = TableSpec.quick() if quick else TableSpec()
     spec = replace(spec, microbatches=microbatches, **{k: v for k, v in (("seeds", seeds), ("iterations", iterations))
                                                         if v is not None})
-    with Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+    with progress_bar(TextColumn("{task.description:<40}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn()) as bar:
         task = bar.add_task("placement table", total=total_runs(spec))
         result = run_table(spec, load_placer(agent),
                            progress=lambda what: bar.update(task, advance=1, description=what))
@@ -100,8 +100,8 @@ def scheduling_cmd(
     if jobs:
         spec = replace(spec, jobs=jobs, real_jobs=jobs)
     root = data if data.is_dir() else None
-    with Progress(TextColumn("{task.description:<32}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar, \
+    with progress_bar(TextColumn("{task.description:<32}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn()) as bar, \
             make_executor(use_ray, ray_address, workers) as executor:
         task = bar.add_task("scheduling table", total=total_runs(spec, root is not None))
         result = run_table(spec, root, agent=agent, executor=executor,

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from gpualloc.cli.common import (DefaultToRun, console, err_console, output_file, output_folder,
-                                 print_json)
+from gpualloc.cli.common import (DefaultToRun, console, output_file, output_folder,
+                                 print_json, progress_bar)
 from gpualloc.limits import MAX_JOBS, MAX_SEED
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
@@ -53,8 +53,8 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
 
     takes_agent = "agent" in POLICIES.entry(policy_name).options
     policy = make_policy(policy_name, **({"agent": agent} if takes_agent and agent else {}))
-    with Progress(TextColumn(f"{policy_name:<16}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+    with progress_bar(TextColumn(f"{policy_name:<16}"), BarColumn(),
+                      TextColumn("{task.completed:,}/{task.total:,} jobs"), TimeElapsedColumn()) as bar:
         task = bar.add_task("jobs", total=len(trace))
         result = simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop,
                           progress=lambda now, done, total: bar.update(task, completed=done))
