@@ -42,6 +42,22 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     assert {r["trace"] for r in rows} == {"synthetic", "gavel-msr", "philly", "alibaba"}
     for name in ("table.md", "summary.md", "results.json", "avg_jct.png", "real_traces.png"):
         assert (tmp_path / name).exists()
+    assert set(doc["agents"]) == {"dqn"}  # which policy the learned rows ran, said once in the summary
+    assert f"- `dqn`: {doc['agents']['dqn']}" in (tmp_path / "summary.md").read_text()
+
+
+def test_agent_notes_say_each_learned_policy_once(recwarn):
+    import warnings
+
+    from gpualloc.experiments.scheduling_table import agent_notes
+    from gpualloc.scheduling.policies import make_policy
+
+    warnings.simplefilter("always")
+    notes = agent_notes(["fcfs", "gavel-srtf", "dqn", "dqn-hd"])
+    assert set(notes) == {"dqn", "dqn-hd"} and not recwarn.list  # the runs stay quiet: the notes say it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert notes["dqn"] == make_policy("dqn").note
 
 
 def test_training_windows_are_unseen_by_the_table_and_keep_the_trace_format(shared_data):

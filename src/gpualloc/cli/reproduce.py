@@ -114,9 +114,11 @@ def scheduling_cmd(
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     table = scheduling_markdown(result["rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
+    notes = "".join(f"- `{name}`: {note}\n" for name, note in result["agents"].items())
+    notes = "\n" + notes if notes else ""
     summary = scheduling_summary_markdown(result["rows"])
     if summary:
-        (out / "summary.md").write_text(f"<!-- {command} -->\n" + summary)
+        (out / "summary.md").write_text(f"<!-- {command} -->\n" + summary + notes)
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
               scale=1 / 3600,
@@ -129,7 +131,7 @@ def scheduling_cmd(
     if as_json:
         print_json(result)
         return
-    console.print(table)
+    console.print(table + notes)
     console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, {'summary.md, ' if summary else ''}results.json, "
                   "avg_jct.png"
                   + (", real_traces.png" if real else ""))

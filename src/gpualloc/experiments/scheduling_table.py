@@ -159,16 +159,32 @@ def _workload(cluster: str, load: float, jobs: int, trace_seed: int | None, path
     return prepare(trace, spec)
 
 
+def _make(policy: str, agent: str | None):
+    """The table's policy ``policy`` (a variant with its bundled agent); an agent's fallback warning is
+    not repeated for every run: :func:`agent_notes` reports each once."""
+    import warnings
+
+    from gpualloc.rl.sched_policy import AgentFallbackWarning, bundled_agent_path
+
+    name = policy
+    if name in VARIANTS:
+        name, agent = VARIANTS[name][0], str(bundled_agent_path(VARIANTS[name][1]))
+    takes_agent = "agent" in REGISTRY.entry(name).options
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AgentFallbackWarning)
+        return make_policy(name, **({"agent": agent} if takes_agent and agent else {}))
+
+
+def agent_notes(policies: Sequence[str], agent: str | None = None) -> dict[str, str]:
+    """Which policy each learned row runs, one line per learned policy (e.g. a failed gate's fallback)."""
+    notes = {name: getattr(_make(name, agent), "note", None) for name in policies}
+    return {name: note for name, note in notes.items() if note}
+
+
 def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
     work = _workload(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
-    name, agent = run.policy, run.agent
-    if name in VARIANTS:
-        from gpualloc.rl.sched_policy import bundled_agent_path
-
-        name, agent = VARIANTS[name][0], str(bundled_agent_path(VARIANTS[name][1]))
-    takes_agent = "agent" in REGISTRY.entry(name).options
-    policy = make_policy(name, **({"agent": agent} if takes_agent and agent else {}))
+    policy = _make(run.policy, run.agent)
     result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
     return summary(result), oracle_summary(result)
 
@@ -298,6 +314,7 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
     return {"spec": {"cluster": spec.cluster, "unseen_cluster": spec.unseen_cluster,
                      "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
                      "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
+            "agents": agent_notes(spec.policies, None if agent is None else str(agent)),
             "rows": rows, "wall_s": time.perf_counter() - start}
 
 
