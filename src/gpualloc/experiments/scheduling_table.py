@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from functools import lru_cache
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from gpualloc.errors import GpuallocWarning
 from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
@@ -160,18 +162,16 @@ def _workload(cluster: str, load: float, jobs: int, trace_seed: int | None, path
 
 
 def _make(policy: str, agent: str | None):
-    """The table's policy ``policy`` (a variant with its bundled agent); an agent's fallback warning is
-    not repeated for every run: :func:`agent_notes` reports each once."""
-    import warnings
-
-    from gpualloc.rl.sched_policy import AgentFallbackWarning, bundled_agent_path
-
+    """The table's policy ``policy`` (a variant with its bundled agent); our warnings (an agent's
+    fallback) are not repeated for every run: :func:`agent_notes` reports each once."""
     name = policy
     if name in VARIANTS:
+        from gpualloc.rl.sched_policy import bundled_agent_path
+
         name, agent = VARIANTS[name][0], str(bundled_agent_path(VARIANTS[name][1]))
     takes_agent = "agent" in REGISTRY.entry(name).options
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", AgentFallbackWarning)
+        warnings.simplefilter("ignore", GpuallocWarning)
         return make_policy(name, **({"agent": agent} if takes_agent and agent else {}))
 
 
