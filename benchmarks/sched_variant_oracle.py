@@ -1,0 +1,117 @@
+"""How much could picking a ``gavel-srtf`` variant per workload gain? An upper bound for expert choice.
+
+The learned scheduler (``docs/scheduling-agent.md``) picks, at each decision point, one expert's
+decision; with ``gavel-srtf`` in its panel it clones it and no agent has passed its gate. This script
+asks whether experts that are *variants* of ``gavel-srtf`` would give an agent something to learn: it
+runs ``gavel-srtf`` with its defaults and with one parameter changed at a time (``--idle-weights``,
+the design's lambda on idle GPUs; ``--round-s``, the round length), on the learned scheduler's
+validation workloads (the same 52 as ``sched_idle_weight.py``: generated traces with the validation
+seeds at loads 0.5, 0.8 and 1.0 on the three training clusters, and the held-out real-trace windows).
+
+It prints each variant's geometric mean of average JCT relative to the defaults (and its best and
+worst workload), and the **per-workload oracle**: on each workload the best of all variants, chosen
+in hindsight. An agent that switches variant by workload can at most reach the oracle; one that
+switches within a workload is not bounded by it, but would have to find gains the per-workload view
+shows no sign of. Writes ``benchmarks/results/sched_variant_oracle.json``.
+
+Run: ``python benchmarks/sched_variant_oracle.py [--idle-weights 0,0.5,2] [--round-s 60,120,1200]
+[--jobs 150] [--workers 2] [--data ../shared/data]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from sched_idle_weight import _workloads
+
+from gpualloc.scheduling import metrics
+from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.policies.hetero import DEFAULT_IDLE_WEIGHT, DEFAULT_ROUND_S
+from gpualloc.scheduling.simulator import simulate
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "results" / "sched_variant_oracle.json"
+DEFAULT = "defaults"
+
+
+def variants(idle_weights: list[float], rounds: list[float]) -> dict[str, dict[str, float]]:
+    """Variant label -> ``gavel-srtf`` keyword options: the defaults, then one parameter changed at a time."""
+    out: dict[str, dict[str, float]] = {DEFAULT: {}}
+    out.update({f"idle_weight={w:g}": {"idle_weight": w} for w in idle_weights if w != DEFAULT_IDLE_WEIGHT})
+    out.update({f"round_s={r:g}": {"round_s": r} for r in rounds if r != DEFAULT_ROUND_S})
+    return out
+
+
+def _run(args: tuple[str, dict, int, int, str | None]) -> tuple[str, str, float]:
+    name, options, index, jobs, data = args
+    label, spec, trace = _workloads(jobs, data)[index]
+    result = simulate(trace, spec, make_policy("gavel-srtf", **options), drop_unplaceable=True, timeline=False)
+    return name, label, metrics.avg_jct_s(result)
+
+
+def summarise(jct: dict[tuple[str, str], float], names: list[str], labels: list[str]) -> tuple[list[dict], dict]:
+    """Per variant: geomean, best and worst of its average JCT over the defaults' on each workload; and the
+    per-workload oracle (the best variant on each workload) in the same terms."""
+    keep = [w for w in labels if jct[(DEFAULT, w)] > 0]
+    base = np.array([jct[(DEFAULT, w)] for w in keep])
+    rows = []
+    for name in names:
+        ratio = np.array([jct[(name, w)] for w in keep]) / base
+        rows.append({"variant": name, "jct_ratio_geomean": float(np.exp(np.log(ratio).mean())),
+                     "jct_ratio_best": float(ratio.min()), "jct_ratio_worst": float(ratio.max())})
+    best = [min(names, key=lambda n, w=w: (jct[(n, w)], n != DEFAULT)) for w in keep]
+    ratio = np.array([jct[(n, w)] for n, w in zip(best, keep, strict=True)]) / base
+    oracle = {"jct_ratio_geomean": float(np.exp(np.log(ratio).mean())), "jct_ratio_best": float(ratio.min()),
+              "workloads": len(keep), "defaults_best_on": sum(n == DEFAULT for n in best),
+              "best_variant": dict(zip(keep, best, strict=True))}
+    return rows, oracle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle-weights", default="0,0.5,2")
+    parser.add_argument("--round-s", default="60,120,1200")
+    parser.add_argument("--jobs", type=int, default=150)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data", default=str(ROOT.parent.parent / "shared" / "data"))
+    args = parser.parse_args()
+    table_of = variants([float(w) for w in args.idle_weights.split(",") if w],
+                        [float(r) for r in args.round_s.split(",") if r])
+    data = args.data if Path(args.data).is_dir() else None
+    work = _workloads(args.jobs, data)
+    labels = [label for label, _, _ in work]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        done = list(pool.map(_run, [(name, opts, k, args.jobs, data) for name, opts in table_of.items()
+                                    for k in range(len(work))]))
+    took = time.perf_counter() - start
+    jct = {(name, label): j for name, label, j in done}
+    rows, oracle = summarise(jct, list(table_of), labels)
+    table = Table(title=f"gavel-srtf variants on {len(work)} validation workloads ({took:.0f} s); average JCT / "
+                        f"the defaults' (idle_weight {DEFAULT_IDLE_WEIGHT:g}, round_s {DEFAULT_ROUND_S:g})")
+    for col in ("variant", "geomean", "best workload", "worst workload"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["variant"], f"{r['jct_ratio_geomean']:.4f}", f"{r['jct_ratio_best']:.3f}",
+                      f"{r['jct_ratio_worst']:.3f}")
+    table.add_row("per-workload oracle", f"{oracle['jct_ratio_geomean']:.4f}", f"{oracle['jct_ratio_best']:.3f}",
+                  f"defaults best on {oracle['defaults_best_on']}/{oracle['workloads']}")
+    Console().print(table)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    command = (f"python benchmarks/sched_variant_oracle.py --idle-weights {args.idle_weights} --round-s {args.round_s} "
+               f"--jobs {args.jobs} --workers {args.workers}")
+    OUT.write_text(json.dumps({"command": command, "seconds": took, "variants": table_of, "rows": rows,
+                               "oracle": oracle, "runs": [{"variant": n, "workload": w, "avg_jct_s": j}
+                                                          for n, w, j in done]}, indent=1))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
