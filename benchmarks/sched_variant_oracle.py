@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from scipy.stats import gmean
 from sched_idle_weight import _workloads
 
 from gpualloc.scheduling import metrics
@@ -64,11 +65,11 @@ def summarise(jct: dict[tuple[str, str], float], names: list[str], labels: list[
     rows = []
     for name in names:
         ratio = np.array([jct[(name, w)] for w in keep]) / base
-        rows.append({"variant": name, "jct_ratio_geomean": float(np.exp(np.log(ratio).mean())),
+        rows.append({"variant": name, "jct_ratio_geomean": float(gmean(ratio)),
                      "jct_ratio_best": float(ratio.min()), "jct_ratio_worst": float(ratio.max())})
     best = [min(names, key=lambda n, w=w: (jct[(n, w)], n != DEFAULT)) for w in keep]
     ratio = np.array([jct[(n, w)] for n, w in zip(best, keep, strict=True)]) / base
-    oracle = {"jct_ratio_geomean": float(np.exp(np.log(ratio).mean())), "jct_ratio_best": float(ratio.min()),
+    oracle = {"jct_ratio_geomean": float(gmean(ratio)), "jct_ratio_best": float(ratio.min()),
               "workloads": len(keep), "defaults_best_on": sum(n == DEFAULT for n in best),
               "best_variant": dict(zip(keep, best, strict=True))}
     return rows, oracle
