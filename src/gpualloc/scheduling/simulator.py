@@ -764,16 +764,19 @@ class _Engine:
         if not (decision.preempt or decision.starts):
             return
         label = self.ids.__getitem__
-        if decision.preempt or len(decision.starts) > 1:
-            problems = validate_decision(decision, self.view, label)
-            if problems:
-                raise SchedulingError(f"policy {self.name}: {problems[0]}") from problems[0]
-        else:  # a lone start (most decisions): the same rule on the live state, without a scratch copy
+        if not decision.preempt and len(decision.starts) == 1:
+            # a lone start (most decisions): the same rule on the live state, without a scratch copy
             try:
-                check_start(decision.starts[0], self.table, self.gpu_job, self.gpu_type_l, self.gpu_node_l,
-                            self.type_names, label)
+                j, gl, t = check_start(decision.starts[0], self.table, self.gpu_job, self.gpu_type_l,
+                                       self.gpu_node_l, self.type_names, label)
             except InvalidDecision as err:
                 raise SchedulingError(f"policy {self.name}: {err}") from err
+            self._start(j, gl, t, now)
+            self.queue.remove(j)
+            return
+        problems = validate_decision(decision, self.view, label)
+        if problems:
+            raise SchedulingError(f"policy {self.name}: {problems[0]}") from problems[0]
         tb = self.table
         for j in decision.preempt:
             j = int(j)
@@ -787,9 +790,9 @@ class _Engine:
         for j, gpus in starts:
             gl = tuple(map(int, gpus))
             self._start(int(j), gl, t_of[gl[0]], now)
-        if len(starts) == 1:  # valid starts name distinct jobs
+        if len(starts) == 1:  # after preemptions
             self.queue.remove(int(starts[0][0]))
-        else:
+        else:  # valid starts name distinct jobs
             started = {int(j) for j, _ in starts}
             self.queue[:] = [q for q in self.queue if q not in started]
 
