@@ -16,8 +16,18 @@ then ``PYTHONPATH=/tmp/prev/src python benchmarks/sched_speed.py --save-prev``).
 ``benchmarks/results/sched_speed.json`` beside the saved previous figures, with the speed-up ratio
 (previous seconds / these seconds) and whether the average JCT is the same.
 
+With ``--gavel-sim DIR`` (the ``scheduler`` folder of a checkout of stanford-futuredata/gavel, and
+``--gavel-python`` an interpreter with its requirements, cvxpy and ECOS) the same run also times
+Gavel's own simulator on the msr trace, side by side: its driver
+``scripts/drivers/simulate_scheduler_with_trace.py`` with ``max_min_fairness_perf`` (heterogeneity-aware
+LAS), ``12:12:12`` and 360-s rounds, seed 0, with its per-round INFO logging off (its best case;
+``--gavel-log`` keeps it, written to a temporary file). ``--gavel-trace`` gives the trace in the format
+that checkout parses. The row reports its wall time less the interpreter's start-up and Gavel's imports
+(timed apart), its average JCT as it prints it, and the ratio to ``msr:gavel``. Nothing of Gavel's
+is part of this repository.
+
 Run: ``python benchmarks/sched_speed.py [--runs philly:fcfs,msr:gavel,...] [--repeat 3] [--jobs N]
-[--save-prev] [--profile]``
+[--save-prev] [--profile] [--gavel-sim DIR --gavel-python PY [--gavel-trace FILE] [--gavel-log]]``
 """
 
 from __future__ import annotations
@@ -27,10 +37,12 @@ import cProfile
 import json
 import platform
 import pstats
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,6 +116,46 @@ def time_run(work, cluster, policy: str, repeat: int, profile: bool) -> dict:
             "avg_jct_s": s["avg_jct_s"], "utilization": s["utilization"], "preemptions": s["preemptions"]}
 
 
+GAVEL_DRIVER = "scripts/drivers/simulate_scheduler_with_trace.py"
+GAVEL_ARGS = ("-p", "max_min_fairness_perf", "--throughputs_file", str(DATA / "gavel" / "simulation_throughputs.json"),
+              "-c", "12:12:12", "--seed", "0", "--time_per_iteration", "360")  # msr's cluster and rounds
+_GAVEL_QUIET = ("import logging, runpy, sys; logging.disable(logging.INFO); sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')")
+_GAVEL_JCT = re.compile(r"^Average job completion time: ([0-9.]+) seconds", re.MULTILINE)
+
+
+def fail(message: str) -> None:
+    """One line on stderr, exit status 2 (bad input)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def gavel_reference(sim_dir: Path, python: str, trace: Path, repeat: int, keep_log: bool) -> dict:
+    """Median wall seconds of Gavel's own simulator on ``trace`` (``repeat`` runs), less its start-up."""
+    w = time.perf_counter()
+    start = subprocess.run([python, "-c", "import scheduler"], cwd=sim_dir, capture_output=True, text=True)
+    startup = time.perf_counter() - w
+    if start.returncode:
+        fail(f"--gavel-python {python}: cannot import Gavel's scheduler: {start.stderr.strip().splitlines()[-1:]}")
+    cmd = [python, *(() if keep_log else ("-c", _GAVEL_QUIET)), GAVEL_DRIVER, "-t", str(trace.resolve()), *GAVEL_ARGS]
+    walls, jct = [], None
+    for _ in range(repeat):
+        with tempfile.TemporaryFile("w+") as log:
+            w = time.perf_counter()
+            done = subprocess.run(cmd, cwd=sim_dir, stdout=log, stderr=subprocess.STDOUT, text=True)
+            walls.append(time.perf_counter() - w)
+            log.seek(0)
+            text = log.read()
+        found = _GAVEL_JCT.findall(text)
+        if done.returncode or not found:
+            last = (text.strip().splitlines() or ["(no output)"])[-1]
+            fail(f"Gavel's simulator failed (exit {done.returncode}) or printed no average JCT: {last}")
+        jct = float(found[-1])
+    wall = statistics.median(walls)
+    return {"command": " ".join(cmd), "cwd": str(sim_dir), "logging": keep_log, "walls_s": walls, "wall_s": wall,
+            "startup_s": startup, "sim_s": wall - startup, "avg_jct_s": jct}
+
+
 def compare(rows: dict, prev: dict | None) -> None:
     """Add the previous release's figures and the speed-up ratio to each row."""
     before = (prev or {}).get("results", {})
@@ -141,7 +193,19 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=0, help="first N jobs of each trace only (0: all)")
     ap.add_argument("--save-prev", action="store_true", help=f"write the figures to {PREV.name} (previous release)")
     ap.add_argument("--profile", action="store_true", help="print the top of a cProfile of each run")
+    ap.add_argument("--gavel-sim", type=Path, help="scheduler folder of a Gavel checkout: time its simulator too")
+    ap.add_argument("--gavel-python", default=sys.executable, help="interpreter with Gavel's requirements")
+    ap.add_argument("--gavel-trace", type=Path, default=WORKLOADS["msr"][0],
+                    help="the msr trace in the format that Gavel checkout parses")
+    ap.add_argument("--gavel-log", action="store_true", help="keep Gavel's per-round INFO logging (off by default)")
     args = ap.parse_args()
+    if args.gavel_sim:
+        if args.jobs:
+            fail("--gavel-sim runs Gavel on the whole msr trace: leave out --jobs")
+        if not (args.gavel_sim / GAVEL_DRIVER).is_file():
+            fail(f"--gavel-sim {args.gavel_sim}: no {GAVEL_DRIVER} there (the scheduler folder of a Gavel checkout)")
+        if not args.gavel_trace.is_file():
+            fail(f"--gavel-trace {args.gavel_trace}: no such file")
 
     rows: dict[str, dict] = {}
     loaded: dict[str, tuple] = {}
@@ -157,10 +221,25 @@ def main() -> None:
             "workloads": {k: {"trace": str(v[0].name), "cluster": v[2]} for k, v in WORKLOADS.items()}}
     prev = None if args.save_prev or not PREV.exists() else json.loads(PREV.read_text())
     compare(rows, prev)
+    if args.gavel_sim:
+        ref = info["gavel_reference"] = gavel_reference(args.gavel_sim, args.gavel_python, args.gavel_trace,
+                                                        args.repeat, args.gavel_log)
+        ours = rows.get("msr:gavel")
+        if ours:
+            ref["ratio_to_msr_gavel"] = ref["sim_s"] / ours["wall_s"]
+            ref["avg_jct_vs_msr_gavel"] = ours["avg_jct_s"] / ref["avg_jct_s"] - 1
     out = PREV if args.save_prev else OUT
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**info, "results": rows}, indent=2) + "\n")
     print_table(rows, prev)
+    if args.gavel_sim:
+        ref = info["gavel_reference"]
+        line = (f"Gavel's own simulator, msr: {ref['wall_s']:.2f} s wall ({ref['startup_s']:.2f} s of it start-up), "
+                f"average JCT {ref['avg_jct_s'] / 3600:.2f} h")
+        if "ratio_to_msr_gavel" in ref:
+            line += (f"; msr:gavel here is {ref['ratio_to_msr_gavel']:.1f}x faster, its average JCT "
+                     f"{ref['avg_jct_vs_msr_gavel']:+.1%} against Gavel's")
+        print(line)
     print(f"wrote {out}")
 
 
