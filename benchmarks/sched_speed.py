@@ -130,13 +130,17 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["(no output)"])[-1]
+
+
 def gavel_reference(sim_dir: Path, python: str, trace: Path, repeat: int, keep_log: bool) -> dict:
     """Median wall seconds of Gavel's own simulator on ``trace`` (``repeat`` runs), less its start-up."""
     w = time.perf_counter()
     start = subprocess.run([python, "-c", "import scheduler"], cwd=sim_dir, capture_output=True, text=True)
     startup = time.perf_counter() - w
     if start.returncode:
-        fail(f"--gavel-python {python}: cannot import Gavel's scheduler: {start.stderr.strip().splitlines()[-1:]}")
+        fail(f"--gavel-python {python}: cannot import Gavel's scheduler: {_last_line(start.stderr)}")
     cmd = [python, *(() if keep_log else ("-c", _GAVEL_QUIET)), GAVEL_DRIVER, "-t", str(trace.resolve()), *GAVEL_ARGS]
     walls, jct = [], None
     for _ in range(repeat):
@@ -148,8 +152,7 @@ def gavel_reference(sim_dir: Path, python: str, trace: Path, repeat: int, keep_l
             text = log.read()
         found = _GAVEL_JCT.findall(text)
         if done.returncode or not found:
-            last = (text.strip().splitlines() or ["(no output)"])[-1]
-            fail(f"Gavel's simulator failed (exit {done.returncode}) or printed no average JCT: {last}")
+            fail(f"Gavel's simulator failed (exit {done.returncode}) or printed no average JCT: {_last_line(text)}")
         jct = float(found[-1])
     wall = statistics.median(walls)
     return {"command": " ".join(cmd), "cwd": str(sim_dir), "logging": keep_log, "walls_s": walls, "wall_s": wall,
