@@ -361,6 +361,38 @@ def test_fast_placement_matches_the_base_rule():
     assert Compare.checked > 100
 
 
+def test_free_gpus_copy_on_write_leaves_the_live_view_alone():
+    """FreeGpus reads the simulator's own free arrays until its first change, then works on a copy:
+    the view (and so the simulator) never sees a planned start, and nobody can write through it."""
+    class Probe(FCFS):
+        checked = 0
+
+        def decide(self, view):
+            free, tn, by_type, shared = view.free_state()
+            assert shared
+            want = ClusterView.free_state(view)
+            for a, b in zip((free, tn, by_type), want[:3], strict=True):
+                np.testing.assert_array_equal(a, b)
+                with pytest.raises(ValueError):
+                    a[...] = a  # read-only
+            before = [a.copy() for a in (free, tn, by_type)]
+            pool = FreeGpus(view)
+            j = view.queue[0]
+            gpus = pool.start(j)
+            if gpus is not None:
+                assert not pool.free[list(gpus)].any() and pool.total == int(by_type.sum()) - len(gpus)
+                for a, b in zip((free, tn, by_type), before, strict=True):
+                    np.testing.assert_array_equal(a, b)  # the view did not move
+                Probe.checked += 1
+            return super().decide(view)
+
+    rng = np.random.default_rng(3)
+    cluster = load_cluster("20xV100+12xT4")
+    trace = random_trace(rng, 60, max_gpus=8)
+    simulate(trace, cluster, Probe(), speed=ones(trace, cluster), check=True, drop_unplaceable=True)
+    assert Probe.checked > 20
+
+
 def test_progress_reports_reach_the_end():
     cluster = load_cluster("adlro16")
     rng = np.random.default_rng(0)

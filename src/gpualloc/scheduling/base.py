@@ -162,6 +162,12 @@ class ClusterView:
         flat = self.gpu_type[free] * n_nodes + self.gpu_node[free]
         return np.bincount(flat, minlength=n_types * n_nodes).reshape(n_types, n_nodes)
 
+    def free_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """``(free_mask, free_by_type_node, free_by_type, shared)`` in one call. ``shared``: the arrays
+        are the view's own, read-only and current only until the decision is applied (the simulator's
+        view); :class:`FreeGpus` copies them before its first change."""
+        return self.free_mask(), self.free_by_type_node(), self.free_by_type(), False
+
     def gpus_by_type_node(self) -> list[list[np.ndarray]]:
         """``[type][node]``: indices of the GPUs of that type on that node, ascending. Computed once."""
         table = self.__dict__.get("_gpus_by_type_node")
@@ -289,13 +295,14 @@ class FreeGpus:
         count: types x nodes free GPU counts.
         by_type: free GPUs per device type.
         total: free GPUs in all.
+
+    Until the first ``take`` or ``give`` the arrays may be the view's own, read-only (copy on write:
+    most decisions start one job and never change the copy).
     """
 
     def __init__(self, view: ClusterView) -> None:
         self.view = view
-        self.free = view.free_mask()  # the view's free_* methods return new arrays
-        self.count = np.asarray(view.free_by_type_node(), dtype=np.int64)
-        self.by_type = np.asarray(view.free_by_type(), dtype=np.int64)
+        self.free, self.count, self.by_type, self._shared = view.free_state()
         self.total = sum(self.by_type.tolist())
         self._node_gpus = view.gpus_by_type_node()
         self._type_node = view.__dict__.get("_type_node_lists")
@@ -344,6 +351,9 @@ class FreeGpus:
         self._move(gpus, True, 1)
 
     def _move(self, gpus: Sequence[int], to_free: bool, step: int) -> None:
+        if self._shared:
+            self.free, self.count, self.by_type = self.free.copy(), self.count.copy(), self.by_type.copy()
+            self._shared = False
         gpu_type, gpu_node = self._type_node
         free, count, by_type = self.free, self.count, self.by_type
         for g in gpus:

@@ -257,6 +257,7 @@ class _LiveView(ClusterView):
         self._free = free
         self._free_tn = free_tn
         self._free_type = free_type
+        self._shared = tuple(_read_only(a) for a in (free, free_tn, free_type))  # views: always current
         self._job_gpus = job_gpus
         self.rng = rng  # for policies that randomise; seeded from simulate(seed=...)
 
@@ -269,8 +270,17 @@ class _LiveView(ClusterView):
     def free_by_type_node(self) -> np.ndarray:
         return self._free_tn.copy()
 
+    def free_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        return *self._shared, True
+
     def gpus_of(self, job: int) -> tuple[int, ...]:
         return self._job_gpus[job] or ()
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _policy_name(policy: Policy) -> str:

@@ -12,7 +12,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from gpualloc.errors import CatalogError, SchedulingError
 from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus
 from gpualloc.scheduling.rules import fits_types
 from gpualloc.workload.jobs import JOB_TYPES, JobType
+
+Starts = list[tuple[int, tuple[int, ...]]]  # Decision.starts
 
 
 def _est_run_s(view: ClusterView, job: int, type_index: int) -> float:
@@ -39,18 +41,27 @@ class FCFS:
     reads_running_progress = False  # the simulator may skip bringing running jobs' progress up to date
 
     def decide(self, view: ClusterView) -> Decision:
-        starts: list[tuple[int, tuple[int, ...]]] = []
-        pool: FreeGpus | None = None
-        for j in view.queue:
-            if pool is None:
-                pool = view.free_gpus()
-            if pool.total == 0:
-                break
-            gpus = pool.start(j)
-            if gpus is None:
-                break
-            starts.append((j, gpus))
-        return Decision(starts)
+        return Decision(start_in_order(view, view.queue)[0] if view.queue else [])
+
+
+def start_in_order(view: ClusterView, queue: Sequence[int]) -> tuple[Starts, FreeGpus]:
+    """Start ``queue``'s jobs in order, each on its fastest type with room, until one does not fit;
+    returns the starts and the working copy of the free GPUs after them. When every job started, the
+    last one's GPUs are not taken from it (nothing is left to plan; most decisions start one job, and
+    the working copy is then never copied)."""
+    pool = view.free_gpus()
+    starts: Starts = []
+    last = len(queue) - 1
+    for i, j in enumerate(queue):
+        if pool.total == 0:
+            break
+        placed = pool.place(j)
+        if placed is None:
+            break
+        starts.append((j, placed[1]))
+        if i < last:
+            pool.take(placed[1])
+    return starts, pool
 
 
 def default_affinity(view: ClusterView) -> dict[str, str]:
@@ -273,15 +284,8 @@ class EasyBackfill:
 
     def decide(self, view: ClusterView) -> Decision:
         queue = list(view.queue)
-        pool = view.free_gpus()
-        starts: list[tuple[int, tuple[int, ...]]] = []
-        i = 0
-        while i < len(queue) and pool.total:
-            gpus = pool.start(queue[i])
-            if gpus is None:
-                break
-            starts.append((queue[i], gpus))
-            i += 1
+        starts, pool = start_in_order(view, queue)
+        i = len(starts)
         if i >= len(queue) or pool.total == 0:
             return Decision(starts)
         head = queue[i]
