@@ -27,7 +27,7 @@ that checkout parses. The row reports its wall time less the interpreter's start
 is part of this repository.
 
 Run: ``python benchmarks/sched_speed.py [--runs philly:fcfs,msr:gavel,...] [--repeat 3] [--jobs N]
-[--save-prev] [--profile] [--gavel-sim DIR --gavel-python PY [--gavel-trace FILE] [--gavel-log]]``
+[--save-prev] [--profile] [--gavel-sim DIR --gavel-python PY [--gavel-trace FILE] [--gavel-log]] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -201,7 +201,12 @@ def main() -> None:
     ap.add_argument("--gavel-trace", type=Path, default=WORKLOADS["msr"][0],
                     help="the msr trace in the format that Gavel checkout parses")
     ap.add_argument("--gavel-log", action="store_true", help="keep Gavel's per-round INFO logging (off by default)")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"the JSON to write (default {OUT.relative_to(ROOT.parent)})")
     args = ap.parse_args()
+    if args.save_prev and args.out != OUT:
+        fail("--save-prev writes the previous release's figures: leave out --out")
+    if args.out != OUT and not args.out.parent.is_dir():
+        fail(f"--out {args.out}: no folder {args.out.parent}")
     if args.gavel_sim:
         if args.jobs:
             fail("--gavel-sim runs Gavel on the whole msr trace: leave out --jobs")
@@ -231,8 +236,8 @@ def main() -> None:
         if ours:
             ref["ratio_to_msr_gavel"] = ref["sim_s"] / ours["wall_s"]
             ref["avg_jct_vs_msr_gavel"] = ours["avg_jct_s"] / ref["avg_jct_s"] - 1
-    out = PREV if args.save_prev else OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = PREV if args.save_prev else args.out
+    out.parent.mkdir(parents=True, exist_ok=True)  # benchmarks/results, or the folder --out names (it exists)
     out.write_text(json.dumps({**info, "results": rows}, indent=2) + "\n")
     print_table(rows, prev)
     if args.gavel_sim:
