@@ -64,7 +64,7 @@ def test_shorthand_large_cluster():
     assert c.link_between(0, 7) == default_catalog().link("nvlink2")  # same node: device link
     assert c.link_between(0, 8) == c.network                           # across nodes: network
     assert c.link_between(1020, 1021).name == "pcie3"                  # K80 node
-    bw = c.bandwidth_matrix()
+    bw = c.bandwidth
     assert bw.shape == (1024, 1024) and math.isinf(bw[5, 5])
     assert bw[0, 7] == 150e9 and bw[0, 8] == c.network.bandwidth_bytes_per_s
 
@@ -80,9 +80,11 @@ def test_shorthand_partial_nodes_and_network_suffix():
 
 def test_matrices_are_symmetric_with_known_diagonals():
     c = load_cluster("4xA100+4xV100")
-    bw, lat = c.bandwidth_matrix(), c.latency_matrix()
+    bw, lat = c.bandwidth, c.latency
     assert np.array_equal(bw, bw.T) and np.array_equal(lat, lat.T)
     assert np.all(np.isinf(np.diag(bw))) and np.all(np.diag(lat) == 0)
+    assert not (bw.flags.writeable or lat.flags.writeable or c.gpu_mem_bytes.flags.writeable)
+    assert c.gpu_mem_bytes.tolist() == [d.type.mem_bytes for d in c.devices]
     for i in range(len(c)):
         for j in range(len(c)):
             if i != j:

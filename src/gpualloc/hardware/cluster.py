@@ -162,13 +162,20 @@ class ClusterSpec:
         np.fill_diagonal(out, diag)
         return out
 
-    def bandwidth_matrix(self) -> np.ndarray:
-        """``[n, n]`` bytes/s per direction between devices; ``inf`` on the diagonal."""
-        return self._pairwise("bandwidth_bytes_per_s", math.inf)
+    @cached_property
+    def bandwidth(self) -> np.ndarray:
+        """``[n, n]`` bytes/s per direction between devices; ``inf`` on the diagonal (read-only)."""
+        return _frozen(self._pairwise("bandwidth_bytes_per_s", math.inf))
 
-    def latency_matrix(self) -> np.ndarray:
-        """``[n, n]`` one-way latency in seconds between devices; ``0`` on the diagonal."""
-        return self._pairwise("latency_s", 0.0)
+    @cached_property
+    def latency(self) -> np.ndarray:
+        """``[n, n]`` one-way latency in seconds between devices; ``0`` on the diagonal (read-only)."""
+        return _frozen(self._pairwise("latency_s", 0.0))
+
+    @cached_property
+    def gpu_mem_bytes(self) -> np.ndarray:
+        """``[n]`` float64: memory of each device in bytes (read-only)."""
+        return _frozen(np.array([d.type.mem_bytes for d in self.devices], dtype=np.float64))
 
     @property
     def device_types(self) -> tuple[DeviceType, ...]:

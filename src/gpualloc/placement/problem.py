@@ -38,8 +38,30 @@ if TYPE_CHECKING:
 __all__ = ["OPTIMIZER_STATES", "PlacementProblem"]
 
 
+class OnCluster:
+    """The per-device arrays a problem on ``self.cluster`` reads, by the names the cost code uses; a
+    problem under drifted conditions overrides them (``conditions.ConditionedProblem``)."""
+
+    cluster: ClusterSpec
+
+    @property
+    def mem_cap_bytes(self) -> np.ndarray:
+        """Memory of each device in bytes, (k,)."""
+        return self.cluster.gpu_mem_bytes
+
+    @property
+    def bandwidth(self) -> np.ndarray:
+        """Bytes/s between devices, (k, k); ``inf`` on the diagonal."""
+        return self.cluster.bandwidth
+
+    @property
+    def latency(self) -> np.ndarray:
+        """One-way latency in seconds between devices, (k, k); 0 on the diagonal."""
+        return self.cluster.latency
+
+
 @dataclass(frozen=True, eq=False)
-class PlacementProblem:
+class PlacementProblem(OnCluster):
     """A graph to place on a cluster, with its costs precomputed.
 
     Args:
@@ -135,18 +157,6 @@ class PlacementProblem:
     def mem_bytes(self) -> np.ndarray:
         """Training memory each node pins on its device, (n,)."""
         return physics.training_mem_bytes(self.graph.param_bytes, self.graph.output_bytes, self.optimizer_states)
-
-    @cached_property
-    def mem_cap_bytes(self) -> np.ndarray:
-        return np.array([d.type.mem_bytes for d in self.cluster.devices], dtype=np.float64)
-
-    @cached_property
-    def bandwidth(self) -> np.ndarray:
-        return self.cluster.bandwidth_matrix()
-
-    @cached_property
-    def latency(self) -> np.ndarray:
-        return self.cluster.latency_matrix()
 
     @cached_property
     def speed(self) -> np.ndarray:

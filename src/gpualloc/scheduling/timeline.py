@@ -108,7 +108,7 @@ class ClusterTimeline:
         self.job_mem_fraction = rng.uniform(0.25, 0.90, n_jobs)
         self.job_mem_bw = rng.uniform(0.20, 0.70, n_jobs)
         self.job_pcie = rng.uniform(0.1e9, 4e9, (2, n_jobs))
-        self._mem_cap = np.array([d.type.mem_bytes for d in cluster.devices], dtype=np.float64)
+        self._mem_cap = cluster.gpu_mem_bytes
 
     @classmethod
     def run(cls, trace: Trace, cluster: ClusterSpec, policy: Policy | str = "fcfs", *,

@@ -37,11 +37,12 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_BATCH, check_size
 from gpualloc.placement.hybrid.layers import layer_of_node
+from gpualloc.placement.problem import OnCluster
 
 __all__ = ["HybridProblem"]
 
 
-class HybridProblem:
+class HybridProblem(OnCluster):
     """A model to train with global batch ``global_batch`` on ``cluster``, its costs per layer.
 
     Args:
@@ -105,18 +106,6 @@ class HybridProblem:
         np.add.at(delta, src, g.edge_bytes)  # an edge crosses every cut from its source layer ...
         np.add.at(delta, dst, -g.edge_bytes)  # ... up to the one before its destination layer
         return np.cumsum(delta)[: self.L] / self.graph_batch
-
-    @cached_property
-    def mem_cap_bytes(self) -> np.ndarray:
-        return np.array([d.type.mem_bytes for d in self.cluster.devices], dtype=np.float64)
-
-    @cached_property
-    def bandwidth(self) -> np.ndarray:
-        return self.cluster.bandwidth_matrix()
-
-    @cached_property
-    def latency(self) -> np.ndarray:
-        return self.cluster.latency_matrix()
 
     @cached_property
     def tp_degrees(self) -> tuple[int, ...]:
