@@ -1,5 +1,5 @@
-"""`next_message`: the one way the op-level and hybrid worker pools turn a worker's error, death or
-silence into an ExecutionError."""
+"""The worker loop both executors' processes run, and `next_message`: the one way the op-level and
+hybrid worker pools turn a worker's error, death or silence into an ExecutionError."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpualloc.errors import ExecutionError
-from gpualloc.execute.worker import next_message
+from gpualloc.execute.worker import WorkerLoop, next_message, serve_worker
 
 
 @dataclass
@@ -40,3 +40,53 @@ def test_a_dead_worker_and_a_silent_pool_become_one_error():
         next_message(box, [_Proc("w0"), _Proc("w1", alive=False, exitcode=-9)], 5.0, str)
     with pytest.raises(ExecutionError, match="no answer from the workers in 0 s"):
         next_message(box, [_Proc("w0")], 0.0, str)
+
+
+@dataclass
+class _Spec:
+    rank: int = 3
+    torch_device: str = "cpu"
+
+
+class _Echo(WorkerLoop):
+    """Steps report the early data they found; ``("ping",)`` is answered apart."""
+
+    def setup(self) -> None:
+        self.ready = True
+
+    def step(self, program: str, step: int, train: bool) -> dict:
+        found, self.early = self.early, []
+        return {"program": program, "train": train, "early": len(found)}
+
+    def answer(self, msg: tuple) -> bool:
+        if msg[0] != "ping":
+            return False
+        self.outbox.put(("pong", self.spec.rank))
+        return True
+
+
+class _Broken(_Echo):
+    def step(self, program: str, step: int, train: bool) -> dict:
+        raise ValueError("bad shapes\nsecond line")
+
+
+def _serve(worker: type[WorkerLoop], *msgs: tuple) -> list[tuple]:
+    inbox: queue.Queue = queue.Queue()
+    outbox: queue.Queue = queue.Queue()
+    for m in msgs:
+        inbox.put(m)
+    serve_worker(worker, _Spec(), inbox, outbox, [])
+    return [outbox.get_nowait() for _ in range(outbox.qsize())]
+
+
+def test_the_worker_loop_keeps_early_data_answers_commands_and_stops():
+    out = _serve(_Echo, ("data", "act", 0), ("ping",), ("step", "train", 0, True), ("stop",), ("step", "x", 1, False))
+    assert out[0][:2] == ("ready", 3)
+    assert out[1:] == [("pong", 3), ("done", 3, 0, {"program": "train", "train": True, "early": 1})]
+
+
+def test_a_failing_step_is_one_error_line_naming_where():
+    out = _serve(_Broken, ("step", "train", 0, True))
+    kind, rank, line = out[-1]
+    assert (kind, rank) == ("error", 3)
+    assert line.startswith("ValueError: bad shapes (at test_worker_pool.py:") and "\n" not in line

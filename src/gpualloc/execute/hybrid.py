@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import copy
 import datetime
-import multiprocessing
 import os
 import queue
 import shutil
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -61,7 +59,7 @@ from gpualloc.execute.run import (
     worker_threads,
 )
 from gpualloc.execute.split import SplitModel, Stage, split_model
-from gpualloc.execute.worker import next_message, spawn_workers, stop_workers
+from gpualloc.execute.worker import WorkerLoop, next_message, serve_worker, spawn_workers, stop_workers
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
@@ -324,12 +322,7 @@ class _State:
 def _worker_main(spec: _Spec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
     """Process entry point: set up, report ``ready``, then serve commands until ``stop``."""
     try:
-        _Worker(spec, inbox, outbox, peers).serve()
-    except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent as one line
-        last = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
-        where = f" (at {os.path.basename(last.filename)}:{last.lineno})" if last else ""
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        outbox.put(("error", spec.rank, f"{type(err).__name__}: {text[:300]}{where}"))
+        serve_worker(_Worker, spec, inbox, outbox, peers)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -349,14 +342,9 @@ def _rows(value: Any, layout: Layout, start: int, count: int) -> Any:
     return value.narrow(d, start * per, count * per)
 
 
-class _Worker:
+class _Worker(WorkerLoop):
     def __init__(self, spec: _Spec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
-        self.spec = spec
-        self.inbox = inbox
-        self.outbox = outbox
-        self.peers = peers
-        self.device = torch.device(spec.torch_device)
-        self.early: list[tuple[Any, ...]] = []
+        super().__init__(spec, inbox, outbox, peers)
         self.step_id = -1
 
     def setup(self) -> None:
@@ -384,30 +372,12 @@ class _Worker:
             if self.spec.rank in ranks:
                 self.groups.append((group, names))
 
-    def serve(self) -> None:
-        self.setup()
-        self.outbox.put(("ready", self.spec.rank, os.getpid()))
-        while True:
-            msg = self._get()
-            if msg[0] == "stop":
-                return
-            if msg[0] == "data":
-                self.early.append(msg)
-            elif msg[0] == "params":
-                self.outbox.put(("params", self.spec.rank,
-                                 {n: p.detach().to("cpu").clone() for n, p in self.params.items()}))
-            else:
-                _, program, step, train = msg
-                self.outbox.put(("done", self.spec.rank, step, self.step(program, step, train)))
-
-    def _get(self) -> tuple[Any, ...]:
-        parent = multiprocessing.parent_process()
-        while True:
-            try:
-                return self.inbox.get(timeout=5.0)
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():
-                    raise SystemExit(0) from None
+    def answer(self, msg: tuple[Any, ...]) -> bool:
+        """``("params",)``: send this worker's weights back (the check against the reference step)."""
+        if msg[0] != "params":
+            return False
+        self.outbox.put(("params", self.spec.rank, {n: p.detach().to("cpu").clone() for n, p in self.params.items()}))
+        return True
 
     # ------------------------------------------------------------------ one step
     def step(self, program: str, step: int, train: bool) -> dict[str, Any]:

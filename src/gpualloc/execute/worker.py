@@ -96,10 +96,11 @@ class _StepState:
     saved: dict[tuple[int, int], tuple[dict[str, torch.Tensor], tuple[Any, ...]]] = field(default_factory=dict)
 
 
-def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
-    """Process entry point: set up, report ``ready``, then serve ``step`` commands until ``stop``."""
+def serve_worker(worker: type[WorkerLoop], spec: Any, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+    """Process entry point of any worker: serve ``worker(spec, ...)`` until ``stop``; any failure goes
+    back to the parent as one ``("error", rank, line)`` message naming where it happened."""
     try:
-        _Worker(spec, inbox, outbox, peers).serve()
+        worker(spec, inbox, outbox, peers).serve()
     except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent as one line
         last = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
         where = f" (at {os.path.basename(last.filename)}:{last.lineno})" if last else ""
@@ -107,14 +108,63 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> 
         outbox.put(("error", spec.rank, f"{type(err).__name__}: {text[:300]}{where}"))
 
 
-class _Worker:
-    def __init__(self, spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+class WorkerLoop:
+    """What every worker process does around its steps: set up, report ``("ready", rank, pid)``,
+    then answer commands from ``inbox`` until ``stop``. ``("data", ...)`` messages from peers that
+    arrive between steps are kept in ``early`` for the next step; ``(command, program, step, train)``
+    runs :meth:`step` and reports ``("done", rank, step, report)``; :meth:`answer` may take other
+    commands. Subclasses give ``setup`` and ``step``. ``spec`` has ``rank`` and ``torch_device``."""
+
+    def __init__(self, spec: Any, inbox: Any, outbox: Any, peers: list[Any]) -> None:
         self.spec = spec
         self.inbox = inbox
         self.outbox = outbox
         self.peers = peers
         self.device = torch.device(spec.torch_device)
         self.early: list[tuple[Any, ...]] = []
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def step(self, program: str, step: int, train: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def answer(self, msg: tuple[Any, ...]) -> bool:
+        """Answer a command other than a step; whether it was one (none here)."""
+        return False
+
+    def serve(self) -> None:
+        self.setup()
+        self.outbox.put(("ready", self.spec.rank, os.getpid()))
+        while True:
+            msg = self._get()
+            if msg[0] == "stop":
+                return
+            if msg[0] == "data":
+                self.early.append(msg)
+            elif not self.answer(msg):
+                _, program, step, train = msg
+                self.outbox.put(("done", self.spec.rank, step, self.step(program, step, train)))
+
+    def _get(self) -> tuple[Any, ...]:
+        """The next message; exits quietly when the parent process is gone."""
+        parent = multiprocessing.parent_process()
+        while True:
+            try:
+                return self.inbox.get(timeout=_POLL_S)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    raise SystemExit(0) from None
+
+
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+    """Process entry point of a pipeline worker: set up, report ``ready``, serve steps until ``stop``."""
+    serve_worker(_Worker, spec, inbox, outbox, peers)
+
+
+class _Worker(WorkerLoop):
+    def __init__(self, spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+        super().__init__(spec, inbox, outbox, peers)
         self._current_step = -1
 
     # ------------------------------------------------------------------ set-up
@@ -138,29 +188,6 @@ class _Worker:
         self.optimizer = torch.optim.SGD(self.params, lr=self.spec.lr) if self.params else None
         self.inputs = {name: tuple(t.to(self.device) for t in mbs) for name, mbs in self.spec.inputs.items()}
         self.clock = TaskClock(self.device)
-
-    def serve(self) -> None:
-        self.setup()
-        self.outbox.put(("ready", self.spec.rank, os.getpid()))
-        while True:
-            msg = self._get()
-            if msg[0] == "stop":
-                return
-            if msg[0] == "data":
-                self.early.append(msg)
-                continue
-            _, program, step, train = msg
-            report = self.step(program, step, train)
-            self.outbox.put(("done", self.spec.rank, step, report))
-
-    def _get(self) -> tuple[Any, ...]:
-        parent = multiprocessing.parent_process()
-        while True:
-            try:
-                return self.inbox.get(timeout=_POLL_S)
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():
-                    raise SystemExit(0) from None
 
     # ------------------------------------------------------------------ one step
     def step(self, program: str, step: int, train: bool) -> dict[str, Any]:
