@@ -7,9 +7,10 @@ import queue
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from gpualloc.errors import ExecutionError
-from gpualloc.execute.worker import WorkerLoop, next_message, serve_worker
+from gpualloc.execute.worker import WorkerLoop, next_message, run_step, serve_worker
 
 
 @dataclass
@@ -46,6 +47,14 @@ def test_a_dead_worker_and_a_silent_pool_become_one_error():
 class _Spec:
     rank: int = 3
     torch_device: str = "cpu"
+    threads: int = 1
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_settings(monkeypatch):
+    """The loop sets torch's threads and denormal flushing for its process: not for this one."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(torch, "set_flush_denormal", lambda on: True)
 
 
 class _Echo(WorkerLoop):
@@ -90,3 +99,13 @@ def test_a_failing_step_is_one_error_line_naming_where():
     kind, rank, line = out[-1]
     assert (kind, rank) == ("error", 3)
     assert line.startswith("ValueError: bad shapes (at test_worker_pool.py:") and "\n" not in line
+
+
+def test_run_step_collects_reports_in_rank_order_and_passes_outputs_on():
+    inboxes = [queue.Queue(), queue.Queue()]
+    replies = iter([("done", 1, 6, {"r": 1}), ("out", 0, "y", 0.5), ("done", 0, 7, {"r": 0}), ("done", 1, 7, {"r": 1})])
+    seen = []
+    reports = run_step(inboxes, lambda: next(replies), "train", 7, True, seen.append)
+    assert reports == [{"r": 0}, {"r": 1}]  # the stale report of step 6 is not taken for step 7
+    assert [b.get_nowait() for b in inboxes] == [("step", "train", 7, True)] * 2
+    assert seen == [("done", 1, 6, {"r": 1}), ("out", 0, "y", 0.5)]

@@ -59,7 +59,14 @@ from gpualloc.execute.run import (
     worker_threads,
 )
 from gpualloc.execute.split import SplitModel, Stage, split_model
-from gpualloc.execute.worker import WorkerLoop, next_message, serve_worker, spawn_workers, stop_workers
+from gpualloc.execute.worker import (
+    WorkerLoop,
+    next_message,
+    run_step,
+    serve_worker,
+    spawn_workers,
+    stop_workers,
+)
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
@@ -348,8 +355,6 @@ class _Worker(WorkerLoop):
         self.step_id = -1
 
     def setup(self) -> None:
-        torch.set_num_threads(self.spec.threads)
-        torch.set_flush_denormal(True)
         self.params: dict[str, nn.Parameter] = {}
         for by_size in self.spec.modules.values():
             for stages in by_size.values():
@@ -586,17 +591,13 @@ class _Workers:
 
     def command(self, program: str, *, train: bool, sink: dict | None = None) -> list[dict[str, Any]]:
         self._step += 1
-        for box in self._inboxes:
-            box.put(("step", program, self._step, train))
-        reports: list[dict[str, Any] | None] = [None] * len(self.specs)
-        while any(r is None for r in reports):
-            msg = self._next()
-            if msg[0] == "done" and msg[2] == self._step:
-                reports[msg[1]] = msg[3]
-            elif msg[0] == "out" and sink is not None:
+
+        def output(msg: tuple[Any, ...]) -> None:
+            if msg[0] == "out" and sink is not None:
                 _, _, name, offset, n, value = msg
                 sink.setdefault(name, []).append((offset, n, value.clone()))
-        return reports  # type: ignore[return-value]
+
+        return run_step(self._inboxes, self._next, program, self._step, train, output)
 
     def forward(self, prog: _Program) -> tuple[torch.Tensor, ...]:
         """A forward-only pass of the eval trace; the model's flat outputs for the whole batch."""

@@ -16,8 +16,15 @@ import torch
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.split import SplitModel
-from gpualloc.execute.worker import (ProgramTable, WorkerSpec, next_message, spawn_workers, stop_workers,
-                                     worker_main)
+from gpualloc.execute.worker import (
+    ProgramTable,
+    WorkerSpec,
+    next_message,
+    run_step,
+    spawn_workers,
+    stop_workers,
+    worker_main,
+)
 
 __all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
 
@@ -157,17 +164,13 @@ class Pipeline:
         if not self._procs:
             raise ExecutionError("the pipeline is not started")
         self._step += 1
-        for box in self._inboxes:
-            box.put(("step", program, self._step, train))
-        reports: list[dict[str, Any] | None] = [None] * len(self.specs)
-        while any(r is None for r in reports):
-            msg = self._next()
-            if msg[0] == "done" and msg[2] == self._step:
-                reports[msg[1]] = msg[3]
-            elif msg[0] == "out" and sink is not None:
+
+        def output(msg: tuple[Any, ...]) -> None:
+            if msg[0] == "out" and sink is not None:
                 _, _, name, m, value = msg
                 sink[(name, m)] = value.clone()
-        return reports  # type: ignore[return-value]
+
+        return run_step(self._inboxes, self._next, program, self._step, train, output)
 
     def _next(self) -> tuple[Any, ...]:
         return next_message(self._outbox, self._procs, self.timeout_s,

@@ -113,7 +113,8 @@ class WorkerLoop:
     then answer commands from ``inbox`` until ``stop``. ``("data", ...)`` messages from peers that
     arrive between steps are kept in ``early`` for the next step; ``(command, program, step, train)``
     runs :meth:`step` and reports ``("done", rank, step, report)``; :meth:`answer` may take other
-    commands. Subclasses give ``setup`` and ``step``. ``spec`` has ``rank`` and ``torch_device``."""
+    commands. Subclasses give ``setup`` and ``step``. ``spec`` has ``rank``, ``torch_device`` and
+    ``threads`` (torch's intra-op threads in this process)."""
 
     def __init__(self, spec: Any, inbox: Any, outbox: Any, peers: list[Any]) -> None:
         self.spec = spec
@@ -134,6 +135,8 @@ class WorkerLoop:
         return False
 
     def serve(self) -> None:
+        torch.set_num_threads(self.spec.threads)
+        torch.set_flush_denormal(True)
         self.setup()
         self.outbox.put(("ready", self.spec.rank, os.getpid()))
         while True:
@@ -169,8 +172,6 @@ class _Worker(WorkerLoop):
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
-        torch.set_num_threads(self.spec.threads)
-        torch.set_flush_denormal(True)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             # FP32 means FP32: the check compares with a CPU reference, and the cost model is FP32.
@@ -381,6 +382,23 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor) and value.device != device:
         return value.to(device)
     return value
+
+
+def run_step(inboxes: list[Any], receive: Callable[[], tuple[Any, ...]], program: str, step: int, train: bool,
+             other: Callable[[tuple[Any, ...]], None] | None = None) -> list[dict[str, Any]]:
+    """Parent side of one step: send ``("step", program, step, train)`` to every worker, then collect
+    each worker's report, in rank order, from ``receive`` (:func:`next_message`); any other message
+    (a worker's output) goes to ``other``."""
+    for box in inboxes:
+        box.put(("step", program, step, train))
+    reports: list[dict[str, Any] | None] = [None] * len(inboxes)
+    while any(r is None for r in reports):
+        msg = receive()
+        if msg[0] == "done" and msg[2] == step:
+            reports[msg[1]] = msg[3]
+        elif other is not None:
+            other(msg)
+    return reports  # type: ignore[return-value]
 
 
 def spawn_workers(target: Any, specs: list[Any], name: Any) -> tuple[Any, list[Any], list[Any]]:
