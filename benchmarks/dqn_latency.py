@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from gpualloc.cost.microbench import host_cpu_model
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
 from gpualloc.rl.dqn.replay import ReplayBuffer
 
@@ -103,7 +104,7 @@ def main() -> None:
             rows.append(run(name, space, cfg, args.calls, args.seed))
     torch.set_num_threads(before)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"cpu": _cpu_name(), "logical_cpus": os.cpu_count() or 0, "python": platform.python_version(),
+    machine = {"cpu": host_cpu_model(), "logical_cpus": os.cpu_count() or 0, "python": platform.python_version(),
                "torch": torch.__version__, "numpy": np.__version__,
                "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
     OUT.write_text(json.dumps({"benchmark": "dqn_latency", "target_ms": TARGET_MS, "n_actions": N_ACTIONS,
@@ -117,16 +118,6 @@ def main() -> None:
               f"{r['p99_us']:8.1f} {r['mean_us']:8.1f} | {r['update_median_ms']:9.2f} | "
               f"{'yes' if r['meets_target'] else 'NO':>7}")
     print(f"wrote {OUT}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpualloc.cost.microbench import host_cpu_model
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
 from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes
@@ -108,7 +109,7 @@ def main() -> None:
         r["best_in_numpy_calls"] = r["best_us"] / reference["best_us"]
         r["meets_target"] = bool(r["cpu_median_us"] <= TARGET_US) if r["dim"] else None
 
-    machine = {"cpu": _cpu_name(), "logical_cpus": os.cpu_count() or 0, "python": platform.python_version(),
+    machine = {"cpu": host_cpu_model(), "logical_cpus": os.cpu_count() or 0, "python": platform.python_version(),
                "numpy": np.__version__, "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"benchmark": "hdc_speed", "cluster": args.cluster, "types": len(view.type_names),
@@ -129,16 +130,6 @@ def main() -> None:
               f"{r['best_us']:8.1f} {r['cpu_median_us']:8.1f} | {r['ratio_to_plain']:7.2f} | "
               f"{r['best_in_numpy_calls']:9.0f} | {build} | {ok:>8}")
     print(f"wrote {OUT}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

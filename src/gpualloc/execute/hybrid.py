@@ -45,7 +45,7 @@ from torch import fx, nn
 from gpualloc.cost.microbench import apply_profiles
 from gpualloc.cost.model import Calibration, CostModel
 from gpualloc.errors import ExecutionError
-from gpualloc.execute.measure import TaskClock, summarize, synchronize
+from gpualloc.execute.measure import TaskClock, summarize
 from gpualloc.execute.run import (
     OUTPUT_ATOL,
     OUTPUT_RTOL,
@@ -408,20 +408,12 @@ class _Worker(WorkerLoop):
             else:
                 self._backward(routes, state, task[1])
                 bwd_done.add(task[1])
-        sync_s = opt_s = 0.0
+        sync_s = 0.0
         if train:
             t0 = time.perf_counter()
             self._all_reduce()
             sync_s = time.perf_counter() - t0
-            if self.optimizer is not None:
-                self.clock.start("optimizer")
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.clock.stop("optimizer")
-        synchronize(self.device)
-        end = time.perf_counter()
-        totals = self.clock.totals()
-        opt_s = totals.pop("optimizer", 0.0)
+        end, opt_s, totals = self.finish_step(train)
         return {"start": start, "end": end, "wait_s": wait_s, "sync_s": sync_s, "optimizer_s": opt_s,
                 "busy_s": sum(totals.values())}
 

@@ -116,6 +116,9 @@ class WorkerLoop:
     commands. Subclasses give ``setup`` and ``step``. ``spec`` has ``rank``, ``torch_device`` and
     ``threads`` (torch's intra-op threads in this process)."""
 
+    optimizer: torch.optim.Optimizer | None = None  # set by setup, with clock
+    clock: TaskClock
+
     def __init__(self, spec: Any, inbox: Any, outbox: Any, peers: list[Any]) -> None:
         self.spec = spec
         self.inbox = inbox
@@ -133,6 +136,20 @@ class WorkerLoop:
     def answer(self, msg: tuple[Any, ...]) -> bool:
         """Answer a command other than a step; whether it was one (none here)."""
         return False
+
+    def finish_step(self, train: bool) -> tuple[float, float, dict[Any, float]]:
+        """The optimizer step (when training, and there are weights here), then wait for the device:
+        ``(end time, optimizer seconds, the clock's other totals)``. ``setup`` sets ``optimizer`` and
+        ``clock``."""
+        if train and self.optimizer is not None:
+            self.clock.start("optimizer")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.clock.stop("optimizer")
+        synchronize(self.device)
+        end = time.perf_counter()
+        totals = self.clock.totals()
+        return end, totals.pop("optimizer", 0.0), totals
 
     def serve(self) -> None:
         torch.set_num_threads(self.spec.threads)
@@ -238,15 +255,7 @@ class _Worker(WorkerLoop):
                 finished[m] += 1
                 if finished[m] == len(own):
                     inflight -= 1
-        if train and self.optimizer is not None:
-            self.clock.start("optimizer")
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.clock.stop("optimizer")
-        synchronize(self.device)
-        end = time.perf_counter()
-        totals = self.clock.totals()
-        opt_s = totals.pop("optimizer", 0.0)
+        end, opt_s, totals = self.finish_step(train)
         return {
             "start": start, "end": end, "wait_s": wait_s, "optimizer_s": opt_s,
             "fwd_s": {s: sum(v for k, v in totals.items() if k[0] == "F" and k[1] == s) for s in own},
