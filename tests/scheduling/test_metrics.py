@@ -6,11 +6,14 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling import metrics
+from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.policies.simple import FCFS
-from gpualloc.scheduling.simulator import SimResult, simulate
+from gpualloc.scheduling.simulator import SimResult, random_failures, simulate
 from gpualloc.workload.jobs import Job, JobType, Trace
 
 NAN = math.nan
@@ -116,3 +119,57 @@ def test_empty_result_gives_nan_not_errors():
     s = metrics.summary(r)
     assert s["jobs"] == 0 and math.isnan(s["avg_jct_s"]) and math.isnan(s["hyperscore"])
     assert math.isnan(metrics.oracle_summary(r)["avg_jct_s"])
+
+
+def test_pooled_srpt_known_answers():
+    # one GPU: A (10 GPU-s) at 0, B (2 GPU-s) at 1 preempts it: B ends at 3 (JCT 2), A at 12 (JCT 12)
+    assert metrics.pooled_srpt_avg_jct_s(np.array([0.0, 1.0]), np.array([10.0, 2.0]), 1) == pytest.approx(7.0)
+    # two GPUs halve every size; arrival order does not matter to the answer
+    assert metrics.pooled_srpt_avg_jct_s(np.array([1.0, 0.0]), np.array([2.0, 10.0]), 2) == pytest.approx(3.5)
+    # three 2-s jobs at once on one GPU: 2, 4, 6
+    assert metrics.pooled_srpt_avg_jct_s(np.zeros(3), np.full(3, 2.0), 1) == pytest.approx(4.0)
+    assert math.isnan(metrics.pooled_srpt_avg_jct_s(np.zeros(0), np.zeros(0), 4))
+
+
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0.01, 50)), min_size=1, max_size=30), st.integers(1, 8))
+@settings(max_examples=60, deadline=None)
+def test_pooled_srpt_sits_between_its_own_bounds(jobs, gpus):
+    arr, vol = (np.array(x) for x in zip(*jobs, strict=True))
+    got = metrics.pooled_srpt_avg_jct_s(arr, vol, gpus)
+    assert got >= (vol / gpus).mean() - 1e-9  # no job faster than alone on the whole machine
+    # first come, first served on the same machine is one of the schedules SRPT is optimal among
+    now, fcfs = 0.0, []
+    for k in np.argsort(arr, kind="stable"):
+        now = max(now, arr[k]) + vol[k] / gpus
+        fcfs.append(now - arr[k])
+    assert got <= np.mean(fcfs) + 1e-9
+
+
+def test_capacity_bound_is_tight_where_it_should_be_and_below_every_policy():
+    cluster = load_cluster("1xV100")
+    same = Trace.of([Job(n, 0, JobType.ML_TRAINING, 2) for n in "ABC"])
+    r = simulate(same, cluster, FCFS(), speed=np.ones((3, 1)))
+    assert metrics.capacity_lower_bound_avg_jct_s(r) == pytest.approx(metrics.avg_jct_s(r)) == pytest.approx(4.0)
+    assert metrics.lower_bound_avg_jct_s(r) == pytest.approx(2.0)  # the oracle bound is loose here
+
+    trace = Trace.of([Job("A", 0, JobType.ML_TRAINING, 10), Job("B", 1, JobType.ML_TRAINING, 5, 2),
+                      Job("C", 2, JobType.ML_TRAINING, 3)])
+    r = simulate(trace, load_cluster("2xV100"), FCFS(), speed=np.ones((3, 1)))
+    # pooled: sizes 5, 5, 1.5 at 0, 1, 2 -> C 2..3.5, A ..6.5, B ..11.5: (6.5 + 10.5 + 1.5) / 3 > oracle 6
+    assert metrics.capacity_lower_bound_avg_jct_s(r) == pytest.approx(18.5 / 3)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_no_policy_beats_the_capacity_bound(seed):
+    rng = np.random.default_rng(seed)
+    cluster = load_cluster("adlro16")
+    n = 50
+    jobs = [Job(f"j{k}", float(t), JobType.ML_TRAINING, float(w), int(g))
+            for k, (t, w, g) in enumerate(zip(np.sort(rng.uniform(0, 2000, n)), rng.lognormal(6, 1.2, n),
+                                              rng.choice([1, 1, 2, 4, 8], n), strict=True))]
+    speed = rng.uniform(0.3, 1.0, (n, len(cluster.device_types)))
+    failures = random_failures(cluster, 3000.0, 2500.0, 120.0, seed=seed)
+    for name in ("fcfs", "sjf", "srtf", "easy-backfill", "tiresias", "gavel", "gavel-srtf"):
+        r = simulate(Trace.of(jobs), cluster, make_policy(name), speed=speed, failures=failures,
+                     restart_penalty_s=15.0)
+        assert metrics.avg_jct_s(r) >= metrics.capacity_lower_bound_avg_jct_s(r) - 1e-6, name

@@ -14,6 +14,7 @@ V = 1 (the bound met) and falls towards 100 as V falls (``100 * (1 + 65^-2.1)`` 
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
@@ -119,6 +120,50 @@ def energy_j(result: SimResult) -> float:
 def lower_bound_avg_jct_s(result: SimResult) -> float:
     """Mean of ``best_time_s`` over completed jobs: each job alone on its fastest type at arrival."""
     return _mean(result.best_time_s[result.completed])
+
+
+def pooled_srpt_avg_jct_s(arrival_s: np.ndarray, volume_gpu_s: np.ndarray, gpus: int) -> float:
+    """Average JCT of preemptive shortest-remaining-first on one machine that does ``gpus`` GPU-seconds
+    per second, job ``j`` arriving at ``arrival_s[j]`` with ``volume_gpu_s[j]`` GPU-seconds of work.
+    SRPT is optimal for the sum of completion times there, even against schedules that share the
+    machine (Schrage 1968; Smith 1978)."""
+    n = len(arrival_s)
+    if n == 0 or gpus <= 0:
+        return math.nan
+    order = np.argsort(arrival_s, kind="stable")
+    arr = np.asarray(arrival_s, dtype=np.float64)[order].tolist()
+    size = (np.asarray(volume_gpu_s, dtype=np.float64)[order] / gpus).tolist()
+    heap: list[tuple[float, int]] = []
+    now, total, i = arr[0], 0.0, 0
+    while i < n or heap:
+        if not heap and now < arr[i]:
+            now = arr[i]
+        while i < n and arr[i] <= now:
+            heapq.heappush(heap, (size[i], i))
+            i += 1
+        rem, k = heapq.heappop(heap)
+        nxt = arr[i] if i < n else math.inf
+        if now + rem <= nxt:  # done before the next arrival
+            now += rem
+            total += now - arr[k]
+        else:  # runs until the next arrival, which may be shorter
+            heapq.heappush(heap, (rem - (nxt - now), k))
+            now = nxt
+    return total / n
+
+
+def capacity_lower_bound_avg_jct_s(result: SimResult) -> float:
+    """A lower bound on the average JCT of *any* schedule of the completed jobs on this cluster: the
+    larger of :func:`lower_bound_avg_jct_s` (each job alone on its fastest type) and the pooled
+    bound (every GPU of the cluster as one machine, each job needing ``num_gpus x best_time_s``
+    GPU-seconds, :func:`pooled_srpt_avg_jct_s`). A job never finishes on fewer GPU-seconds than
+    that, and the cluster never has more GPUs than it has; so no policy, with or without
+    preemption, migration or time-sharing, can beat either figure. The oracle bound binds on light
+    load, the pooled one on backlogged traces."""
+    done = result.completed
+    best = result.best_time_s[done]
+    pooled = pooled_srpt_avg_jct_s(result.arrival_s[done], best * result.num_gpus[done], result.n_gpus)
+    return max(_mean(best), pooled) if len(best) else math.nan
 
 
 def hyperscore(v: float, beta: float = HYPERSCORE_BETA, gamma: float = HYPERSCORE_GAMMA,
