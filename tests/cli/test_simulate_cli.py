@@ -51,9 +51,12 @@ def test_compare_table_json_and_plots(tmp_path):
                str(tmp_path / "plots"), "--json")
     doc = json.loads(proc.stdout)
     assert [r["policy"] for r in doc["results"]] == ["fcfs", "sjf", "srtf", "oracle-lb"]
+    oracle, runs = doc["results"][-1], doc["results"][:-1]
+    assert oracle["lower_bound_avg_jct_s"] <= oracle["capacity_lower_bound_avg_jct_s"]
+    assert oracle["capacity_lower_bound_avg_jct_s"] <= min(r["avg_jct_s"] for r in runs)
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {"jct_cdf.png", "utilization.png", "queue.png"}
     table = sim("simulate", "compare", "--generate", "30", "--policies", "fcfs,sjf").stdout
-    assert "oracle-lb" in table and "x bound" in table
+    assert "oracle-lb" in table and "x bound" in table and "capacity lower bound:" in table
 
 
 @pytest.mark.parametrize("args, message", [

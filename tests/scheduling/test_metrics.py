@@ -91,6 +91,8 @@ def test_summary_and_oracle_rows():
     assert set(o) == set(s)
     assert o["policy"] == "oracle-lb" and o["jobs"] == 3
     assert o["avg_jct_s"] == pytest.approx(25 / 3) == o["lower_bound_avg_jct_s"]
+    # pooled: sizes 5, 10, 2.5 GPU-s / 2 GPUs at 0, 0, 10 -> a 0..5, b 5..10, c 10..12.5, b ..17.5: also 25 / 3
+    assert o["capacity_lower_bound_avg_jct_s"] == pytest.approx(25 / 3) == s["capacity_lower_bound_avg_jct_s"]
     assert o["makespan_s"] == 15  # c arrives at 10 and needs 5
     assert o["throughput_jobs_per_h"] == pytest.approx(720.0)
     assert o["avg_slowdown"] == 1.0 and o["avg_queue_s"] == 0.0
