@@ -36,7 +36,7 @@ from gymnasium import spaces
 
 from gpualloc.errors import AgentError
 from gpualloc.rl.dqn.config import check_fields
-from gpualloc.scheduling.base import GPU_DOWN, ClusterView, Decision
+from gpualloc.scheduling.base import GPU_DOWN, ClusterView, Decision, Starts
 from gpualloc.workload.jobs import JOB_TYPES, Trace
 
 __all__ = [
@@ -409,7 +409,7 @@ class DecisionPoint:
         jobs = view.jobs
         T = history.n_types
         self.pool = view.free_gpus()
-        self.starts: list[tuple[int, tuple[int, ...]]] = []
+        self.starts: Starts = []
         self.n_running = len(view.running)
 
         # queued jobs in slot order, with what each could ever use

@@ -203,11 +203,15 @@ class ClusterView:
                         self.gpus_by_type_node()[type_index], free)
 
 
+Starts = list[tuple[int, tuple[int, ...]]]
+"""``Decision.starts``: ``(job index, its GPUs)`` per start, in order."""
+
+
 @dataclass
 class Decision:
     """A policy's answer: stop these running jobs, then start these queued jobs on these GPUs."""
 
-    starts: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    starts: Starts = field(default_factory=list)
     preempt: list[int] = field(default_factory=list)
 
 

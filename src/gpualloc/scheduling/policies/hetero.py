@@ -74,7 +74,18 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from gpualloc.errors import SchedulingError
 from gpualloc.native import quiet_stdout
-from gpualloc.scheduling.base import DONE, GPU_FREE, PENDING, QUEUED, RUNNING, ClusterView, Decision, FreeGpus, JobTable
+from gpualloc.scheduling.base import (
+    DONE,
+    GPU_FREE,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    ClusterView,
+    Decision,
+    FreeGpus,
+    JobTable,
+    Starts,
+)
 
 __all__ = ["DEFAULT_MAX_JOBS_LP", "DEFAULT_ROUND_S", "MIN_REMAINING_S", "OBJECTIVES", "Gavel", "GavelShortestFirst",
            "equal_share", "feasible_pairs", "normalised_throughput", "shortest_first_weights", "solve_allocation"]
@@ -743,14 +754,14 @@ class _Held(dict):
 
 
 def _realise(view: ClusterView, held: _Held, granted: dict[int, int], victims: list[list[int]],
-             working: FreeGpus) -> tuple[list[tuple[int, tuple[int, ...]]], list[int]]:
+             working: FreeGpus) -> tuple[Starts, list[int]]:
     """Turn grants into starts and preemptions; returns ``(starts, stopped)``.
 
     A job granted the type it runs on keeps its GPUs; the others start where ``find`` puts them,
     taking GPUs of running jobs left without a grant (lowest priority first) only where they are
     needed. Ungranted jobs nobody needs keep running.
     """
-    starts: list[tuple[int, tuple[int, ...]]] = []
+    starts: Starts = []
     stopped: list[int] = []
     if not granted:
         return starts, stopped
@@ -801,13 +812,13 @@ def _find_freeing_victims(held: _Held, working: FreeGpus, job: int, t: int, vict
 
 
 def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int], working: FreeGpus,
-                   key: Callable[[JobTable, np.ndarray], np.ndarray]) -> list[tuple[int, tuple[int, ...]]]:
+                   key: Callable[[JobTable, np.ndarray], np.ndarray]) -> Starts:
     """Work conservation: leftover GPUs to queued jobs not ``started``, by ``key`` (then job index),
     each on its fastest type with room."""
     if working.total <= 0 or not q.size:
         return []
     jobs = view.jobs
-    starts: list[tuple[int, tuple[int, ...]]] = []
+    starts: Starts = []
     rest = np.array([j for j in q.tolist() if j not in started], dtype=q.dtype) if started else q
     fits = ((jobs.speed[rest] > 0) & (jobs.num_gpus[rest][:, None] <= working.by_type[None, :])).any(axis=1)
     rest = rest[fits]

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpualloc.errors import SchedulingError
-from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus, JobTable
+from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus, JobTable, Starts
 
 __all__ = ["DEFAULT_QUEUE_THRESHOLDS_GPU_S", "DEFAULT_ROUND_S", "Tiresias"]
 
@@ -198,7 +198,7 @@ class Tiresias:
             cand, cand_rank = cand[keep], cand_rank[keep]
 
         working = view.free_gpus()
-        starts: list[tuple[int, tuple[int, ...]]] = []
+        starts: Starts = []
         preempt: list[int] = []
         speed = jobs.speed
         for j, k, types in _chunked(jobs, cand, cand_rank):
@@ -220,7 +220,7 @@ class Tiresias:
         """Start every queued job, in priority order, on free GPUs; ``None`` if one does not fit."""
         order = np.lexsort((q, view.jobs.arrival_s[q], np.where(np.isnan(start_q), np.inf, start_q), level_q))
         working = view.free_gpus()
-        starts: list[tuple[int, tuple[int, ...]]] = []
+        starts: Starts = []
         for j in q[order].tolist():
             gpus = working.start(j)
             if gpus is None:
@@ -252,7 +252,7 @@ class Tiresias:
         if working.by_type[t] + pools.gpus_between(t, lo) < g:
             return None
         gpus = working.find(j, t)
-        taken: list[tuple[int, tuple[int, ...]]] = []
+        taken: Starts = []
         while gpus is None and pools.hi[t] > lo:
             victim, victim_gpus = pools.take(t)
             working.give(victim_gpus)

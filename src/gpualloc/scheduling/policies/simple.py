@@ -17,11 +17,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gpualloc.errors import CatalogError, SchedulingError
-from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus
+from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus, Starts
 from gpualloc.scheduling.rules import fits_types
 from gpualloc.workload.jobs import JOB_TYPES, JobType
-
-Starts = list[tuple[int, tuple[int, ...]]]  # Decision.starts
 
 
 def _est_run_s(view: ClusterView, job: int, type_index: int) -> float:
@@ -156,7 +154,7 @@ class StaticAffinity:
         pool = view.free_gpus()
         q = np.fromiter(view.queue, dtype=np.int64, count=len(view.queue))
         tq = target[q]
-        starts: list[tuple[int, tuple[int, ...]]] = []
+        starts: Starts = []
         for t in np.flatnonzero(pool.by_type > 0).tolist():
             for j in q[tq == t].tolist():  # this type's FIFO: stop at the first job that does not fit
                 gpus = pool.find(j, t)
@@ -189,7 +187,7 @@ class SJF:
         jobs = view.jobs
         key = jobs.work_s[q] / jobs.speed[q].max(axis=1)
         pool = view.free_gpus()
-        starts: list[tuple[int, tuple[int, ...]]] = []
+        starts: Starts = []
         for j in _backfill_candidates(view, q[np.argsort(key, kind="stable")], pool):
             if pool.total == 0:
                 break
@@ -224,7 +222,7 @@ class SRTF:
         run_type = jobs.run_type[run]
         pool = view.free_gpus()
         total = view.total_by_type()
-        starts: list[tuple[int, tuple[int, ...]]] = []
+        starts: Starts = []
         preempt: list[int] = []
         victim = np.zeros(len(run), dtype=bool)
         for j in order.tolist():
@@ -321,7 +319,7 @@ class EasyBackfill:
 
     @staticmethod
     def _reservation(view: ClusterView, pool: FreeGpus, head: int,
-                     starts: list[tuple[int, tuple[int, ...]]]) -> tuple[int, float, int]:
+                     starts: Starts) -> tuple[int, float, int]:
         """``(device type, shadow time, extra GPUs)`` of the head job's reservation."""
         jobs, now = view.jobs, view.now_s
         need = int(jobs.num_gpus[head])
