@@ -25,6 +25,7 @@ import os
 import queue
 import time
 import traceback
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +109,7 @@ def serve_worker(worker: type[WorkerLoop], spec: Any, inbox: Any, outbox: Any, p
         outbox.put(("error", spec.rank, f"{type(err).__name__}: {text[:300]}{where}"))
 
 
-class WorkerLoop:
+class WorkerLoop(ABC):
     """What every worker process does around its steps: set up, report ``("ready", rank, pid)``,
     then answer commands from ``inbox`` until ``stop``. ``("data", ...)`` messages from peers that
     arrive between steps are kept in ``early`` for the next step; ``(command, program, step, train)``
@@ -127,11 +128,13 @@ class WorkerLoop:
         self.device = torch.device(spec.torch_device)
         self.early: list[tuple[Any, ...]] = []
 
+    @abstractmethod
     def setup(self) -> None:
-        raise NotImplementedError
+        """Take the modules and inputs to this process's device; set ``optimizer`` and ``clock``."""
 
+    @abstractmethod
     def step(self, program: str, step: int, train: bool) -> dict[str, Any]:
-        raise NotImplementedError
+        """Run this worker's part of one step of ``program``; its report for the parent."""
 
     def answer(self, msg: tuple[Any, ...]) -> bool:
         """Answer a command other than a step; whether it was one (none here)."""
