@@ -152,18 +152,25 @@ def pooled_srpt_avg_jct_s(arrival_s: np.ndarray, volume_gpu_s: np.ndarray, gpus:
     return total / n
 
 
+def pooled_lower_bound_avg_jct_s(result: SimResult) -> float:
+    """:func:`pooled_srpt_avg_jct_s` of the completed jobs: every GPU of the cluster as one machine,
+    each job needing ``num_gpus x best_time_s`` GPU-seconds."""
+    done = result.completed
+    return pooled_srpt_avg_jct_s(result.arrival_s[done], result.best_time_s[done] * result.num_gpus[done],
+                                 result.n_gpus)
+
+
 def capacity_lower_bound_avg_jct_s(result: SimResult) -> float:
     """A lower bound on the average JCT of *any* schedule of the completed jobs on this cluster: the
     larger of :func:`lower_bound_avg_jct_s` (each job alone on its fastest type) and the pooled
     bound (every GPU of the cluster as one machine, each job needing ``num_gpus x best_time_s``
-    GPU-seconds, :func:`pooled_srpt_avg_jct_s`). A job never finishes on fewer GPU-seconds than
+    GPU-seconds, :func:`pooled_lower_bound_avg_jct_s`). A job never finishes on fewer GPU-seconds than
     that, and the cluster never has more GPUs than it has; so no policy, with or without
     preemption, migration or time-sharing, can beat either figure. The oracle bound binds on light
     load, the pooled one on backlogged traces."""
-    done = result.completed
-    best = result.best_time_s[done]
-    pooled = pooled_srpt_avg_jct_s(result.arrival_s[done], best * result.num_gpus[done], result.n_gpus)
-    return max(_mean(best), pooled) if len(best) else math.nan
+    if not result.completed.any():
+        return math.nan
+    return max(lower_bound_avg_jct_s(result), pooled_lower_bound_avg_jct_s(result))
 
 
 def hyperscore(v: float, beta: float = HYPERSCORE_BETA, gamma: float = HYPERSCORE_GAMMA,
