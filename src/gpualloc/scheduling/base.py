@@ -178,6 +178,14 @@ class ClusterView:
             self.__dict__["_gpus_by_type_node"] = table
         return table
 
+    def type_node_lists(self) -> tuple[list[int], list[int]]:
+        """``(gpu_type, gpu_node)`` as Python lists (indexing them is cheaper than numpy scalars in
+        per-GPU loops). Computed once; the GPUs of a view never change type or node."""
+        lists = self.__dict__.get("_type_node_lists")
+        if lists is None:
+            lists = self.__dict__["_type_node_lists"] = (self.gpu_type.tolist(), self.gpu_node.tolist())
+        return lists
+
     def gpus_of(self, job: int) -> tuple[int, ...]:
         """The GPUs running ``job`` (empty when it is not running)."""
         return tuple(int(g) for g in np.flatnonzero(self.gpu_job == job))
@@ -309,9 +317,7 @@ class FreeGpus:
         self.free, self.count, self.by_type, self._shared = view.free_state()
         self.total = sum(self.by_type.tolist())
         self._node_gpus = view.gpus_by_type_node()
-        self._type_node = view.__dict__.get("_type_node_lists")
-        if self._type_node is None:  # Python lists: indexing them is cheaper than numpy scalars in _move
-            self._type_node = view.__dict__["_type_node_lists"] = (view.gpu_type.tolist(), view.gpu_node.tolist())
+        self._type_node = view.type_node_lists()
 
     def find(self, job: int, type_index: int) -> tuple[int, ...] | None:
         """GPUs of one type for ``job`` among the free ones, or ``None``."""

@@ -178,6 +178,7 @@ def validate_decision(decision: Decision, view: ClusterView,
     problems: list[InvalidDecision] = []
     jobs = view.jobs
     gpu_job = np.array(view.gpu_job, copy=True)
+    gpu_type, gpu_node = view.type_node_lists()
     status = _Moved(jobs.status)  # not a copy of the whole column: a decision moves a few jobs
     scratch = _Scratch(jobs, status)
     for j in decision.preempt:
@@ -186,11 +187,12 @@ def validate_decision(decision: Decision, view: ClusterView,
         except InvalidDecision as err:
             problems.append(err)
             continue
-        gpu_job[gpu_job == j] = GPU_FREE
+        for g in view.gpus_of(j):  # still the view's: a job is preempted at most once, before any start
+            gpu_job[g] = GPU_FREE
         status[j] = QUEUED
     for item in decision.starts:
         try:
-            j, gpus, _ = check_start(item, scratch, gpu_job, view.gpu_type, view.gpu_node, view.type_names, label)
+            j, gpus, _ = check_start(item, scratch, gpu_job, gpu_type, gpu_node, view.type_names, label)
         except InvalidDecision as err:
             problems.append(err)
             continue
