@@ -96,6 +96,13 @@ def test_train_scheduler_needs_a_source():
     assert proc.returncode == 2 and "--trace" in proc.stderr
 
 
+def test_train_scheduler_names_a_train_windows_folder_without_traces(tmp_path):
+    proc = run_main("train", "scheduler", "--experts", "gavel,srtf", "--steps", "0", "--train-windows",
+                    str(tmp_path / "typo"), "-o", str(tmp_path / "s.pt"))
+    assert proc.returncode == 2 and "typo: none of the real traces is there" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.pt").exists()
+
+
 def test_train_scheduler_cli_with_parallel_actors(tmp_path):
     out = tmp_path / "s.pt"
     result = runner.invoke(app, ["train", "scheduler", "--cluster", "2xV100", "--steps", "300", "--actors", "2",

@@ -237,6 +237,20 @@ def test_train_expert_scheduler_with_per_trace_guides(tmp_path):
         train_expert_scheduler(tmp_path / "x.pt", guide="oracle")
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"experts": ("srtf", "nope")}, "'nope' is not an expert"),
+    ({"experts": ("srtf", "dqn")}, "'dqn' is not an expert"),
+    ({"experts": ("srtf", "sjf"), "rollout_base": "fcfs"}, "rollout base 'fcfs' is not one of the experts"),
+])
+def test_train_expert_scheduler_rejects_unknown_experts_before_simulating(tmp_path, monkeypatch, options, message):
+    from gpualloc.rl import train_scheduler as ts
+
+    monkeypatch.setattr(ts, "_problems", lambda run: pytest.fail("simulated before checking the experts"))
+    with pytest.raises(AgentError, match=message):
+        train_expert_scheduler(tmp_path / "x.pt", **options)
+    assert not (tmp_path / "x.pt").exists()
+
+
 def test_train_scheduler_cli_rejects_a_bad_guide_in_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["gpualloc", "train", "scheduler", "--experts", "srtf,sjf", "--guide", "nope",
                                       "--steps", "0", "-o", str(tmp_path / "a.pt")])

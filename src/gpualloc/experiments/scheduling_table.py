@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from gpualloc.errors import GpuallocWarning
+from gpualloc.errors import GpuallocWarning, TraceError
 from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
@@ -339,12 +339,20 @@ def training_windows(data_root: str | Path, clusters: Sequence[str], *,
                      load: float = 0.8) -> list[tuple[ClusterSpec, Trace]]:
     """Windows of the real traces: ``jobs`` jobs from each start in ``starts`` (per trace label;
     default :data:`TRAIN_WINDOWS`, :data:`VAL_WINDOWS` for validation), scaled to ``load`` on the
-    clusters in turn, like the table's real rows."""
+    clusters in turn, like the table's real rows.
+
+    Raises:
+        TraceError: none of the real traces (:data:`REAL_TRACES`) is under ``data_root``.
+    """
     specs = [load_cluster(c) for c in clusters]
     starts = TRAIN_WINDOWS if starts is None else starts
+    real = _real_traces(data_root)
+    if not real:
+        raise TraceError(f"{data_root}: none of the real traces is there (expected any of "
+                         f"{', '.join(rel for _, rel, _ in REAL_TRACES)})")
     out = []
     k = 0
-    for label, path, fmt in _real_traces(data_root):
+    for label, path, fmt in real:
         whole = read_trace(path, fmt)
         for start in starts.get(label, ()):
             window = Trace(whole.jobs[start:start + jobs], f"{label}[{start}:{start + jobs}]", whole.format,

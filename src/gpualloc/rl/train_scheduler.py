@@ -32,7 +32,7 @@ from gpualloc.rl.expert_choice import DEFAULT_EXPERTS
 from gpualloc.rl.features import FeatureLayout, FeatureScaler, JobRequests
 from gpualloc.rl.sched_policy import DQNPolicy, scheduler_extra
 from gpualloc.scheduling import metrics
-from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.policies import POLICIES, make_policy
 from gpualloc.scheduling.simulator import simulate
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
@@ -543,6 +543,14 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
             or not run.experts or run.guide not in ("teacher", "best")):
         raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive, "
                          "guide 'teacher' or 'best'")
+    heuristics = POLICIES.names("heuristic")
+    for name in (*run.experts, *([] if run.rollout_base is None else [run.rollout_base])):
+        if name not in heuristics:  # checked before any simulation: training takes minutes
+            raise AgentError(f"train_expert_scheduler: {name!r} is not an expert of the panel; experts are "
+                             f"heuristics ({', '.join(heuristics)}) and the rollout base one of --experts")
+    if run.rollout_base is not None and run.rollout_base not in run.experts:
+        raise AgentError(f"train_expert_scheduler: rollout base {run.rollout_base!r} is not one of the experts "
+                         f"({', '.join(run.experts)})")
     say = progress or (lambda _msg: None)
     out_path = Path(out_path)
     train_p, val = _problems(run)
