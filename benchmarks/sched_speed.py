@@ -51,7 +51,7 @@ import numpy as np
 import gpualloc
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling import metrics
-from gpualloc.scheduling.policies import make_policy
+from gpualloc.scheduling.policies import POLICIES, make_policy
 from gpualloc.scheduling.simulator import prepare, simulate
 from gpualloc.workload.traces import read_trace
 
@@ -189,6 +189,33 @@ def print_table(rows: dict, prev: dict | None) -> None:
         print(f"previous release: commit {prev.get('commit', '?')[:12]} ({PREV.name})")
 
 
+def check_args(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """Every argument checked before any run (one line and exit status 2 on the first bad one);
+    returns the ``(key, workload, policy)`` of each run."""
+    if args.repeat < 1 or args.jobs < 0:
+        fail("--repeat must be >= 1 and --jobs >= 0")
+    pairs = []
+    for key in args.runs.split(","):
+        workload, _, policy = key.partition(":")
+        if workload not in WORKLOADS:
+            fail(f"--runs {key}: unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
+        if policy not in POLICIES:
+            fail(f"--runs {key}: {POLICIES.unknown(policy)}")
+        pairs.append((key, workload, policy))
+    if args.save_prev and args.out != OUT:
+        fail("--save-prev writes the previous release's figures: leave out --out")
+    if args.out != OUT and not args.out.parent.is_dir():
+        fail(f"--out {args.out}: no folder {args.out.parent}")
+    if args.gavel_sim:
+        if args.jobs:
+            fail("--gavel-sim runs Gavel on the whole msr trace: leave out --jobs")
+        if not (args.gavel_sim / GAVEL_DRIVER).is_file():
+            fail(f"--gavel-sim {args.gavel_sim}: no {GAVEL_DRIVER} there (the scheduler folder of a Gavel checkout)")
+        if not args.gavel_trace.is_file():
+            fail(f"--gavel-trace {args.gavel_trace}: no such file")
+    return pairs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=DEFAULT_RUNS, help="comma-separated workload:policy pairs")
@@ -203,22 +230,11 @@ def main() -> None:
     ap.add_argument("--gavel-log", action="store_true", help="keep Gavel's per-round INFO logging (off by default)")
     ap.add_argument("--out", type=Path, default=OUT, help=f"the JSON to write (default {OUT.relative_to(ROOT.parent)})")
     args = ap.parse_args()
-    if args.save_prev and args.out != OUT:
-        fail("--save-prev writes the previous release's figures: leave out --out")
-    if args.out != OUT and not args.out.parent.is_dir():
-        fail(f"--out {args.out}: no folder {args.out.parent}")
-    if args.gavel_sim:
-        if args.jobs:
-            fail("--gavel-sim runs Gavel on the whole msr trace: leave out --jobs")
-        if not (args.gavel_sim / GAVEL_DRIVER).is_file():
-            fail(f"--gavel-sim {args.gavel_sim}: no {GAVEL_DRIVER} there (the scheduler folder of a Gavel checkout)")
-        if not args.gavel_trace.is_file():
-            fail(f"--gavel-trace {args.gavel_trace}: no such file")
+    pairs = check_args(args)
 
     rows: dict[str, dict] = {}
     loaded: dict[str, tuple] = {}
-    for key in args.runs.split(","):
-        workload, policy = key.split(":")
+    for key, workload, policy in pairs:
         if workload not in loaded:
             loaded[workload] = load_workload(workload, args.jobs)
         rows[key] = time_run(*loaded[workload], policy, args.repeat, args.profile)
