@@ -14,7 +14,6 @@ figures. Writes ``benchmarks/results/sched_decision_latency.json`` and prints a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import _args
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.expert_choice import ExpertPanel
 from gpualloc.rl.sched_policy import ExpertChoicePolicy
@@ -81,11 +81,11 @@ def measure(jobs: int, load: float, cluster: str, seed: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=150)
-    parser.add_argument("--load", type=float, default=1.0)
-    parser.add_argument("--cluster", default="adlro16")
-    parser.add_argument("--seed", type=int, default=10_000)
+    parser = _args.Parser(description=__doc__)
+    parser.add_argument("--jobs", type=_args.at_least(1), default=150)
+    parser.add_argument("--load", type=_args.positive, default=1.0)
+    parser.add_argument("--cluster", type=_args.cluster, default="adlro16")
+    parser.add_argument("--seed", type=_args.at_least(0), default=10_000)
     args = parser.parse_args()
     torch.set_num_threads(1)
     res = measure(args.jobs, args.load, args.cluster, args.seed)
@@ -103,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

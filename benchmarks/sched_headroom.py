@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -33,6 +32,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+import _args
 from gpualloc.experiments.scheduling_table import SchedTableSpec, _make, _planned_runs, _real_traces, _workload
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.simulator import simulate
@@ -70,25 +70,18 @@ def rows_of(runs: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policies", default="gavel-srtf", help="comma-separated (default: the best heuristic)")
-    parser.add_argument("--jobs", type=int, default=150, help="jobs per trace, as reproduce scheduling --jobs")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--data", type=Path, default=ROOT.parent.parent / "shared" / "data")
+    parser = _args.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policies", type=_args.policies, default="gavel-srtf",
+                        help="comma-separated (default: the best heuristic)")
+    parser.add_argument("--jobs", type=_args.at_least(1), default=150,
+                        help="jobs per trace, as reproduce scheduling --jobs")
+    parser.add_argument("--seeds", type=_args.at_least(1), default=5)
+    parser.add_argument("--workers", type=_args.at_least(1), default=2)
+    parser.add_argument("--data", type=_args.real_data, default=str(ROOT.parent.parent / "shared" / "data"))
     args = parser.parse_args()
-    policies = tuple(p for p in args.policies.split(",") if p)
-    if args.jobs < 1 or args.seeds < 1 or args.workers < 1 or not policies:
-        print("sched_headroom: --jobs, --seeds and --workers must be >= 1 and --policies non-empty", file=sys.stderr)
-        sys.exit(2)
-    try:
-        for p in policies:
-            _make(p, None)
-    except Exception as err:  # noqa: BLE001 - an unknown policy name is one line
-        print(f"sched_headroom: --policies: {err}", file=sys.stderr)
-        sys.exit(2)
+    policies = args.policies
     spec = replace(SchedTableSpec.full(), jobs=args.jobs, real_jobs=args.jobs, seeds=args.seeds, policies=policies)
-    planned = _planned_runs(spec, _real_traces(args.data if args.data.is_dir() else None), None)
+    planned = _planned_runs(spec, _real_traces(args.data), None)
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
         runs = list(pool.map(_run, planned))
@@ -105,7 +98,7 @@ def main() -> None:
                       f"{r['headroom']:.1%}", "yes" if r["headroom"] < TARGET else "")
     Console(width=160).print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    command = (f"python benchmarks/sched_headroom.py --policies {args.policies} --jobs {args.jobs} "
+    command = (f"python benchmarks/sched_headroom.py --policies {','.join(policies)} --jobs {args.jobs} "
                f"--seeds {args.seeds} --workers {args.workers}")
     OUT.write_text(json.dumps({"command": command, "seconds": took, "target": TARGET, "rows": rows, "runs": runs},
                               indent=1))
@@ -113,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

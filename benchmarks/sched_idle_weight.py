@@ -27,6 +27,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+import _args
 from gpualloc.experiments.scheduling_table import VAL_WINDOWS, training_windows
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.train_scheduler import DEFAULT_EVAL_SEEDS
@@ -66,14 +67,14 @@ def _run(args: tuple[float, int, int, str | None]) -> tuple[float, str, float, f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--weights", default="0,0.25,0.5,1,2,4")
-    parser.add_argument("--jobs", type=int, default=150)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--data", default=str(ROOT.parent.parent / "shared" / "data"))
+    parser = _args.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", type=_args.numbers(0.0), default="0,0.25,0.5,1,2,4")
+    parser.add_argument("--jobs", type=_args.at_least(1), default=150)
+    parser.add_argument("--workers", type=_args.at_least(1), default=2)
+    parser.add_argument("--data", type=_args.real_data, default=str(ROOT.parent.parent / "shared" / "data"))
     args = parser.parse_args()
-    weights = sorted({float(w) for w in args.weights.split(",")} | {0.0})
-    data = args.data if Path(args.data).is_dir() else None
+    weights = sorted(set(args.weights) | {0.0})
+    data = str(args.data)
     work = _workloads(args.jobs, data)
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
@@ -103,8 +104,9 @@ def main() -> None:
                       util_s, "yes" if r["idle_weight"] == best else "")
     Console().print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
+    given = ",".join(f"{w:g}" for w in args.weights)
     OUT.write_text(json.dumps({"command": "python benchmarks/sched_idle_weight.py " + " ".join(
-        f"--{k} {v}" for k, v in (("weights", args.weights), ("jobs", args.jobs), ("workers", args.workers))),
+        f"--{k} {v}" for k, v in (("weights", given), ("jobs", args.jobs), ("workers", args.workers))),
         "workloads": [label for label, _, _ in work], "rows": rows, "util_target": UTIL_TARGET, "chosen_weight": best,
         "runs": [{"idle_weight": w, "workload": label, "avg_jct_s": j, "util_while_waiting": u}
                  for w, label, j, u in done]}, indent=1))
@@ -112,4 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -10,7 +10,6 @@ Run: ``python benchmarks/sched_quality.py [--jobs 400] [--load 0.8] [--seeds 5]`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -20,6 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+import _args
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
 from gpualloc.scheduling.policies import make_policy
@@ -33,15 +33,15 @@ KEYS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "throughput_jobs_per_h", "utili
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cluster", default="adlro16")
-    parser.add_argument("--jobs", type=int, default=400)
-    parser.add_argument("--load", type=float, default=0.8)
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser = _args.Parser(description=__doc__)
+    parser.add_argument("--cluster", type=_args.cluster, default="adlro16")
+    parser.add_argument("--jobs", type=_args.at_least(1), default=400)
+    parser.add_argument("--load", type=_args.positive, default=0.8)
+    parser.add_argument("--seeds", type=_args.at_least(1), default=5)
+    parser.add_argument("--policies", type=_args.policies, default=",".join(POLICIES))
     args = parser.parse_args()
     cluster = load_cluster(args.cluster)
-    policies = args.policies.split(",")
+    policies = list(args.policies)
     runs: dict[str, list[dict]] = {p: [] for p in [*policies, "oracle-lb"]}
     start = time.perf_counter()
     for seed in range(args.seeds):
@@ -85,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

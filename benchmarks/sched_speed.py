@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+import _args
 import gpualloc
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling import metrics
@@ -192,8 +193,6 @@ def print_table(rows: dict, prev: dict | None) -> None:
 def check_args(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """Every argument checked before any run (one line and exit status 2 on the first bad one);
     returns the ``(key, workload, policy)`` of each run."""
-    if args.repeat < 1 or args.jobs < 0:
-        fail("--repeat must be >= 1 and --jobs >= 0")
     pairs = []
     for key in args.runs.split(","):
         workload, _, policy = key.partition(":")
@@ -217,10 +216,10 @@ def check_args(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _args.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=DEFAULT_RUNS, help="comma-separated workload:policy pairs")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per pair; the median is reported")
-    ap.add_argument("--jobs", type=int, default=0, help="first N jobs of each trace only (0: all)")
+    ap.add_argument("--repeat", type=_args.at_least(1), default=3, help="runs per pair; the median is reported")
+    ap.add_argument("--jobs", type=_args.at_least(0), default=0, help="first N jobs of each trace only (0: all)")
     ap.add_argument("--save-prev", action="store_true", help=f"write the figures to {PREV.name} (previous release)")
     ap.add_argument("--profile", action="store_true", help="print the top of a cProfile of each run")
     ap.add_argument("--gavel-sim", type=Path, help="scheduler folder of a Gavel checkout: time its simulator too")
@@ -268,4 +267,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -30,6 +30,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 from scipy.stats import gmean
+import _args
 from sched_idle_weight import _workloads
 
 from gpualloc.scheduling import metrics
@@ -76,16 +77,15 @@ def summarise(jct: dict[tuple[str, str], float], names: list[str], labels: list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--idle-weights", default="0,0.5,2")
-    parser.add_argument("--round-s", default="60,120,1200")
-    parser.add_argument("--jobs", type=int, default=150)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--data", default=str(ROOT.parent.parent / "shared" / "data"))
+    parser = _args.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle-weights", type=_args.numbers(0.0, empty=True), default="0,0.5,2")
+    parser.add_argument("--round-s", type=_args.numbers(0.0, strict=True, empty=True), default="60,120,1200")
+    parser.add_argument("--jobs", type=_args.at_least(1), default=150)
+    parser.add_argument("--workers", type=_args.at_least(1), default=2)
+    parser.add_argument("--data", type=_args.real_data, default=str(ROOT.parent.parent / "shared" / "data"))
     args = parser.parse_args()
-    table_of = variants([float(w) for w in args.idle_weights.split(",") if w],
-                        [float(r) for r in args.round_s.split(",") if r])
-    data = args.data if Path(args.data).is_dir() else None
+    table_of = variants(args.idle_weights, args.round_s)
+    data = str(args.data)
     work = _workloads(args.jobs, data)
     labels = [label for label, _, _ in work]
     start = time.perf_counter()
@@ -106,7 +106,8 @@ def main() -> None:
                   f"defaults best on {oracle['defaults_best_on']}/{oracle['workloads']}")
     Console().print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    command = (f"python benchmarks/sched_variant_oracle.py --idle-weights {args.idle_weights} --round-s {args.round_s} "
+    given = {k: ",".join(f"{v:g}" for v in vs) for k, vs in (("w", args.idle_weights), ("r", args.round_s))}
+    command = (f"python benchmarks/sched_variant_oracle.py --idle-weights {given['w']} --round-s {given['r']} "
                f"--jobs {args.jobs} --workers {args.workers}")
     OUT.write_text(json.dumps({"command": command, "seconds": took, "variants": table_of, "rows": rows,
                                "oracle": oracle, "runs": [{"variant": n, "workload": w, "avg_jct_s": j}
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -12,12 +12,13 @@ writes ``benchmarks/results/sched_windows.json`` and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import _args
+from gpualloc.errors import TraceError
 from gpualloc.experiments.scheduling_table import REAL_TRACES, scale_to_load
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling import metrics
@@ -36,6 +37,8 @@ POLICIES = ("gavel", "srtf")
 def _window(label: str, start: int, jobs: int, cluster: str, load: float) -> Trace:
     rel, fmt = next((rel, fmt) for name, rel, fmt in REAL_TRACES if name == label)
     whole = read_trace(DATA / rel, fmt)
+    if start >= len(whole.jobs):
+        raise TraceError(f"--offsets {start}: {label} has {len(whole.jobs)} jobs")
     window = Trace(whole.jobs[start:start + jobs], f"{label}[{start}:{start + jobs}]", whole.format, dict(whole.meta))
     return scale_to_load(window, load_cluster(cluster), load)
 
@@ -53,17 +56,16 @@ def _run(args: tuple[str, int, int, str, float]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = _args.Parser(description=__doc__)
     parser.add_argument("--trace", default="philly", choices=[name for name, _, _ in REAL_TRACES])
-    parser.add_argument("--offsets", default=",".join(map(str, OFFSETS)))
-    parser.add_argument("--jobs", type=int, default=150)
-    parser.add_argument("--cluster", default="adlro16")
-    parser.add_argument("--load", type=float, default=0.8)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--offsets", type=_args.counts, default=",".join(map(str, OFFSETS)))
+    parser.add_argument("--jobs", type=_args.at_least(1), default=150)
+    parser.add_argument("--cluster", type=_args.cluster, default="adlro16")
+    parser.add_argument("--load", type=_args.positive, default=0.8)
+    parser.add_argument("--workers", type=_args.at_least(1), default=2)
     args = parser.parse_args()
-    offsets = [int(x) for x in args.offsets.split(",") if x.strip()]
-    tasks = [(args.trace, s, args.jobs, args.cluster, args.load) for s in offsets]
-    with ProcessPoolExecutor(max(1, args.workers)) as pool:
+    tasks = [(args.trace, s, args.jobs, args.cluster, args.load) for s in args.offsets]
+    with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(_run, tasks))
     print(f"{'start':>7} {'gavel h':>9} {'srtf h':>9} {'srtf vs gavel':>14}")
     for r in rows:
@@ -76,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

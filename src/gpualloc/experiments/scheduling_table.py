@@ -197,6 +197,19 @@ def _real_traces(data_root: str | Path | None) -> list[tuple[str, Path, str]]:
     return [(label, root / rel, fmt) for label, rel, fmt in REAL_TRACES if (root / rel).exists()]
 
 
+def require_real_traces(data_root: str | Path) -> list[tuple[str, Path, str]]:
+    """:func:`_real_traces`, for a folder given on purpose (``--train-windows``, a benchmark's ``--data``).
+
+    Raises:
+        TraceError: none of :data:`REAL_TRACES` is under ``data_root``.
+    """
+    real = _real_traces(data_root)
+    if not real:
+        raise TraceError(f"{data_root}: none of the real traces is there (expected any of "
+                         f"{', '.join(rel for _, rel, _ in REAL_TRACES)})")
+    return real
+
+
 def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
                   agent: str | None) -> list[tuple[str, SchedRun]]:
     """Every simulation, labelled: synthetic (load, seed, policy), then real (trace, policy)."""
@@ -342,14 +355,11 @@ def training_windows(data_root: str | Path, clusters: Sequence[str], *,
     clusters in turn, like the table's real rows.
 
     Raises:
-        TraceError: none of the real traces (:data:`REAL_TRACES`) is under ``data_root``.
+        TraceError: none of the real traces is under ``data_root`` (:func:`require_real_traces`).
     """
     specs = [load_cluster(c) for c in clusters]
     starts = TRAIN_WINDOWS if starts is None else starts
-    real = _real_traces(data_root)
-    if not real:
-        raise TraceError(f"{data_root}: none of the real traces is there (expected any of "
-                         f"{', '.join(rel for _, rel, _ in REAL_TRACES)})")
+    real = require_real_traces(data_root)
     out = []
     k = 0
     for label, path, fmt in real:

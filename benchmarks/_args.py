@@ -1,0 +1,116 @@
+"""Arguments of the benchmark scripts, checked before any run: bad input is one line on stderr and
+exit status 2 (the CLI's rule), never a traceback after minutes of simulation, and never a results
+file written without the data it is meant to hold (a ``--data`` folder without the real traces).
+
+Use :class:`Parser` instead of ``argparse.ArgumentParser``, the ``type=`` functions below for the
+options, and :func:`guarded` around ``main`` for what only the library can check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gpualloc.errors import GpuallocError
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with errors in one line (``prog: message``) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def guarded(main: Callable[[], None]) -> None:
+    """Run ``main``; a library error (bad input it found) is one line and exit status 2."""
+    try:
+        main()
+    except GpuallocError as err:
+        print(f"{Path(sys.argv[0]).name}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """``type=``: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+    return parse
+
+
+def _number(text: str, low: float, *, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number {'>' if strict else '>='} {low:g}")
+    return value
+
+
+def positive(text: str) -> float:
+    """``type=``: a finite number > 0."""
+    return _number(text, 0.0, strict=True)
+
+
+def numbers(low: float = 0.0, *, strict: bool = False, empty: bool = False) -> Callable[[str], list[float]]:
+    """``type=``: a comma-separated list of finite numbers >= ``low`` (> with ``strict``), non-empty
+    unless ``empty``."""
+    def parse(text: str) -> list[float]:
+        values = [_number(x.strip(), low, strict=strict) for x in text.split(",") if x.strip()]
+        if not values and not empty:
+            raise argparse.ArgumentTypeError("expected one or more comma-separated numbers")
+        return values
+    return parse
+
+
+def counts(text: str) -> list[int]:
+    """``type=``: a non-empty comma-separated list of integers >= 0."""
+    values = [at_least(0)(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected one or more comma-separated integers")
+    return values
+
+
+def cluster(text: str) -> str:
+    """``type=``: a cluster preset, shorthand or file that loads (kept as given)."""
+    from gpualloc.hardware.cluster import load_cluster
+
+    try:
+        load_cluster(text)
+    except GpuallocError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def policies(text: str) -> tuple[str, ...]:
+    """``type=``: a non-empty comma-separated list of registered scheduling policies."""
+    from gpualloc.scheduling.policies import POLICIES
+
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected one or more comma-separated policies")
+    for name in names:
+        if name not in POLICIES:
+            raise argparse.ArgumentTypeError(str(POLICIES.unknown(name)))
+    return names
+
+
+def real_data(text: str) -> Path:
+    """``type=``: a data folder holding the real traces of the results table (``../shared/data``)."""
+    from gpualloc.experiments.scheduling_table import require_real_traces
+
+    try:
+        require_real_traces(text)
+    except GpuallocError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return Path(text)
