@@ -115,3 +115,25 @@ def test_train_scheduler_keeps_the_best_checkpoint_and_plots(tmp_path):
     assert policy.scaler == FeatureScaler.fit(traces) and policy.layout == TINY
     avg = np.mean([metrics.avg_jct_s(simulate(t, load_cluster("2xV100"), policy)) for t in traces[:2]])
     assert avg == pytest.approx(report.best.avg_jct_s)
+
+
+def test_per_slot_agent_warns_once_off_its_training_cluster():
+    import warnings
+
+    from gpualloc.rl.sched_policy import AgentClusterWarning, off_its_cluster
+
+    assert off_its_cluster("adlro16", load_cluster("adlro16")) is None
+    assert off_its_cluster("adlro16", load_cluster("8xV100+4xT4+4xMI50")) is None  # the same GPUs, spelled out
+    assert off_its_cluster(None, load_cluster("2xV100")) is None
+    assert "trained on adlro16 and runs on 4xV100+4xT4" in off_its_cluster("adlro16", load_cluster("4xV100+4xT4"))
+    assert "trained on mine.json" in off_its_cluster("mine.json", load_cluster("2xV100"))  # not at hand: by name
+    policy = DQNPolicy(bundled_agent_path())
+    other = load_cluster("4xV100+4xT4")
+    with pytest.warns(AgentClusterWarning, match="per-slot agent was trained on adlro16") as caught:
+        for seed in (1, 2):  # one warning for both runs
+            simulate(generate(10, other, 0.8, seed=seed), other, policy)
+    assert len([w for w in caught if w.category is AgentClusterWarning]) == 1
+    home = load_cluster("adlro16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AgentClusterWarning)
+        simulate(generate(10, home, 0.8, seed=1), home, DQNPolicy(bundled_agent_path()))

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpualloc.errors import AgentError, GpuallocWarning
+from gpualloc.errors import AgentError, GpuallocError, GpuallocWarning
+from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, distinct, observe
 from gpualloc.scheduling.base import ClusterView, Decision, JobTable
 from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
@@ -64,6 +65,33 @@ def bundled_agent_path(name: str = BUNDLED_AGENT) -> Path:
 
 class AgentFallbackWarning(GpuallocWarning):
     """The learned agent failed its gate; its teacher heuristic schedules instead."""
+
+
+class AgentClusterWarning(GpuallocWarning):
+    """A per-slot agent runs on other GPUs than those it was trained on."""
+
+
+def _gpu_counts(cluster: ClusterSpec) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for d in cluster.devices:
+        counts[d.type.name] = counts.get(d.type.name, 0) + 1
+    return counts
+
+
+def off_its_cluster(trained_on: str | None, cluster: ClusterSpec) -> str | None:
+    """Why a per-slot agent trained on ``trained_on`` is off its training cluster on ``cluster`` (the
+    GPUs of each type differ), or ``None`` when it is not (or the training cluster is unknown)."""
+    if not trained_on or trained_on == cluster.name:
+        return None
+    try:
+        trained = _gpu_counts(load_cluster(trained_on))
+    except GpuallocError:  # a cluster file not at hand: the names differ, so say so
+        trained = None
+    if trained == _gpu_counts(cluster):
+        return None
+    return (f"the per-slot agent was trained on {trained_on} and runs on {cluster.name}: its GPU slots "
+            "differ, and it was never evaluated there (docs/scheduling-agent.md); the expert-choice agent, "
+            "the default dqn, is the one that transfers across clusters")
 
 
 def expert_extra(experts: tuple[str, ...] | list[str], teacher: int, gate: GateResult | None, **more) -> dict:
@@ -224,11 +252,17 @@ class DQNPolicy:
         self.requests = requests
         self.metrics = metrics
         self._history: GridHistory | None = None
+        self._warned = False  # AgentClusterWarning: once per policy
 
     def decide(self, view: ClusterView) -> Decision:
         history = self._history
         if history is None or not history.matches(view):
             history = self._history = GridHistory(view, self.layout)
+            if not self._warned:
+                why = off_its_cluster(self.agent.extra.get("cluster"), view.cluster)
+                if why:
+                    self._warned = True
+                    warnings.warn(why, AgentClusterWarning, stacklevel=2)
         # Waiting on an idle cluster could stall the run for good (the policy cannot see whether
         # arrivals are still due), so the idle rule always holds here.
         point = DecisionPoint(view, history, self.scaler, self.metrics(view), self.requests,
