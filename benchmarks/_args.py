@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from gpualloc.errors import GpuallocError
+from gpualloc.limits import MAX_SEED
+
+T = TypeVar("T")
 
 
 class Parser(argparse.ArgumentParser):
@@ -25,17 +30,18 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def guarded(main: Callable[[], None]) -> None:
-    """Run ``main``; a library error (bad input it found) is one line and exit status 2."""
+def guarded(main: Callable[[], T]) -> T:
+    """Run ``main`` and return what it returns (an exit status, for some); a library error (bad input it
+    found) is one line and exit status 2."""
     try:
-        main()
+        return main()
     except GpuallocError as err:
         print(f"{Path(sys.argv[0]).name}: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """``type=``: an integer >= ``low``."""
+def between(low: int, high: int | None = None) -> Callable[[str], int]:
+    """``type=``: an integer in ``low..high`` (no upper bound without ``high``)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -43,8 +49,20 @@ def at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above {high}")
         return value
     return parse
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """``type=``: an integer >= ``low``."""
+    return between(low)
+
+
+def seed(text: str) -> int:
+    """``type=``: a seed, an integer in 0..2**32-1 (what numpy and torch take: ``gpualloc.limits.MAX_SEED``)."""
+    return between(0, MAX_SEED)(text)
 
 
 def _number(text: str, low: float, *, strict: bool) -> float:
@@ -60,6 +78,11 @@ def _number(text: str, low: float, *, strict: bool) -> float:
 def positive(text: str) -> float:
     """``type=``: a finite number > 0."""
     return _number(text, 0.0, strict=True)
+
+
+def non_negative(text: str) -> float:
+    """``type=``: a finite number >= 0."""
+    return _number(text, 0.0, strict=False)
 
 
 def numbers(low: float = 0.0, *, strict: bool = False, empty: bool = False) -> Callable[[str], list[float]]:
@@ -114,3 +137,39 @@ def real_data(text: str) -> Path:
     except GpuallocError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return Path(text)
+
+
+def folder(*needs: str) -> Callable[[str], Path]:
+    """``type=``: an existing folder holding a match of each glob pattern of ``needs`` (what the script
+    reads from it), so a wrong ``--data`` fails before any run instead of after it or half-read."""
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: not a folder")
+        for pattern in needs:
+            if next(path.glob(pattern), None) is None:
+                raise argparse.ArgumentTypeError(f"{text}: no {pattern} in it")
+        return path
+    return parse
+
+
+def existing_file(text: str) -> Path:
+    """``type=``: a file that exists (its content is the library's to check)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return Path(text)
+
+
+def output(text: str) -> Path:
+    """``type=``: a file to write at the end of a run: not a folder, and in a folder that exists or can be
+    made (the scripts create a missing one, as they do ``benchmarks/results``), so a run is not lost to
+    an unwritable ``--out``."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a folder")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write in {parent}")
+    return path

@@ -1,22 +1,26 @@
 """Fit the cost model on ../shared/data and print its error tables (the ones in docs/cost-model.md).
 
 Usage: python benchmarks/calibration_report.py [--data ../shared/data] [--out benchmarks/results/calibration.json]
+
+``--data`` must hold ``pipedream-profiles/*.txt`` and the Sia traces (``sia/traces/*/placements-*.csv``);
+the folder of ``--out`` is created if missing.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+import _args
 from gpualloc.cost.calibrate import REFERENCE_DEVICE, calibrate
 
 
 def main() -> None:
     here = Path(__file__).resolve().parent
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", type=Path, default=here.parent.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=here / "results" / "calibration.json")
+    parser = _args.Parser(description=__doc__)
+    parser.add_argument("--data", type=_args.folder("pipedream-profiles/*.txt", "sia/traces/*/placements-*.csv"),
+                        default=str(here.parent.parent / "shared" / "data"))
+    parser.add_argument("--out", type=_args.output, default=here / "results" / "calibration.json")
     args = parser.parse_args()
     cal = calibrate(args.data)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -66,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -17,7 +17,6 @@ Writes benchmarks/results/dqn_latency.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+import _args
 from gpualloc.cost.microbench import host_cpu_model
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
 from gpualloc.rl.dqn.replay import ReplayBuffer
@@ -90,10 +90,10 @@ def run(name: str, space: spaces.Space, cfg: DQNConfig, calls: int, seed: int) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=5_000)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1])
-    ap.add_argument("--seed", type=int, default=0)
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=_args.at_least(1), default=5_000)
+    ap.add_argument("--threads", type=_args.at_least(1), nargs="+", default=[1])
+    ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
     before = torch.get_num_threads()
     load_before = os.getloadavg()[0]  # other processes on the machine inflate the tail percentiles
@@ -121,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -20,7 +20,6 @@ Writes benchmarks/results/dqn_rollouts.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+import _args
 from gpualloc.parallel import ProcessExecutor, RayExecutor
 from gpualloc.rl.dqn import DQNAgent, train
 from gpualloc.rl.dqn.distributed import train_distributed
@@ -48,12 +48,14 @@ def timed(fn) -> tuple[float, object]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6_000)
-    ap.add_argument("--actors", type=int, default=2)
-    ap.add_argument("--round-steps", type=int, default=1_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=_args.at_least(1), default=6_000)
+    ap.add_argument("--actors", type=_args.at_least(1), default=2)
+    ap.add_argument("--round-steps", type=_args.at_least(1), default=1_000, help="at least --actors")
+    ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
+    if args.round_steps < args.actors:  # each actor collects a share of a round
+        ap.error(f"argument --round-steps: {args.round_steps} is below --actors ({args.actors})")
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     env_fn = partial(SchedulingEnv, "adlro16")
@@ -112,4 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

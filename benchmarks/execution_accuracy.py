@@ -15,7 +15,8 @@ split between them) and, where a GPU is present, on ``cuda:0`` + ``cpu``:
 Writes ``benchmarks/results/execution_accuracy.json`` and prints a Markdown table.
 
 Run: ``python benchmarks/execution_accuracy.py`` (about 15 minutes on 2 cores; ``--models`` and
-``--steps`` to change the set).
+``--steps`` to change the set). The calibrations and plans are written next to ``--out``, whose folder
+is created if missing.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from pathlib import Path
 
 import torch
 
+import _args
 from gpualloc.cost.microbench import efficiency_from, fit_efficiency, measure_device, merge_calibration, record
 from gpualloc.cost.model import Calibration, CostModel
+from gpualloc.errors import CaptureError
 from gpualloc.execute.run import execute_plan, predict
 from gpualloc.execute.worker import threads_per_worker
 from gpualloc.graph.capture import capture
+from gpualloc.graph.zoo import get_model
 from gpualloc.hardware.catalog import default_catalog
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
@@ -58,13 +62,31 @@ def setups() -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def model_run(text: str) -> str:
+    """``type=``: ``MODEL:BATCH:MICROBATCHES``, a zoo model and a batch its microbatches divide (kept as given)."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MODEL:BATCH:MICROBATCHES")
+    try:
+        get_model(parts[0])
+    except CaptureError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    try:
+        batch, micro = _args.at_least(1)(parts[1]), _args.at_least(1)(parts[2])
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    if batch % micro:
+        raise argparse.ArgumentTypeError(f"{text!r}: {micro} microbatches do not divide the batch of {batch}")
+    return text
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT), help="MODEL:BATCH:MICROBATCHES")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=2, help="calibration passes per measurement")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser = _args.Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=model_run, nargs="+", default=list(DEFAULT), help="MODEL:BATCH:MICROBATCHES")
+    parser.add_argument("--steps", type=_args.at_least(1), default=5)
+    parser.add_argument("--warmup", type=_args.at_least(0), default=1)
+    parser.add_argument("--repeats", type=_args.at_least(1), default=2, help="calibration passes per measurement")
+    parser.add_argument("--out", type=_args.output, default=OUT)
     args = parser.parse_args()
     runs = [(m, int(b), int(k)) for m, b, k in (x.split(":") for x in args.models)]
     total_threads = len(os.sched_getaffinity(0))
@@ -140,4 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+import _args
 from gpualloc.cost.microbench import host_cpu_model
+from gpualloc.errors import AgentError, SchedulingError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
 from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes
@@ -48,12 +50,14 @@ TARGET_US = 50.0
 def busy_view(cluster_spec: str, queue: int, seed: int):
     """A view with at least ``queue`` waiting jobs and some GPUs in use (FCFS until then)."""
     cluster = load_cluster(cluster_spec)
-    trace = generate(max(4 * queue, 64), cluster, 3.0, seed=seed)
+    jobs = max(4 * queue, 64)
+    trace = generate(jobs, cluster, 3.0, seed=seed)
     sim, fcfs = Simulation(trace, cluster), make_policy("fcfs")
     while not sim.done and len(sim.view.queue) < queue:
         sim.decide(fcfs.decide(sim.view))
-    if sim.done:
-        raise SystemExit(f"the queue never reached {queue} jobs")
+    if sim.done:  # bad input (exit status 2): a cluster too large for the queue asked for
+        raise SchedulingError(f"--queue {queue}: the queue never reached {queue} jobs on {cluster_spec} "
+                              f"({jobs} jobs at load 3 under FCFS)")
     return trace, sim.view
 
 
@@ -74,13 +78,23 @@ def timed(fn, calls: int, batch: int = 20) -> dict[str, float]:
             "best_us": float(wall.min()), "cpu_median_us": float(np.median(cpu))}
 
 
+def hd_dim(text: str) -> int:
+    """``type=``: a hypervector length :class:`HDEncoder` takes (its own check: one rule)."""
+    dim = _args.at_least(1)(text)
+    try:
+        HDEncoder(dim=dim)
+    except AgentError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return dim
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cluster", default="adlro16")
-    ap.add_argument("--dims", type=int, nargs="+", default=[1024, 4096, 10_000])
-    ap.add_argument("--queue", type=int, default=16, help="queued jobs at the timed decision point")
-    ap.add_argument("--calls", type=int, default=4_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", type=_args.cluster, default="adlro16")
+    ap.add_argument("--dims", type=hd_dim, nargs="+", default=[1024, 4096, 10_000])
+    ap.add_argument("--queue", type=_args.at_least(1), default=16, help="queued jobs at the timed decision point")
+    ap.add_argument("--calls", type=_args.at_least(1), default=4_000)
+    ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     trace, view = busy_view(args.cluster, args.queue, args.seed)
@@ -133,4 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -6,12 +6,11 @@ time; then the search time of the planner on 32 and 256 GPUs. Writes benchmarks/
 and prints the tables with the issue's targets (hybrid >= every baseline; >= 1.3x DDP on the mixed clusters
 at the larger batch; median within 1.15x of the bound; search <= 1 s at 32 GPUs, <= 10 s at 256).
 
-Usage: python benchmarks/hybrid_quality.py [--quick] [--out PATH]
+Usage: python benchmarks/hybrid_quality.py [--quick] [--out PATH] (the folder of PATH is created if missing)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+import _args
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -80,9 +80,9 @@ def table(rows: list[dict]) -> Table:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = _args.Parser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="ResNet-50 only, no 256-GPU search")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "hybrid_quality.json")
+    parser.add_argument("--out", type=_args.output, default=HERE / "results" / "hybrid_quality.json")
     args = parser.parse_args()
     console = Console()
     rows = []
@@ -113,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -12,13 +12,13 @@ Writes benchmarks/results/kl_speed.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+import _args
 from gpualloc.placement.partition.kernighan_lin import kl_bisect, to_csr
 
 OUT = Path(__file__).resolve().parent / "results" / "kl_speed.json"
@@ -85,10 +85,11 @@ def run(n: int, nx_max: int, seed: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
-    ap.add_argument("--nx-max-nodes", type=int, default=10000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=_args.at_least(2), nargs="+", default=[1000, 10000, 100000],
+                    help="graph sizes (nodes; a bisection needs 2)")
+    ap.add_argument("--nx-max-nodes", type=_args.at_least(0), default=10000)
+    ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
     rows = [run(n, args.nx_max_nodes, args.seed) for n in args.sizes]
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -104,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

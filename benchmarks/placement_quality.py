@@ -5,6 +5,8 @@ For each (graph, cluster, method): simulated step time, ratio to the lower bound
 prints a summary table with the issue's targets.
 
 Usage: python benchmarks/placement_quality.py [--quick] [--microbatches 1] [--clusters 8xA100,hetero8] [--seed 0]
+
+``--data`` must hold ``pipedream-profiles/*.txt``; the folder of ``--out`` is created if missing.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+import _args
 from gpualloc.graph.capture import capture
 from gpualloc.graph.importers import import_pipedream
 from gpualloc.hardware.cluster import load_cluster
+from gpualloc.limits import MAX_MICROBATCHES
 from gpualloc.placement.partition import PARTITIONERS
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.run import compare, gain
@@ -40,14 +44,25 @@ def graphs(data: Path, quick: bool):
             yield capture(name, batch=batch)
 
 
+def clusters(text: str) -> str:
+    """``type=``: a comma-separated list of clusters that load (kept as given)."""
+    for name in text.split(","):
+        if not name.strip():
+            raise argparse.ArgumentTypeError(f"{text!r}: an empty cluster name")
+        _args.cluster(name)
+    return text
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
-    parser.add_argument("--clusters", default="8xA100,hetero8")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--microbatches", type=int, default=1, help="pipeline microbatches per step")
+    parser = _args.Parser(description=__doc__)
+    parser.add_argument("--data", type=_args.folder("pipedream-profiles/*.txt"),
+                        default=str(HERE.parent.parent / "shared" / "data"))
+    parser.add_argument("--clusters", type=clusters, default="8xA100,hetero8")
+    parser.add_argument("--seed", type=_args.seed, default=0)
+    parser.add_argument("--microbatches", type=_args.between(1, MAX_MICROBATCHES), default=1,
+                        help="pipeline microbatches per step")
     parser.add_argument("--quick", action="store_true", help="3 profiles + ResNet-50 only")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "placement_quality.json")
+    parser.add_argument("--out", type=_args.output, default=HERE / "results" / "placement_quality.json")
     args = parser.parse_args()
     console = Console(width=200)
     rows = []
@@ -119,4 +134,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

@@ -23,12 +23,13 @@ Writes benchmarks/results/replan_demo.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
+import _args
 from gpualloc.hardware.cluster import load_cluster
+from gpualloc.limits import MAX_MICROBATCHES
 from gpualloc.placement.conditions import DriftSchedule, random_schedule, scripted_schedule
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import TrainingRun, best_of_planner, kl_planner, run_training
@@ -37,7 +38,7 @@ from gpualloc.placement.run import place
 OUT = Path(__file__).resolve().parent / "results" / "replan_demo.json"
 
 
-def load_graph(pipedream: str | None, batch: int):
+def load_graph(pipedream: str | Path | None, batch: int):
     if pipedream:
         from gpualloc.graph.importers import import_pipedream
 
@@ -95,19 +96,22 @@ def label(row: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pipedream", default=None, help="a PipeDream profile instead of the captured ResNet-50")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--cluster", default="hetero8")
-    ap.add_argument("--microbatches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--iterations", type=int, default=10_000)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="random schedules")
-    ap.add_argument("--rate", type=float, default=1.0, help="random drift events per 1,000 iterations")
-    ap.add_argument("--check-every", type=int, default=100)
-    ap.add_argument("--noise", type=float, default=0.02)
-    ap.add_argument("--seed", type=int, default=0, help="telemetry noise and partitioners")
-    ap.add_argument("--overhead-s", type=float, default=30.0, help="fixed migration overhead of runs 3 and 4")
-    ap.add_argument("--horizon", type=int, default=1000, help="decision-rule horizon of run 4 (iterations)")
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pipedream", type=_args.existing_file, default=None,
+                    help="a PipeDream profile instead of the captured ResNet-50")
+    ap.add_argument("--batch", type=_args.at_least(1), default=32)
+    ap.add_argument("--cluster", type=_args.cluster, default="hetero8")
+    ap.add_argument("--microbatches", type=_args.between(1, MAX_MICROBATCHES), nargs="+", default=[1, 8])
+    ap.add_argument("--iterations", type=_args.at_least(1), default=10_000)
+    ap.add_argument("--seeds", type=_args.seed, nargs="+", default=[0, 1, 2, 3, 4], help="random schedules")
+    ap.add_argument("--rate", type=_args.non_negative, default=1.0, help="random drift events per 1,000 iterations")
+    ap.add_argument("--check-every", type=_args.at_least(1), default=100)
+    ap.add_argument("--noise", type=_args.non_negative, default=0.02)
+    ap.add_argument("--seed", type=_args.seed, default=0, help="telemetry noise and partitioners")
+    ap.add_argument("--overhead-s", type=_args.non_negative, default=30.0,
+                    help="fixed migration overhead of runs 3 and 4")
+    ap.add_argument("--horizon", type=_args.at_least(1), default=1000,
+                    help="decision-rule horizon of run 4 (iterations)")
     args = ap.parse_args()
 
     graph = load_graph(args.pipedream, args.batch)
@@ -152,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

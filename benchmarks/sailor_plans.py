@@ -12,15 +12,18 @@ search time, and the baselines (DDP, speed-proportional DDP, Megatron grid, Meti
 same problem, with the hybrid plan's speed-up over the best of them.
 
 Usage: python benchmarks/sailor_plans.py [--data ../shared/data/sailor-profiles] [--out benchmarks/results/sailor.json]
+
+``--data`` must hold ``llm_info.json`` and the profiles of both models; the folder of ``--out`` is created
+if missing (the cluster files are written there).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
+import _args
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.sailor import import_sailor
@@ -32,6 +35,7 @@ from gpualloc.placement.hybrid.search import plan_hybrid
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
 
 CASES = [("OPT-350", 1024), ("GPT-Neo-2.7", 2048)]
+GPUS = ["A100-40", "V100-16"]  # Sailor's folder names
 SIZES = [4, 8, 16]
 SEQ_LEN = 2048
 GPUS_PER_NODE = 4
@@ -86,14 +90,18 @@ def _cell(seconds: float | None) -> str:
 
 def main() -> None:
     here = Path(__file__).resolve().parent
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", type=Path, default=here.parent.parent / "shared" / "data" / "sailor-profiles")
-    parser.add_argument("--out", type=Path, default=here / "results" / "sailor.json")
+    parser = _args.Parser(description=__doc__)
+    needs = ["llm_info.json", *(f"profiles/{model}/{gpu}/profile.json" for model, _ in CASES for gpu in GPUS)]
+    parser.add_argument("--data", type=_args.folder(*needs),
+                        default=str(here.parent.parent / "shared" / "data" / "sailor-profiles"))
+    parser.add_argument("--out", type=_args.output, default=here / "results" / "sailor.json")
     args = parser.parse_args()
 
+    # every profile read before any run: a malformed one fails in one line (guarded) with nothing done
+    graphs = [(import_sailor(args.data, model=model, gpus=GPUS, batch_size=batch, seq_len=SEQ_LEN), batch)
+              for model, batch in CASES]
     rows = []
-    for model, batch in CASES:
-        graph = import_sailor(args.data, model=model, gpus=["A100-40", "V100-16"], batch_size=batch, seq_len=SEQ_LEN)
+    for graph, batch in graphs:
         for per_type in SIZES:
             rows.append(run_case(graph, cluster(per_type, args.out.parent), batch))
             r = rows[-1]
@@ -118,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

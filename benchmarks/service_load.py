@@ -12,13 +12,12 @@ Targets (issue "The scheduler as a service"): >= 500 requests/s, p99 <= 50 ms, 1
 
     python benchmarks/service_load.py [--requests 10000] [--rate 600] [--connections 32]
 
-Writes benchmarks/results/service_load.json and prints a table. Bounded: it stops after the requests
-or ``--max-seconds``, whichever comes first.
+Writes benchmarks/results/service_load.json (or ``--out``, whose folder is created if missing) and prints
+a table. Bounded: it stops after the requests or ``--max-seconds``, whichever comes first.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _args
 
 OUT = Path(__file__).resolve().parent / "results" / "service_load.json"
 TARGET_RATE = 500.0
@@ -128,12 +129,12 @@ async def load(port: int, token: str, requests: int, rate: float, connections: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=10_000)
-    ap.add_argument("--rate", type=float, default=600.0, help="Offered load, requests per second.")
-    ap.add_argument("--connections", type=int, default=32)
-    ap.add_argument("--max-seconds", type=float, default=120.0, help="Stop offering load after this long.")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=_args.at_least(1), default=10_000)
+    ap.add_argument("--rate", type=_args.positive, default=600.0, help="Offered load, requests per second.")
+    ap.add_argument("--connections", type=_args.at_least(1), default=32)
+    ap.add_argument("--max-seconds", type=_args.positive, default=120.0, help="Stop offering load after this long.")
+    ap.add_argument("--out", type=_args.output, default=OUT)
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="gpualloc-load-", dir="/tmp"))
@@ -223,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_args.guarded(main))

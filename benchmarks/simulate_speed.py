@@ -5,7 +5,7 @@ before), places it on ``8xA100`` round-robin and contiguously (topological order
 runs), and times one simulated step per schedule (median of several runs). Writes
 ``benchmarks/results/simulate_speed.json`` and prints a table.
 
-Run: ``python benchmarks/simulate_speed.py``
+Run: ``python benchmarks/simulate_speed.py`` (no options: any argument is refused)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+import _args
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
@@ -43,6 +44,7 @@ def layered_dag(layers: int, width: int, seed: int = 0) -> OpGraph:
 
 
 def main() -> None:
+    _args.Parser(description=__doc__).parse_args()  # a stray argument is an error, not a silent full run
     graph = layered_dag(LAYERS, WIDTH)
     cluster = load_cluster("8xA100")
     problem = PlacementProblem(graph, cluster, microbatches=MICROBATCHES)
@@ -78,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)

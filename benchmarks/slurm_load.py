@@ -26,7 +26,8 @@ id (``slurm_job.json`` in the run folder); also the ``sbatch`` call alone.
 
     python benchmarks/slurm_load.py [--jobs 200] [--sleep 0.2] [--kill9]
 
-Writes benchmarks/results/slurm_load.json (``slurm_load_kill9.json`` with ``--kill9``) and prints a table.
+Writes benchmarks/results/slurm_load.json (``slurm_load_kill9.json`` with ``--kill9``; or ``--out``, whose
+folder is created if missing) and prints a table.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import time
 from collections import Counter, defaultdict
 from datetime import datetime
 from pathlib import Path
+
+import _args
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -322,13 +325,14 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=200)
-    ap.add_argument("--sleep", type=float, default=0.2, help="Seconds each job sleeps.")
+    ap = _args.Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=_args.at_least(1), default=200)
+    ap.add_argument("--sleep", type=_args.non_negative, default=0.2, help="Seconds each job sleeps.")
     ap.add_argument("--kill9", action="store_true", help="SIGKILL the service after a third of the submissions.")
-    ap.add_argument("--slurm-conf", type=Path, default=None, help="Use this Slurm instead of a fake cluster.")
-    ap.add_argument("--max-seconds", type=float, default=600.0)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--slurm-conf", type=_args.existing_file, default=None,
+                    help="Use this Slurm instead of a fake cluster.")
+    ap.add_argument("--max-seconds", type=_args.positive, default=600.0)
+    ap.add_argument("--out", type=_args.output, default=None)
     args = ap.parse_args(argv)
     out = args.out or RESULTS / ("slurm_load_kill9.json" if args.kill9 else "slurm_load.json")
     with tempfile.TemporaryDirectory(prefix="gslurm-") as tmp_name:
@@ -379,4 +383,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_args.guarded(main))

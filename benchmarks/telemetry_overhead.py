@@ -19,7 +19,6 @@ Writes benchmarks/results/telemetry_overhead.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -29,6 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import _args
 from gpualloc.telemetry.base import TelemetryError
 from gpualloc.telemetry.exporter import start_exporter
 from gpualloc.telemetry.nvml import NvmlTelemetry
@@ -71,9 +71,9 @@ def scrape_time(name: str, source, pushed, scrapes: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=500)
-    parser.add_argument("--scrapes", type=int, default=200)
+    parser = _args.Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=_args.at_least(1), default=500)
+    parser.add_argument("--scrapes", type=_args.at_least(1), default=200)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.telemetry import fake_nvml
@@ -110,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _args.guarded(main)
