@@ -1,6 +1,5 @@
-"""The other benchmarks (placement, cost model, DQN, HD encoder, telemetry, service, Slurm) refuse bad
-arguments in one line, exit status 2, before any run, and leave the recorded results alone
-(``benchmarks/_args.py``; the scheduling ones are in ``tests/scheduling/test_benchmark_args.py``)."""
+"""The benchmarks refuse bad arguments in one line, exit status 2, before any run, and leave the
+recorded results alone (``benchmarks/_args.py``)."""
 
 from __future__ import annotations
 
@@ -34,6 +33,19 @@ RECORDS = {"calibration_report": "calibration", "sailor_plans": "sailor"}  # els
     ("simulate_speed", ["--repeats", "3"], "unrecognized arguments: --repeats 3"),
     ("slurm_load", ["--jobs", "0"], "argument --jobs: 0 is below 1"),
     ("telemetry_overhead", ["--samples", "0"], "argument --samples: 0 is below 1"),
+    ("sched_speed", ["--runs", "philly:bogus", "--out", "{tmp}/s.json"], "--runs philly:bogus: unknown policy 'bogus'"),
+    ("sched_speed", ["--runs", "nope:fcfs", "--out", "{tmp}/s.json"], "--runs nope:fcfs: unknown workload 'nope'"),
+    ("sched_speed", ["--runs", "msr:fcfs", "--repeat", "0"], "argument --repeat: 0 is below 1"),
+    ("sched_quality", ["--jobs", "0"], "argument --jobs: 0 is below 1"),
+    ("sched_quality", ["--load", "nan"], "argument --load: 'nan': expected a finite number > 0"),
+    ("sched_quality", ["--cluster", "4xZZZ"], "unknown device type 'ZZZ'"),
+    ("sched_quality", ["--policies", "srtf,nope"], "unknown policy 'nope'"),
+    ("sched_headroom", ["--data", "/nonexistent-data"], "/nonexistent-data: none of the real traces is there"),
+    ("sched_idle_weight", ["--weights", "0.5,x"], "argument --weights: 'x' is not a number"),
+    ("sched_variant_oracle", ["--round-s", "0"], "argument --round-s: '0': expected a finite number > 0"),
+    ("sched_windows", ["--offsets", "300,x"], "argument --offsets: 'x' is not an integer"),
+    ("sched_windows", ["--load", "0"], "argument --load: '0': expected a finite number > 0"),
+    ("sched_decision_latency", ["--jobs", "-3"], "argument --jobs: -3 is below 1"),
 ])
 def test_bad_arguments_fail_in_one_line_and_keep_the_results(tmp_path, script, args, message):
     (tmp_path / "a-file").write_text("not a folder\n")
