@@ -71,23 +71,16 @@ class AgentClusterWarning(GpuallocWarning):
     """A per-slot agent runs on other GPUs than those it was trained on."""
 
 
-def _gpu_counts(cluster: ClusterSpec) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for d in cluster.devices:
-        counts[d.type.name] = counts.get(d.type.name, 0) + 1
-    return counts
-
-
 def off_its_cluster(trained_on: str | None, cluster: ClusterSpec) -> str | None:
     """Why a per-slot agent trained on ``trained_on`` is off its training cluster on ``cluster`` (the
     GPUs of each type differ), or ``None`` when it is not (or the training cluster is unknown)."""
     if not trained_on or trained_on == cluster.name:
         return None
     try:
-        trained = _gpu_counts(load_cluster(trained_on))
+        trained = load_cluster(trained_on).type_counts()
     except GpuallocError:  # a cluster file not at hand: the names differ, so say so
         trained = None
-    if trained == _gpu_counts(cluster):
+    if trained == cluster.type_counts():
         return None
     return (f"the per-slot agent was trained on {trained_on} and runs on {cluster.name}: its GPU slots "
             "differ, and it was never evaluated there (docs/scheduling-agent.md); the expert-choice agent, "
