@@ -104,14 +104,19 @@ def counts(text: str) -> list[int]:
     return values
 
 
+def library_check(check: Callable[[str], object], text: str) -> None:
+    """``check(text)``, the library's own rule; its ``GpuallocError`` becomes argparse's one-line error."""
+    try:
+        check(text)
+    except GpuallocError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def cluster(text: str) -> str:
     """``type=``: a cluster preset, shorthand or file that loads (kept as given)."""
     from gpualloc.hardware.cluster import load_cluster
 
-    try:
-        load_cluster(text)
-    except GpuallocError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    library_check(load_cluster, text)
     return text
 
 
@@ -132,10 +137,7 @@ def real_data(text: str) -> Path:
     """``type=``: a data folder holding the real traces of the results table (``../shared/data``)."""
     from gpualloc.experiments.scheduling_table import require_real_traces
 
-    try:
-        require_real_traces(text)
-    except GpuallocError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    library_check(require_real_traces, text)
     return Path(text)
 
 

@@ -24,7 +24,6 @@ Writes benchmarks/results/hdc_speed.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -35,7 +34,7 @@ import numpy as np
 
 import _args
 from gpualloc.cost.microbench import host_cpu_model
-from gpualloc.errors import AgentError, SchedulingError
+from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
 from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes
@@ -81,10 +80,7 @@ def timed(fn, calls: int, batch: int = 20) -> dict[str, float]:
 def hd_dim(text: str) -> int:
     """``type=``: a hypervector length :class:`HDEncoder` takes (its own check: one rule)."""
     dim = _args.at_least(1)(text)
-    try:
-        HDEncoder(dim=dim)
-    except AgentError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    _args.library_check(lambda _: HDEncoder(dim=dim), text)
     return dim
 
 
