@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,14 @@ def test_readme_files_exist():
     text = README.read_text()
     for rel in re.findall(r"\]\(((?:docs|examples)/[^)#]+)\)", text) + re.findall(r"(examples/[\w./-]+)", text):
         assert (ROOT / rel).exists(), rel
+
+
+def test_readme_bad_input_example_is_what_the_cli_prints():
+    """The README's sample error is the real entry point's one stderr line (up to its ``...``), exit status 2."""
+    sample = re.search(r"```\n\$ gpualloc (.+)\n(error: .+)\n```", README.read_text())
+    assert sample, "the README's bad-input example is gone"
+    proc = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", *shlex.split(sample.group(1))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    shown = sample.group(2).removesuffix("...")
+    assert proc.stderr.startswith(shown) and len(proc.stderr.strip().splitlines()) == 1, (shown, proc.stderr)
