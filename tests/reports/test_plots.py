@@ -6,6 +6,7 @@ import pytest
 
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.simulate import Event
 from gpualloc.placement.simulate import simulate as simulate_step
 from gpualloc.reports.gantt import gantt_figure, plot_gantt, row_label
 from gpualloc.reports.sched_plots import plot_runs, run_figures
@@ -98,3 +99,15 @@ def test_bars_use_the_tables_unit_and_have_a_title(tmp_path):
         _close([fig])
     assert plot_bars(rows, ("model",), "method", "energy_j", tmp_path / "e.png", ylabel="energy (MJ)",
                      scale=1e-6).is_file()
+
+
+def test_gantt_legend_lists_the_phases_drawn():
+    """A hybrid step has all-reduce and optimizer bars and may have no transfers: the legend follows."""
+    events = [Event(0.0, 1.0, "dev:0", "F s0 mb0"), Event(1.0, 3.0, "dev:0", "B s0 mb0"),
+              Event(3.0, 3.5, "dev:0", "A s0"), Event(3.5, 3.6, "dev:0", "O s0")]
+    fig = gantt_figure(events)
+    try:
+        assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+            "forward", "backward", "gradient all-reduce (exposed)", "optimizer step"]
+    finally:
+        _close([fig])

@@ -121,7 +121,7 @@ def evaluate_cmd(
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration)
     if plan_version(plan) == 2:
-        _evaluate_hybrid(problem, plan, cluster, as_json)
+        _evaluate_hybrid(problem, plan, cluster, as_json, plot)
         return
     assignment = load_assignment(plan, problem)
     try:
@@ -153,7 +153,7 @@ def compare_cmd(
                                       f"{microbatches} microbatch(es))")
 
 
-def _evaluate_hybrid(problem, path: Path, cluster: str, as_json: bool) -> None:
+def _evaluate_hybrid(problem, path: Path, cluster: str, as_json: bool, plot: Path | None) -> None:
     """Re-score a v2 (hybrid) plan file with the hybrid simulator."""
     from gpualloc.placement.hybrid.bound import lower_bound_hybrid
     from gpualloc.placement.hybrid.plan import load_hybrid_plan
@@ -165,7 +165,7 @@ def _evaluate_hybrid(problem, path: Path, cluster: str, as_json: bool) -> None:
     plan, doc = load_hybrid_plan(path, n_devices=hp.k)
     outcome = HybridOutcome(str(doc.get("method", "plan")), plan, 0.0, simulate_hybrid(hp, plan),
                             lower_bound_hybrid(hp))
-    _finish(problem, outcome, cluster, as_json, None, None)
+    _finish(problem, outcome, cluster, as_json, None, plot)
 
 
 def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None) -> None:
@@ -183,14 +183,19 @@ def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, 
                                                     "lower_bound_s", "utilisation")})
     elif output is not None:
         save_plan(output, problem, outcome, cluster)
-    if plot is not None and hybrid:
-        console.print("--plot draws op-level plans only; the hybrid plan has no Gantt chart yet")
-        plot = None
     if plot is not None:
-        from gpualloc.placement.simulate import simulate
         from gpualloc.reports.gantt import plot_gantt
 
-        events = simulate(problem, outcome.assignment, record_events=True, schedule=outcome.result.schedule).events
+        if hybrid:
+            from gpualloc.placement.hybrid.simulate import hybrid_events
+            from gpualloc.placement.run import hybrid_problem
+
+            events = hybrid_events(hybrid_problem(problem), outcome.plan)
+        else:
+            from gpualloc.placement.simulate import simulate
+
+            events = simulate(problem, outcome.assignment, record_events=True,
+                              schedule=outcome.result.schedule).events
         plot_gantt(events, plot, title=f"{problem.graph.name}: {outcome.method} on {cluster}",
                    device_names=[d.label for d in problem.cluster.devices])
     if as_json:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "T": "#8C8C8C"}
-PHASE_NAMES = {"F": "forward", "B": "backward", "T": "transfer"}
+PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "T": "#8C8C8C", "A": "#C44E52", "O": "#8172B3"}
+PHASE_NAMES = {"F": "forward", "B": "backward", "T": "transfer", "A": "gradient all-reduce (exposed)",
+               "O": "optimizer step"}
 
 
 def _order(resource: str):
@@ -51,12 +52,13 @@ def gantt_figure(events: Sequence, *, title: str = "", device_names: Sequence[st
     ax.set_ylim(len(resources) - 0.5, -0.5)  # first device on top
     ax.set_xlabel(f"time within the step ({unit})")
     ax.set_ylabel("device / link")
-    ax.set_title(title or "one training step")
+    ax.set_title(title or "one training step", pad=18)  # room for the legend between title and bars
     ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLOURS.values()]
+    shown = [p for p in PHASE_COLOURS if any(e.task[:1] == p for e in events)]  # the phases drawn
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLOURS[p]) for p in shown]
     # above the plot, so that it never hides a bar
-    ax.legend(handles, list(PHASE_NAMES.values()), loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3,
-              fontsize="small", frameon=False)
+    ax.legend(handles, [PHASE_NAMES[p] for p in shown], loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              ncol=len(shown) or 1, fontsize="small", frameon=False)
     fig.tight_layout()
     return fig
 

@@ -28,7 +28,8 @@ from gpualloc.placement.hybrid.plan import (
 )
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import HYBRID_METHODS, place_hybrid, plan_hybrid
-from gpualloc.placement.hybrid.simulate import simulate_hybrid, worker_order
+from gpualloc.placement.hybrid.cost import plan_costs
+from gpualloc.placement.hybrid.simulate import hybrid_events, simulate_hybrid, worker_order
 
 GB = 1e9
 
@@ -117,6 +118,35 @@ def test_pipeline_of_equal_stages_takes_m_plus_s_minus_one_slots():
                          schedule=schedule, n_devices=2)
         r = simulate_hybrid(p, plan)
         assert r.step_time_s == pytest.approx((4 + 2 - 1) * 0.03), schedule
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_event_log_is_the_simulated_step(schedule):
+    """The Gantt chart's events: the step ends with the last one, no device runs two at once, each
+    device's forwards and backwards add up to its replica's, activations cross the stage cut both ways."""
+    g = chain(6, batch=64)
+    p = HybridProblem(g, load_cluster("4xA100+2xV100"), 64)
+    plan = make_plan([Stage(0, 2, (Replica((0, 1), 32), Replica((2, 3), 32))),
+                      Stage(3, 5, (Replica((4,), 40), Replica((5,), 24)))], 64, 4, schedule=schedule, n_devices=6)
+    events = hybrid_events(p, plan)
+    assert max(e.end_s for e in events) == pytest.approx(simulate_hybrid(p, plan).step_time_s)
+    assert list(events) == sorted(events, key=lambda e: (e.start_s, e.resource))
+    costs = plan_costs(p, plan)
+    for s, stage in enumerate(plan.stages):
+        for r, rep in enumerate(stage.replicas):
+            for d in rep.devices:
+                mine = [e for e in events if e.resource == f"dev:{d}"]
+                assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(mine, mine[1:], strict=False)), d
+                work = sum(e.end_s - e.start_s for e in mine if e.task[0] in "FB")
+                assert work == pytest.approx(float((costs.stages[s].fwd_s + costs.stages[s].bwd_s)[r].sum()))
+                assert {e.task for e in mine if e.task[0] in "FB"} == {f"{x} s{s} mb{k}" for x in "FB"
+                                                                        for k in range(4)}
+    links = {e.resource for e in events if e.task[0] == "T"}
+    assert {"link:0->4", "link:4->0"} <= links and all(e.resource.startswith("link:") for e in events
+                                                        if e.task[0] == "T")
+    dp = hybrid_events(p, one_stage(p, [12, 12, 12, 12, 8, 8]))
+    assert not any(e.resource.startswith("link:") for e in dp)
+    assert {e.task[0] for e in dp} == {"F", "B", "A", "O"}  # one stage, six replicas: an exposed all-reduce
 
 
 def test_worker_order_1f1b_warms_up_then_alternates():
@@ -322,8 +352,11 @@ def test_cli_compare_lists_hybrid_methods(cli, chain_file):
 
 def test_cli_place_hybrid_writes_a_v2_plan_that_evaluate_rescores(cli, chain_file, tmp_path):
     plan = tmp_path / "plan.json"
-    code, out, err = cli("place", chain_file, "--cluster", "hetero8", "--method", "hybrid", "-o", plan, "--json")
+    png = tmp_path / "gantt.png"
+    code, out, err = cli("place", chain_file, "--cluster", "hetero8", "--method", "hybrid", "-o", plan, "--json",
+                         "--plot", png)
     assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the hybrid plan's Gantt chart
     placed = json.loads(out)
     doc = json.loads(plan.read_text())
     assert doc["format"] == "gpualloc-plan" and doc["version"] == 2
@@ -332,9 +365,12 @@ def test_cli_place_hybrid_writes_a_v2_plan_that_evaluate_rescores(cli, chain_fil
         assert len(stage["layers"]) == 2
         for rep in stage["replicas"]:
             assert {"devices", "tp", "batch_share"} <= set(rep)
-    code, out, err = cli("place", "evaluate", chain_file, "--cluster", "hetero8", "--plan", plan, "--json")
+    png.unlink()
+    code, out, err = cli("place", "evaluate", chain_file, "--cluster", "hetero8", "--plan", plan, "--json",
+                         "--plot", png)
     assert code == 0, err
     assert json.loads(out)["step_time_s"] == pytest.approx(placed["step_time_s"])
+    assert png.is_file()
 
 
 def test_cli_bad_hybrid_plan_is_one_line(cli, chain_file, tmp_path):

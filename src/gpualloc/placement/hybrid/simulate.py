@@ -22,6 +22,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid.cost import PlanCosts, exposed_sync_s, plan_costs
 from gpualloc.placement.hybrid.plan import HybridPlan
 from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.simulate import Event
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,45 @@ def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
     return HybridResult(step, plan.global_batch / step if step > 0 else float("inf"), feasible, costs.mem_bytes,
                         busy, util, float(comm.max()), worst_sync, bubble, comm_bytes(problem, plan),
                         plan.describe())
+
+
+def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> tuple[Event, ...]:
+    """The step :func:`simulate_hybrid` simulates, as an event log for a Gantt chart, sorted by start.
+
+    On every device of a replica: its forwards ``"F s<stage> mb<k>"`` and backwards ``"B ..."`` (TP
+    all-reduces included); after the stage's last backward, the exposed tail of the gradient all-reduce
+    ``"A s<stage>"`` and the optimizer step ``"O s<stage>"``. On the link between the first devices of two
+    replicas of consecutive stages: the activations ``"T s<stage> mb<k>"`` forward and their gradients
+    back (the part of the all-reduce hidden behind the backwards is not drawn).
+    """
+    costs = costs if costs is not None else plan_costs(problem, plan)
+    f_end, b_end = _run_pipeline(plan, costs)
+    events: list[Event] = []
+
+    def on(devices, start: float, end: float, task: str) -> None:
+        if end > start:
+            events.extend(Event(start, end, f"dev:{d}", task) for d in devices)
+
+    for s, (stage, sc) in enumerate(zip(plan.stages, costs.stages, strict=True)):
+        for r, rep in enumerate(stage.replicas):
+            for k in range(plan.microbatches):
+                on(rep.devices, f_end[s][r, k] - sc.fwd_s[r, k], f_end[s][r, k], f"F s{s} mb{k}")
+                on(rep.devices, b_end[s][r, k] - sc.bwd_s[r, k], b_end[s][r, k], f"B s{s} mb{k}")
+        if s:
+            prev = plan.stages[s - 1].replicas
+            for k, i, j in zip(*np.nonzero(sc.feeds), strict=True):
+                a, b, delay = prev[i].devices[0], stage.replicas[j].devices[0], float(sc.recv_fwd_s[k, i, j])
+                if a != b and delay > 0:
+                    events.append(Event(f_end[s - 1][i, k], f_end[s - 1][i, k] + delay, f"link:{a}->{b}",
+                                        f"T s{s - 1} mb{k}"))
+                    events.append(Event(b_end[s][j, k], b_end[s][j, k] + delay, f"link:{b}->{a}", f"T s{s} mb{k}"))
+        last_r = int(np.argmax(b_end[s][:, -1]))
+        sync_start = float(b_end[s].max())
+        opt_start = sync_start + exposed_sync_s(plan, sc, float(sc.bwd_s[last_r, -1]))
+        on(stage.devices, sync_start, opt_start, f"A s{s}")
+        on(stage.devices, opt_start, opt_start + sc.opt_s, f"O s{s}")
+    events = [Event(float(e.start_s), float(e.end_s), e.resource, e.task) for e in events]
+    return tuple(sorted(events, key=lambda e: (e.start_s, e.resource)))
 
 
 def comm_bytes(problem: HybridProblem, plan: HybridPlan) -> float:
