@@ -106,10 +106,11 @@ def test_run_table_rows_are_the_same_on_ray(serial_table, ray_executor):
 
 
 def test_reproduce_scheduling_quick_on_ray(tmp_path, ray_executor, serial_table):
-    doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--ray", "--json", "--data", str(tmp_path / "none"),
+    doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--ray", "--json", "--no-real-traces",
                             "--loads", "0.8", "--jobs", "30", "--out", str(tmp_path)).stdout)
     assert doc["spec"]["jobs"] == 30 and doc["spec"]["loads"] == [0.8]
     assert "--jobs 30" in doc["command"] and (tmp_path / "table.md").exists()
+    assert doc["real_traces"] == "skipped: --no-real-traces" and doc["command"].endswith(" --no-real-traces")
     cli = {r["policy"]: r["avg_jct_s"] for r in doc["rows"]}
     assert {r["policy"]: r["avg_jct_s"] for r in serial_table}.items() <= cli.items()
 

@@ -43,6 +43,7 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     for name in ("table.md", "summary.md", "results.json", "avg_jct.png", "real_traces.png"):
         assert (tmp_path / name).exists()
     assert set(doc["agents"]) == {"dqn"}  # which policy the learned rows ran, said once in the summary
+    assert doc["real_traces"] == "included: gavel-msr, philly, alibaba"
     assert f"- `dqn`: {doc['agents']['dqn']}" in (tmp_path / "summary.md").read_text()
 
 
@@ -126,3 +127,20 @@ def test_utilisation_while_waiting_averages_the_seeds_in_which_a_job_waited():
     two_of_three = {"cluster": "c", "trace": "synthetic", "load": 1.0, "policy": "gavel-srtf", "seeds": 3, **row,
                     "vs_fcfs": 0.0}
     assert "| 70.0% ± 14.1% (2 of 3 seeds) |" in scheduling_markdown([two_of_three])
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_reproduce_scheduling_data_without_traces_is_one_line(tmp_path, folder):
+    """A --data folder given on purpose that holds no real trace (a typo, the wrong folder) stops before any
+    run, in one line, rather than writing a table without the real-trace rows."""
+    from tests.cli.test_cli import run_main
+
+    data = tmp_path / folder
+    if folder == "empty":
+        data.mkdir()
+    out = tmp_path / "out"
+    proc = run_main("reproduce", "scheduling", "--quick", "--data", str(data), "--out", str(out))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {data}: none of the real traces is there"), proc.stderr
+    assert not (out / "results.json").exists()

@@ -63,14 +63,39 @@ def placement_cmd(
     console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, results.json, training_time.png, energy.png")
 
 
+DEFAULT_DATA = Path("../shared/data")
+
+
+def _real_trace_root(data: Path | None, with_real: bool) -> tuple[Path | None, str]:
+    """The folder of the real traces for the table (``None``: synthetic rows only) and what
+    ``results.json`` says of them. A ``--data`` folder given on purpose must hold some of them
+    (:func:`~gpualloc.experiments.scheduling_table.require_real_traces`: one line, exit status 2); the
+    default folder is skipped when they are not there."""
+    from gpualloc.errors import TraceError
+    from gpualloc.experiments.scheduling_table import require_real_traces
+
+    if not with_real:
+        return None, "skipped: --no-real-traces"
+    if data is not None:
+        found = require_real_traces(data)
+    else:
+        try:
+            found, data = require_real_traces(DEFAULT_DATA), DEFAULT_DATA
+        except TraceError:
+            return None, f"skipped: none under {DEFAULT_DATA}"
+    return data, "included: " + ", ".join(label for label, _, _ in found)
+
+
 @app.command("scheduling")
 def scheduling_cmd(
     quick: bool = typer.Option(False, "--quick", help="Load 0.8 only, 2 seeds, 120 jobs (60 of each real "
                                                       "trace), no HD ablation: the CI smoke version."),
     seeds: int = typer.Option(None, "--seeds", max=MAX_STEPS, min=2, help="Seeds (synthetic traces) per load."),
-    data: Path = typer.Option(Path("../shared/data"), "--data",
-                              help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); "
-                                   "skipped if absent."),
+    data: Path = typer.Option(None, "--data",
+                              help="Folder with the real traces (gavel/, philly/, alibaba-gpu-v2023/); a folder "
+                                   "given must hold them. Default: ../shared/data, skipped if absent."),
+    with_real: bool = typer.Option(True, "--real-traces/--no-real-traces",
+                              help="Add the windows of the real traces (part 2) to the table."),
     agent: Path = typer.Option(None, "--agent", help="Scheduling agent (default: the bundled expert-choice one)."),
     out: Path = typer.Option(Path("out/reproduce-scheduling"), "--out", callback=output_folder,
                           help="Folder for table.md, results.json, plots."),
@@ -99,7 +124,7 @@ def scheduling_cmd(
         spec = replace(spec, loads=tuple(float(x) for x in loads.split(",")))
     if jobs:
         spec = replace(spec, jobs=jobs, real_jobs=jobs)
-    root = data if data.is_dir() else None
+    root, real_note = _real_trace_root(data, with_real)
     with progress_bar(TextColumn("{task.description:<32}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn()) as bar, \
             make_executor(use_ray, ray_address, workers) as executor:
@@ -108,9 +133,10 @@ def scheduling_cmd(
                            progress=lambda what: bar.update(task, advance=1, description=what))
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "") \
-        + (f" --loads {loads}" if loads else "") + (f" --jobs {jobs}" if jobs else "")
+        + (f" --loads {loads}" if loads else "") + (f" --jobs {jobs}" if jobs else "") \
+        + ("" if with_real else " --no-real-traces")
     result["command"] = command
-    result["real_traces"] = "included" if root is not None else f"skipped: {data} not found"
+    result["real_traces"] = real_note
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     table = scheduling_markdown(result["rows"])
     (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
