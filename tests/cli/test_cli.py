@@ -159,3 +159,20 @@ def test_capture_user_factory_and_untraceable_model(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot trace" in lines[0], proc.stderr
     assert not (tmp_path / "b.json").exists()
+
+
+def test_every_command_lists_its_summary_on_one_line():
+    """A group's command list shows each command's first help paragraph as written (Typer keeps single
+    newlines there): it must be one line, or the summary breaks mid-sentence in `gpualloc --help`."""
+    import inspect
+
+    import typer.main
+
+    def walk(cmd, path):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            first = inspect.cleandoc(sub.short_help or sub.help or "").split("\n\n")[0]
+            yield " ".join((*path, name)), first
+            yield from walk(sub, (*path, name))
+
+    broken = [name for name, first in walk(typer.main.get_command(app), ()) if "\n" in first or not first]
+    assert not broken, broken

@@ -46,8 +46,10 @@ def calibrate_cmd(
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the timed models' weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the device's calibration record as JSON."),
 ) -> None:
-    """Measure DEVICE (matmul, copies, per-op timings of captured models), fit the cost model's efficiencies
-    for its device type, and write a calibration file for `gpualloc run --calibration` and the cost model."""
+    """Measure a device and write the calibration file that `run --calibration` and the cost model read.
+
+    Times matmuls, copies and the ops of captured models on DEVICE and fits the cost model's
+    efficiencies for its device type."""
     from gpualloc.cost.microbench import calibrate_device
     from gpualloc.cost.model import Calibration
 

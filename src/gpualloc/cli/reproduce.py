@@ -28,8 +28,10 @@ def placement_cmd(
                           help="Folder for table.md, results.json, plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
 ) -> None:
-    """ResNet-50, BERT-base and GPT-2 small on 8xA100 and hetero8 over a training run with drift:
-    every method's training time, utilisation, MFU, communication, energy and re-plans."""
+    """The placement table: ResNet-50, BERT-base and GPT-2 small on 8xA100 and hetero8.
+
+    Over a training run with drift: every method's training time, utilisation, MFU, communication,
+    energy and re-plans."""
     from dataclasses import replace
 
     from gpualloc.experiments.placement_table import TableSpec, run_table, total_runs
@@ -109,8 +111,10 @@ def scheduling_cmd(
     jobs: int = typer.Option(None, "--jobs", max=MAX_JOBS, min=1,
                              help="Jobs per synthetic trace and per real-trace window (default 300; quick 120/60)."),
 ) -> None:
-    """adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
-    scaled to the cluster: every policy, the DQN agent and the lower bound."""
+    """The scheduling table: every policy, the DQN agent and the lower bound, synthetic and real traces.
+
+    adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
+    scaled to the cluster."""
     from dataclasses import replace
 
     from gpualloc.parallel import make_executor

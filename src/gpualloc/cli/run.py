@@ -47,8 +47,10 @@ def run_cmd(
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
-    """Run a placement plan on real devices: split MODEL by the plan, check its output against the unsplit
-    model, train N steps, and report the measured step time beside the simulator's prediction."""
+    """Run a placement plan on real devices and compare the measured step time with the prediction.
+
+    Split MODEL by the plan, check its output against the unsplit model, train N steps, and report the
+    measured step time beside the simulator's prediction."""
     from gpualloc.errors import ExecutionError
     from gpualloc.execute.run import execute_plan, read_plan
     from gpualloc.placement.run import plan_version
