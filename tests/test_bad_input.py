@@ -77,11 +77,12 @@ def binary(tmp_path):
     (("hw", "show", "{f}"), "c.yaml"),
     (("cost", "calibration", "--file", "{f}"), "cal.json"),
     (("simulate", "-c", "adlro16", "-t", "{f}"), "t.csv"),
+    (("simulate", "-c", "adlro16", "-t", "{f}", "--format", "philly"), "t.csv"),
 ])
 def test_binary_input_files(cli, binary, args, name):
     f = binary(name)
     line = one_line_error(cli, *(a.format(f=f) for a in args), names=str(f))
-    assert "Unicode" not in line
+    assert "Unicode" not in line and f"{f}: not UTF-8 text (a binary file?): byte 128" in line  # one message
 
 
 def test_binary_plan_and_calibration_to_place(cli, binary, graph_file):

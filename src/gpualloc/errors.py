@@ -67,9 +67,15 @@ def read_text(path, error: type[GpuallocError], where: str | None = None) -> str
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise error(f"{where}: not UTF-8 text (a binary file?): byte {err.start}: {err.reason}") from err
+        raise error(not_utf8(where, err)) from err
     except OSError as err:
         raise error(f"{where}: cannot read: {err.strerror or err}") from err
+
+
+def not_utf8(where: str, err: UnicodeDecodeError) -> str:
+    """The one message for a file that is not UTF-8 text (readers that decode through a library, such as
+    pandas, raise their error with it too)."""
+    return f"{where}: not UTF-8 text (a binary file?): byte {err.start}: {err.reason}"
 
 
 def parse_json(text: str, error: type[GpuallocError], where: str):

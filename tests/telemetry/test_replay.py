@@ -84,6 +84,9 @@ def test_bad_files_are_one_line_errors(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(TelemetryError, match="cannot read the recording"):
         ReplayTelemetry(tmp_path / "junk.parquet")
+    (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
+    with pytest.raises(TelemetryError, match=r"binary.csv: not UTF-8 text \(a binary file\?\): byte 128"):
+        ReplayTelemetry(tmp_path / "binary.csv")
     write_records([], tmp_path / "empty.csv")
     with pytest.raises(TelemetryError, match="no samples"):
         ReplayTelemetry(tmp_path / "empty.csv")

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from gpualloc.errors import not_utf8
 from gpualloc.telemetry.base import (RECORD_FIELDS, DeviceInfo, DeviceRecord, DeviceTelemetry, TelemetryError,
                                      TelemetryExhausted)
 
@@ -174,7 +175,9 @@ def read_records(path: str | Path) -> list[list[DeviceRecord]]:
             types = {f.name: f.type for f in SCHEMA if f.name in names}
             table = pcsv.read_csv(str(path), convert_options=pcsv.ConvertOptions(
                 column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=False))
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise TelemetryError(not_utf8(str(path), err)) from err
+    except (pa.ArrowException, OSError) as err:
         raise TelemetryError(f"{path}: cannot read the recording: {' '.join(str(err).split())[:200]}") from err
     missing = [name for name in ("sample", "index", "name") if name not in table.column_names]
     if missing:

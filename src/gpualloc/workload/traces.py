@@ -12,6 +12,7 @@ Parsing is vectorised (pandas, numpy); jobs are built in one pass.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import math
 import re
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from gpualloc.errors import CatalogError, TraceError
+from gpualloc.errors import CatalogError, TraceError, not_utf8
 from gpualloc.hardware.catalog import Catalog, default_catalog
 from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
 from gpualloc.limits import MAX_JOBS, check_seed
@@ -137,9 +138,24 @@ def _check_file(path: str | Path) -> Path:
     return path
 
 
+def _check_text(path: Path) -> None:
+    """A binary file fails here, with the one not-UTF-8 message, before the CSV parser splits its bytes
+    into lines and fields and reports a field count instead. The first 64 KiB are checked; pandas
+    decodes the rest."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(1 << 16)
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as err:
+        raise TraceError(not_utf8(str(path), err)) from err
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read: {err.strerror or err}") from err
+
+
 def _read_csv(path: str | Path, *, sep: str = ",", names: Sequence[str] | None = None) -> _Table:
     """Every field as a string; blank lines dropped but counted, so ``lines`` are the file's lines."""
     path = _check_file(path)
+    _check_text(path)
     first = 1 if names else 2
     try:
         with warnings.catch_warnings():
@@ -160,7 +176,7 @@ def _read_csv(path: str | Path, *, sep: str = ",", names: Sequence[str] | None =
         detail = msg.split("C error: ")[-1]
         raise TraceError(f"{path}:{m.group(1)}: {detail}" if m else f"{path}: {detail}") from err
     except UnicodeDecodeError as err:
-        raise TraceError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+        raise TraceError(not_utf8(str(path), err)) from err
     except (OSError, ValueError) as err:
         raise TraceError(f"{path}: cannot read: {' '.join(str(err).split())}") from err
     frame.columns = [str(c).strip() for c in frame.columns]
@@ -722,8 +738,10 @@ def infer_format(path: str | Path) -> str:
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             header = {c.strip() for c in next(csv.reader([fh.readline()]), [])}
-    except (OSError, UnicodeDecodeError) as err:
-        raise TraceError(f"{path}: cannot read: {err}") from err
+    except UnicodeDecodeError as err:
+        raise TraceError(not_utf8(str(path), err)) from err
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read: {err.strerror or err}") from err
     for name, needed in _HEADERS:
         if needed <= header:
             return name
