@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import PlacementError
-from gpualloc.placement.hybrid.cost import PlanCosts, exposed_sync_s, plan_costs
+from gpualloc.placement.hybrid.cost import PlanCosts, StageCosts, exposed_sync_s, plan_costs
 from gpualloc.placement.hybrid.plan import HybridPlan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.simulate import Event
@@ -159,6 +159,13 @@ def _ready(ends, feed_f, feed_b, s: int, r: int, d: int, k: int) -> float | None
     return arrive
 
 
+def _sync_tail(plan: HybridPlan, sc: StageCosts, b_end: np.ndarray) -> tuple[float, float]:
+    """When a stage's gradient all-reduce tail starts (its last backward over the replicas) and how long
+    it is exposed; the optimizer step follows."""
+    last_r = int(np.argmax(b_end[:, -1]))
+    return float(b_end.max()), exposed_sync_s(plan, sc, float(sc.bwd_s[last_r, -1]))
+
+
 def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> HybridResult:
     """Simulate one step of ``plan``; see the module docstring for the model."""
     costs = costs if costs is not None else plan_costs(problem, plan)
@@ -168,10 +175,9 @@ def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
     comm = np.zeros(problem.k)
     worst_sync = 0.0
     for s, (stage, sc) in enumerate(zip(plan.stages, costs.stages, strict=True)):
-        last_r = int(np.argmax(b_end[s][:, -1]))
-        exposed = exposed_sync_s(plan, sc, float(sc.bwd_s[last_r, -1]))
+        sync_start, exposed = _sync_tail(plan, sc, b_end[s])
         worst_sync = max(worst_sync, exposed)
-        step = max(step, float(b_end[s].max()) + exposed + sc.opt_s)
+        step = max(step, sync_start + exposed + sc.opt_s)
         for r, rep in enumerate(stage.replicas):
             devs = list(rep.devices)
             busy[devs] = sc.compute_s[r].sum()
@@ -201,7 +207,7 @@ def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | N
 
     def on(devices, start: float, end: float, task: str) -> None:
         if end > start:
-            events.extend(Event(start, end, f"dev:{d}", task) for d in devices)
+            events.extend(Event(float(start), float(end), f"dev:{d}", task) for d in devices)
 
     for s, (stage, sc) in enumerate(zip(plan.stages, costs.stages, strict=True)):
         for r, rep in enumerate(stage.replicas):
@@ -213,15 +219,12 @@ def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | N
             for k, i, j in zip(*np.nonzero(sc.feeds), strict=True):
                 a, b, delay = prev[i].devices[0], stage.replicas[j].devices[0], float(sc.recv_fwd_s[k, i, j])
                 if a != b and delay > 0:
-                    events.append(Event(f_end[s - 1][i, k], f_end[s - 1][i, k] + delay, f"link:{a}->{b}",
-                                        f"T s{s - 1} mb{k}"))
-                    events.append(Event(b_end[s][j, k], b_end[s][j, k] + delay, f"link:{b}->{a}", f"T s{s} mb{k}"))
-        last_r = int(np.argmax(b_end[s][:, -1]))
-        sync_start = float(b_end[s].max())
-        opt_start = sync_start + exposed_sync_s(plan, sc, float(sc.bwd_s[last_r, -1]))
-        on(stage.devices, sync_start, opt_start, f"A s{s}")
-        on(stage.devices, opt_start, opt_start + sc.opt_s, f"O s{s}")
-    events = [Event(float(e.start_s), float(e.end_s), e.resource, e.task) for e in events]
+                    sent, back = float(f_end[s - 1][i, k]), float(b_end[s][j, k])
+                    events.append(Event(sent, sent + delay, f"link:{a}->{b}", f"T s{s - 1} mb{k}"))
+                    events.append(Event(back, back + delay, f"link:{b}->{a}", f"T s{s} mb{k}"))
+        sync_start, exposed = _sync_tail(plan, sc, b_end[s])
+        on(stage.devices, sync_start, sync_start + exposed, f"A s{s}")
+        on(stage.devices, sync_start + exposed, sync_start + exposed + sc.opt_s, f"O s{s}")
     return tuple(sorted(events, key=lambda e: (e.start_s, e.resource)))
 
 
