@@ -23,15 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 
-def _readme_commands() -> list[str]:
-    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", README.read_text(), flags=re.S)
+def _commands(path: Path) -> list[str]:
+    """The ``gpualloc ...`` lines of the file's bash/sh code blocks (continuation lines joined); lines
+    with placeholders (``[--agent FILE]``, ``<it>``, ``...``) are left out."""
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), flags=re.S)
     lines = []
     for block in blocks:
-        for line in block.splitlines():
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = line.split("  #")[0].strip().rstrip("&").strip()
-            if line.startswith("gpualloc "):
+            if line.startswith("gpualloc ") and not re.search(r"\[|<|\.\.\.", line):
                 lines.append(line)
     return lines
+
+
+def _readme_commands() -> list[str]:
+    return _commands(README)
 
 
 # Typer vendors its own click: take the exception type from the exception Typer re-exports.
@@ -49,6 +55,8 @@ def _parse(command, args: list[str], parent, name: str) -> None:
 
 
 COMMANDS = _readme_commands()
+DOC_COMMANDS = [(str(path.relative_to(ROOT)), line) for path in sorted((ROOT / "docs").rglob("*.md"))
+                for line in _commands(path)]
 
 
 def test_readme_is_short_and_has_commands():
@@ -58,6 +66,16 @@ def test_readme_is_short_and_has_commands():
 
 @pytest.mark.parametrize("line", COMMANDS)
 def test_readme_command_parses(line, monkeypatch):
+    _check_parses(line, monkeypatch)
+
+
+@pytest.mark.parametrize(("doc", "line"), DOC_COMMANDS)
+def test_docs_command_parses(doc, line, monkeypatch):
+    """The same for the commands in docs/ (the long tables' regeneration commands among them)."""
+    _check_parses(line, monkeypatch)
+
+
+def _check_parses(line: str, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
     args = shlex.split(line)[1:]
     if "--install-completion" in args:
@@ -68,7 +86,7 @@ def test_readme_command_parses(line, monkeypatch):
     except typer.Exit as done:  # eager options such as --version
         assert done.exit_code == 0
     except UsageError as err:
-        pytest.fail(f"README command does not parse: {line}\n{err.format_message()}")
+        pytest.fail(f"command does not parse: {line}\n{err.format_message()}")
 
 
 def test_readme_files_exist():
