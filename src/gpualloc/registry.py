@@ -22,7 +22,7 @@ from gpualloc.errors import GpuallocError
 
 T = TypeVar("T")
 
-__all__ = ["Entry", "Registry", "resolve_target"]
+__all__ = ["Entry", "Registry", "import_user_module", "resolve_target"]
 
 
 def resolve_target(target: str) -> Any:
@@ -38,6 +38,33 @@ def resolve_target(target: str) -> Any:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise GpuallocError(f"registry target {target!r}: cannot import: {err}") from err
+
+
+def import_user_module(target: str, error: type[GpuallocError]) -> tuple[Any, str]:
+    """Import the module of a user's ``"package.module:attribute"`` and return it with the attribute's name.
+
+    The current folder is on the import path, as with ``python -m``: ``mypkg.models:build`` works from the
+    folder holding ``mypkg/``. It is appended (installed packages are never shadowed) and stays (the
+    attribute may import siblings later). Models (``graph capture``) and policies (``simulate --policy``)
+    of one's own are imported here.
+
+    Raises:
+        error: a malformed target or a module that cannot be imported (one line).
+    """
+    import os
+    import sys
+
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise error(f"{target!r}: expected 'package.module:attribute'")
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module), attr
+    except Exception as err:  # noqa: BLE001 - any import failure is a problem of the user's module
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+        raise error(f"cannot import {module!r} for {target!r}: {type(err).__name__}: {first[:200]}") from err
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,9 @@ def test_policy_switch_is_validated_and_persisted(local_service, tmp_path):
     assert c.get("/policy").json()["name"] == "fcfs"
     resp = c.put("/policy", json={"name": "nope"}, headers=svc.headers)
     assert resp.status_code == 422 and "unknown policy" in resp.json()["detail"]
+    # the API never imports a module it is sent (module:factory works in the simulator only)
+    resp = c.put("/policy", json={"name": "gpualloc.scheduling.policies.simple:SJF"}, headers=svc.headers)
+    assert resp.status_code == 422 and "unknown policy" in resp.json()["detail"]
     resp = c.put("/policy", json={"name": "sjf", "options": {"bad": 1}}, headers=svc.headers)
     assert resp.status_code == 422
     resp = c.put("/policy", json={"name": "easy-backfill"}, headers=svc.headers)

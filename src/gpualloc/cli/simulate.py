@@ -48,10 +48,10 @@ def workload(cluster: str | None, trace: Path | None, fmt: str | None, generate:
 
 
 def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None):
-    from gpualloc.scheduling.policies import POLICIES, make_policy
+    from gpualloc.scheduling.policies import make_policy, policy_options
     from gpualloc.scheduling.simulator import simulate
 
-    takes_agent = "agent" in POLICIES.entry(policy_name).options
+    takes_agent = "agent" in policy_options(policy_name)
     policy = make_policy(policy_name, **({"agent": agent} if takes_agent and agent else {}))
     with progress_bar(TextColumn(f"{policy_name:<16}"), BarColumn(),
                       TextColumn("{task.completed:,}/{task.total:,} jobs"), TimeElapsedColumn()) as bar:
@@ -66,7 +66,9 @@ def run_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
     agent: Path = _AGENT,
-    policy: str = typer.Option("fcfs", "--policy", "-p", help="Scheduling policy (see `simulate compare --help`)."),
+    policy: str = typer.Option("fcfs", "--policy", "-p",
+                               help="Scheduling policy (see `simulate compare --help`), or package.module:factory "
+                                    "for one of your own (run from the folder holding the package)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     out: Path = typer.Option(None, "-o", "--out", callback=output_file,
                              help="Write the metrics and every job's record here (JSON)."),
@@ -90,7 +92,8 @@ def compare_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
     agent: Path = _AGENT,
-    policies: str = typer.Option(DEFAULT_POLICIES, "--policies", help="Comma-separated policy names."),
+    policies: str = typer.Option(DEFAULT_POLICIES, "--policies",
+                                 help="Comma-separated policy names (package.module:factory for your own)."),
     plots: Path = typer.Option(None, "--plots", callback=output_folder,
                                help="Folder for the JCT CDF, utilisation and queue plots."),
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),

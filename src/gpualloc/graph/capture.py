@@ -41,11 +41,9 @@ it; otherwise it starts a new group ``<layer>#<k>``.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import logging
 import operator
-import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -58,6 +56,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpualloc.errors import CaptureError
+from gpualloc.registry import import_user_module
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.graph.zoo import get_model
 
@@ -102,23 +101,13 @@ class _Op:
 
 # ------------------------------------------------------------------------------------------ loading
 def import_factory_module(model: str) -> tuple[Any, str]:
-    """Import the module of ``"package.module:factory"`` and return it with the factory's name.
-
-    The current folder is on the import path, as with ``python -m``: ``gpualloc graph capture
-    mypkg.models:build`` works from the folder holding ``mypkg/``. It is appended (installed packages
-    are never shadowed) and stays (the factory and ``example_inputs`` may import siblings later).
+    """Import the module of ``"package.module:factory"`` and return it with the factory's name
+    (:func:`gpualloc.registry.import_user_module`: the current folder is on the import path).
 
     Raises:
         CaptureError: the module cannot be imported (one line).
     """
-    mod_name, _, attr = model.partition(":")
-    cwd = os.getcwd()
-    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
-        sys.path.append(cwd)
-    try:
-        return importlib.import_module(mod_name), attr
-    except Exception as err:  # noqa: BLE001 - any import failure is the user's model problem
-        raise CaptureError(f"cannot import {mod_name!r} for {model!r}: {_one_line(err)}") from err
+    return import_user_module(model, CaptureError)
 
 
 def _load_model(

@@ -209,6 +209,21 @@ class _Run:
 
 
 # ------------------------------------------------------------------------------------ scheduler
+def _registered_policy(name: str, options: dict[str, Any]) -> Policy:
+    """A registry policy for the service: by name only (never a ``module:factory`` of one's own: the
+    service does not import a module it is sent or that a restart reads from the store).
+
+    Raises:
+        SchedulingError: unknown name or bad options.
+    """
+    if name not in POLICIES:
+        raise POLICIES.unknown(name)
+    try:
+        return make_policy(name, **options)
+    except TypeError as err:
+        raise SchedulingError(f"policy {name}: bad options: {err}") from err
+
+
 class Scheduler:
     """Decides with a registry policy, records before acting, and runs on a backend.
 
@@ -258,7 +273,7 @@ class Scheduler:
         self.last_error: str | None = None
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
-        self.policy: Policy = make_policy(policy, **self.policy_options)
+        self.policy: Policy = _registered_policy(policy, self.policy_options)
 
     # -------------------------------------------------------------------------------- control
     def now_s(self) -> float:
@@ -299,12 +314,7 @@ class Scheduler:
         Raises:
             SchedulingError: unknown name or bad options.
         """
-        if name not in POLICIES:
-            raise POLICIES.unknown(name)
-        try:
-            policy = make_policy(name, **(options or {}))
-        except TypeError as err:
-            raise SchedulingError(f"policy {name}: bad options: {err}") from err
+        policy = _registered_policy(name, options or {})
         with self._lock:
             self.policy, self.policy_name, self.policy_options = policy, name, dict(options or {})
             self._dirty = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpualloc.errors import SchedulingError
-from gpualloc.registry import Registry
+from gpualloc.registry import Registry, import_user_module
 from gpualloc.scheduling.base import Policy
 
 POLICIES: Registry[Any] = Registry("policy", SchedulingError)
@@ -24,10 +24,38 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
 POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent",))
 
 
+_PROTOCOL = ("name", "preemptive", "round_s", "decide")  # what the simulator and the service read
+
+
 def make_policy(name: str, **options: Any) -> Policy:
     """Instantiate the policy registered as ``name`` with keyword ``options``.
 
+    ``name`` may also be ``"package.module:factory"``, a policy of one's own: the module is imported (the
+    current folder on the import path, :func:`~gpualloc.registry.import_user_module`) and ``factory(**options)``
+    must return an object with the :class:`~gpualloc.scheduling.base.Policy` protocol's attributes. The
+    simulator checks its every decision like any policy's.
+
     Raises:
-        SchedulingError: an unknown name (the message lists the known ones).
+        SchedulingError: an unknown name (the message lists the known ones), a module or factory that
+            cannot be imported or called, or an object without the protocol.
     """
-    return POLICIES.create(name, **options)
+    if name in POLICIES or ":" not in name:
+        return POLICIES.create(name, **options)
+    module, attr = import_user_module(name, SchedulingError)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise SchedulingError(f"policy {name!r}: {module.__name__} has no callable {attr!r}")
+    try:
+        policy = factory(**options)
+    except Exception as err:  # noqa: BLE001 - the user's factory failed: one line, not a traceback
+        raise SchedulingError(f"policy {name!r}: {attr}() failed: {type(err).__name__}: {err}") from err
+    missing = [a for a in _PROTOCOL if not hasattr(policy, a)]
+    if missing or not callable(policy.decide):
+        raise SchedulingError(f"policy {name!r}: {type(policy).__name__} lacks {', '.join(missing) or 'decide()'}; "
+                              f"a policy has name, preemptive, round_s and decide(view) -> Decision")
+    return policy
+
+
+def policy_options(name: str) -> frozenset[str]:
+    """The keyword options ``name``'s factory takes beyond the protocol (none for a policy of one's own)."""
+    return POLICIES.entry(name).options if name in POLICIES else frozenset()
