@@ -132,3 +132,19 @@ def test_jobs_are_paged_with_a_cursor(local_service):
     assert [j["id"] for j in client.jobs(page=2)] == ids
     assert [j["id"] for j in client.jobs(["queued"], page=3)] == ids[1:]
     wait_for(lambda: c.post(f"/jobs/{blocker['id']}/cancel").status_code == 200, what="cancel")
+
+
+def test_no_service_running_is_one_line_saying_so(tmp_path):
+    """`gpualloc jobs` before `gpualloc serve`: exit 2, one line naming the URL and what to do."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GPUALLOC_TOKEN": "x", "GPUALLOC_SERVER": f"http://127.0.0.1:{port}"}
+    proc = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", "jobs"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: http://127.0.0.1:{port}: no service answers"), proc.stderr
+    assert "gpualloc serve" in lines[0]

@@ -80,6 +80,9 @@ class Client:
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             resp = self._http.request(method, path, **kw)
+        except httpx.ConnectError as err:  # the commonest case: nothing listens there
+            raise ClientError(f"{self.server}: no service answers ({err}); start one with `gpualloc serve`, "
+                              "or name its URL with --server / GPUALLOC_SERVER") from err
         except httpx.HTTPError as err:
             raise ClientError(f"{self.server}: {type(err).__name__}: {err}") from err
         if resp.status_code >= 400:
