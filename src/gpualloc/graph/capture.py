@@ -56,9 +56,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpualloc.errors import CaptureError
-from gpualloc.registry import import_user_module
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.graph.zoo import get_model
+from gpualloc.registry import import_user_module
 
 __all__ = ["ExampleInputs", "Granularity", "capture"]
 

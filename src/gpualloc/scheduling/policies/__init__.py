@@ -24,7 +24,7 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
 POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent",))
 
 
-_PROTOCOL = ("name", "preemptive", "round_s", "decide")  # what the simulator and the service read
+_PROTOCOL = ("name", "preemptive", "round_s", "decide")  # what the simulator reads of a policy
 
 
 def make_policy(name: str, **options: Any) -> Policy:
