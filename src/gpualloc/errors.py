@@ -69,7 +69,12 @@ def read_text(path, error: type[GpuallocError], where: str | None = None) -> str
     except UnicodeDecodeError as err:
         raise error(not_utf8(where, err)) from err
     except OSError as err:
-        raise error(f"{where}: cannot read: {err.strerror or err}") from err
+        raise error(cannot_read(where, err)) from err
+
+
+def cannot_read(where: str, err: OSError) -> str:
+    """The one message for a file that cannot be opened or read (missing, a folder, no permission)."""
+    return f"{where}: cannot read: {err.strerror or err}"
 
 
 def not_utf8(where: str, err: UnicodeDecodeError) -> str:

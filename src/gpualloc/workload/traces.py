@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from gpualloc.errors import CatalogError, TraceError, not_utf8
+from gpualloc.errors import CatalogError, TraceError, cannot_read, not_utf8
 from gpualloc.hardware.catalog import Catalog, default_catalog
 from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
 from gpualloc.limits import MAX_JOBS, check_seed
@@ -149,7 +149,7 @@ def _check_text(path: Path) -> None:
     except UnicodeDecodeError as err:
         raise TraceError(not_utf8(str(path), err)) from err
     except OSError as err:
-        raise TraceError(f"{path}: cannot read: {err.strerror or err}") from err
+        raise TraceError(cannot_read(str(path), err)) from err
 
 
 def _read_csv(path: str | Path, *, sep: str = ",", names: Sequence[str] | None = None) -> _Table:
@@ -741,7 +741,7 @@ def infer_format(path: str | Path) -> str:
     except UnicodeDecodeError as err:
         raise TraceError(not_utf8(str(path), err)) from err
     except OSError as err:
-        raise TraceError(f"{path}: cannot read: {err.strerror or err}") from err
+        raise TraceError(cannot_read(str(path), err)) from err
     for name, needed in _HEADERS:
         if needed <= header:
             return name
