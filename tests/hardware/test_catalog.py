@@ -148,3 +148,12 @@ def test_malformed_catalog_file_names_row_and_field(tmp_path):
     path3.write_text('[device.X1\n')
     with pytest.raises(CatalogError, match=r"cat3.toml: "):
         load_catalog(path3)
+
+
+def test_missing_or_binary_catalog_file_is_one_line(tmp_path):
+    with pytest.raises(CatalogError, match=r"nope.toml: cannot read: "):
+        load_catalog(tmp_path / "nope.toml")
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(CatalogError, match=r"bin.toml: not UTF-8 text \(a binary file\?\): byte 128"):
+        load_catalog(binary)

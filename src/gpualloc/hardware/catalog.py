@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gpualloc.errors import CatalogError
+from gpualloc.errors import CatalogError, read_text
 
 TERA = 1e12
 
@@ -146,10 +146,7 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
         where = "devices.toml"
     else:
         where = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as err:
-            raise CatalogError(f"{where}: cannot read: {err.strerror}") from err
+        text = read_text(path, CatalogError)  # missing, unreadable or binary: one line
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
