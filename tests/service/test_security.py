@@ -138,6 +138,19 @@ def test_serve_on_a_port_in_use_fails_before_printing_or_making_a_token(tmp_path
     assert not (tmp_path / "state.db.token").exists() and not store.exists()
 
 
+@pytest.mark.parametrize("policy", ["bogus", "mymod:MyPolicy"])
+def test_serve_with_an_unknown_policy_fails_before_making_a_store_or_a_token(tmp_path, policy):
+    store = tmp_path / "state.db"
+    res = subprocess.run([*GPUALLOC, "serve", "--port", "0", "--store", str(store), "--policy", policy,
+                          "--telemetry", "none"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res
+    assert res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        f"error: unknown policy '{policy}' (known: dqn, easy-backfill, fcfs, gavel, gavel-srtf, sjf, srtf, "
+        "static-affinity, tiresias)"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_stored_policy_with_an_agent_outside_the_folder_is_not_loaded(tmp_path):
     import json
 

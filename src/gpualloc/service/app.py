@@ -60,7 +60,7 @@ from gpualloc.service.backends import Backend, make_backend
 from gpualloc.service.slurm import AdviceRequest, advise
 from gpualloc.service.errors import Conflict, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
 from gpualloc.service.models import JobOut, JobSpec, JobState, PolicyChange
-from gpualloc.service.scheduler import DeviceTypes, Scheduler, normalise_spec, stored_policy
+from gpualloc.service.scheduler import DeviceTypes, Scheduler, check_policy_name, normalise_spec, stored_policy
 from gpualloc.service.store import Store, sqlite_path
 
 log = logging.getLogger("gpualloc.service")
@@ -143,6 +143,8 @@ class Service:
     def __init__(self, config: ServiceConfig, *, cluster: ClusterSpec | None = None) -> None:
         self.config = config
         self.cluster = cluster if cluster is not None else load_cluster(config.cluster)
+        if config.policy is not None:  # before open() makes a store or a token
+            check_policy_name(config.policy)
         self.types = DeviceTypes.of(self.cluster)
         self.store: Store | None = None
         self.backend: Backend | None = None

@@ -209,15 +209,24 @@ class _Run:
 
 
 # ------------------------------------------------------------------------------------ scheduler
+def check_policy_name(name: str) -> None:
+    """The service runs registry policies by name only (never a ``module:factory`` of one's own: it
+    does not import a module it is sent or that a restart reads from the store).
+
+    Raises:
+        SchedulingError: ``name`` is not a registered policy.
+    """
+    if name not in POLICIES:
+        raise POLICIES.unknown(name)
+
+
 def _registered_policy(name: str, options: dict[str, Any]) -> Policy:
-    """A registry policy for the service: by name only (never a ``module:factory`` of one's own: the
-    service does not import a module it is sent or that a restart reads from the store).
+    """A registry policy for the service (:func:`check_policy_name`) made with ``options``.
 
     Raises:
         SchedulingError: unknown name or bad options.
     """
-    if name not in POLICIES:
-        raise POLICIES.unknown(name)
+    check_policy_name(name)
     try:
         return make_policy(name, **options)
     except TypeError as err:
