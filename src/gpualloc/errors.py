@@ -47,6 +47,10 @@ class SchedulingError(GpuallocError):
     """A scheduling run cannot proceed: a job larger than the cluster, an invalid policy decision."""
 
 
+class UnplaceableJobs(SchedulingError):
+    """A trace holds jobs that no device type of the cluster can ever run (and they are not to be dropped)."""
+
+
 class AgentError(GpuallocError):
     """A learning agent or environment was misconfigured, or a checkpoint could not be loaded."""
 

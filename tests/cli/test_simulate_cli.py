@@ -73,12 +73,19 @@ def test_bad_input_is_one_line(args, message):
 
 def test_job_larger_than_the_cluster(tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("id,arrival_s,job_type,work_s,num_gpus\nbig,0,ml-training,100,32\nok,1,ml-training,10,1\n")
-    proc = run_main("simulate", "--trace", str(trace), "--policy", "fcfs", "--json")
-    assert proc.returncode == 2 and "big" in proc.stderr
+    trace.write_text("id,arrival_s,job_type,work_s,num_gpus\nbig,0,ml-training,100,32\nok,1,ml-training,10,1\n"
+                     "huge,2,ml-training,10,64\n")
+    for command in ("simulate", "simulate compare"):
+        proc = run_main(*command.split(), "--trace", str(trace), "--json")
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.strip().splitlines() == [
+            "error: job big needs 32 GPUs of one type; largest type has 8 (2 of 3 jobs cannot run on this cluster); "
+            "--drop-unplaceable rejects such jobs instead"]
     proc = sim("simulate", "--trace", str(trace), "--policy", "fcfs", "--json", "--drop-unplaceable")
     row = json.loads(proc.stdout)
-    assert row["rejected"] == 1 and row["jobs"] == 1
+    assert row["rejected"] == 2 and row["jobs"] == 1
+    proc = sim("simulate", "--trace", str(trace), "--policy", "fcfs", "--drop-unplaceable")
+    assert "fcfs on adlro16: 3 jobs (2 rejected: no device type can run them)" in proc.stdout
 
 
 def test_dqn_policy_and_train_scheduler_cli(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpualloc.errors import SchedulingError
+from gpualloc.errors import SchedulingError, UnplaceableJobs
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.base import DONE, ClusterView, Decision, FreeGpus, Policy
 from gpualloc.scheduling.policies import POLICIES, make_policy
@@ -214,7 +214,10 @@ def test_migration_in_one_decision_keeps_work_and_pays_the_penalty():
 def test_job_too_large_for_any_type_is_an_error_naming_it():
     cluster = load_cluster("adlro16")
     trace = Trace.of([job("small", 0, 10), job("big", 1, 10, 16)])
-    with pytest.raises(SchedulingError, match="job big needs 16 GPUs of one type; largest type has 8"):
+    with pytest.raises(SchedulingError, match=r"^job big needs 16 GPUs of one type; largest type has 8$"):
+        simulate(trace, cluster, FCFS(), speed=ones(trace, cluster))
+    trace = Trace.of([job("small", 0, 10), job("big", 1, 10, 16), job("bigger", 2, 10, 32)])
+    with pytest.raises(UnplaceableJobs, match=r"^job big needs 16 GPUs .* \(2 of 3 jobs cannot run on this cluster\)$"):
         simulate(trace, cluster, FCFS(), speed=ones(trace, cluster))
 
 

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from gpualloc.cli.common import (DefaultToRun, console, output_file, output_folder,
                                  print_json, progress_bar)
+from gpualloc.errors import UnplaceableJobs
 from gpualloc.limits import MAX_JOBS, MAX_SEED
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
@@ -53,12 +54,14 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
 
     takes_agent = "agent" in policy_options(policy_name)
     policy = make_policy(policy_name, **({"agent": agent} if takes_agent and agent else {}))
-    with progress_bar(TextColumn(f"{policy_name:<16}"), BarColumn(),
-                      TextColumn("{task.completed:,}/{task.total:,} jobs"), TimeElapsedColumn()) as bar:
-        task = bar.add_task("jobs", total=len(trace))
-        result = simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop,
-                          progress=lambda now, done, total: bar.update(task, completed=done))
-    return result
+    try:
+        with progress_bar(TextColumn(f"{policy_name:<16}"), BarColumn(),
+                          TextColumn("{task.completed:,}/{task.total:,} jobs"), TimeElapsedColumn()) as bar:
+            task = bar.add_task("jobs", total=len(trace))
+            return simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop,
+                            progress=lambda now, done, total: bar.update(task, completed=done))
+    except UnplaceableJobs as err:
+        raise UnplaceableJobs(f"{err}; --drop-unplaceable rejects such jobs instead") from err
 
 
 @app.command("run")
@@ -84,7 +87,7 @@ def run_cmd(
     if as_json:
         print_json(row)
         return
-    print_policies(with_ratios([row]), f"{policy} on {spec.name}: {len(jobs):,} jobs")
+    print_policies(with_ratios([row]), f"{policy} on {spec.name}: {_jobs(len(jobs), row)}")
 
 
 @app.command("compare")
@@ -106,7 +109,7 @@ def compare_cmd(
         print_json({"cluster": spec.name, "trace": str(trace) if trace else f"synthetic {generate} jobs load {load}",
                     "seed": seed, "results": rows})
         return
-    print_policies(rows, f"{len(jobs):,} jobs on {spec.name} ({len(spec)} GPUs)")
+    print_policies(rows, f"{_jobs(len(jobs), rows[0])} on {spec.name} ({len(spec)} GPUs)")
     if plots is not None:
         console.print(f"plots: {plots}/jct_cdf.png, utilization.png, queue.png")
 
@@ -125,6 +128,12 @@ def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = Fa
 
         plot_runs(results, plots, title=f"({spec.name})")
     return with_ratios([summary(r) for r in results] + [oracle_summary(results[0])])
+
+
+def _jobs(n: int, row: dict) -> str:
+    """``n`` jobs for a table's title, with how many ``--drop-unplaceable`` rejected."""
+    rejected = row.get("rejected") or 0
+    return f"{n:,} jobs" + (f" ({rejected:,} rejected: no device type can run them)" if rejected else "")
 
 
 def print_policies(rows: list[dict], title: str) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from gpualloc.cost.model import CostModel
-from gpualloc.errors import SchedulingError
+from gpualloc.errors import SchedulingError, UnplaceableJobs
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.base import (
     DONE,
@@ -531,12 +531,12 @@ class _Engine:
         best = work.best_speed
         bad = np.flatnonzero(best <= 0)
         self.rejected: list[int] = []
-        for j in bad.tolist():
-            if not opts.drop_unplaceable:
-                job = jobs[j]
-                raise SchedulingError(f"job {job.id} "
-                                      f"{unplaceable_reason(cluster, job.num_gpus, job.single_node, table.speed[j])}")
-            self.rejected.append(j)
+        if bad.size and not opts.drop_unplaceable:
+            job = jobs[int(bad[0])]
+            why = unplaceable_reason(cluster, job.num_gpus, job.single_node, table.speed[bad[0]])
+            more = f" ({bad.size:,} of {n:,} jobs cannot run on this cluster)" if bad.size > 1 else ""
+            raise UnplaceableJobs(f"job {job.id} {why}{more}")
+        self.rejected.extend(bad.tolist())
         self.is_rejected = np.zeros(n, dtype=bool)
         self.is_rejected[bad] = True
         self.is_rejected_l = self.is_rejected.tolist()
