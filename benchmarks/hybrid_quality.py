@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from rich.console import Console
+from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
@@ -84,7 +84,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="ResNet-50 only, no 256-GPU search")
     parser.add_argument("--out", type=_args.output, default=HERE / "results" / "hybrid_quality.json")
     args = parser.parse_args()
-    console = Console()
     rows = []
     for model, batches in MODELS.items():
         if args.quick and model != "resnet50":

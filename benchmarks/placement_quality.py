@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from rich.console import Console
+from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
@@ -64,7 +64,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 profiles + ResNet-50 only")
     parser.add_argument("--out", type=_args.output, default=HERE / "results" / "placement_quality.json")
     args = parser.parse_args()
-    console = Console(width=200)
     rows = []
     for graph in graphs(args.data, args.quick):
         for cluster_name in args.clusters.split(","):

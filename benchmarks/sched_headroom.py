@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
+from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
@@ -96,7 +96,7 @@ def main() -> None:
         table.add_row(r["cluster"], r["trace"], f"{r['load']:g}", r["policy"], f"{r['avg_jct_s'] / 3600:.2f}",
                       f"{r['oracle_lb_s'] / 3600:.2f}", f"{r['pooled_lb_s'] / 3600:.2f}", f"{r['x_bound']:.3f}",
                       f"{r['headroom']:.1%}", "yes" if r["headroom"] < TARGET else "")
-    Console(width=160).print(table)
+    console.print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     command = (f"python benchmarks/sched_headroom.py --policies {','.join(policies)} --jobs {args.jobs} "
                f"--seeds {args.seeds} --workers {args.workers}")

@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
+from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
@@ -102,7 +102,7 @@ def main() -> None:
         util_s = "-" if r["util_while_waiting_load1"] is None else f"{r['util_while_waiting_load1']:.1%}"
         table.add_row(f"{r['idle_weight']:g}", f"{r['jct_ratio_geomean']:.3f}", real, f"{r['jct_ratio_worst']:.3f}",
                       util_s, "yes" if r["idle_weight"] == best else "")
-    Console().print(table)
+    console.print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     given = ",".join(f"{w:g}" for w in args.weights)
     OUT.write_text(json.dumps({"command": "python benchmarks/sched_idle_weight.py " + " ".join(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
+from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
@@ -80,7 +80,7 @@ def main() -> None:
                       f"{r['x_bound']:.2f}", pm("p99_jct_s", 3600), pm("throughput_jobs_per_h", 1, ".3f"),
                       pm("utilization", 0.01, ".0f"), pm("effective_utilization", 0.01, ".0f"),
                       pm("makespan_s", 3600, ".0f"), pm("hyperscore", 1, ".3f"))
-    Console(width=200).print(table)
+    console.print(table)
     print(f"wrote {OUT}")
 
 

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
+from gpualloc.cli.common import console
 from rich.table import Table
 from scipy.stats import gmean
 import _args
@@ -144,7 +144,7 @@ def main() -> None:
                       f"{r['jct_ratio_worst']:.3f}")
     table.add_row("per-workload oracle", f"{oracle['jct_ratio_geomean']:.4f}", f"{oracle['jct_ratio_best']:.3f}",
                   f"defaults best on {oracle['defaults_best_on']}/{oracle['workloads']}")
-    Console().print(table)
+    console.print(table)
     rows_of_table = per_row(jct, list(table_of), labels) if args.workloads == "table" else None
     if rows_of_table:
         for r in rows_of_table:
