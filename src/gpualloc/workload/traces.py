@@ -746,7 +746,7 @@ def infer_format(path: str | Path) -> str:
         if needed <= header:
             return name
     raise TraceError(f"{path}:1: cannot tell the trace format from the extension or header; "
-                     f"pass format= one of {', '.join(READERS)}")
+                     f"give it with --format (format= in Python): one of {', '.join(READERS)}")
 
 
 def read_trace(path: str | Path, format: str | None = None) -> Trace:
