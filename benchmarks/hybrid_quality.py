@@ -16,10 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
+from gpualloc.cli.common import console
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.problem import HybridProblem

@@ -17,10 +17,10 @@ import statistics
 import time
 from pathlib import Path
 
-from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
+from gpualloc.cli.common import console
 from gpualloc.graph.capture import capture
 from gpualloc.graph.importers import import_pipedream
 from gpualloc.hardware.cluster import load_cluster

@@ -29,10 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
+from gpualloc.cli.common import console
 from gpualloc.experiments.scheduling_table import SchedTableSpec, _make, _planned_runs, _real_traces, _workload
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.simulator import simulate

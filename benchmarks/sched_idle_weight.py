@@ -24,10 +24,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
+from gpualloc.cli.common import console
 from gpualloc.experiments.scheduling_table import VAL_WINDOWS, training_windows
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.train_scheduler import DEFAULT_EVAL_SEEDS

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from gpualloc.cli.common import console
 from rich.table import Table
 
 import _args
+from gpualloc.cli.common import console
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
 from gpualloc.scheduling.policies import make_policy

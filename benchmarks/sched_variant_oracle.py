@@ -34,12 +34,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from gpualloc.cli.common import console
 from rich.table import Table
 from scipy.stats import gmean
 import _args
 from sched_idle_weight import _workloads as _validation
 
+from gpualloc.cli.common import console
 from gpualloc.experiments.scheduling_table import SchedTableSpec, _planned_runs, _real_traces, _workload
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.policies import make_policy

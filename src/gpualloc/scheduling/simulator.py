@@ -530,13 +530,12 @@ class _Engine:
         need = table.num_gpus
         best = work.best_speed
         bad = np.flatnonzero(best <= 0)
-        self.rejected: list[int] = []
         if bad.size and not opts.drop_unplaceable:
             job = jobs[int(bad[0])]
             why = unplaceable_reason(cluster, job.num_gpus, job.single_node, table.speed[bad[0]])
             more = f" ({bad.size:,} of {n:,} jobs cannot run on this cluster)" if bad.size > 1 else ""
             raise UnplaceableJobs(f"job {job.id} {why}{more}")
-        self.rejected.extend(bad.tolist())
+        self.rejected: list[int] = bad.tolist()
         self.is_rejected = np.zeros(n, dtype=bool)
         self.is_rejected[bad] = True
         self.is_rejected_l = self.is_rejected.tolist()
