@@ -33,7 +33,7 @@ from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.conditions import Conditions, DriftSchedule, conditioned
 from gpualloc.placement.hybrid.baselines import stage_of
-from gpualloc.placement.hybrid.drift import with_speed_scale
+from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with_speed_scale
 from gpualloc.placement.hybrid.plan import HybridPlan, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
@@ -140,13 +140,14 @@ PLANNERS.register("hybrid", hybrid_planner, tags=("hybrid",))
 
 
 def rebalance_shares(problem: HybridProblem, plan: HybridPlan) -> HybridPlan:
-    """``plan`` with every stage's batch shares recomputed for ``problem``'s device speeds (the planner's
-    rule, :func:`~gpualloc.placement.hybrid.baselines.stage_of`: the replicas of a stage finish their
-    microbatches together); stages, replicas, TP groups, schedule and sync stay, so no weight moves."""
+    """``plan`` with every stage's batch shares recomputed for ``problem``'s device speeds and global batch
+    (the planner's rule, :func:`~gpualloc.placement.hybrid.baselines.stage_of`: the replicas of a stage
+    finish their microbatches together); stages, replicas, TP groups, schedule and sync stay, so no
+    weight moves."""
     stages = [stage_of(problem, [r.devices for r in s.replicas], s.first, s.last, microbatches=plan.microbatches)
               for s in plan.stages]
     smallest = min(r.batch_share for s in stages for r in s.replicas)
-    return make_plan(stages, plan.global_batch, min(plan.microbatches, smallest), schedule=plan.schedule,
+    return make_plan(stages, problem.global_batch, min(plan.microbatches, smallest), schedule=plan.schedule,
                      sync=plan.sync, sharding=plan.sharding, n_devices=problem.k)
 
 
@@ -211,9 +212,9 @@ class HybridDecision:
     """One re-planning decision for a hybrid plan.
 
     Attributes:
-        plan: the plan to run from now on (the current one when nothing was adopted).
+        plan: the plan to run from now on (the current one, at the new batch, when nothing was adopted).
         source: ``"rebalance"`` (new batch shares only), ``"planner"`` (new stages) or ``"none"``.
-        current_step_s: the current plan's step under the estimated speeds.
+        current_step_s: the current plan's step under the estimated conditions.
         new_step_s: the chosen candidate's step (inf when there was none).
         migration_s: its predicted migration time.
         moved_bytes: the bytes it sends.
@@ -229,25 +230,33 @@ class HybridDecision:
     adopted: bool
 
 
-def decide_hybrid(problem: HybridProblem, plan: HybridPlan, speed: np.ndarray | tuple[float, ...],
+def decide_hybrid(problem: HybridProblem, plan: HybridPlan, conditions: Conditions | np.ndarray | tuple[float, ...],
                   remaining_iterations: int, *, planner: HybridPlanner | None = None, margin: float = 0.0,
                   horizon_iterations: int | None = None, overhead_s: float = 0.0) -> HybridDecision:
-    """Re-plan a hybrid plan after devices changed speed (``speed``: one factor per device, e.g. the
-    monitor's ``estimate.device_speed``; link and batch drift are not modelled for hybrid plans yet).
+    """Re-plan a hybrid plan after the conditions drifted: ``conditions`` is a
+    :class:`~gpualloc.placement.conditions.Conditions` (the monitor's estimate: device speeds, link
+    bandwidth factors, batch scale; :func:`~gpualloc.placement.hybrid.drift.with_conditions`), or one
+    speed factor per device alone.
 
-    Candidates, in order of preference: the plan with its batch shares re-balanced for the new speeds
-    (:func:`rebalance_shares`: no weight moves, so no migration cost), then the ``planner``'s proposal
-    (default :func:`hybrid_planner`: new stages, priced by :func:`hybrid_migration_cost_s`). The one with
-    the largest net gain over the counted iterations wins, re-balancing on a tie, and is adopted only if
+    The current plan runs on at the new batch with its shares in proportion
+    (:func:`~gpualloc.placement.hybrid.drift.rescale_batch`). Candidates, in order of preference: the
+    plan with its batch shares re-balanced for the new conditions (:func:`rebalance_shares`: no weight
+    moves, so no migration cost), then the ``planner``'s proposal (default :func:`hybrid_planner`: new
+    stages, priced by :func:`hybrid_migration_cost_s` on the drifted links). The one with the largest
+    net gain over the counted iterations wins, re-balancing on a tie, and is adopted only if
     :func:`should_migrate` (the rule of the op-level planners). A candidate over a memory cap is never
     chosen while the current plan fits.
     """
-    p = with_speed_scale(problem, speed)
+    if isinstance(conditions, Conditions):
+        p = with_conditions(problem, conditions)
+    else:
+        p = with_speed_scale(problem, conditions)
+    plan = rescale_batch(plan, p.global_batch, n_devices=p.k)
     cur = simulate_hybrid(p, plan)
     candidates = [("rebalance", rebalance_shares(p, plan))]
     try:
         candidates.append(("planner", (planner or hybrid_planner())(p, plan)))
-    except PlacementError:  # no plan fits under the estimated speeds
+    except PlacementError:  # no plan fits under the estimated conditions
         pass
     best: tuple[float, str, HybridPlan, float, float] | None = None
     for source, cand in candidates:

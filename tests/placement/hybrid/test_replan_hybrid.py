@@ -10,9 +10,11 @@ from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
-from gpualloc.placement.hybrid.drift import with_speed_scale
-from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan
+from gpualloc.placement.conditions import Conditions
+from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with_speed_scale
+from gpualloc.placement.hybrid.plan import Replica, Stage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.hybrid.search import plan_hybrid
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
 from gpualloc.placement.replan import (
     PLANNERS,
@@ -127,3 +129,117 @@ def test_decide_prefers_rebalancing_unless_new_stages_pay_their_move(four_v100):
 def test_hybrid_planner_is_registered():
     assert PLANNERS.names("hybrid") == ["hybrid"]
     assert PLANNERS.create("hybrid", seed=0).__name__ == "plan"
+
+
+# ----------------------------------------------------------------------------- links and batch
+def nominal(k: int, *, speed=None, link=None, batch_scale: float = 1.0) -> Conditions:
+    return Conditions(tuple(speed if speed is not None else [1.0] * k),
+                      tuple(map(tuple, link if link is not None else np.ones((k, k)))), batch_scale)
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> HybridProblem:
+    return HybridProblem(chain(params=4e8), load_cluster("16xV100"), 256)
+
+
+def cross_node(problem: HybridProblem, inter: float, intra: float = 1.0) -> np.ndarray:
+    node = problem.node_of
+    return np.where(node[:, None] != node[None, :], inter, intra)
+
+
+def test_conditions_scale_the_links_and_compose_with_speeds(four_v100):
+    p = four_v100
+    assert with_conditions(p, nominal(4)) is p
+    link = np.ones((4, 4))
+    link[0, 1] = 0.25
+    q = with_conditions(p, nominal(4, link=link))
+    assert q.type_names == p.type_names  # links alone make no new device types
+    want = p.bandwidth * link
+    off = ~np.eye(4, dtype=bool)
+    np.testing.assert_allclose(q.bandwidth[off], want[off])
+    assert np.all(np.isinf(np.diag(q.bandwidth)))
+    # speed then links, or both at once: the same problem
+    both = with_conditions(with_speed_scale(p, [1.0, 0.5, 1.0, 1.0]), nominal(4, link=link))
+    once = with_conditions(p, nominal(4, speed=[1.0, 0.5, 1.0, 1.0], link=link))
+    plan = ddp(p)
+    assert simulate_hybrid(both, plan).step_time_s == simulate_hybrid(once, plan).step_time_s
+    assert both.type_names == once.type_names == ("V100-16GB", "V100-16GB@0.5")
+    with pytest.raises(PlacementError, match="conditions: 3 devices, the problem has 4"):
+        with_conditions(p, nominal(3))
+
+
+def test_a_degraded_link_inside_a_tp_group_costs_that_group_only(four_v100):
+    p = four_v100
+    tp2 = make_plan([Stage(0, p.L - 1, (Replica((0, 1), 32), Replica((2, 3), 32)))], 64, 1, n_devices=4)
+    link = np.ones((4, 4))
+    link[0, 1] = link[1, 0] = 0.01
+    q = with_conditions(p, nominal(4, link=link))
+    assert q.replica_kind((0, 1)) != q.replica_kind((2, 3))  # same types and link name, other bandwidth
+    assert p.replica_kind((0, 1)) == p.replica_kind((2, 3))
+    assert simulate_hybrid(q, tp2).step_time_s > simulate_hybrid(p, tp2).step_time_s
+    share = dict(shares(rebalance_shares(q, tp2))[0])
+    assert share[(0, 1)] < share[(2, 3)]  # the slowed TP group takes fewer samples
+
+
+@pytest.mark.parametrize("sync", ["ring", "hierarchical"])
+def test_the_all_reduce_runs_on_the_drifted_links(two_nodes, sync):
+    p = two_nodes
+    plan = ddp(p)
+    plan = make_plan(plan.stages, plan.global_batch, plan.microbatches, sync=Sync(algorithm=sync), n_devices=p.k)
+    base = simulate_hybrid(p, plan).step_time_s
+    slow_net = simulate_hybrid(with_conditions(p, nominal(p.k, link=cross_node(p, 0.1))), plan).step_time_s
+    assert slow_net > base
+    slow_node = simulate_hybrid(with_conditions(p, nominal(p.k, link=cross_node(p, 1.0, 0.1))), plan).step_time_s
+    if sync == "hierarchical":  # its intra-node phases run on the node's links
+        assert slow_node > base
+    else:  # a ring is as slow as its slowest hop, the network
+        assert slow_node == pytest.approx(base)
+
+
+def test_decide_moves_a_pipeline_off_a_degraded_network(two_nodes):
+    p = two_nodes
+    plan = plan_hybrid(p)[0]
+    cond = nominal(p.k, link=cross_node(p, 0.05))
+    q = with_conditions(p, cond)
+    d = decide_hybrid(p, plan, cond, 10_000)
+    assert d.current_step_s == simulate_hybrid(q, plan).step_time_s > simulate_hybrid(p, plan).step_time_s
+    assert d.adopted and d.source == "planner" and d.new_step_s < d.current_step_s
+    assert d.migration_s == hybrid_migration_cost_s(q, plan, d.plan) > 0
+    # nominal conditions as Conditions or as speeds: the same decision
+    a, b = decide_hybrid(p, plan, nominal(p.k), 10_000), decide_hybrid(p, plan, (1.0,) * p.k, 10_000)
+    assert (a.plan, a.source, a.current_step_s, a.new_step_s) == (b.plan, b.source, b.current_step_s, b.new_step_s)
+    assert not a.adopted
+
+
+def test_a_plan_follows_a_new_batch_in_proportion(four_v100):
+    p = four_v100
+    plan = make_plan([Stage(0, p.L - 1, (Replica((0,), 22), Replica((1,), 42)))], 64, 8, n_devices=4)
+    doubled = rescale_batch(plan, 128, n_devices=4)
+    assert shares(doubled) == [[((0,), 44), ((1,), 84)]] and doubled.microbatches == 8
+    assert rescale_batch(plan, 64) is plan
+    tiny = rescale_batch(plan, 3, n_devices=4)
+    assert shares(tiny) == [[((0,), 1), ((1,), 2)]] and tiny.microbatches == 1
+    one = rescale_batch(plan, 1, n_devices=4)
+    assert shares(one) == [[((0,), 1)]]  # fewer samples than replicas: the first ones keep one each
+    with pytest.raises(PlacementError, match="global batch: expected an integer in 1"):
+        rescale_batch(plan, 0)
+
+
+def test_decide_after_a_batch_change_returns_a_plan_at_the_new_batch(four_v100):
+    p = four_v100
+    plan = ddp(p)
+    cond = nominal(4, batch_scale=2.0)
+    # a 30 s restart per move: the plan carries on with its shares doubled, nothing moves
+    d = decide_hybrid(p, plan, cond, 1_000, overhead_s=30.0)
+    assert d.plan.global_batch == 128 and d.migration_s == 0.0 and d.moved_bytes == 0.0
+    assert [[s for _, s in st] for st in shares(d.plan)] == [[32, 32, 32, 32]]
+    assert d.current_step_s == simulate_hybrid(with_conditions(p, cond), rescale_batch(plan, 128)).step_time_s
+    assert d.current_step_s > 1.5 * simulate_hybrid(p, plan).step_time_s
+    # free moves and a long run: at 128 samples TP=2 pairs beat DDP by a little, and are adopted
+    d = decide_hybrid(p, plan, cond, 10_000)
+    assert d.adopted and d.source == "planner" and d.plan.global_batch == 128
+    assert d.new_step_s < d.current_step_s and d.migration_s > 0
+    # a batch smaller than the replicas: the plan shrinks to fit, never an invalid one
+    d = decide_hybrid(p, plan, nominal(4, batch_scale=3 / 64), 10_000)
+    assert d.plan.global_batch == 3
+    assert all(sum(r.batch_share for r in s.replicas) == 3 for s in d.plan.stages)

@@ -152,11 +152,9 @@ def _sync(problem: HybridProblem, plan: HybridPlan, stage, shares) -> tuple[floa
     nodes = problem.node_of[leaders]
     uniq, per_node = np.unique(nodes, return_counts=True)
     if plan.sync.algorithm == "hierarchical" and uniq.size > 1:
-        intra_bw = min(problem.cluster.nodes[n].link.bandwidth_bytes_per_s for n in uniq)
-        intra_lat = max(problem.cluster.nodes[n].link.latency_s for n in uniq)
-        net = problem.cluster.network
+        intra_bw, intra_lat, net_bw, net_lat = problem.sync_links(leaders)
         one = physics.hierarchical_allreduce_s(nbytes / buckets, int(per_node.max()), uniq.size, intra_lat, intra_bw,
-                                               net.latency_s, net.bandwidth_bytes_per_s / nic)
+                                               net_lat, net_bw / nic)
     else:
         bw, lat = problem.group_link(leaders, nic)
         one = physics.ring_allreduce_s(nbytes / buckets, len(leaders), lat, bw)

@@ -182,6 +182,16 @@ class HybridProblem(OnCluster):
         sub_bw[cross] /= max(nic_share, 1.0)
         return float(sub_bw.min()), float(self.latency[np.ix_(d, d)].max())
 
+    def sync_links(self, devices) -> tuple[float, float, float, float]:
+        """The links a hierarchical all-reduce among ``devices`` uses: ``(intra_bw, intra_lat, net_bw,
+        net_lat)``, the slowest intra-node link of their nodes and the network between nodes (bytes/s,
+        seconds; the NIC share is the caller's)."""
+        nodes = sorted({int(self.node_of[d]) for d in devices})
+        links = [self.cluster.nodes[n].link for n in nodes]
+        net = self.cluster.network
+        return (min(x.bandwidth_bytes_per_s for x in links), max(x.latency_s for x in links),
+                net.bandwidth_bytes_per_s, net.latency_s)
+
     def replica_kind(self, devices: tuple[int, ...]) -> tuple:
         """What a TP group's costs depend on: its device types, size, and the links among them (replicas of
         one kind cost the same at the same NIC share)."""
