@@ -234,9 +234,9 @@ def decide_hybrid(problem: HybridProblem, plan: HybridPlan, conditions: Conditio
                   remaining_iterations: int, *, planner: HybridPlanner | None = None, margin: float = 0.0,
                   horizon_iterations: int | None = None, overhead_s: float = 0.0) -> HybridDecision:
     """Re-plan a hybrid plan after the conditions drifted: ``conditions`` is a
-    :class:`~gpualloc.placement.conditions.Conditions` (the monitor's estimate: device speeds, link
-    bandwidth factors, batch scale; :func:`~gpualloc.placement.hybrid.drift.with_conditions`), or one
-    speed factor per device alone.
+    :class:`~gpualloc.placement.conditions.Conditions` (device speeds, link bandwidth factors, batch
+    scale, as :attr:`Monitor.estimate` reports them; :func:`~gpualloc.placement.hybrid.drift.with_conditions`),
+    or one speed factor per device alone.
 
     The current plan runs on at the new batch with its shares in proportion
     (:func:`~gpualloc.placement.hybrid.drift.rescale_batch`). Candidates, in order of preference: the
