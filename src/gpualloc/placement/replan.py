@@ -554,27 +554,32 @@ class Monitor:
     a decision, :meth:`rebase` makes the estimate the new reference, so a rejected re-plan is not
     proposed again until conditions move further.
 
+    A hybrid plan is monitored the same way: its devices' nominal compute comes from
+    :func:`~gpualloc.placement.hybrid.simulate.simulate_hybrid` at the problem's global batch, and the
+    estimate goes to :func:`decide_hybrid`.
+
     Args:
-        problem: the nominal problem.
-        assignment: the plan running.
+        problem: the nominal problem (op-level, or a :class:`HybridProblem`).
+        assignment: the plan running (an assignment, or a :class:`HybridPlan`).
         threshold: relative departure that counts as drift (0.1 = 10%).
         alpha: EWMA weight of a new reading.
         patience: consecutive drifted samples before drift is reported.
         planned_for: conditions the plan was made for (default nominal).
-        nominal_batch_size: the batch of the nominal problem (default: the graph's; failing that, the
-            first sample's).
+        nominal_batch_size: the batch of the nominal problem (default: the graph's, a hybrid problem's
+            global batch; failing that, the first sample's).
     """
 
-    def __init__(self, problem: PlacementProblem, assignment: np.ndarray, *, threshold: float = 0.1,
-                 alpha: float = 0.5, patience: int = 2, planned_for: Conditions | None = None,
-                 nominal_batch_size: int | None = None) -> None:
+    def __init__(self, problem: PlacementProblem | HybridProblem, assignment: np.ndarray | HybridPlan, *,
+                 threshold: float = 0.1, alpha: float = 0.5, patience: int = 2,
+                 planned_for: Conditions | None = None, nominal_batch_size: int | None = None) -> None:
         if threshold <= 0 or not 0 < alpha <= 1 or patience < 1:
             raise PlacementError("need threshold > 0, 0 < alpha <= 1 and patience >= 1")
         self.problem = problem
         self.threshold = threshold
         self.alpha = alpha
         self.patience = patience
-        self._nominal_batch = nominal_batch_size or problem.graph.batch_size
+        hybrid = isinstance(problem, HybridProblem)
+        self._nominal_batch = nominal_batch_size or (problem.global_batch if hybrid else problem.graph.batch_size)
         k = problem.k
         self._nominal_bw = problem.bandwidth
         self._speed = np.ones(k)
@@ -585,11 +590,17 @@ class Monitor:
         self.planned_for = planned_for or Conditions.nominal(k)
         self.rebase(assignment, self.planned_for)
 
-    def rebase(self, assignment: np.ndarray, planned_for: Conditions) -> None:
-        """The running plan is now ``assignment``, made for (or kept under) ``planned_for``."""
-        a = self.problem.check_assignment(assignment)
-        self._nominal_busy = np.bincount(a, weights=self.problem.step_compute_s[np.arange(self.problem.n), a],
-                                         minlength=self.problem.k)
+    def rebase(self, assignment: np.ndarray | HybridPlan, planned_for: Conditions) -> None:
+        """The running plan is now ``assignment`` (a hybrid plan on a hybrid problem), made for (or kept
+        under) ``planned_for``."""
+        p = self.problem
+        if isinstance(p, HybridProblem):  # its devices' compute at the nominal batch, whatever the plan's
+            if not isinstance(assignment, HybridPlan):
+                raise PlacementError("monitor: a hybrid problem's plan must be a HybridPlan")
+            self._nominal_busy = simulate_hybrid(p, rescale_batch(assignment, p.global_batch, n_devices=p.k)).busy_s
+        else:
+            a = p.check_assignment(assignment)
+            self._nominal_busy = np.bincount(a, weights=p.step_compute_s[np.arange(p.n), a], minlength=p.k)
         self.planned_for = planned_for
         self._strikes = 0
 

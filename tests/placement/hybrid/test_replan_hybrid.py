@@ -15,9 +15,11 @@ from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with
 from gpualloc.placement.hybrid.plan import Replica, Stage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
+from gpualloc.telemetry.base import DeviceSample, LinkSample, StepSample
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
 from gpualloc.placement.replan import (
     PLANNERS,
+    Monitor,
     decide_hybrid,
     hybrid_migration_bytes,
     hybrid_migration_cost_s,
@@ -243,3 +245,59 @@ def test_decide_after_a_batch_change_returns_a_plan_at_the_new_batch(four_v100):
     d = decide_hybrid(p, plan, nominal(4, batch_scale=3 / 64), 10_000)
     assert d.plan.global_batch == 3
     assert all(sum(r.batch_share for r in s.replicas) == 3 for s in d.plan.stages)
+
+
+def observed(problem: HybridProblem, plan, truth: Conditions) -> StepSample:
+    """The step ``plan`` takes under ``truth`` as a telemetry backend would report it: busy time per
+    device, the batch, and every link's bandwidth."""
+    r = simulate_hybrid(with_conditions(problem, truth), rescale_batch(plan, round(problem.global_batch
+                                                                                  * truth.batch_scale)))
+    bw = problem.bandwidth * truth.link_array
+    k = problem.k
+    return StepSample(0, r.step_time_s, r.step_time_s, round(problem.global_batch * truth.batch_scale),
+                      tuple(DeviceSample(d, r.step_time_s) for d in range(k)),
+                      tuple(LinkSample(a, b, r.step_time_s, float(bw[a, b])) for a in range(k) for b in range(k)
+                            if a != b), tuple(float(x) for x in r.busy_s))
+
+
+def test_the_monitor_reads_a_hybrid_plan_and_its_estimate_drives_the_decision(four_v100):
+    p = four_v100
+    plan = ddp(p)
+    monitor = Monitor(p, plan, patience=1)
+    assert not monitor.observe(observed(p, plan, nominal(4)))  # the plan as planned: no drift
+    link = np.ones((4, 4))
+    link[2, 3] = link[3, 2] = 0.5
+    truth = nominal(4, speed=[1.0, 0.5, 1.0, 1.0], link=link)
+    assert monitor.observe(observed(p, plan, truth))
+    est = monitor.estimate
+    np.testing.assert_allclose(est.speed_array, truth.speed_array, rtol=1e-9)
+    np.testing.assert_allclose(est.link_array, truth.link_array, rtol=1e-9)
+    d = decide_hybrid(p, plan, est, 10_000)
+    assert d.adopted and d.current_step_s == simulate_hybrid(with_conditions(p, truth), plan).step_time_s
+    assert d.new_step_s < 0.7 * d.current_step_s
+    monitor.rebase(d.plan, est)  # the new plan, made for the estimate: the same truth is no drift
+    assert not monitor.observe(observed(p, d.plan, truth))
+    with pytest.raises(PlacementError, match="a hybrid problem's plan must be a HybridPlan"):
+        Monitor(p, np.zeros(len(p.graph), dtype=np.int64))
+
+
+def test_busy_time_cannot_tell_which_gpu_of_a_tp_group_is_slow(four_v100):
+    # a TP group computes at the pace of its slowest device, so both read as slowed (a documented limit)
+    p = four_v100
+    tp2 = make_plan([Stage(0, p.L - 1, (Replica((0, 1), 32), Replica((2, 3), 32)))], 64, 1, n_devices=4)
+    monitor = Monitor(p, tp2, patience=1)
+    assert monitor.observe(observed(p, tp2, nominal(4, speed=[1.0, 0.5, 1.0, 1.0])))
+    assert monitor.estimate.speed_array.tolist() == [0.5, 0.5, 1.0, 1.0]
+
+
+def test_the_monitor_reads_a_hybrid_plans_batch_change(four_v100):
+    p = four_v100
+    plan = ddp(p)
+    monitor = Monitor(p, plan, patience=1)
+    assert monitor.observe(observed(p, plan, nominal(4, batch_scale=2.0)))
+    est = monitor.estimate
+    assert est.batch_scale == 2.0
+    # compute is not quite linear in the batch (launch overheads): the speeds read stay within the band
+    assert est.speed_array.tolist() == [1.0] * 4
+    d = decide_hybrid(p, plan, est, 1_000, overhead_s=30.0)
+    assert d.plan.global_batch == 128 and not d.adopted
