@@ -166,6 +166,9 @@ def test_conditions_scale_the_links_and_compose_with_speeds(four_v100):
     plan = ddp(p)
     assert simulate_hybrid(both, plan).step_time_s == simulate_hybrid(once, plan).step_time_s
     assert both.type_names == once.type_names == ("V100-16GB", "V100-16GB@0.5")
+    twice = with_conditions(q, nominal(4, link=link))  # link factors compose too
+    assert twice.bandwidth[0, 1] == pytest.approx(p.bandwidth[0, 1] / 16) and twice.base is p
+    assert with_speed_scale(twice, [1.0, 2.0, 1.0, 1.0]).bandwidth[0, 1] == twice.bandwidth[0, 1]
     with pytest.raises(PlacementError, match="conditions: 3 devices, the problem has 4"):
         with_conditions(p, nominal(3))
 

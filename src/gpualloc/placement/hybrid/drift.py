@@ -113,10 +113,18 @@ def with_speed_scale(problem: HybridProblem, scale_per_device: Sequence[float] |
     if scale.shape != (problem.k,) or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
         raise PlacementError(f"speed scale: expected {problem.k} finite positive factors (one per device), "
                              f"got {np.asarray(scale_per_device).tolist()!r}")
-    link = None
-    if isinstance(problem, ScaledHybridProblem):
-        problem, scale, link = problem.base, problem.scale * scale, problem.link
-    return _drifted(problem, scale, link)
+    return _drifted(*_compose(problem, scale, None))
+
+
+def _compose(problem: HybridProblem, scale: np.ndarray, link: np.ndarray | None
+             ) -> tuple[HybridProblem, np.ndarray, np.ndarray | None]:
+    """The undrifted problem under ``problem`` and the factors on it: ``scale`` and ``link`` (factors on
+    ``problem``) times those ``problem`` already has."""
+    if not isinstance(problem, ScaledHybridProblem):
+        return problem, scale, link
+    if problem.link is not None:
+        link = problem.link if link is None else problem.link * link
+    return problem.base, problem.scale * scale, link
 
 
 def _drifted(base: HybridProblem, scale: np.ndarray, link: np.ndarray | None) -> HybridProblem:
@@ -145,12 +153,8 @@ def with_conditions(problem: HybridProblem, conditions: Conditions) -> HybridPro
     k = len(conditions.device_speed)
     if k != problem.k:
         raise PlacementError(f"conditions: {k} devices, the problem has {problem.k}")
-    scale = np.array(conditions.device_speed, dtype=np.float64)
-    link = np.array(conditions.link_bandwidth, dtype=np.float64)
-    base = problem
-    if isinstance(problem, ScaledHybridProblem):
-        base, scale = problem.base, problem.scale * scale
-        link = link if problem.link is None else problem.link * link
+    base, scale, link = _compose(problem, np.array(conditions.device_speed, dtype=np.float64),
+                                 np.array(conditions.link_bandwidth, dtype=np.float64))
     if conditions.batch_scale != 1.0:
         batch = max(1, round(base.global_batch * conditions.batch_scale))
         if batch != base.global_batch:
