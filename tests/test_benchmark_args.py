@@ -28,6 +28,8 @@ RECORDS = {"calibration_report": "calibration", "sailor_plans": "sailor"}  # els
     ("placement_quality", ["--data", "{tmp}"], "argument --data: {tmp}: no pipedream-profiles/*.txt in it"),
     ("replan_demo", ["--noise", "nan"], "argument --noise: 'nan': expected a finite number >= 0"),
     ("replan_demo", ["--pipedream", "/nonexistent.txt"], "argument --pipedream: /nonexistent.txt: no such file"),
+    ("replan_hybrid", ["--models", "gpt9"], "argument --models: invalid choice: 'gpt9'"),
+    ("replan_hybrid", ["--out", "{tmp}/a-file/r.json"], "argument --out: {tmp}/a-file/r.json: cannot write"),
     ("sailor_plans", ["--data", "{tmp}"], "argument --data: {tmp}: no llm_info.json in it"),
     ("service_load", ["--rate", "0"], "argument --rate: '0': expected a finite number > 0"),
     ("simulate_speed", ["--repeats", "3"], "unrecognized arguments: --repeats 3"),

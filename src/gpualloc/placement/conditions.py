@@ -28,7 +28,7 @@ import numpy as np
 
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpTiming
-from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.problem import OnCluster, PlacementProblem
 
 __all__ = [
     "Conditions",
@@ -335,9 +335,9 @@ def _check_device(device: Any, k: int, event: DriftEvent) -> None:
 
 
 # ------------------------------------------------------------------------------------------ schedules
-def _k_and_groups(problem_or_k: PlacementProblem | int) -> tuple[int, list[tuple[int, ...]]]:
+def _k_and_groups(problem_or_k: OnCluster | int) -> tuple[int, list[tuple[int, ...]]]:
     """Device count and the groups a network joins: the cluster's nodes, or two halves without a cluster."""
-    if isinstance(problem_or_k, PlacementProblem):
+    if isinstance(problem_or_k, OnCluster):  # an op-level or a hybrid problem
         k = problem_or_k.k
         groups = [tuple(node.devices) for node in problem_or_k.cluster.nodes]
         if len(groups) > 1:
@@ -352,7 +352,7 @@ def _between(a: Sequence[int], b: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple((i, j) for i in a for j in b)
 
 
-def scripted_schedule(problem_or_k: PlacementProblem | int, iterations: int = 10_000) -> DriftSchedule:
+def scripted_schedule(problem_or_k: OnCluster | int, iterations: int = 10_000) -> DriftSchedule:
     """The default scenario, at fixed fractions of the run (percentages of ``iterations``):
 
     1. at 10%: device 0 throttles (thermal) to 0.6 of its speed for 30% of the run;
@@ -379,7 +379,7 @@ def scripted_schedule(problem_or_k: PlacementProblem | int, iterations: int = 10
 
 
 def random_schedule(
-    problem_or_k: PlacementProblem | int,
+    problem_or_k: OnCluster | int,
     iterations: int = 10_000,
     seed: int | np.random.Generator | None = None,
     *,

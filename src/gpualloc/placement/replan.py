@@ -37,7 +37,7 @@ from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with
 from gpualloc.placement.hybrid.plan import HybridPlan, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
-from gpualloc.placement.hybrid.simulate import simulate_hybrid
+from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 from gpualloc.placement.partition.kernighan_lin import kl_refine
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate
@@ -50,6 +50,7 @@ __all__ = [
     "Decision",
     "HybridDecision",
     "HybridPlanner",
+    "HybridRun",
     "Monitor",
     "Planner",
     "Segment",
@@ -65,6 +66,7 @@ __all__ = [
     "migration_bytes",
     "migration_cost_s",
     "rebalance_shares",
+    "run_hybrid_training",
     "run_training",
     "should_migrate",
 ]
@@ -448,9 +450,6 @@ class SimulatedTelemetry:
         self.plan = 0
         self._rng = np.random.default_rng(seed)  # a Generator comes back unchanged
         self._set_assignment(assignment)
-        types = [d.type for d in problem.cluster.devices]
-        self._idle_w = np.array([t.idle_w for t in types])
-        self._tdp_w = np.array([t.tdp_w for t in types])
         self._batch = problem.graph.batch_size or REFERENCE_BATCH
 
     def _set_assignment(self, assignment: np.ndarray) -> None:
@@ -504,32 +503,31 @@ class SimulatedTelemetry:
         return np.maximum(1.0 + self.noise * self._rng.standard_normal(size), 0.05)
 
     def sample(self) -> StepSample:
-        res = self.step()
-        cond = self.conditions()
-        k = self.problem.k
-        step = res.step_time_s * self._jitter()
-        busy = np.asarray(res.busy_s) * self._jitter(k)
-        util = np.clip(busy / step, 0.0, 1.0) if step > 0 else np.zeros(k)
-        power = physics.power_w(self._idle_w, self._tdp_w, util)
-        clock = np.minimum(cond.speed_array, 1.0)
-        t = self.time_s
-        devices = tuple(
-            DeviceSample(j, t, float(util[j]), res.peak_mem_bytes[j], float(self.problem.mem_cap_bytes[j]), None,
-                         float(power[j]), float(clock[j]), None)
-            for j in range(k)
-        )
-        bw = self.problem.bandwidth * cond.link_array
-        links = tuple(LinkSample(s, d, t, float(bw[s, d] * self._jitter())) for s in range(k) for d in range(k)
-                      if s != d)
-        return StepSample(
-            iteration=max(self.iteration - 1, 0),
-            time_s=t,
-            step_time_s=float(step),
-            batch_size=max(1, round(self._batch * cond.batch_scale)),
-            devices=devices,
-            links=links,
-            device_busy_s=tuple(float(x) for x in busy),
-        )
+        return _step_sample(self.problem, self.step(), self.conditions(), self._jitter, time_s=self.time_s,
+                            iteration=max(self.iteration - 1, 0), batch=self._batch)
+
+
+def _step_sample(problem: PlacementProblem | HybridProblem, res: StepResult | HybridResult, cond: Conditions,
+                 jitter: Callable[..., Any], *, time_s: float, iteration: int, batch: int) -> StepSample:
+    """The simulated step ``res`` under the true ``cond`` as a hardware backend reports it (see
+    :class:`SimulatedTelemetry`); ``jitter(size=None)`` draws the measurement noise factors."""
+    k = problem.k
+    types = [d.type for d in problem.cluster.devices]
+    step = res.step_time_s * jitter()
+    busy = np.asarray(res.busy_s) * jitter(k)
+    util = np.clip(busy / step, 0.0, 1.0) if step > 0 else np.zeros(k)
+    power = physics.power_w(np.array([t.idle_w for t in types]), np.array([t.tdp_w for t in types]), util)
+    clock = np.minimum(cond.speed_array, 1.0)
+    devices = tuple(
+        DeviceSample(j, time_s, float(util[j]), float(res.peak_mem_bytes[j]), float(problem.mem_cap_bytes[j]), None,
+                     float(power[j]), float(clock[j]), None)
+        for j in range(k)
+    )
+    bw = problem.bandwidth * cond.link_array
+    links = tuple(LinkSample(s, d, time_s, float(bw[s, d] * jitter())) for s in range(k) for d in range(k) if s != d)
+    return StepSample(iteration=iteration, time_s=time_s, step_time_s=float(step),
+                      batch_size=max(1, round(batch * cond.batch_scale)), devices=devices, links=links,
+                      device_busy_s=tuple(float(x) for x in busy))
 
 
 # ------------------------------------------------------------------------------------------ monitor
@@ -901,3 +899,122 @@ def _summarise(problem: PlacementProblem, segments: list[Segment], decisions: li
         decisions=tuple(decisions),
         plans=tuple(plans),
     )
+
+
+# ------------------------------------------------------------------------------------------ hybrid runs
+@dataclass(frozen=True)
+class HybridRun:
+    """A whole run of a hybrid plan under drift (:func:`run_hybrid_training`).
+
+    Attributes:
+        training_time_s: steps plus migrations.
+        iterations: steps run.
+        replans: migrations adopted (new stages or re-balanced shares).
+        replans_rejected: decisions that kept the plan.
+        migration_time_s: time spent migrating.
+        utilization: device busy time over ``devices x training_time_s``.
+        timeline: ``(start_iteration, end_iteration, plan index, step_time_s)`` of each stretch of
+            constant plan and conditions.
+        decisions: ``(iteration, decision)`` of every re-planning decision.
+        plans: the plan of each plan index (not compared).
+    """
+
+    training_time_s: float
+    iterations: int
+    replans: int
+    replans_rejected: int
+    migration_time_s: float
+    utilization: float
+    timeline: tuple[tuple[int, int, int, float], ...]
+    decisions: tuple[tuple[int, HybridDecision], ...]
+    plans: tuple[HybridPlan, ...] = field(default=(), compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"training_time_s": self.training_time_s, "iterations": self.iterations, "replans": self.replans,
+                "replans_rejected": self.replans_rejected, "migration_time_s": self.migration_time_s,
+                "utilization_fraction": self.utilization,
+                "timeline": [{"start_iteration": a, "end_iteration": b, "plan": i, "step_time_s": t}
+                             for a, b, i, t in self.timeline],
+                "decisions": [{"iteration": it, "source": d.source, "adopted": d.adopted,
+                               "current_step_s": d.current_step_s, "new_step_s": d.new_step_s,
+                               "migration_s": d.migration_s, "moved_bytes": d.moved_bytes}
+                              for it, d in self.decisions]}
+
+
+def run_hybrid_training(problem: HybridProblem, plan: HybridPlan, *, schedule: DriftSchedule,
+                        iterations: int = 10_000, replan: bool = True, planner: HybridPlanner | None = None,
+                        check_every: int = 100, threshold: float = 0.1, seed: int | np.random.Generator | None = 0,
+                        noise: float = 0.0, patience: int = 2, margin: float = 0.0,
+                        horizon_iterations: int | None = None, migration_overhead_s: float = 0.0) -> HybridRun:
+    """:func:`run_training` for a hybrid plan: train ``iterations`` steps under ``schedule``; every
+    ``check_every`` steps a :class:`Monitor` reads the latest step's telemetry (as
+    :class:`SimulatedTelemetry` reports it, ``noise`` drawn from ``seed``) and, on drift,
+    :func:`decide_hybrid` weighs re-balanced shares against the ``planner``'s new stages
+    (default :func:`hybrid_planner`). ``replan=False`` is the static plan: its shares follow batch
+    changes in proportion (:func:`~gpualloc.placement.hybrid.drift.rescale_batch`), nothing else moves.
+    A migration costs :func:`hybrid_migration_cost_s` under the true conditions.
+    """
+    if iterations < 0 or check_every < 1:
+        raise PlacementError("need iterations >= 0 and check_every >= 1")
+    if noise < 0:
+        raise PlacementError(f"noise must be >= 0, got {noise!r}")
+    k = problem.k
+    rng = np.random.default_rng(seed)
+    problems: dict[Conditions, HybridProblem] = {}
+    steps: dict[tuple[Conditions, HybridPlan], HybridResult] = {}
+
+    def under(cond: Conditions) -> HybridProblem:
+        if cond not in problems:
+            problems[cond] = with_conditions(problem, cond)
+        return problems[cond]
+
+    def step(cond: Conditions, p: HybridPlan) -> HybridResult:
+        if (cond, p) not in steps:
+            q = under(cond)
+            steps[cond, p] = simulate_hybrid(q, rescale_batch(p, q.global_batch, n_devices=k))
+        return steps[cond, p]
+
+    def jitter(size: int | None = None) -> Any:
+        if noise == 0.0:
+            return 1.0 if size is None else np.ones(size)
+        return np.maximum(1.0 + noise * rng.standard_normal(size), 0.05)
+
+    current, plans = plan, [plan]
+    monitor = Monitor(problem, plan, threshold=threshold, patience=patience) if replan else None
+    checks = range(check_every, iterations, check_every) if replan else range(0)
+    timeline: list[tuple[int, int, int, float]] = []
+    decisions: list[tuple[int, HybridDecision]] = []
+    time_s = migration_s = busy_s = 0.0
+    start = 0
+    for stop in [*checks, iterations]:
+        for end in [p for p in schedule.change_points(stop) if p > start] + [stop]:
+            if end > start:
+                r = step(schedule.conditions_at(start, k), current)
+                time_s += (end - start) * r.step_time_s
+                busy_s += (end - start) * float(np.sum(r.busy_s))
+                timeline.append((start, end, len(plans) - 1, r.step_time_s))
+                start = end
+        if monitor is None or stop >= iterations:
+            continue
+        truth = schedule.conditions_at(stop - 1, k)
+        sample = _step_sample(under(truth), step(truth, current), truth, jitter, time_s=time_s, iteration=stop - 1,
+                              batch=problem.global_batch)
+        if not monitor.observe(sample):
+            continue
+        est = monitor.estimate
+        d = decide_hybrid(problem, current, est, iterations - stop, planner=planner, margin=margin,
+                          horizon_iterations=horizon_iterations, overhead_s=migration_overhead_s)
+        decisions.append((stop, d))
+        if d.adopted:
+            q = under(truth)
+            took = hybrid_migration_cost_s(q, rescale_batch(current, q.global_batch, n_devices=k), d.plan,
+                                           overhead_s=migration_overhead_s)
+            time_s += took
+            migration_s += took
+            current = d.plan
+            plans.append(current)
+        monitor.rebase(current, est)
+    return HybridRun(training_time_s=time_s, iterations=iterations, replans=sum(d.adopted for _, d in decisions),
+                     replans_rejected=sum(not d.adopted for _, d in decisions), migration_time_s=migration_s,
+                     utilization=busy_s / (k * time_s) if time_s > 0 else 0.0, timeline=tuple(timeline),
+                     decisions=tuple(decisions), plans=tuple(plans))

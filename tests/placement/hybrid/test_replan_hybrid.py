@@ -10,7 +10,7 @@ from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
-from gpualloc.placement.conditions import Conditions
+from gpualloc.placement.conditions import Conditions, DriftSchedule, scripted_schedule
 from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with_speed_scale
 from gpualloc.placement.hybrid.plan import Replica, Stage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -25,6 +25,7 @@ from gpualloc.placement.replan import (
     hybrid_migration_cost_s,
     hybrid_planner,
     rebalance_shares,
+    run_hybrid_training,
 )
 
 
@@ -304,3 +305,38 @@ def test_the_monitor_reads_a_hybrid_plans_batch_change(four_v100):
     assert est.speed_array.tolist() == [1.0] * 4
     d = decide_hybrid(p, plan, est, 1_000, overhead_s=30.0)
     assert d.plan.global_batch == 128 and not d.adopted
+
+
+# ----------------------------------------------------------------------------- whole runs
+def test_a_hybrid_run_without_drift_is_its_step_times_the_iterations(four_v100):
+    p = four_v100
+    plan = ddp(p)
+    step = simulate_hybrid(p, plan).step_time_s
+    for replan in (False, True):
+        run = run_hybrid_training(p, plan, schedule=DriftSchedule(()), iterations=1_000, replan=replan)
+        assert run.training_time_s == pytest.approx(1_000 * step)
+        assert run.decisions == () and run.replans == 0 and run.plans == (plan,)
+        assert [a for a, _, _, _ in run.timeline] == list(range(0, 1_000, 100 if replan else 1_000))
+    with pytest.raises(PlacementError, match="need iterations >= 0"):
+        run_hybrid_training(p, plan, schedule=DriftSchedule(()), iterations=-1)
+
+
+def test_re_planning_a_hybrid_run_beats_the_static_plan_under_the_scripted_drift(four_v100):
+    p = four_v100
+    plan = ddp(p)
+    schedule = scripted_schedule(p, 10_000)
+    static = run_hybrid_training(p, plan, schedule=schedule, replan=False)
+    run = run_hybrid_training(p, plan, schedule=schedule, noise=0.02, seed=0)
+    assert run.training_time_s < 0.9 * static.training_time_s  # 18% on this model
+    assert run == run_hybrid_training(p, plan, schedule=schedule, noise=0.02, seed=0)  # seeded noise
+    for r in (static, run):  # the timeline covers the run once, in order; time is steps plus migrations
+        assert r.timeline[0][0] == 0 and r.timeline[-1][1] == 10_000
+        assert all(a[1] == b[0] for a, b in zip(r.timeline, r.timeline[1:], strict=False))
+        assert r.training_time_s == pytest.approx(sum((b - a) * t for a, b, _, t in r.timeline) + r.migration_time_s)
+        assert [i for _, _, i, _ in r.timeline] == sorted(i for _, _, i, _ in r.timeline)
+    assert run.replans == sum(d.adopted for _, d in run.decisions) == len(run.plans) - 1 > 0
+    assert run.replans_rejected == len(run.decisions) - run.replans
+    # the static plan's shares follow the doubled batch (at 65%): its steps take longer from there
+    before = [t for a, _, _, t in static.timeline if a < 6_500]
+    after = [t for a, _, _, t in static.timeline if a >= 6_500]
+    assert min(after) > 1.5 * simulate_hybrid(p, plan).step_time_s and before[0] < min(after)
