@@ -498,13 +498,18 @@ class SimulatedTelemetry:
         self._set_assignment(assignment)
 
     def _jitter(self, size: int | None = None) -> Any:
-        if self.noise == 0.0:
-            return 1.0 if size is None else np.ones(size)
-        return np.maximum(1.0 + self.noise * self._rng.standard_normal(size), 0.05)
+        return _noise(self._rng, self.noise, size)
 
     def sample(self) -> StepSample:
         return _step_sample(self.problem, self.step(), self.conditions(), self._jitter, time_s=self.time_s,
                             iteration=max(self.iteration - 1, 0), batch=self._batch)
+
+
+def _noise(rng: np.random.Generator, noise: float, size: int | None = None) -> Any:
+    """Measurement noise factors ``1 + noise x N(0, 1)`` (at least 0.05): one, or ``size`` of them."""
+    if noise == 0.0:
+        return 1.0 if size is None else np.ones(size)
+    return np.maximum(1.0 + noise * rng.standard_normal(size), 0.05)
 
 
 def _step_sample(problem: PlacementProblem | HybridProblem, res: StepResult | HybridResult, cond: Conditions,
@@ -915,7 +920,7 @@ class HybridRun:
         utilization: device busy time over ``devices x training_time_s``.
         timeline: ``(start_iteration, end_iteration, plan index, step_time_s)`` of each stretch of
             constant plan and conditions.
-        decisions: ``(iteration, decision)`` of every re-planning decision.
+        decisions: ``(iteration, estimated conditions, decision)`` of every re-planning decision.
         plans: the plan of each plan index (not compared).
     """
 
@@ -926,7 +931,7 @@ class HybridRun:
     migration_time_s: float
     utilization: float
     timeline: tuple[tuple[int, int, int, float], ...]
-    decisions: tuple[tuple[int, HybridDecision], ...]
+    decisions: tuple[tuple[int, Conditions, HybridDecision], ...]
     plans: tuple[HybridPlan, ...] = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -937,8 +942,9 @@ class HybridRun:
                              for a, b, i, t in self.timeline],
                 "decisions": [{"iteration": it, "source": d.source, "adopted": d.adopted,
                                "current_step_s": d.current_step_s, "new_step_s": d.new_step_s,
-                               "migration_s": d.migration_s, "moved_bytes": d.moved_bytes}
-                              for it, d in self.decisions]}
+                               "migration_s": d.migration_s, "moved_bytes": d.moved_bytes,
+                               "estimate": est.to_dict()}
+                              for it, est, d in self.decisions]}
 
 
 def run_hybrid_training(problem: HybridProblem, plan: HybridPlan, *, schedule: DriftSchedule,
@@ -974,16 +980,11 @@ def run_hybrid_training(problem: HybridProblem, plan: HybridPlan, *, schedule: D
             steps[cond, p] = simulate_hybrid(q, rescale_batch(p, q.global_batch, n_devices=k))
         return steps[cond, p]
 
-    def jitter(size: int | None = None) -> Any:
-        if noise == 0.0:
-            return 1.0 if size is None else np.ones(size)
-        return np.maximum(1.0 + noise * rng.standard_normal(size), 0.05)
-
     current, plans = plan, [plan]
     monitor = Monitor(problem, plan, threshold=threshold, patience=patience) if replan else None
     checks = range(check_every, iterations, check_every) if replan else range(0)
     timeline: list[tuple[int, int, int, float]] = []
-    decisions: list[tuple[int, HybridDecision]] = []
+    decisions: list[tuple[int, Conditions, HybridDecision]] = []
     time_s = migration_s = busy_s = 0.0
     start = 0
     for stop in [*checks, iterations]:
@@ -997,14 +998,14 @@ def run_hybrid_training(problem: HybridProblem, plan: HybridPlan, *, schedule: D
         if monitor is None or stop >= iterations:
             continue
         truth = schedule.conditions_at(stop - 1, k)
-        sample = _step_sample(under(truth), step(truth, current), truth, jitter, time_s=time_s, iteration=stop - 1,
-                              batch=problem.global_batch)
+        sample = _step_sample(problem, step(truth, current), truth, lambda size=None: _noise(rng, noise, size),
+                              time_s=time_s, iteration=stop - 1, batch=problem.global_batch)
         if not monitor.observe(sample):
             continue
         est = monitor.estimate
         d = decide_hybrid(problem, current, est, iterations - stop, planner=planner, margin=margin,
                           horizon_iterations=horizon_iterations, overhead_s=migration_overhead_s)
-        decisions.append((stop, d))
+        decisions.append((stop, est, d))
         if d.adopted:
             q = under(truth)
             took = hybrid_migration_cost_s(q, rescale_batch(current, q.global_batch, n_devices=k), d.plan,
@@ -1014,7 +1015,8 @@ def run_hybrid_training(problem: HybridProblem, plan: HybridPlan, *, schedule: D
             current = d.plan
             plans.append(current)
         monitor.rebase(current, est)
-    return HybridRun(training_time_s=time_s, iterations=iterations, replans=sum(d.adopted for _, d in decisions),
-                     replans_rejected=sum(not d.adopted for _, d in decisions), migration_time_s=migration_s,
+    adopted = sum(d.adopted for _, _, d in decisions)
+    return HybridRun(training_time_s=time_s, iterations=iterations, replans=adopted,
+                     replans_rejected=len(decisions) - adopted, migration_time_s=migration_s,
                      utilization=busy_s / (k * time_s) if time_s > 0 else 0.0, timeline=tuple(timeline),
                      decisions=tuple(decisions), plans=tuple(plans))

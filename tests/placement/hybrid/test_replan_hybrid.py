@@ -334,8 +334,15 @@ def test_re_planning_a_hybrid_run_beats_the_static_plan_under_the_scripted_drift
         assert all(a[1] == b[0] for a, b in zip(r.timeline, r.timeline[1:], strict=False))
         assert r.training_time_s == pytest.approx(sum((b - a) * t for a, b, _, t in r.timeline) + r.migration_time_s)
         assert [i for _, _, i, _ in r.timeline] == sorted(i for _, _, i, _ in r.timeline)
-    assert run.replans == sum(d.adopted for _, d in run.decisions) == len(run.plans) - 1 > 0
+    assert run.replans == sum(d.adopted for _, _, d in run.decisions) == len(run.plans) - 1 > 0
     assert run.replans_rejected == len(run.decisions) - run.replans
+    # without noise the monitor reads the schedule's conditions exactly: the network at 0.3 from 30%
+    exact = run_hybrid_training(p, plan, schedule=schedule)
+    it, est, _ = next(x for x in exact.decisions if x[0] > 3_000)
+    truth = schedule.conditions_at(it - 1, p.k)
+    assert truth.link_array.min() == 0.3
+    np.testing.assert_allclose(est.link_array, truth.link_array)
+    np.testing.assert_allclose(est.speed_array, truth.speed_array)
     # the static plan's shares follow the doubled batch (at 65%): its steps take longer from there
     before = [t for a, _, _, t in static.timeline if a < 6_500]
     after = [t for a, _, _, t in static.timeline if a >= 6_500]
