@@ -919,7 +919,7 @@ class HybridRun:
         migration_time_s: time spent migrating.
         utilization: device busy time over ``devices x training_time_s``.
         timeline: ``(start_iteration, end_iteration, plan index, step_time_s)`` of each stretch of
-            constant plan and conditions.
+            constant plan and step time.
         decisions: ``(iteration, estimated conditions, decision)`` of every re-planning decision.
         plans: the plan of each plan index (not compared).
     """
@@ -993,7 +993,10 @@ def run_hybrid_training(problem: HybridProblem, plan: HybridPlan, *, schedule: D
                 r = step(schedule.conditions_at(start, k), current)
                 time_s += (end - start) * r.step_time_s
                 busy_s += (end - start) * float(np.sum(r.busy_s))
-                timeline.append((start, end, len(plans) - 1, r.step_time_s))
+                seg = (start, end, len(plans) - 1, r.step_time_s)
+                if timeline and timeline[-1][1:] == (start, *seg[2:]):  # the same stretch goes on
+                    seg = (timeline.pop()[0], *seg[1:])
+                timeline.append(seg)
                 start = end
         if monitor is None or stop >= iterations:
             continue

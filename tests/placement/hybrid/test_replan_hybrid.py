@@ -316,7 +316,7 @@ def test_a_hybrid_run_without_drift_is_its_step_times_the_iterations(four_v100):
         run = run_hybrid_training(p, plan, schedule=DriftSchedule(()), iterations=1_000, replan=replan)
         assert run.training_time_s == pytest.approx(1_000 * step)
         assert run.decisions == () and run.replans == 0 and run.plans == (plan,)
-        assert [a for a, _, _, _ in run.timeline] == list(range(0, 1_000, 100 if replan else 1_000))
+        assert run.timeline == ((0, 1_000, 0, step),)
     with pytest.raises(PlacementError, match="need iterations >= 0"):
         run_hybrid_training(p, plan, schedule=DriftSchedule(()), iterations=-1)
 
