@@ -53,6 +53,7 @@ __all__ = [
     "HybridRun",
     "Monitor",
     "Planner",
+    "RunTotals",
     "Segment",
     "SimulatedTelemetry",
     "StepCache",
@@ -705,8 +706,8 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class TrainingRun:
-    """A whole run: time, re-plans and what the devices did.
+class RunTotals:
+    """What every simulated run under drift reports (:class:`TrainingRun`, :class:`HybridRun`).
 
     Attributes:
         training_time_s: steps plus migrations.
@@ -715,6 +716,26 @@ class TrainingRun:
         replans_rejected: proposals turned down (no gain, or gain below the migration cost).
         migration_time_s: time spent migrating.
         utilization: device busy time over ``devices x training_time_s``.
+    """
+
+    training_time_s: float
+    iterations: int
+    replans: int
+    replans_rejected: int
+    migration_time_s: float
+    utilization: float
+
+    def _totals(self) -> dict[str, Any]:
+        return {"training_time_s": self.training_time_s, "iterations": self.iterations, "replans": self.replans,
+                "replans_rejected": self.replans_rejected, "migration_time_s": self.migration_time_s,
+                "utilization_fraction": self.utilization}
+
+
+@dataclass(frozen=True)
+class TrainingRun(RunTotals):
+    """A whole run of an op-level plan: :class:`RunTotals`, and what the devices did.
+
+    Attributes:
         mfu: FLOPs achieved over the peak of every device with a known peak, for the whole run
             (None where no device has one).
         comm_overhead: exposed-communication share (``comm_share``), time-weighted over the steps.
@@ -725,12 +746,6 @@ class TrainingRun:
         plans: the assignment of each plan index (not compared, not serialised).
     """
 
-    training_time_s: float
-    iterations: int
-    replans: int
-    replans_rejected: int
-    migration_time_s: float
-    utilization: float
     mfu: float | None
     comm_overhead: float
     energy_j: float
@@ -740,12 +755,9 @@ class TrainingRun:
     plans: tuple[np.ndarray, ...] = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"training_time_s": self.training_time_s, "iterations": self.iterations, "replans": self.replans,
-                "replans_rejected": self.replans_rejected, "migration_time_s": self.migration_time_s,
-                "utilization_fraction": self.utilization, "mfu_fraction": self.mfu,
-                "comm_overhead_fraction": self.comm_overhead, "energy_j": self.energy_j,
-                "avg_power_w": self.avg_power_w, "timeline": [s.to_dict() for s in self.timeline],
-                "decisions": [d.to_dict() for d in self.decisions]}
+        return {**self._totals(), "mfu_fraction": self.mfu, "comm_overhead_fraction": self.comm_overhead,
+                "energy_j": self.energy_j, "avg_power_w": self.avg_power_w,
+                "timeline": [s.to_dict() for s in self.timeline], "decisions": [d.to_dict() for d in self.decisions]}
 
 
 def run_training(
@@ -908,36 +920,22 @@ def _summarise(problem: PlacementProblem, segments: list[Segment], decisions: li
 
 # ------------------------------------------------------------------------------------------ hybrid runs
 @dataclass(frozen=True)
-class HybridRun:
-    """A whole run of a hybrid plan under drift (:func:`run_hybrid_training`).
+class HybridRun(RunTotals):
+    """A whole run of a hybrid plan under drift (:func:`run_hybrid_training`): :class:`RunTotals`, and
 
     Attributes:
-        training_time_s: steps plus migrations.
-        iterations: steps run.
-        replans: migrations adopted (new stages or re-balanced shares).
-        replans_rejected: decisions that kept the plan.
-        migration_time_s: time spent migrating.
-        utilization: device busy time over ``devices x training_time_s``.
         timeline: ``(start_iteration, end_iteration, plan index, step_time_s)`` of each stretch of
             constant plan and step time.
         decisions: ``(iteration, estimated conditions, decision)`` of every re-planning decision.
         plans: the plan of each plan index (not compared).
     """
 
-    training_time_s: float
-    iterations: int
-    replans: int
-    replans_rejected: int
-    migration_time_s: float
-    utilization: float
     timeline: tuple[tuple[int, int, int, float], ...]
     decisions: tuple[tuple[int, Conditions, HybridDecision], ...]
     plans: tuple[HybridPlan, ...] = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"training_time_s": self.training_time_s, "iterations": self.iterations, "replans": self.replans,
-                "replans_rejected": self.replans_rejected, "migration_time_s": self.migration_time_s,
-                "utilization_fraction": self.utilization,
+        return {**self._totals(),
                 "timeline": [{"start_iteration": a, "end_iteration": b, "plan": i, "step_time_s": t}
                              for a, b, i, t in self.timeline],
                 "decisions": [{"iteration": it, "source": d.source, "adopted": d.adopted,
