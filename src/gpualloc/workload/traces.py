@@ -735,13 +735,9 @@ def infer_format(path: str | Path) -> str:
         return "gavel"
     if suffix in (".parquet", ".pq"):
         return "native"
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            header = {c.strip() for c in next(csv.reader([fh.readline()]), [])}
-    except UnicodeDecodeError as err:
-        raise TraceError(not_utf8(str(path), err)) from err
-    except OSError as err:
-        raise TraceError(cannot_read(str(path), err)) from err
+    _check_text(path)  # unreadable or binary: the one message
+    with path.open(newline="", encoding="utf-8", errors="replace") as fh:
+        header = {c.strip() for c in next(csv.reader([fh.readline()]), [])}
     for name, needed in _HEADERS:
         if needed <= header:
             return name
