@@ -61,6 +61,26 @@ def test_agent_notes_say_each_learned_policy_once(recwarn):
         assert notes["dqn"] == make_policy("dqn").note
 
 
+def test_real_windows_run_on_every_cluster_of_the_table(shared_data):
+    """The unseen cluster gets the real-trace windows too (transfer to real workloads on GPUs never trained
+    on), each row compared only with the heuristics of its own cluster, trace and load."""
+    from gpualloc.experiments.scheduling_table import _planned_runs, _real_traces, run_table, total_runs
+
+    spec = SchedTableSpec(unseen_cluster="4xV100+4xT4", loads=(0.8,), seeds=1, jobs=12, real_jobs=12,
+                          policies=("fcfs", "srtf"))
+    real = _real_traces(shared_data)
+    assert len(_planned_runs(spec, real, None)) == total_runs(spec, True) == 2 * 2 * (1 + len(real))
+    rows = run_table(spec, shared_data)["rows"]
+    real_rows = [r for r in rows if r["part"] == "real"]
+    assert {(r["cluster"], r["trace"]) for r in real_rows} == {(c, label) for c in spec.clusters
+                                                              for label, _, _ in real}
+    for r in real_rows:  # srtf is the one heuristic here (fcfs is a baseline, not among the heuristics)
+        srtf = next(x for x in real_rows
+                    if (x["cluster"], x["trace"], x["policy"]) == (r["cluster"], r["trace"], "srtf"))
+        assert r["vs_best"] == pytest.approx(1.0 - r["avg_jct_s"] / srtf["avg_jct_s"])
+    assert len({r["avg_jct_s"] for r in real_rows if r["policy"] == "srtf"}) == 2 * len(real)  # distinct runs
+
+
 def test_training_windows_are_unseen_by_the_table_and_keep_the_trace_format(shared_data):
     from gpualloc.experiments.scheduling_table import (REAL_TRACES, TRAIN_WINDOWS, VAL_WINDOWS,
                                                        training_windows)

@@ -101,6 +101,18 @@ def test_bars_use_the_tables_unit_and_have_a_title(tmp_path):
                      scale=1e-6).is_file()
 
 
+def test_bars_on_a_log_axis_for_values_orders_of_magnitude_apart():
+    """The real-trace plot: FCFS at thousands of hours beside the best policies at tens."""
+    rows = [{"trace": "t", "policy": "fcfs", "avg_jct_s": 3.6e6}, {"trace": "t", "policy": "srtf", "avg_jct_s": 3.6e4}]
+    for log, scale in ((False, "linear"), (True, "log")):
+        fig = bars_figure(rows, ("trace",), "policy", "avg_jct_s", ylabel="h", title="t", scale=1 / 3600, log=log)
+        try:
+            assert fig.axes[0].get_yscale() == scale
+            assert sorted(round(p.get_height(), 6) for p in fig.axes[0].patches) == [10.0, 1000.0]
+        finally:
+            _close([fig])
+
+
 def test_gantt_legend_lists_the_phases_drawn():
     """A hybrid step has all-reduce and optimizer bars and may have no transfers: the legend follows."""
     events = [Event(0.0, 1.0, "dev:0", "F s0 mb0"), Event(1.0, 3.0, "dev:0", "B s0 mb0"),

@@ -113,8 +113,8 @@ def scheduling_cmd(
 ) -> None:
     """The scheduling table: every policy, the DQN agent and the lower bound, synthetic and real traces.
 
-    adlro16 with synthetic simulation / ML / data-processing jobs at several loads, then real traces
-    scaled to the cluster."""
+    adlro16 (and the unseen 16xV100+8xT4+8xA100) with synthetic simulation / ML / data-processing jobs at
+    several loads, then real-trace windows scaled to each cluster."""
     from dataclasses import replace
 
     from gpualloc.parallel import make_executor
@@ -155,9 +155,9 @@ def scheduling_cmd(
               title=f"{spec.cluster}: average JCT by load")
     real = [r for r in result["rows"] if r["part"] == "real"]
     if real:  # no real traces found: nothing to plot
-        plot_bars(real, ("trace",), "policy", "avg_jct_s", out / "real_traces.png", ylabel="average JCT (h)",
-                  scale=1 / 3600,
-                  title="real traces scaled to the cluster")
+        plot_bars(real, ("trace", "cluster"), "policy", "avg_jct_s", out / "real_traces.png",
+                  ylabel="average JCT (h, log scale)", scale=1 / 3600, log=True,
+                  title=f"real-trace windows scaled to load {spec.real_load:g} on each cluster")
     if as_json:
         print_json(result)
         return

@@ -10,9 +10,10 @@ compressed so its offered load (reference GPU-seconds over the span, per GPU) is
 device type of the cluster can hold (gangs over 8 GPUs, Alibaba pods pinned to GPU models the
 cluster lacks) are rejected and counted.
 
-Part 1 runs on ``adlro16`` and, in :meth:`SchedTableSpec.full` (``reproduce scheduling``), on
-``16xV100+8xT4+8xA100``, which the bundled agent never trained on. Each row carries ``vs_best``:
-its JCT reduction against the best heuristic (SRTF, Gavel, Tiresias, EASY, SJF) of the same
+Both parts run on ``adlro16`` and, in :meth:`SchedTableSpec.full` (``reproduce scheduling``), on
+``16xV100+8xT4+8xA100``, which the bundled agent never trained on (real windows on it: real workloads
+on GPUs never trained on). Each row carries ``vs_best``: its JCT reduction against the best heuristic
+(SRTF, Gavel, Tiresias, EASY, SJF and ``gavel-srtf``; ``vs_best_published`` without it) of the same
 cluster, trace and load, and the learned rows a paired 95% CI of it over seeds. ``dqn-hd`` is the
 ablation: the agent trained with the hyperdimensional features (``sched-experts-hd.pt``).
 """
@@ -212,20 +213,25 @@ def require_real_traces(data_root: str | Path) -> list[tuple[str, Path, str]]:
 
 def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
                   agent: str | None) -> list[tuple[str, SchedRun]]:
-    """Every simulation, labelled: synthetic (load, seed, policy), then real (trace, policy)."""
+    """Every simulation, labelled: synthetic (cluster, load, seed, policy), then real (cluster, trace, policy).
+
+    The real-trace windows run on every cluster of the table, the unseen one included: how a policy
+    transfers to real workloads on GPUs it was never trained on."""
     runs: list[tuple[str, SchedRun]] = []
     for cluster in spec.clusters:
+        where = "" if cluster == spec.cluster else f"{cluster} "
         for load in spec.loads:
             for seed in range(spec.seeds):
                 for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
-                    where = "" if cluster == spec.cluster else f"{cluster} "
                     runs.append((f"{where}load {load} seed {seed} {name}",
                                  SchedRun(cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
                                           agent=agent)))
-    for label, path, fmt in real:
-        for name in spec.policies:
-            runs.append((f"{label} {name}", SchedRun(spec.cluster, name, 0, spec.real_load, spec.real_jobs,
-                                                     path=str(path), fmt=fmt, agent=agent)))
+    for cluster in spec.clusters:
+        where = "" if cluster == spec.cluster else f"{cluster} "
+        for label, path, fmt in real:
+            for name in spec.policies:
+                runs.append((f"{where}{label} {name}", SchedRun(cluster, name, 0, spec.real_load, spec.real_jobs,
+                                                                path=str(path), fmt=fmt, agent=agent)))
     return runs
 
 
@@ -272,11 +278,11 @@ def _synthetic_rows(spec: SchedTableSpec, cluster: str, load: float,
     return rows
 
 
-def _real_rows(spec: SchedTableSpec, label: str,
+def _real_rows(spec: SchedTableSpec, cluster: str, label: str,
                results: Iterator[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Part-2 rows of one real trace: every policy and the oracle bound (one run each)."""
+    """Part-2 rows of one real trace on one cluster: every policy and the oracle bound (one run each)."""
     res, orc = _take(results, spec.policies)
-    return [{"part": "real", "cluster": spec.cluster, "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
+    return [{"part": "real", "cluster": cluster, "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
              **_aggregate([res[p] if p != "oracle-lb" else orc], [orc])}
             for p in [*spec.policies, "oracle-lb"]]
 
@@ -322,7 +328,8 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
     results = iter((executor or SerialExecutor()).map(run_one, [r for _, r in runs], on_result=done))
     rows = [row for cluster in spec.clusters for load in spec.loads
             for row in _synthetic_rows(spec, cluster, load, results)]
-    rows += [row for label, _path, _fmt in real for row in _real_rows(spec, label, results)]
+    rows += [row for cluster in spec.clusters for label, _path, _fmt in real
+             for row in _real_rows(spec, cluster, label, results)]
     _add_vs_fcfs(rows)
     return {"spec": {"cluster": spec.cluster, "unseen_cluster": spec.unseen_cluster,
                      "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
@@ -332,8 +339,8 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
 
 
 def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
-    return len(spec.policies) * (len(spec.clusters) * len(spec.loads) * spec.seeds
-                                 + (len(REAL_TRACES) if with_real else 0))
+    return len(spec.policies) * len(spec.clusters) * (len(spec.loads) * spec.seeds
+                                                      + (len(REAL_TRACES) if with_real else 0))
 
 
 TRAIN_WINDOWS = {"gavel-msr": (300, 600, 900), "philly": (1500, 3500, 7000, 30000, 60000),

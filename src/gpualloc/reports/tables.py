@@ -55,9 +55,10 @@ def placement_hybrid_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str, *,
-                ylabel: str, title: str, scale: float = 1.0):
+                ylabel: str, title: str, scale: float = 1.0, log: bool = False):
     """Grouped bar chart as a Figure: one group per distinct ``group_keys`` tuple, one bar per
-    ``series_key``, error bars from ``value_key + "_std"``; values times ``scale`` (the table's unit)."""
+    ``series_key``, error bars from ``value_key + "_std"``; values times ``scale`` (the table's unit);
+    ``log``: a logarithmic value axis (values spanning orders of magnitude)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +80,8 @@ def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], serie
     ax.set_xticks(x, ["\n".join(map(str, g)) for g in groups])
     ax.set_xlabel(" / ".join(group_keys))
     ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
     ax.set_title(title)
     # beside the axes, so that it never covers a bar
     ax.legend(fontsize=8, title=series_key, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -88,11 +91,12 @@ def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], serie
 
 
 def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str,
-              path: str | Path, *, ylabel: str, title: str = "", scale: float = 1.0) -> Path:
+              path: str | Path, *, ylabel: str, title: str = "", scale: float = 1.0, log: bool = False) -> Path:
     """Write :func:`bars_figure` to a PNG at ``path``; returns the path."""
     import matplotlib.pyplot as plt
 
-    fig = bars_figure(rows, group_keys, series_key, value_key, ylabel=ylabel, title=title or ylabel, scale=scale)
+    fig = bars_figure(rows, group_keys, series_key, value_key, ylabel=ylabel, title=title or ylabel, scale=scale,
+                      log=log)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
