@@ -354,6 +354,32 @@ def test_generate_reproducible(gavel108):
     assert a.format == "synthetic" and len(a) == 300 and a.jobs[0].arrival_s == 0.0
 
 
+def test_generate_gives_the_same_bits_whatever_simd_numpy_dispatches_to():
+    """A seeded trace is the same on every CPU: numpy's AVX-512 ``power`` kernel rounds differently from
+    the C library's ``pow``, which made one job's work differ in its last bit on AVX-512 machines (and
+    with it a golden event log). Here numpy's dispatched kernels are switched off in a subprocess; on a
+    CPU without any beyond numpy's baseline both runs take the same path."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:  # numpy 1.x
+        from numpy.core import _multiarray_umath as umath
+
+    extra = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+    code = ("import json; from gpualloc.hardware.cluster import load_cluster; "
+            "from gpualloc.workload.traces import generate; "
+            "t = generate(400, load_cluster('8xV100+4xK80'), 1.3, seed=1); "
+            "print(json.dumps([[repr(j.work_s), repr(j.arrival_s)] for j in t.jobs]))")
+    env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(extra)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    here = generate(400, load_cluster("8xV100+4xK80"), 1.3, seed=1)
+    assert json.loads(out.stdout) == [[repr(j.work_s), repr(j.arrival_s)] for j in here.jobs]
+
+
 def test_generate_leaves_global_rng_alone(gavel108):
     state = np.random.get_state()
     generate(50, gavel108, 1.0, seed=None)

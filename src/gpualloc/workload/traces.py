@@ -778,6 +778,13 @@ def _normalise_mix(mix: Mapping[JobType | str, float] | None) -> tuple[list[JobT
     return types, p / p.sum()
 
 
+def _exp10(x: np.ndarray) -> np.ndarray:
+    """``10 ** x`` element by element through the C library's ``pow``, the same bits on every CPU: numpy's
+    own ``power`` takes an AVX-512 kernel where the CPU has one, whose last bits differ, so a seeded
+    trace would differ from one machine to the next."""
+    return np.array([math.pow(10.0, v) for v in x.tolist()], dtype=float)
+
+
 def generate(num_jobs: int, cluster: ClusterSpec, load: float,
              seed: int | np.random.Generator | None = None,
              mix: Mapping[JobType | str, float] | None = None) -> Trace:
@@ -816,7 +823,7 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
     models = measured_models()
 
     long = rng.random(n) >= 0.8
-    minutes = np.where(long, 10.0 ** rng.uniform(3.0, 4.0, n), 10.0 ** rng.uniform(1.5, 3.0, n))
+    minutes = np.where(long, _exp10(rng.uniform(3.0, 4.0, n)), _exp10(rng.uniform(1.5, 3.0, n)))
     work = 60.0 * minutes
     gpus = np.minimum(rng.choice(SCALE_FACTORS, size=n, p=SCALE_FACTOR_P), max(counts.values()))
     type_idx = rng.choice(len(types), size=n, p=p_types)
