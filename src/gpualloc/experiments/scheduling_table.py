@@ -217,21 +217,21 @@ def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
 
     The real-trace windows run on every cluster of the table, the unseen one included: how a policy
     transfers to real workloads on GPUs it was never trained on."""
+    where = {c: "" if c == spec.cluster else f"{c} " for c in spec.clusters}  # each label's cluster prefix
     runs: list[tuple[str, SchedRun]] = []
     for cluster in spec.clusters:
-        where = "" if cluster == spec.cluster else f"{cluster} "
         for load in spec.loads:
             for seed in range(spec.seeds):
                 for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
-                    runs.append((f"{where}load {load} seed {seed} {name}",
+                    runs.append((f"{where[cluster]}load {load} seed {seed} {name}",
                                  SchedRun(cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
                                           agent=agent)))
     for cluster in spec.clusters:
-        where = "" if cluster == spec.cluster else f"{cluster} "
         for label, path, fmt in real:
             for name in spec.policies:
-                runs.append((f"{where}{label} {name}", SchedRun(cluster, name, 0, spec.real_load, spec.real_jobs,
-                                                                path=str(path), fmt=fmt, agent=agent)))
+                runs.append((f"{where[cluster]}{label} {name}",
+                             SchedRun(cluster, name, 0, spec.real_load, spec.real_jobs, path=str(path), fmt=fmt,
+                                      agent=agent)))
     return runs
 
 
