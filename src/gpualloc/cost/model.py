@@ -9,7 +9,9 @@ Op time on device type ``d`` (forward; backward likewise with ``BWD_FACTOR`` x t
 3. roofline: ``launch + max(flops / (peak * eta_compute), bytes / (bandwidth * eta_memory))``.
 
 The efficiencies ``eta`` are fitted on measured data by :mod:`gpualloc.cost.calibrate` and shipped as
-``data/calibration.json``. Peaks are FP32 (the precision of the measurements they were fitted on).
+``data/calibration.json`` against FP32 peaks (the precision of the measurements they were fitted on); in
+another precision the same efficiencies apply to that precision's peak (tensor cores for TF32, BF16, FP16)
+and the bytes moved scale with its value size (:mod:`gpualloc.cost.memory`), a stated assumption.
 Link time is ``latency + bytes / bandwidth``; power is ``idle + (TDP - idle) * utilisation``; both
 formulas live in :mod:`gpualloc.cost.physics`, which every simulator calls too.
 """
@@ -135,15 +137,26 @@ class Calibration:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
 
 
-def roofline_s(flops: np.ndarray | float, nbytes: np.ndarray | float, device: DeviceType, eff: Efficiency):
-    """Roofline time of work with ``flops`` and ``nbytes`` on ``device`` (arrays broadcast)."""
-    if device.fp32_tflops is None or device.mem_bandwidth_bytes_per_s is None:
+def roofline_s(flops: np.ndarray | float, nbytes: np.ndarray | float, device: DeviceType, eff: Efficiency,
+               precision: str = "fp32"):
+    """Roofline time of work with ``flops`` and ``nbytes`` (fp32 sizes) on ``device`` (arrays broadcast), in
+    ``precision``: its peak (the tensor cores' for tf32, bf16 and fp16) and its bytes a value."""
+    from gpualloc.cost.memory import PROFILE_VALUE_BYTES
+    from gpualloc.cost.memory import precision as get_precision
+
+    prec = get_precision(precision)
+    peak = prec.peak_tflops(device)
+    if precision == "fp32" and (peak is None or device.mem_bandwidth_bytes_per_s is None):
         raise CostModelError(
             f"device type {device.name!r} has no FP32 peak or memory bandwidth, and the graph has no measured "
             f"time for it: give its peaks or measured time_ms[{device.name!r}]"
         )
-    compute = np.asarray(flops, dtype=np.float64) / (device.fp32_tflops * TERA * eff.compute)
-    memory = np.asarray(nbytes, dtype=np.float64) / (device.mem_bandwidth_bytes_per_s * eff.memory)
+    prec.check(device)
+    if device.mem_bandwidth_bytes_per_s is None:
+        raise CostModelError(f"device type {device.name!r} has no memory bandwidth for a roofline estimate")
+    compute = np.asarray(flops, dtype=np.float64) / (peak * TERA * eff.compute)
+    moved = np.asarray(nbytes, dtype=np.float64) * (prec.value_bytes / PROFILE_VALUE_BYTES)
+    memory = moved / (device.mem_bandwidth_bytes_per_s * eff.memory)
     return eff.launch_s + np.maximum(compute, memory)
 
 
@@ -168,15 +181,20 @@ class CostModel:
     def efficiency(self, device: DeviceType) -> Efficiency:
         return self.calibration.efficiency(device)
 
-    def roofline_s(self, flops, nbytes, device: DeviceType):
-        return roofline_s(flops, nbytes, device, self.efficiency(device))
+    def roofline_s(self, flops, nbytes, device: DeviceType, precision: str = "fp32"):
+        return roofline_s(flops, nbytes, device, self.efficiency(device), precision)
 
-    def op_times_s(self, graph: OpGraph, device: DeviceType) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward time of every node of ``graph`` on ``device`` (seconds, arrays)."""
+    def op_times_s(self, graph: OpGraph, device: DeviceType, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward time of every node of ``graph`` on ``device`` in ``precision`` (seconds, arrays).
+
+        Measured times were taken in the graph's precision (``meta["precision"]``, fp32 by default); in another
+        one they are scaled by the roofline ratio of the two precisions on the device, the rule that moves them
+        between device types."""
         per_device = self._cache.setdefault(graph, {})
-        hit = per_device.get(device.name)
+        hit = per_device.get((device.name, precision))
         if hit is not None:
             return hit
+        measured_in = str(graph.meta.get("precision", "fp32"))
         n = len(graph)
         fwd = np.full(n, np.nan)
         bwd = np.full(n, np.nan)
@@ -185,17 +203,17 @@ class CostModel:
             if not node.time_ms:
                 continue
             t = node.time_ms.get(device.name)
-            if t is not None:
+            if t is not None and precision == measured_in:
                 fwd[i] = t.fwd_ms / 1e3
                 bwd[i] = (t.bwd_ms if t.bwd_ms is not None else BWD_FACTOR * t.fwd_ms) / 1e3
                 need_roofline[i] = False
                 continue
-            ref_name, ref_t = next(iter(node.time_ms.items()))
-            ref = self._resolve(ref_name)
+            ref_name, ref_t = (device.name, t) if t is not None else next(iter(node.time_ms.items()))
+            ref = self._resolve(ref_name) if t is None else device
             if ref is None:
                 continue
-            here_f, ref_f = self._pair_roofline(graph, i, device, ref, 1.0)
-            here_b, ref_b = self._pair_roofline(graph, i, device, ref, BWD_FACTOR)
+            here_f, ref_f = self._pair_roofline(graph, i, (device, precision), (ref, measured_in), 1.0)
+            here_b, ref_b = self._pair_roofline(graph, i, (device, precision), (ref, measured_in), BWD_FACTOR)
             fwd[i] = ref_t.fwd_ms / 1e3 * here_f / ref_f
             ref_bwd = ref_t.bwd_ms if ref_t.bwd_ms is not None else BWD_FACTOR * ref_t.fwd_ms
             bwd[i] = ref_bwd / 1e3 * here_b / ref_b
@@ -203,11 +221,11 @@ class CostModel:
         if need_roofline.any():
             idx = np.flatnonzero(need_roofline)
             flops, nbytes = graph.flops[idx], graph.bytes_accessed[idx]
-            fwd[idx] = self.roofline_s(flops, nbytes, device)
-            bwd[idx] = self.roofline_s(BWD_FACTOR * flops, BWD_FACTOR * nbytes, device)
+            fwd[idx] = self.roofline_s(flops, nbytes, device, precision)
+            bwd[idx] = self.roofline_s(BWD_FACTOR * flops, BWD_FACTOR * nbytes, device, precision)
         fwd.setflags(write=False)
         bwd.setflags(write=False)
-        per_device[device.name] = (fwd, bwd)
+        per_device[(device.name, precision)] = (fwd, bwd)
         return fwd, bwd
 
     def _resolve(self, name: str) -> DeviceType | None:
@@ -216,13 +234,14 @@ class CostModel:
         except Exception:  # a device type the catalog does not know: no transfer possible
             return None
 
-    def _pair_roofline(self, graph: OpGraph, i: int, here: DeviceType, ref: DeviceType, factor: float):
+    def _pair_roofline(self, graph: OpGraph, i: int, here: tuple[DeviceType, str], ref: tuple[DeviceType, str],
+                       factor: float):
         f, b = factor * graph.flops[i], factor * graph.bytes_accessed[i]
-        return float(self.roofline_s(f, b, here)), float(self.roofline_s(f, b, ref))
+        return float(self.roofline_s(f, b, *here)), float(self.roofline_s(f, b, *ref))
 
-    def step_time_s(self, graph: OpGraph, device: DeviceType) -> float:
+    def step_time_s(self, graph: OpGraph, device: DeviceType, precision: str = "fp32") -> float:
         """Forward + backward time of the whole graph on one device, ops run one after another."""
-        fwd, bwd = self.op_times_s(graph, device)
+        fwd, bwd = self.op_times_s(graph, device, precision)
         return float(fwd.sum() + bwd.sum())
 
     @staticmethod

@@ -90,6 +90,24 @@ def ring_allreduce_s(nbytes: ArrayLike, participants: ArrayLike, latency_s: Arra
     return np.where((n > 1) & (b > 0), t, 0.0)
 
 
+def ring_allgather_s(nbytes: ArrayLike, participants: ArrayLike, latency_s: ArrayLike,
+                     bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all among ``participants``: ``n - 1`` steps of
+    ``nbytes / n``, half of :func:`ring_allreduce_s` (which is one of each)."""
+    return 0.5 * ring_allreduce_s(nbytes, participants, latency_s, bandwidth_bytes_per_s)
+
+
+def prefetched_exposed_s(comm_s: np.ndarray, compute_s: np.ndarray) -> float:
+    """Communication left exposed when unit ``i + 1``'s collective is prefetched during unit ``i``'s compute
+    (FSDP's forward and backward prefetch, Zhao et al., PyTorch FSDP, VLDB 2023): the first unit's in full,
+    then whatever each next one needs beyond the compute it hides behind."""
+    comm = np.asarray(comm_s, dtype=np.float64)
+    if comm.size == 0:
+        return 0.0
+    hidden_behind = np.asarray(compute_s, dtype=np.float64)[:-1]
+    return float(comm[0] + np.maximum(comm[1:] - hidden_behind, 0.0).sum())
+
+
 def hierarchical_allreduce_s(nbytes: ArrayLike, per_node: ArrayLike, nodes: ArrayLike,
                              intra_latency_s: ArrayLike, intra_bandwidth_bytes_per_s: ArrayLike,
                              inter_latency_s: ArrayLike, inter_bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:

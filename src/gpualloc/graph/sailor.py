@@ -9,12 +9,13 @@ Heterogeneous, and Geo-distributed Clusters", SOSP 2025; eth-easl/sailor, MIT). 
 - ``llm_info.json``: ``{model: {tp: {layer: {params_floats, act_output_floats, act_input_floats,
   act_mem_floats, ...}}}}`` per sample.
 
-Precision. Sailor trains Megatron-DeepSpeed in fp16 mixed precision: its simulator sends activations and
-all-reduces gradients at ``float_size = 2`` bytes and counts 16 bytes of weight state per parameter (fp16
-weights and gradients, fp32 master copy, two fp32 Adam moments). So activations here are 2 bytes a
-float, and ``param_bytes`` is 4 bytes a parameter: gpualloc's training memory, weights + gradients + two
-optimizer states = 4 x ``param_bytes`` (``cost.physics.weight_state_bytes``), is then Sailor's 16 bytes
-a parameter. (A gradient all-reduce costed on ``param_bytes`` moves fp32 gradients: twice Sailor's fp16.)
+Precision. The profiles were measured in fp32: ``llm_info.json``'s ``*_bytes`` fields are 4 bytes a float,
+and Sailor's planner counts ``float_size = 4`` unless told the run is fp16. So activations and parameters
+here are 4 bytes a value, and the graph and its profile carry ``precision: "fp32"``. Planning these times
+in another precision is refused (:class:`gpualloc.placement.hybrid.problem.HybridProblem`): a time measured
+without tensor cores says nothing of one with them. The memory a plan needs in fp32 follows
+:mod:`gpualloc.cost.memory` (weights, gradients, Adam state: 16 bytes a parameter; activations saved for
+backward: ``act_mem_floats`` x 4 bytes a sample).
 
 Sequence length. The profiles are measured at one sequence length, which ``llm_info`` fixes: layer 0's
 input is the token ids, the position ids and the ``s x s`` attention mask, ``s**2 + 2*s`` floats a sample
@@ -63,11 +64,14 @@ SAILOR_GPUS: dict[str, str] = {
     "Titan-RTX": "Titan-RTX",
 }
 
-BYTES_PER_PARAM = 4
-"""Bytes per parameter in ``param_bytes``: 4 x this = Sailor's 16 bytes of fp16 mixed-precision state."""
+PRECISION = "fp32"
+"""The precision the profiles were measured in."""
 
-BYTES_PER_ACTIVATION = 2
-"""Bytes per activation float sent between stages (fp16, Sailor's ``float_size``)."""
+BYTES_PER_PARAM = 4
+"""Bytes per parameter in ``param_bytes`` (fp32)."""
+
+BYTES_PER_ACTIVATION = 4
+"""Bytes per activation float (fp32, the profiles' precision)."""
 
 MAX_TP = 1024
 """Largest tensor-parallel degree a profile may name."""
@@ -423,12 +427,13 @@ def import_sailor(
         "sailor_gpu": {cat: s for s, cat in SAILOR_GPUS.items() if cat in tables},
         "bytes_per_param": BYTES_PER_PARAM,
         "bytes_per_activation": BYTES_PER_ACTIVATION,
+        "precision": PRECISION,
         "act_mem_bytes": (sizes.act_mem * BYTES_PER_ACTIVATION).tolist(),
     }
     if skipped:
         profile["skipped"] = skipped
     nodes = _nodes(sizes, seq, batch, times_ms)
     edges = [OpEdge(a.id, b.id, a.output_bytes) for a, b in zip(nodes, nodes[1:], strict=False)]
-    meta = {"source": "sailor", "license": SAILOR_LICENSE, "model": model,
+    meta = {"source": "sailor", "license": SAILOR_LICENSE, "model": model, "precision": PRECISION,
             "flops": "estimated: 2 x params x tokens per layer, 0 for the embedding", "profile": profile}
     return OpGraph(name or model, nodes, edges, batch_size=batch, meta=meta)

@@ -32,6 +32,10 @@ class DeviceType:
         tensor_tflops: dense FP16/BF16 tensor-core peak, TFLOP/s.
         fp32_tflops: FP32 (non-tensor) peak, TFLOP/s.
         fp64_tflops: FP64 peak, TFLOP/s.
+        tf32_tflops: dense TF32 tensor peak, TFLOP/s (None: no TF32, training in TF32 is refused).
+        bf16_tflops: dense BF16 peak, TFLOP/s (None: no BF16 support, training in BF16 is refused).
+        reserve_bytes: device memory the framework keeps for itself (CUDA context, communication buffers,
+            allocator cache); None: the default of :func:`gpualloc.cost.memory.reserve_bytes`.
         mem_bytes: device memory.
         mem_bandwidth_bytes_per_s: device memory bandwidth.
         tdp_w: board power limit.
@@ -54,6 +58,9 @@ class DeviceType:
     link: str = "pcie3"
     source: str = ""
     aliases: tuple[str, ...] = ()
+    tf32_tflops: float | None = None
+    bf16_tflops: float | None = None
+    reserve_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -83,7 +83,9 @@ class DeviceRow(_Row):
 
     Memory is exactly one of ``mem_gb`` (1e9 bytes), ``mem_gib`` (2**30 bytes) or ``mem_bytes``;
     memory bandwidth is at most one of ``mem_bandwidth_gbps`` (GB/s) or
-    ``mem_bandwidth_bytes_per_s``. Peaks (TFLOP/s) are optional but positive when given.
+    ``mem_bandwidth_bytes_per_s``. Peaks (TFLOP/s) are optional but positive when given; a type without
+    ``tf32_tflops`` (``bf16_tflops``) cannot train in TF32 (BF16). ``reserve_gib`` overrides the memory the
+    framework keeps for itself (:func:`gpualloc.cost.memory.reserve_bytes`).
     """
 
     name: Annotated[str, Field(min_length=1)]
@@ -92,6 +94,9 @@ class DeviceRow(_Row):
     tensor_tflops: Positive | None = None
     fp32_tflops: Positive | None = None
     fp64_tflops: Positive | None = None
+    tf32_tflops: Positive | None = None
+    bf16_tflops: Positive | None = None
+    reserve_gib: NonNegative | None = None
     mem_gb: Positive | None = None
     mem_gib: Positive | None = None
     mem_bytes: Annotated[int, Field(gt=0)] | None = None
@@ -137,6 +142,9 @@ class DeviceRow(_Row):
             tensor_tflops=self.tensor_tflops,
             fp32_tflops=self.fp32_tflops,
             fp64_tflops=self.fp64_tflops,
+            tf32_tflops=self.tf32_tflops,
+            bf16_tflops=self.bf16_tflops,
+            reserve_bytes=None if self.reserve_gib is None else round(self.reserve_gib * GIB),
             mem_bytes=int(mem),
             mem_bandwidth_bytes_per_s=bw,
             tdp_w=float(self.tdp_w),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpualloc.cost import physics
+from gpualloc.cost.memory import MemoryRules
 from gpualloc.cost.model import CostModel
 from gpualloc.cost.physics import OPTIMIZER_STATES
 from gpualloc.errors import PlacementError
@@ -70,6 +71,7 @@ class PlacementProblem(OnCluster):
         cost: the cost model (default: the shipped calibration).
         microbatches: pipeline microbatches per step (1 = no pipelining).
         optimizer_states: optimizer state copies per weight (Adam: 2).
+        rules: the precision op times are costed in (and what a hybrid plan's memory is counted under).
     """
 
     graph: OpGraph
@@ -77,6 +79,7 @@ class PlacementProblem(OnCluster):
     cost: CostModel = field(default_factory=CostModel)
     microbatches: int = 1
     optimizer_states: int = OPTIMIZER_STATES
+    rules: MemoryRules = field(default_factory=MemoryRules)
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
@@ -94,7 +97,7 @@ class PlacementProblem(OnCluster):
     @cached_property
     def _times(self) -> tuple[np.ndarray, np.ndarray]:
         types = self.cluster.device_types
-        by_type = {t.name: self.cost.op_times_s(self.graph, t) for t in types}
+        by_type = {t.name: self.cost.op_times_s(self.graph, t, self.rules.precision) for t in types}
         fwd = np.empty((self.n, self.k))
         bwd = np.empty((self.n, self.k))
         for j, dev in enumerate(self.cluster.devices):

@@ -151,7 +151,8 @@ def rebalance_shares(problem: HybridProblem, plan: HybridPlan) -> HybridPlan:
               for s in plan.stages]
     smallest = min(r.batch_share for s in stages for r in s.replicas)
     return make_plan(stages, problem.global_batch, min(plan.microbatches, smallest), schedule=plan.schedule,
-                     sync=plan.sync, sharding=plan.sharding, n_devices=problem.k)
+                     sync=plan.sync, sharding=plan.sharding, precision=plan.precision, recompute=plan.recompute,
+                     n_devices=problem.k)
 
 
 def _holdings(plan: HybridPlan, k: int) -> list[tuple[int, int, int] | None]:

@@ -92,7 +92,7 @@ def lower_bound_s(problem: PlacementProblem) -> float:
 def hybrid_problem(problem: PlacementProblem) -> HybridProblem:
     """The same model, cluster and cost model as a hybrid problem: the graph's batch is the global batch."""
     return HybridProblem(problem.graph, problem.cluster, problem.graph.batch_size or 1, problem.cost,
-                         problem.optimizer_states)
+                         problem.rules)
 
 
 def default_schedule(method: str) -> str:

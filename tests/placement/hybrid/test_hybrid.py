@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpualloc.cli.main import main
+from gpualloc.cost.memory import MemoryRules
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
@@ -156,23 +157,31 @@ def test_worker_order_1f1b_warms_up_then_alternates():
 
 
 def test_memory_in_flight_and_sharding():
+    exact = MemoryRules(fragmentation=0.0, reserve_bytes=0.0)  # the tensors alone, to count by hand
     g = chain(2, params=1 * GB, act=8 * GB, batch=8)  # 1 GB activations a sample per layer
-    p = HybridProblem(g, load_cluster("4xA100"), 8)
+    p = HybridProblem(g, load_cluster("4xA100"), 8, rules=exact)
     pipe = make_plan([Stage(0, 0, (Replica((0,), 8),)), Stage(1, 1, (Replica((1,), 8),))], 8, 4, n_devices=4)
     r = simulate_hybrid(p, pipe)
-    # 1F1B: stage 0 holds min(M, S) = 2 microbatches of 2 samples, stage 1 one; 4 copies of 1 GB weights
+    # 1F1B: stage 0 holds min(M, S) = 2 microbatches of 2 samples, stage 1 one; Adam in fp32: 16 bytes a
+    # parameter = 4 x the 1 GB of fp32 weights (weights, gradients, two moments)
     assert r.peak_mem_bytes[0] == pytest.approx(4 * GB + 2 * 2 * GB)
     assert r.peak_mem_bytes[1] == pytest.approx(4 * GB + 1 * 2 * GB)
+    assert r.memory[0].weights == pytest.approx(1 * GB) and r.memory[0].optimizer == pytest.approx(2 * GB)
     gpipe = make_plan(pipe.stages, 8, 4, schedule="gpipe", n_devices=4)
     assert simulate_hybrid(p, gpipe).peak_mem_bytes[0] == pytest.approx(4 * GB + 4 * 2 * GB)
     dp = one_stage(p, [2, 2, 2, 2])
-    plain, zero, fsdp = (simulate_hybrid(p, make_plan(dp.stages, 8, 1, sharding=s, n_devices=4)).peak_mem_bytes[0]
-                         for s in ("none", "zero1", "fsdp"))
+    plain, zero1, zero2, fsdp = (
+        simulate_hybrid(p, make_plan(dp.stages, 8, 1, sharding=s, n_devices=4)).memory[0]
+        for s in ("none", "zero1", "zero2", "fsdp"))
     act = 2 * 2 * GB  # 2 samples x 2 layers
-    assert plain == pytest.approx(8 * GB + act)
-    assert zero == pytest.approx(2 * 2 * GB + 2 * 2 * GB / 4 + act)
-    assert fsdp == pytest.approx(8 * GB / 4 + act)
-    big = HybridProblem(chain(2, params=1 * GB, act=40 * GB, batch=8), load_cluster("1xA100"), 8)
+    # DDP: 2 GB weights, 2 GB gradients and 2 GB of bucket copies, 4 GB of Adam moments
+    assert plain.peak == pytest.approx(10 * GB + act)
+    assert zero1.peak == pytest.approx(6 * GB + 4 * GB / 4 + act)
+    assert zero2.grads == pytest.approx(2 * GB / 4 + 25e6) and zero2.optimizer == pytest.approx(1 * GB)
+    # FSDP: a quarter of everything, plus one layer gathered twice (computed, prefetched) and its gradient
+    assert fsdp.weights == pytest.approx(2 * GB / 4 + 2 * GB) and fsdp.grads == pytest.approx(2 * GB / 4 + 1 * GB)
+    assert fsdp.optimizer == pytest.approx(1 * GB) and fsdp.activations == pytest.approx(act)
+    big = HybridProblem(chain(2, params=1 * GB, act=40 * GB, batch=8), load_cluster("1xA100"), 8, rules=exact)
     assert not simulate_hybrid(big, one_stage(big, [8])).feasible  # 8 GB + 8 x 2 x 5 GB
     assert simulate_hybrid(big, one_stage(big, [8], microbatches=8)).feasible  # 8 GB + 2 x 5 GB
 

@@ -25,18 +25,21 @@ from gpualloc.placement.hybrid.problem import HybridProblem
 
 
 def largest_remainder(total: int, weights: Sequence[float]) -> list[int]:
-    """``total`` split in proportion to ``weights`` as integers >= 1 adding up to ``total`` (Hamilton's
-    method; needs ``total >= len(weights)``)."""
+    """``total`` split in proportion to ``weights`` as integers >= 1 adding up to ``total``: Hamilton's
+    method (each gets the floor of its quota, the largest remainders one more), then a replica left with
+    none takes one from the largest share (needs ``total >= len(weights)``)."""
     w = np.asarray(weights, dtype=np.float64)
     n = len(w)
     if total < n:
         raise PlacementError(f"cannot give {n} replicas at least one of {total} samples")
-    extra = total - n  # everyone gets one, the rest by weight
-    ideal = extra * w / w.sum()
+    ideal = total * w / w.sum()
     out = np.floor(ideal).astype(np.int64)
-    left = extra - int(out.sum())
+    left = total - int(out.sum())
     out[np.argsort(-(ideal - out), kind="stable")[:left]] += 1
-    return [int(x) + 1 for x in out]
+    for i in np.flatnonzero(out == 0):
+        out[int(np.argmax(out))] -= 1
+        out[i] = 1
+    return [int(x) for x in out]
 
 
 def replica_groups(problem: HybridProblem, devices: Sequence[int], tp: int) -> list[tuple[int, ...]] | None:
@@ -122,8 +125,8 @@ def fit_microbatches(problem: HybridProblem, stages: Sequence[Stage], microbatch
     smallest = min(r.batch_share for s in stages for r in s.replicas)
     m = max(1, min(microbatches, problem.global_batch))
     while True:
-        plan = make_plan(stages, problem.global_batch, m, n_devices=problem.k, **kw)
-        if np.all(plan_costs(problem, plan).mem_bytes <= problem.mem_cap_bytes) or m >= smallest:
+        plan = make_plan(stages, problem.global_batch, m, n_devices=problem.k, precision=problem.precision, **kw)
+        if plan_costs(problem, plan).fits(problem) or m >= smallest:
             return plan
         m = min(2 * m, smallest)
 
@@ -171,9 +174,9 @@ def megatron(problem: HybridProblem) -> HybridPlan:
                 stages.append(stage_of(problem, [tuple(devs[i:i + tp]) for i in range(0, len(devs), tp)], a, b,
                                        by_speed=False))
             for m in sorted({max(1, min(G // dp, x)) for x in (1, pp, 2 * pp, 4 * pp)}):
-                plan = make_plan(stages, G, m, n_devices=k)
+                plan = make_plan(stages, G, m, n_devices=k, precision=problem.precision)
                 costs = plan_costs(problem, plan)
-                fits = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+                fits = costs.fits(problem)
                 ranked.append((not fits, estimate_step_s(problem, plan, costs), len(ranked), plan))
     if not ranked:
         raise PlacementError("megatron: no DP x PP x TP grid fits the cluster")

@@ -12,14 +12,26 @@ Model (every formula from :mod:`gpualloc.cost.physics`):
 * Microbatch ``k`` is split among a stage's replicas by :func:`replica_microbatch`, in replica order; a
   replica of the next stage receives, from every replica of this one, the samples both hold (the
   microbatch is re-split when the replica counts differ), on the link between the two.
-* Gradients of a stage are all-reduced among its replicas (``tp`` rings, one per TP rank, of
-  ``params / tp`` bytes): a ring over the group's slowest link or hierarchically (node, then nodes), in
-  ``bucket_mb`` buckets, overlapped with the last backward when ``sync.overlap``.
+* Every collective a stage's sharding needs is listed once by :func:`stage_collectives` and costed from
+  that list (gradients in the plan's precision, ``params / tp`` bytes, ``tp`` rings at once):
+
+  - ``none`` (PyTorch DDP): one all-reduce of the gradients, in ``bucket_mb`` buckets, overlapped with the
+    last backward when ``sync.overlap``;
+  - ``zero1`` (PyTorch's ZeroRedundancyOptimizer beside DDP): the same all-reduce, then each replica updates
+    its shard and the updated weights are all-gathered after the optimizer step (exposed);
+  - ``zero2`` (DeepSpeed ZeRO-2): the gradient buckets are reduce-scattered during the backward (overlapped
+    like DDP's), the updated weights all-gathered after the step;
+  - ``fsdp`` (ZeRO-3, one FSDP unit per layer): every microbatch all-gathers each layer's weights in the
+    forward and again in the backward, and reduce-scatters its gradient in the backward; the next layer's
+    collective is prefetched during this layer's compute (:func:`~gpualloc.cost.physics.prefetched_exposed_s`).
+
+  A collective runs as a ring over the group's slowest link or hierarchically (node, then nodes).
+* Activation recomputation (``plan.recompute``) runs each microbatch's forward again in its backward.
 * A node's NIC is shared by every ring or TP group that leaves the node: inter-node bandwidth is divided
   by the number of such flows on the busiest node the group touches.
-* Memory per device: weights, gradients and optimizer states of its stage over ``tp`` (optimizer states
-  over the replicas too under ZeRO-1, all three under FSDP) plus the activations of the microbatches in
-  flight (1F1B: ``min(M, S - s)`` at stage ``s``; GPipe: ``M``).
+* Memory per device: :func:`gpualloc.cost.memory.device_memory` under the problem's rules, with the
+  microbatches in flight (1F1B: ``min(M, S - s)`` at stage ``s``; GPipe: ``M``) and the replica's largest
+  microbatch.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.cost import physics
+from gpualloc.cost.memory import NO_MEMORY, DeviceMemory, device_memory
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid.plan import HybridPlan, replica_microbatch, validate
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -47,9 +60,11 @@ class StageCosts:
             to replica ``j`` of this one (0 where they share no sample); ``None`` for the first stage.
         feeds: ``(M, R_prev, R)``: whether replica ``i`` of the previous stage holds samples of microbatch
             ``k`` that replica ``j`` of this one takes (they wait on each other); ``None`` for the first stage.
-        sync_s: the whole gradient all-reduce of the stage (0 with one replica).
-        buckets: gradient buckets of the all-reduce.
+        sync_s: the whole gradient all-reduce (or reduce-scatter) of the stage at the end of the backward,
+            overlapped with it bucket by bucket (0 with one replica, and under FSDP: it reduces per layer).
+        buckets: gradient buckets of that collective.
         opt_s: optimizer step of the stage's slowest device.
+        gather_s: the all-gather of the updated weights after the optimizer step (ZeRO-1/2), exposed.
     """
 
     fwd_s: np.ndarray
@@ -61,14 +76,42 @@ class StageCosts:
     sync_s: float
     buckets: int
     opt_s: float
+    gather_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class PlanCosts:
-    """Per-stage costs and per-device memory of a plan."""
+    """Per-stage costs and per-device memory of a plan (``mem_bytes``: each device's peak)."""
 
     stages: tuple[StageCosts, ...]
-    mem_bytes: np.ndarray
+    memory: tuple[DeviceMemory, ...]
+
+    @property
+    def mem_bytes(self) -> np.ndarray:
+        return np.array([m.peak for m in self.memory])
+
+    def fits(self, problem: HybridProblem) -> bool:
+        """Every device's peak, the framework's reserve included, within its memory: the feasibility
+        contract every emitted plan meets."""
+        return bool(np.all(self.mem_bytes <= problem.mem_cap_bytes))
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a stage's replicas run (see :func:`stage_collectives`).
+
+    Attributes:
+        op: ``all-reduce``, ``all-gather`` or ``reduce-scatter``.
+        phase: ``forward`` / ``backward`` (every microbatch, one layer), ``sync`` (after the last backward,
+            bucketed and overlapped with it) or ``after-step`` (after the optimizer step, exposed).
+        layer: the layer it moves (``None``: the whole stage).
+        nbytes: bytes in all (what one replica holds unsharded), per TP rank.
+    """
+
+    op: str
+    phase: str
+    layer: int | None
+    nbytes: float
 
 
 def _splits(plan: HybridPlan, stage) -> np.ndarray:
@@ -138,53 +181,85 @@ def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, spli
     return out, feeds
 
 
-def _sync(problem: HybridProblem, plan: HybridPlan, stage, shares) -> tuple[float, int]:
-    """Whole gradient all-reduce time of ``stage`` and its bucket count."""
+def stage_collectives(problem: HybridProblem, plan: HybridPlan, stage) -> list[Collective]:
+    """Every collective ``stage``'s sharding runs in a step, gradients in the plan's precision (see the
+    module docstring); none with one replica."""
     if len(stage.replicas) <= 1:
-        return 0.0, 1
+        return []
     tp = min(r.tp for r in stage.replicas)
-    nbytes = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum()) / tp
-    if nbytes <= 0:
-        return 0.0, 1
-    buckets = max(1, math.ceil(nbytes / (plan.sync.bucket_mb * 1e6)))
+    value = problem.rules.prec.value_bytes / 4.0
+    layers = range(stage.first, stage.last + 1)
+    per_layer = problem.layer_param_bytes * value / tp
+    whole = float(per_layer[stage.first:stage.last + 1].sum())
+    if plan.sharding == "fsdp":
+        return [Collective(op, phase, ly, float(per_layer[ly])) for ly in layers if per_layer[ly] > 0
+                for op, phase in (("all-gather", "forward"), ("all-gather", "backward"),
+                                  ("reduce-scatter", "backward"))]
+    if whole <= 0:
+        return []
+    out = [Collective("reduce-scatter" if plan.sharding == "zero2" else "all-reduce", "sync", None, whole)]
+    if plan.sharding in ("zero1", "zero2"):
+        out.append(Collective("all-gather", "after-step", None, whole))
+    return out
+
+
+def _collective_s(problem: HybridProblem, plan: HybridPlan, stage, shares, c: Collective) -> float:
+    """Time of one collective among the stage's replicas (their first devices; ``tp`` rings share the NIC)."""
     leaders = [r.devices[0] for r in stage.replicas]
     nic = _group_share(problem, shares, stage.devices)
     nodes = problem.node_of[leaders]
     uniq, per_node = np.unique(nodes, return_counts=True)
+    half = 1.0 if c.op == "all-reduce" else 0.5
     if plan.sync.algorithm == "hierarchical" and uniq.size > 1:
         intra_bw, intra_lat, net_bw, net_lat = problem.sync_links(leaders)
-        one = physics.hierarchical_allreduce_s(nbytes / buckets, int(per_node.max()), uniq.size, intra_lat, intra_bw,
-                                               net_lat, net_bw / nic)
+        t = physics.hierarchical_allreduce_s(c.nbytes, int(per_node.max()), uniq.size, intra_lat, intra_bw,
+                                             net_lat, net_bw / nic)
     else:
         bw, lat = problem.group_link(leaders, nic)
-        one = physics.ring_allreduce_s(nbytes / buckets, len(leaders), lat, bw)
-    return float(one) * buckets, buckets
+        t = physics.ring_allreduce_s(c.nbytes, len(leaders), lat, bw)
+    return half * float(t)
 
 
-def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndarray, mem: np.ndarray) -> None:
+def _sync(problem: HybridProblem, plan: HybridPlan, stage, shares) -> tuple[float, int, float, np.ndarray]:
+    """The stage's end-of-backward collective time and bucket count, its after-step all-gather time, and
+    under FSDP the per-layer ``(3, L)`` forward all-gather, backward all-gather and reduce-scatter times of
+    one microbatch."""
+    sync, buckets, gather = 0.0, 1, 0.0
+    per_layer = np.zeros((3, problem.L))
+    for c in stage_collectives(problem, plan, stage):
+        if c.phase == "sync":
+            buckets = max(1, math.ceil(c.nbytes / (plan.sync.bucket_mb * 1e6)))
+            one = Collective(c.op, c.phase, None, c.nbytes / buckets)
+            sync = _collective_s(problem, plan, stage, shares, one) * buckets
+        elif c.phase == "after-step":
+            gather = _collective_s(problem, plan, stage, shares, c)
+        else:
+            row = 0 if c.phase == "forward" else (1 if c.op == "all-gather" else 2)
+            per_layer[row, c.layer] = _collective_s(problem, plan, stage, shares, c)
+    return sync, buckets, gather, per_layer
+
+
+def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndarray,
+               mem: list[DeviceMemory]) -> None:
     stage = plan.stages[si]
-    params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
-    act = float(problem.layer_act_bytes[stage.first:stage.last + 1].sum())
-    R = len(stage.replicas)
+    shape = problem.stage_shape(stage.first, stage.last)
     in_flight = min(plan.microbatches, plan.pipeline_depth - si) if plan.schedule == "1f1b" else plan.microbatches
     for r, rep in enumerate(stage.replicas):
-        p = params / rep.tp
-        states = float(physics.weight_state_bytes(p, problem.optimizer_states))
-        if plan.sharding == "zero1":
-            wg = float(physics.weight_state_bytes(p, 0))
-            states = wg + (states - wg) / R
-        elif plan.sharding == "fsdp":
-            states /= R
-        acts = act / rep.tp * float(split[r].max()) * in_flight
-        mem[list(rep.devices)] = states + acts
+        for d in rep.devices:
+            mem[d] = device_memory(problem.rules, problem.cluster.devices[d].type, shape, tp=rep.tp,
+                                   dp=len(stage.replicas), mb=int(split[r].max()), in_flight=in_flight,
+                                   sharding=plan.sharding, recompute=plan.recompute)
 
 
 def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
     """Every cost the simulator schedules, for ``plan`` on ``problem`` (validated against it)."""
     validate(plan, n_devices=problem.k, layer_count=problem.L)
+    if plan.precision != problem.precision:
+        raise PlacementError(f"plan: precision: the plan trains in {plan.precision}, the problem is costed in "
+                             f"{problem.precision} (pass --precision {plan.precision})")
     shares = nic_shares(problem, plan)
     splits = [_splits(plan, s) for s in plan.stages]
-    mem = np.zeros(problem.k)
+    mem: list[DeviceMemory] = [NO_MEMORY] * problem.k
     stages = []
     for si, stage in enumerate(plan.stages):
         R, M = len(stage.replicas), plan.microbatches
@@ -200,16 +275,33 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
                 f, b, c = hit
                 at = splits[si][r] == m
                 fwd[r, at], bwd[r, at], comp[r, at], tpc[r, at] = f + c, b + c, f + b, 2 * c
+        sync, buckets, gather, fsdp = _sync(problem, plan, stage, shares)
+        if plan.recompute:  # the forward runs again inside the backward
+            bwd = bwd + fwd
+            comp = comp + (fwd - tpc / 2)
+        if fsdp.any():  # per-microbatch gathers and reduce-scatters, the next layer's prefetched
+            sl = slice(stage.first, stage.last + 1)
+            for r, rep in enumerate(stage.replicas):
+                for m in np.unique(splits[si][r]).tolist():
+                    ti = int(problem.type_of[rep.devices[0]])
+                    f_l, b_l = (a[sl] for a in problem.layer_times_s(ti, m, rep.tp))
+                    if plan.recompute:
+                        b_l = b_l + f_l
+                    extra_f = physics.prefetched_exposed_s(fsdp[0, sl], f_l)
+                    extra_b = physics.prefetched_exposed_s((fsdp[1] + fsdp[2])[sl][::-1], b_l[::-1])
+                    at = splits[si][r] == m
+                    fwd[r, at] += extra_f
+                    bwd[r, at] += extra_b
+                    tpc[r, at] += extra_f + extra_b
         recv, feeds = (None, None) if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1],
                                                         splits[si], shares)
-        sync, buckets = _sync(problem, plan, stage, shares)
         params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
         per_device = params / (len(stage.replicas) if plan.sharding != "none" else 1)
         opt = max(problem.opt_step_s(ti, per_device / tp)
                   for ti, tp in {(int(problem.type_of[d]), rep.tp) for rep in stage.replicas for d in rep.devices})
-        stages.append(StageCosts(fwd, bwd, comp, tpc, recv, feeds, sync, buckets, opt))
+        stages.append(StageCosts(fwd, bwd, comp, tpc, recv, feeds, sync, buckets, opt, gather))
         _stage_mem(problem, plan, si, splits[si], mem)
-    return PlanCosts(tuple(stages), mem)
+    return PlanCosts(tuple(stages), tuple(mem))
 
 
 def exposed_sync_s(plan: HybridPlan, sc: StageCosts, last_bwd_s: float) -> float:
@@ -223,7 +315,8 @@ def exposed_sync_s(plan: HybridPlan, sc: StageCosts, last_bwd_s: float) -> float
 
 def estimate_step_s(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> float:
     """Closed-form step time for ranking candidates: the pipeline's fill and drain of one microbatch, the
-    bottleneck stage for the other ``M - 1``, then the slowest stage's exposed sync and optimizer step."""
+    bottleneck stage for the other ``M - 1``, then the slowest stage's exposed sync, optimizer step and
+    weight all-gather."""
     costs = costs if costs is not None else plan_costs(problem, plan)
     per_mb = []
     tail = 0.0
@@ -232,7 +325,7 @@ def estimate_step_s(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
         recv = 0.0 if sc.recv_fwd_s is None else 2.0 * float(sc.recv_fwd_s.max(axis=(1, 2)).mean())
         per_mb.append(float(t.mean()) + recv)
         last = int(np.argmax(sc.bwd_s[:, -1]))
-        tail = max(tail, exposed_sync_s(plan, sc, float(sc.bwd_s[last, -1])) + sc.opt_s)
+        tail = max(tail, exposed_sync_s(plan, sc, float(sc.bwd_s[last, -1])) + sc.opt_s + sc.gather_s)
     if not per_mb:
         raise PlacementError("plan has no stages")
     return float(sum(per_mb) + (plan.microbatches - 1) * max(per_mb) + tail)

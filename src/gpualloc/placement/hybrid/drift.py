@@ -34,7 +34,7 @@ class ScaledHybridProblem(HybridProblem):
     and, with ``link``, the bandwidth from device ``a`` to ``b`` ``link[a, b]`` times the cluster's."""
 
     def __init__(self, base: HybridProblem, scale: np.ndarray, link: np.ndarray | None = None) -> None:
-        super().__init__(base.graph, base.cluster, base.global_batch, base.cost, base.optimizer_states)
+        super().__init__(base.graph, base.cluster, base.global_batch, base.cost, base.rules)
         self.base = base
         self.scale = scale
         self.link = link
@@ -158,7 +158,7 @@ def with_conditions(problem: HybridProblem, conditions: Conditions) -> HybridPro
     if conditions.batch_scale != 1.0:
         batch = max(1, round(base.global_batch * conditions.batch_scale))
         if batch != base.global_batch:
-            base = HybridProblem(base.graph, base.cluster, batch, base.cost, base.optimizer_states)
+            base = HybridProblem(base.graph, base.cluster, batch, base.cost, base.rules)
     return _drifted(base, scale, link)
 
 
@@ -181,4 +181,5 @@ def rescale_batch(plan: HybridPlan, global_batch: int, *, n_devices: int | None 
         stages.append(Stage(s.first, s.last, tuple(Replica(r.devices, n) for r, n in zip(reps, shares, strict=True))))
     smallest = min(r.batch_share for s in stages for r in s.replicas)
     return make_plan(stages, global_batch, min(plan.microbatches, smallest), schedule=plan.schedule, sync=plan.sync,
-                     sharding=plan.sharding, n_devices=n_devices, where="rescaled plan")
+                     sharding=plan.sharding, precision=plan.precision, recompute=plan.recompute,
+                     n_devices=n_devices, where="rescaled plan")

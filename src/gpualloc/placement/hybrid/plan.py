@@ -7,7 +7,10 @@ devices (cluster device indices) that run the stage's layers tensor-parallel. Ev
 batch, and they may differ (a faster GPU takes more). The global batch goes through the pipeline in
 ``microbatches`` microbatches of ``microbatch_size`` samples (the last may be smaller when the batch does
 not divide); in each microbatch a replica takes its share of it (``batch_share / microbatches`` samples,
-rounded by :func:`replica_microbatch`).
+rounded by :func:`replica_microbatch`). What one replica processes is written on the replica: its own
+``microbatch_size`` (the most samples it takes in one microbatch) and ``microbatches`` (how many of the
+global microbatches give it any sample). The plan also fixes the training ``precision`` and whether
+activations are recomputed in the backward (``recompute``); ``sharding`` is a ZeRO stage.
 
 The op-level plans of version 1 (one device per operator) stay a special case of placement: they are
 read by :func:`gpualloc.placement.run.load_assignment`; this module owns version 2 only.
@@ -16,9 +19,14 @@ JSON (keys that scripts rely on are exact)::
 
     {"format": "gpualloc-plan", "version": 2, "graph": ..., "cluster": ..., "devices": [labels],
      "global_batch": 256, "layer_count": 54,
-     "stages": [{"layers": [0, 17], "replicas": [{"devices": [0, 1], "tp": 2, "batch_share": 160}, ...]}],
+     "stages": [{"layers": [0, 17], "replicas": [{"devices": [0, 1], "tp": 2, "batch_share": 160,
+                                                  "microbatch_size": 20, "microbatches": 8}, ...]}],
      "microbatch_size": 32, "microbatches": 8, "schedule": "1f1b",
-     "sync": {"algorithm": "ring", "overlap": true, "bucket_mb": 25.0}, "sharding": "none"}
+     "sync": {"algorithm": "ring", "overlap": true, "bucket_mb": 25.0}, "sharding": "none",
+     "precision": "fp32", "recompute": false}
+
+The top-level ``microbatch_size`` stays the global microbatch (the batch over the microbatch count), as
+scripts read it; what a device computes is the replica's own ``microbatch_size``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpualloc.cost.memory import PRECISIONS, SHARDINGS
 from gpualloc.errors import PlacementError, read_json
 from gpualloc.limits import MAX_BATCH, MAX_DEVICES, MAX_MICROBATCHES
 
@@ -35,7 +44,6 @@ PLAN_FORMAT = "gpualloc-plan"
 PLAN_VERSION = 2
 SCHEDULES = ("1f1b", "gpipe")
 SYNC_ALGORITHMS = ("ring", "hierarchical")
-SHARDINGS = ("none", "zero1", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class HybridPlan:
     schedule: str = "1f1b"
     sync: Sync = field(default_factory=Sync)
     sharding: str = "none"
+    precision: str = "fp32"
+    recompute: bool = False
 
     @property
     def microbatch_size(self) -> int:
@@ -109,7 +119,10 @@ class HybridPlan:
         parts = " | ".join(
             f"L{s.first}-{s.last} DP={len(s.replicas)} TP={','.join(sorted({str(r.tp) for r in s.replicas}))}"
             for s in self.stages)
-        return f"PP={len(self.stages)} [{parts}] M={self.microbatches} {self.schedule} {self.sync.algorithm}"
+        extra = "".join(f" {x}" for x in (self.sharding if self.sharding != "none" else "",
+                                           "recompute" if self.recompute else "") if x)
+        return (f"PP={len(self.stages)} [{parts}] M={self.microbatches} {self.schedule} {self.sync.algorithm} "
+                f"{self.precision}{extra}")
 
 
 def replica_microbatch(plan: HybridPlan, replica: Replica, k: int) -> int:
@@ -119,10 +132,18 @@ def replica_microbatch(plan: HybridPlan, replica: Replica, k: int) -> int:
     return base + (1 if k < extra else 0)
 
 
+def replica_microbatches(plan: HybridPlan, replica: Replica) -> tuple[int, int]:
+    """``(microbatch_size, microbatches)`` of one replica: the most samples it takes in a microbatch, and how
+    many microbatches give it any."""
+    return replica_microbatch(plan, replica, 0), min(plan.microbatches, replica.batch_share)
+
+
 def make_plan(stages, global_batch: int, microbatches: int, *, schedule: str = "1f1b", sync: Sync | None = None,
-              sharding: str = "none", n_devices: int | None = None, where: str = "plan") -> HybridPlan:
+              sharding: str = "none", precision: str = "fp32", recompute: bool = False,
+              n_devices: int | None = None, where: str = "plan") -> HybridPlan:
     """Build and validate a plan (``stages``: :class:`Stage` objects)."""
-    plan = HybridPlan(tuple(stages), int(global_batch), int(microbatches), schedule, sync or Sync(), sharding)
+    plan = HybridPlan(tuple(stages), int(global_batch), int(microbatches), schedule, sync or Sync(), sharding,
+                      precision, bool(recompute))
     validate(plan, n_devices=n_devices, where=where)
     return plan
 
@@ -157,6 +178,8 @@ def _validate_header(plan: HybridPlan, bad) -> None:
         raise bad("sync.bucket_mb", f"must be in (0, 1e6], got {plan.sync.bucket_mb}")
     if plan.sharding not in SHARDINGS:
         raise bad("sharding", f"must be one of {', '.join(SHARDINGS)}, got {plan.sharding!r}")
+    if plan.precision not in PRECISIONS:
+        raise bad("precision", f"must be one of {', '.join(PRECISIONS)}, got {plan.precision!r}")
 
 
 def _validate_stages(plan: HybridPlan, bad, n_devices: int | None) -> None:
@@ -197,13 +220,17 @@ def plan_to_dict(plan: HybridPlan) -> dict[str, Any]:
         "global_batch": plan.global_batch,
         "layer_count": plan.layer_count,
         "stages": [{"layers": [s.first, s.last],
-                    "replicas": [{"devices": list(r.devices), "tp": r.tp, "batch_share": r.batch_share}
+                    "replicas": [{"devices": list(r.devices), "tp": r.tp, "batch_share": r.batch_share,
+                                  **dict(zip(("microbatch_size", "microbatches"), replica_microbatches(plan, r),
+                                             strict=True))}
                                  for r in s.replicas]} for s in plan.stages],
         "microbatch_size": plan.microbatch_size,
         "microbatches": plan.microbatches,
         "schedule": plan.schedule,
         "sync": {"algorithm": plan.sync.algorithm, "overlap": plan.sync.overlap, "bucket_mb": plan.sync.bucket_mb},
         "sharding": plan.sharding,
+        "precision": plan.precision,
+        "recompute": plan.recompute,
     }
 
 
@@ -212,6 +239,21 @@ def _int(doc: dict, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlacementError(f"{where}.{key}: expected an integer, got {value!r}")
     return value
+
+
+def _sync_from_dict(sync_doc: Any, where: str) -> Sync:
+    if not isinstance(sync_doc, dict):
+        raise PlacementError(f"{where}: sync: expected an object")
+    unknown = sorted(set(sync_doc) - {"algorithm", "overlap", "bucket_mb"})
+    if unknown:
+        raise PlacementError(f"{where}: sync.{unknown[0]}: unknown field")
+    overlap = sync_doc.get("overlap", True)
+    bucket = sync_doc.get("bucket_mb", 25.0)
+    if not isinstance(overlap, bool):
+        raise PlacementError(f"{where}: sync.overlap: expected true or false, got {overlap!r}")
+    if isinstance(bucket, bool) or not isinstance(bucket, int | float):
+        raise PlacementError(f"{where}: sync.bucket_mb: expected a number, got {bucket!r}")
+    return Sync(str(sync_doc.get("algorithm", "ring")), overlap, float(bucket))
 
 
 def plan_from_dict(doc: Any, *, where: str = "plan", n_devices: int | None = None) -> HybridPlan:
@@ -245,25 +287,30 @@ def plan_from_dict(doc: Any, *, where: str = "plan", n_devices: int | None = Non
                 raise PlacementError(f"{rat}.tp: {rd['tp']!r} does not match the {len(devs)} devices listed")
             reps.append(Replica(tuple(devs), _int(rd, "batch_share", rat)))
         stages.append(Stage(layers[0], layers[1], tuple(reps)))
-    sync_doc = doc.get("sync", {})
-    if not isinstance(sync_doc, dict):
-        raise PlacementError(f"{where}: sync: expected an object")
-    unknown = sorted(set(sync_doc) - {"algorithm", "overlap", "bucket_mb"})
-    if unknown:
-        raise PlacementError(f"{where}: sync.{unknown[0]}: unknown field")
-    overlap = sync_doc.get("overlap", True)
-    bucket = sync_doc.get("bucket_mb", 25.0)
-    if not isinstance(overlap, bool):
-        raise PlacementError(f"{where}: sync.overlap: expected true or false, got {overlap!r}")
-    if isinstance(bucket, bool) or not isinstance(bucket, int | float):
-        raise PlacementError(f"{where}: sync.bucket_mb: expected a number, got {bucket!r}")
+    sync = _sync_from_dict(doc.get("sync", {}), where)
+    recompute = doc.get("recompute", False)
+    if not isinstance(recompute, bool):
+        raise PlacementError(f"{where}: recompute: expected true or false, got {recompute!r}")
     plan = HybridPlan(tuple(stages), _int(doc, "global_batch", where), _int(doc, "microbatches", where),
-                      str(doc.get("schedule", "1f1b")), Sync(str(sync_doc.get("algorithm", "ring")), overlap,
-                                                             float(bucket)), str(doc.get("sharding", "none")))
+                      str(doc.get("schedule", "1f1b")), sync, str(doc.get("sharding", "none")),
+                      str(doc.get("precision", "fp32")), recompute)
     layer_count = doc.get("layer_count")
     validate(plan, n_devices=n_devices, layer_count=layer_count if isinstance(layer_count, int) else None,
              where=where)
+    _check_replica_microbatches(plan, stages_doc, where)
     return plan
+
+
+def _check_replica_microbatches(plan: HybridPlan, stages_doc: list, where: str) -> None:
+    """A replica's ``microbatch_size`` / ``microbatches``, when a file gives them, must be what the plan implies
+    (they are derived, written for the reader: a hand edit that disagrees is an error, not a silent override)."""
+    for si, (stage, sd) in enumerate(zip(plan.stages, stages_doc, strict=True)):
+        for ri, (rep, rd) in enumerate(zip(stage.replicas, sd["replicas"], strict=True)):
+            for key, value in zip(("microbatch_size", "microbatches"), replica_microbatches(plan, rep), strict=True):
+                if key in rd and rd[key] != value:
+                    raise PlacementError(f"{where}: stages[{si}].replicas[{ri}].{key}: {rd[key]!r} does not match "
+                                         f"the plan ({value}: batch_share {rep.batch_share} over "
+                                         f"{plan.microbatches} microbatches)")
 
 
 def save_hybrid_plan(path: str | Path, plan: HybridPlan, *, graph: str, cluster: str, devices: list[str],

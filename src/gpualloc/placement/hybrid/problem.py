@@ -9,8 +9,12 @@ Everything a hybrid plan's cost depends on, as arrays over the model's ``L`` lay
   with ``B x tp / mb`` microbatches: the launch overhead is paid per op whatever the size, the rest scales
   with the samples each device computes. A graph with measured profiles (``graph.meta["profile"]``,
   written by the Sailor importer) gives them instead, interpolated linearly in ``mb``.
-* ``layer_param_bytes``, ``layer_act_bytes`` (kept for backward, per sample) and ``boundary_bytes``
-  (sent from layer ``l`` to the layers after it, per sample);
+* ``layer_param_bytes``, ``layer_act_bytes`` (saved for backward, per sample: measured with saved-tensor
+  hooks when the graph carries ``meta["saved_act_bytes_per_sample"]``, the profile's count for profiles, else
+  the layer's output bytes) and ``boundary_bytes`` (sent from layer ``l`` to the layers after it, per sample),
+  all in fp32 bytes; :meth:`HybridProblem.stage_shape` gathers what a stage's memory depends on;
+* ``rules``: the precision, optimizer, reserve and fragmentation the memory is counted under
+  (:mod:`gpualloc.cost.memory`); compute runs at the precision's peak;
 * ``bandwidth``, ``latency`` (the cluster's links), ``mem_cap_bytes``, ``node_of``, ``type_of``.
 
 Profile format (one node per layer, in order)::
@@ -30,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from gpualloc.cost import physics
+from gpualloc.cost.memory import OPTIMIZER_STATES, MemoryRules, StageShape
 from gpualloc.cost.model import CostModel
-from gpualloc.cost.physics import OPTIMIZER_STATES
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
@@ -51,11 +55,11 @@ class HybridProblem(OnCluster):
         cluster: the devices and links.
         global_batch: samples per training step.
         cost: the cost model (default: the shipped calibration).
-        optimizer_states: optimizer state copies per weight (Adam: 2).
+        rules: precision, optimizer and reserve of the memory model (default: fp32, Adam).
     """
 
     def __init__(self, graph: OpGraph, cluster: ClusterSpec, global_batch: int, cost: CostModel | None = None,
-                 optimizer_states: int = OPTIMIZER_STATES) -> None:
+                 rules: MemoryRules | None = None) -> None:
         check_size(global_batch, "global batch", MAX_BATCH, PlacementError)
         if len(graph) == 0:
             raise PlacementError(f"graph {graph.name!r} has no operators to place")
@@ -63,7 +67,10 @@ class HybridProblem(OnCluster):
         self.cluster = cluster
         self.global_batch = int(global_batch)
         self.cost = cost if cost is not None else CostModel()
-        self.optimizer_states = int(optimizer_states)
+        self.rules = rules if rules is not None else MemoryRules()
+        self.precision = self.rules.precision
+        for t in cluster.device_types:
+            self.rules.prec.check(t)
         self.graph_batch = int(graph.batch_size or 1)
         self.layer_of = layer_of_node(graph)
         self.L = int(self.layer_of.max()) + 1
@@ -72,9 +79,18 @@ class HybridProblem(OnCluster):
         self.type_of = np.asarray(cluster.gpu_type)
         self.node_of = np.asarray(cluster.gpu_node)
         self.profile = _read_profile(graph, self.L, self.type_names) if "profile" in graph.meta else None
+        measured_in = (self.profile or {}).get("precision", "fp32")
+        if self.profile is not None and measured_in != self.precision:
+            raise PlacementError(f"graph {graph.name!r}: its profile was measured in {measured_in}; planning in "
+                                 f"{self.precision} is refused (profile the model in {self.precision})")
         self._time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.memo: dict[tuple, Any] = {}
         """Costs derived from this problem, memoised by the cost and search modules (keys start with a tag)."""
+
+    @property
+    def optimizer_states(self) -> int:
+        """fp32 state tensors the optimizer keeps per weight (Adam: 2)."""
+        return OPTIMIZER_STATES[self.rules.optimizer]
 
     # ------------------------------------------------------------------ sizes
     def _per_layer(self, values: np.ndarray) -> np.ndarray:
@@ -93,7 +109,27 @@ class HybridProblem(OnCluster):
         prof = self.profile
         if prof is not None and prof.get("act_mem_bytes") is not None:
             return np.asarray(prof["act_mem_bytes"], dtype=np.float64)
+        measured = self.graph.meta.get("saved_act_bytes_per_sample")
+        if measured is not None:
+            out = np.asarray(measured, dtype=np.float64)
+            if out.shape != (self.L,) or not np.all(np.isfinite(out)) or np.any(out < 0):
+                raise PlacementError(f"graph {self.graph.name!r}: meta.saved_act_bytes_per_sample: expected "
+                                     f"{self.L} finite non-negative byte counts, one per layer")
+            return out
         return self._per_layer(self.graph.output_bytes) / self.graph_batch
+
+    def stage_shape(self, first: int, last: int) -> StageShape:
+        """What the memory of a device on layers ``first..last`` depends on (fp32 bytes, see
+        :class:`gpualloc.cost.memory.StageShape`); a layer's input is what the layer before it sends."""
+        key = ("shape", first, last)
+        hit = self.memo.get(key)
+        if hit is None:
+            sl = slice(first, last + 1)
+            inputs = np.r_[0.0, self.boundary_bytes[:-1]][sl]
+            hit = self.memo[key] = StageShape(
+                float(self.layer_param_bytes[sl].sum()), float(self.layer_param_bytes[sl].max()),
+                float(self.layer_act_bytes[sl].sum()), float(inputs.sum()), float(self.layer_act_bytes[sl].max()))
+        return hit
 
     @cached_property
     def boundary_bytes(self) -> np.ndarray:
@@ -122,7 +158,7 @@ class HybridProblem(OnCluster):
         """Whole-batch forward and backward time of every op, and the launch overhead, per device type."""
         out = []
         for t in self.cluster.device_types:
-            fwd, bwd = self.cost.op_times_s(self.graph, t)
+            fwd, bwd = self.cost.op_times_s(self.graph, t, self.precision)
             out.append((fwd, bwd, float(self.cost.efficiency(t).launch_s)))
         return out
 
@@ -267,7 +303,8 @@ def _read_profile(graph: OpGraph, L: int, types: tuple[str, ...]) -> dict[str, A
     if len(graph) != L:
         raise PlacementError(f"{where}: a profiled graph has one node per layer ({len(graph)} nodes, {L} layers)")
     out: dict[str, Any] = {"gpu": {}, "opt_step_s": dict(prof.get("opt_step_s") or {}),
-                           "act_mem_bytes": prof.get("act_mem_bytes")}
+                           "act_mem_bytes": prof.get("act_mem_bytes"),
+                           "precision": str(prof.get("precision", graph.meta.get("precision", "fp32")))}
     for t in types:
         if t not in prof["gpu"]:
             raise PlacementError(f"{where}.gpu: no measured times for device type {t!r} "

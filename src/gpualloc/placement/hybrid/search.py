@@ -8,11 +8,13 @@
 2. **TP** per layout: every degree that cuts each stage into same-node, same-type groups.
 3. **Layer split**: dynamic programming over layers and stages minimising the slowest stage, where a stage
    of layers ``a..b`` processes the batch at the sum of its replicas' rates (prefix sums make every range
-   O(1)); ranges whose weights and optimizer states do not fit the stage's smallest GPU are excluded
-   (as in PipeDream's planner, Narayanan et al., SOSP 2019, extended to heterogeneous replicas).
+   O(1)); ranges whose weights, gradients and optimizer states, sharded as far as the stage's replicas
+   allow, do not fit the stage's smallest GPU less its reserve are excluded (as in PipeDream's planner,
+   Narayanan et al., SOSP 2019, extended to heterogeneous replicas).
 4. **Shares** in proportion to each replica's speed on its stage's layers (largest remainder), and
    **microbatches** from ``S`` to ``4 S`` (4x more while nothing fits memory, down to one sample a
-   replica); ZeRO-1 and FSDP when nothing else fits.
+   replica); ZeRO-1, ZeRO-2, FSDP and activation recomputation, in :data:`VARIANTS` order, when nothing
+   cheaper fits (each is costed: its collectives, the forward again).
 5. The closed form (:func:`~gpualloc.placement.hybrid.cost.estimate_step_s`) ranks the candidates; the
    best few and the four baselines are simulated, those within 1.5x of the best again under the other
    schedule and all-reduce algorithm, and the simulator picks the plan (so it is never worse than a
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.cost.memory import PROFILE_VALUE_BYTES, reserve_bytes
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid import baselines
 from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
@@ -94,16 +97,17 @@ def split_layers(problem: HybridProblem, stage_groups: list[list[tuple[int, ...]
     ppre = np.r_[0.0, np.cumsum(problem.layer_param_bytes)]
     a_idx, b_idx = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
     valid = b_idx >= a_idx
-    states = (ppre[b_idx + 1] - ppre[a_idx]) * (2 + problem.optimizer_states)
+    states = (ppre[b_idx + 1] - ppre[a_idx]) / PROFILE_VALUE_BYTES * problem.rules.bytes_per_param()
     prev = np.r_[0.0, np.full(L - 1, np.inf)]  # prev[a]: best max over earlier stages ending at layer a - 1
     choice = []
     for groups in stage_groups:
         rate = np.zeros((L, L))
         for count, pre in _rate_terms(problem, groups, mb_hint):
             rate += np.where(valid, count / np.maximum(pre[b_idx + 1] - pre[a_idx], 1e-30), 0.0)
-        cap = min(problem.mem_cap_bytes[d] for g in groups for d in g)
         tp = min(len(g) for g in groups)
-        cost = np.where(valid & (states / tp <= cap), G / np.maximum(rate, 1e-30), np.inf)
+        cap = min(problem.mem_cap_bytes[d] - reserve_bytes(problem.cluster.devices[d].type, problem.rules, tp)
+                  for g in groups for d in g)
+        cost = np.where(valid & (states / (tp * len(groups)) <= cap), G / np.maximum(rate, 1e-30), np.inf)
         both = np.maximum(prev[:, None], cost)
         arg = both.argmin(axis=0)
         choice.append(arg)
@@ -152,18 +156,25 @@ def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Ite
         smallest = min(r.batch_share for s in stages for r in s.replicas)
         fits = False
         for plan, costs in _variants(problem, stages, min(m, smallest)):
-            fits = fits or bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+            fits = fits or costs.fits(problem)
             yield plan, costs
         if i == len(counts) and not fits and m < smallest:
             counts.append(min(4 * m, smallest))
 
 
+VARIANTS = (("none", False), ("zero1", False), ("zero2", False), ("fsdp", False), ("none", True), ("zero2", True),
+            ("fsdp", True))
+"""Sharding and recomputation tried in this order until a plan fits: each costs time (its collectives, the
+forward again), so none is tried once a cheaper one fits."""
+
+
 def _variants(problem: HybridProblem, stages: list[Stage], m: int) -> Iterator[tuple[HybridPlan, PlanCosts]]:
-    for sharding in ("none", "zero1", "fsdp"):
-        plan = make_plan(stages, problem.global_batch, m, sharding=sharding, n_devices=problem.k)
+    for sharding, recompute in VARIANTS:
+        plan = make_plan(stages, problem.global_batch, m, sharding=sharding, recompute=recompute,
+                         precision=problem.precision, n_devices=problem.k)
         costs = plan_costs(problem, plan)
         yield plan, costs
-        if np.all(costs.mem_bytes <= problem.mem_cap_bytes):
+        if costs.fits(problem):
             return  # sharding only costs when the plan already fits
 
 
@@ -174,7 +185,7 @@ def _refinements(problem: HybridProblem, plan: HybridPlan) -> Iterator[HybridPla
         for algorithm in ("ring", "hierarchical") if spans else ("ring",):
             yield make_plan(plan.stages, plan.global_batch, plan.microbatches, schedule=schedule,
                             sync=Sync(algorithm, plan.sync.overlap, plan.sync.bucket_mb), sharding=plan.sharding,
-                            n_devices=problem.k)
+                            precision=plan.precision, recompute=plan.recompute, n_devices=problem.k)
 
 
 def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
@@ -190,7 +201,7 @@ def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else float("inf"))
     ranked = []
     for plan, costs in _candidates(problem, deadline):
-        fits = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+        fits = costs.fits(problem)
         ranked.append((not fits, estimate_step_s(problem, plan, costs), len(ranked), plan))
     ranked.sort(key=lambda t: t[:3])
     pool = [t[3] for t in ranked[:SIMULATED]]

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.cost.memory import DeviceMemory
 from gpualloc.errors import PlacementError
-from gpualloc.placement.hybrid.cost import PlanCosts, StageCosts, exposed_sync_s, plan_costs
+from gpualloc.placement.hybrid.cost import PlanCosts, StageCosts, exposed_sync_s, plan_costs, stage_collectives
 from gpualloc.placement.hybrid.plan import HybridPlan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.simulate import Event
@@ -40,6 +41,7 @@ class HybridResult:
             the whole gradient all-reduce, hidden or not).
         sync_exposed_s: the longest gradient all-reduce tail after a stage's backward.
         bubble_s: mean idle time of the used devices (step minus busy, sync and optimizer step included).
+        memory: each device's memory at its peak, part by part (:class:`gpualloc.cost.memory.DeviceMemory`).
     """
 
     step_time_s: float
@@ -54,6 +56,7 @@ class HybridResult:
     comm_bytes: float = 0.0
     plan: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    memory: tuple[DeviceMemory, ...] = ()
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -70,7 +73,7 @@ class HybridResult:
                 "peak_mem_bytes": [float(x) for x in self.peak_mem_bytes],
                 "busy_s": [float(x) for x in self.busy_s], "utilisation": self.utilisation, "comm_s": self.comm_s,
                 "sync_exposed_s": self.sync_exposed_s, "bubble_s": self.bubble_s, "comm_bytes": self.comm_bytes,
-                "plan": self.plan, **self.extra}
+                "plan": self.plan, "memory": [m.to_dict() for m in self.memory], **self.extra}
 
 
 def worker_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[int, int]]:
@@ -177,7 +180,7 @@ def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
     for s, (stage, sc) in enumerate(zip(plan.stages, costs.stages, strict=True)):
         sync_start, exposed = _sync_tail(plan, sc, b_end[s])
         worst_sync = max(worst_sync, exposed)
-        step = max(step, sync_start + exposed + sc.opt_s)
+        step = max(step, sync_start + exposed + sc.opt_s + sc.gather_s)
         for r, rep in enumerate(stage.replicas):
             devs = list(rep.devices)
             busy[devs] = sc.compute_s[r].sum()
@@ -186,10 +189,10 @@ def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
     used = np.array(sorted(plan.devices))
     util = float((busy[used] / step).mean()) if step > 0 else 0.0
     bubble = float((step - busy[used]).mean())
-    feasible = bool(np.all(costs.mem_bytes <= problem.mem_cap_bytes))
+    feasible = costs.fits(problem)
     return HybridResult(step, plan.global_batch / step if step > 0 else float("inf"), feasible, costs.mem_bytes,
                         busy, util, float(comm.max()), worst_sync, bubble, comm_bytes(problem, plan),
-                        plan.describe())
+                        plan.describe(), memory=costs.memory)
 
 
 def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> tuple[Event, ...]:
@@ -197,7 +200,8 @@ def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | N
 
     On every device of a replica: its forwards ``"F s<stage> mb<k>"`` and backwards ``"B ..."`` (TP
     all-reduces included); after the stage's last backward, the exposed tail of the gradient all-reduce
-    ``"A s<stage>"`` and the optimizer step ``"O s<stage>"``. On the link between the first devices of two
+    ``"A s<stage>"``, the optimizer step ``"O s<stage>"`` and the weight all-gather after it ``"G s<stage>"``.
+    On the link between the first devices of two
     replicas of consecutive stages: the activations ``"T s<stage> mb<k>"`` forward and their gradients
     back (the part of the all-reduce hidden behind the backwards is not drawn).
     """
@@ -225,19 +229,26 @@ def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | N
         sync_start, exposed = _sync_tail(plan, sc, b_end[s])
         on(stage.devices, sync_start, sync_start + exposed, f"A s{s}")
         on(stage.devices, sync_start + exposed, sync_start + exposed + sc.opt_s, f"O s{s}")
+        done = sync_start + exposed + sc.opt_s
+        on(stage.devices, done, done + sc.gather_s, f"G s{s}")
     return tuple(sorted(events, key=lambda e: (e.start_s, e.resource)))
 
 
 def comm_bytes(problem: HybridProblem, plan: HybridPlan) -> float:
-    """Bytes a step moves between devices: activations and their gradients across stage cuts, ring
-    all-reduce traffic of gradients (``2 (R - 1) x params``) and of TP activations."""
+    """Bytes a step moves between devices: activations and their gradients across stage cuts, the ring
+    traffic of the stages' collectives (:func:`~gpualloc.placement.hybrid.cost.stage_collectives`: ``R - 1``
+    times the bytes per all-gather or reduce-scatter, twice that per all-reduce, on each of ``tp`` rings) and
+    of TP activations."""
     G = plan.global_batch
     total = 0.0
     for si, stage in enumerate(plan.stages):
         layers = slice(stage.first, stage.last + 1)
         if si:
             total += 2.0 * G * float(problem.boundary_bytes[stage.first - 1])
-        total += 2.0 * (len(stage.replicas) - 1) * float(problem.layer_param_bytes[layers].sum())
+        rings = (len(stage.replicas) - 1) * min(r.tp for r in stage.replicas)
+        for c in stage_collectives(problem, plan, stage):
+            times = plan.microbatches if c.phase in ("forward", "backward") else 1
+            total += rings * c.nbytes * (2.0 if c.op == "all-reduce" else 1.0) * times
         tp_bytes = float((problem.tp_allreduces * problem.layer_act_out_bytes)[layers].sum())
         for rep in stage.replicas:  # 2 directions x ring traffic 2 (tp - 1) x the replica's samples
             total += 4.0 * (rep.tp - 1) * tp_bytes * rep.batch_share

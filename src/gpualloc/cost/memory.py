@@ -1,0 +1,225 @@
+"""Training memory of one device, part by part, and the precision a plan trains in.
+
+One rule, called by every planner, baseline and simulator. A device that holds ``n`` parameters of a stage
+(``tp``-way tensor parallel, ``dp`` data-parallel replicas) and trains ``mb`` samples a microbatch with
+``in_flight`` microbatches held for their backward pins:
+
+* **weights**: the model copy in the compute precision (4 bytes fp32/tf32, 2 bf16/fp16), ``n / tp``;
+* **grads**: the same size again, plus PyTorch DDP's gradient buckets when ``dp > 1`` (DDP copies the
+  gradients into flat bucket buffers for the all-reduce unless ``gradient_as_bucket_view``, so the
+  gradients are held twice; Li et al., VLDB 2020);
+* **optimizer**: the states of the optimizer in fp32 (Adam 2, SGD with momentum 1, plain SGD 0 tensors per
+  weight) plus, in mixed precision, the fp32 master weights: Adam costs 16 bytes a parameter in every
+  precision (4 + 4 + 8 in fp32; 2 + 2 + 12 mixed; Rajbhandari et al., ZeRO, SC 2020, section 3.1);
+* **sharding** (ZeRO stages, the same paper): ZeRO-1 divides the optimizer by ``dp``; ZeRO-2 the gradients
+  too (one bucket stays whole); ZeRO-3 / FSDP the weights too, plus the gathered weights and gradients of the
+  two largest layers in flight (the unit being computed and the one prefetched);
+* **activations**: the bytes the layers save for backward, per sample (measured in fp32: saved-tensor
+  hooks on the real model, or the profile's own count), times the precision's bytes over 4, ``mb``,
+  ``in_flight`` and ``1 / tp``; with activation recomputation only each layer's input is kept per microbatch
+  in flight, and one layer's full activations while it is recomputed;
+* a **fragmentation** margin on all of the above (the caching allocator rounds blocks to 512 B and splits
+  2 MB / 20 MB segments; 5% by default);
+* the **reserve** the framework holds outside the tensors: CUDA context, cuBLAS workspaces, NCCL buffers.
+  Sailor (eth-easl/sailor, SOSP'25) measured 2 GB with one GPU a TP group and 3 GB with more on A100 and
+  V100 under Megatron-DeepSpeed, shown by nvidia-smi but not by PyTorch; that is the default for GPUs. A
+  device type's ``reserve_gib`` (catalog or cluster file) and ``MemoryRules.reserve_bytes`` override it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from gpualloc.errors import CostModelError
+from gpualloc.hardware.catalog import DeviceType
+
+GB = 1e9
+PROFILE_VALUE_BYTES = 4
+"""Graphs and profiles give sizes in fp32 bytes (the precision they were captured or measured in)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A training precision: the bytes of a value in compute, fp32 master weights or not, and its peak.
+
+    Attributes:
+        name: ``fp32``, ``tf32``, ``bf16`` or ``fp16``.
+        value_bytes: bytes of an activation, a model weight and a gradient in compute.
+        mixed: the optimizer keeps fp32 master weights beside the low-precision model (Micikevicius et al.,
+            Mixed Precision Training, ICLR 2018).
+        loss_scaling: gradients need dynamic loss scaling (fp16's range is too small).
+        peak_field: the catalog field of the device's peak in this precision.
+    """
+
+    name: str
+    value_bytes: int
+    mixed: bool
+    loss_scaling: bool
+    peak_field: str
+
+    def peak_tflops(self, device: DeviceType) -> float | None:
+        """The device's dense peak in this precision (None: it cannot run it)."""
+        if self.name == "fp16" and device.vendor not in ("nvidia", "amd"):
+            return None  # no fp16 training on CPUs (PyTorch's CPU autocast is bf16 only)
+        return getattr(device, self.peak_field)
+
+    def check(self, device: DeviceType) -> None:
+        """Raise :class:`CostModelError` when ``device`` cannot train in this precision."""
+        if self.peak_tflops(device) is None:
+            raise CostModelError(f"precision {self.name}: device type {device.name!r} does not support it "
+                                 f"(no {self.peak_field} in the catalog); choose another --precision")
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision("fp32", 4, False, False, "fp32_tflops"),
+    "tf32": Precision("tf32", 4, False, False, "tf32_tflops"),
+    "bf16": Precision("bf16", 2, True, False, "bf16_tflops"),
+    "fp16": Precision("fp16", 2, True, True, "tensor_tflops"),
+}
+
+OPTIMIZER_STATES: dict[str, int] = {"adam": 2, "sgd-momentum": 1, "sgd": 0}
+"""fp32 state tensors an optimizer keeps per weight (Adam: first and second moments)."""
+
+SHARDINGS = ("none", "zero1", "zero2", "fsdp")
+"""Nothing sharded; optimizer states (ZeRO-1); and gradients (ZeRO-2); and weights (ZeRO-3 / FSDP)."""
+
+FRAGMENTATION = 0.05
+GPU_RESERVE_BYTES = 2.0 * GB
+TP_RESERVE_BYTES = 1.0 * GB
+"""The default reserve: 2 GB on a GPU, 1 GB more when it is part of a TP group (Sailor's measurements)."""
+
+
+def precision(name: str) -> Precision:
+    """The precision called ``name``; a :class:`CostModelError` naming the choices otherwise."""
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise CostModelError(f"precision: unknown {name!r}; expected one of {', '.join(PRECISIONS)}") from None
+
+
+@dataclass(frozen=True)
+class MemoryRules:
+    """What a plan's memory is counted under (one object, carried by the problem).
+
+    Attributes:
+        precision: training precision (see :data:`PRECISIONS`).
+        optimizer: ``adam``, ``sgd-momentum`` or ``sgd``.
+        fragmentation: margin on the tensors' bytes for the caching allocator.
+        reserve_bytes: framework reserve on every device; None: each device type's own or the default.
+        bucket_mb: DDP / ZeRO-2 gradient bucket size.
+    """
+
+    precision: str = "fp32"
+    optimizer: str = "adam"
+    fragmentation: float = FRAGMENTATION
+    reserve_bytes: float | None = None
+    bucket_mb: float = 25.0
+
+    def __post_init__(self) -> None:
+        precision(self.precision)
+        if self.optimizer not in OPTIMIZER_STATES:
+            raise CostModelError(f"optimizer: unknown {self.optimizer!r}; expected one of "
+                                 f"{', '.join(OPTIMIZER_STATES)}")
+        if not 0 <= self.fragmentation <= 1:
+            raise CostModelError(f"fragmentation: must be in [0, 1], got {self.fragmentation}")
+        if self.reserve_bytes is not None and not 0 <= self.reserve_bytes <= 1e15:
+            raise CostModelError(f"reserve: must be in 0..1e15 bytes, got {self.reserve_bytes}")
+
+    @property
+    def prec(self) -> Precision:
+        return PRECISIONS[self.precision]
+
+    def optimizer_bytes_per_param(self) -> int:
+        """fp32 optimizer states, plus the fp32 master weights in mixed precision."""
+        return 4 * OPTIMIZER_STATES[self.optimizer] + (4 if self.prec.mixed else 0)
+
+    def bytes_per_param(self) -> int:
+        """Weights + gradients + optimizer of one unsharded parameter, without DDP's buckets (Adam: 16)."""
+        return 2 * self.prec.value_bytes + self.optimizer_bytes_per_param()
+
+
+def reserve_bytes(device: DeviceType, rules: MemoryRules, tp: int = 1) -> float:
+    """The framework's reserve on a device of ``device`` type in a TP group of ``tp`` (see the module doc)."""
+    if rules.reserve_bytes is not None:
+        return float(rules.reserve_bytes)
+    if device.reserve_bytes is not None:
+        return float(device.reserve_bytes)
+    if device.vendor in ("nvidia", "amd"):
+        return GPU_RESERVE_BYTES + (TP_RESERVE_BYTES if tp > 1 else 0.0)
+    return 0.0  # a CPU "device": the process's own baseline is outside what the plan allocates
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device's memory at its peak, in bytes; ``peak`` is what must fit the device."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    fragmentation: float
+    reserve: float
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.fragmentation + self.reserve
+
+    def to_dict(self) -> dict[str, float]:
+        return {**asdict(self), "peak": self.peak}
+
+
+NO_MEMORY = DeviceMemory(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+"""What an unused device holds for the plan."""
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What a device's memory depends on in its stage, sizes in fp32 bytes as the graph gives them.
+
+    Attributes:
+        param_bytes: the stage's parameters (all TP ranks together).
+        largest_layer_param_bytes: its largest layer's (FSDP gathers one layer at a time).
+        act_bytes_per_sample: activations the stage's layers save for backward, per sample.
+        input_bytes_per_sample: every layer's input, per sample (what recomputation keeps).
+        largest_layer_act_bytes_per_sample: the largest layer's saved activations (recomputed one at a time).
+    """
+
+    param_bytes: float
+    largest_layer_param_bytes: float
+    act_bytes_per_sample: float
+    input_bytes_per_sample: float
+    largest_layer_act_bytes_per_sample: float
+
+
+def device_memory(rules: MemoryRules, device: DeviceType, shape: StageShape, *, tp: int, dp: int, mb: int,
+                  in_flight: int, sharding: str = "none", recompute: bool = False) -> DeviceMemory:
+    """The peak memory of one device of a stage replica (see the module docstring for every term)."""
+    if sharding not in SHARDINGS:
+        raise CostModelError(f"sharding: unknown {sharding!r}; expected one of {', '.join(SHARDINGS)}")
+    vb = rules.prec.value_bytes
+    n = shape.param_bytes / PROFILE_VALUE_BYTES / tp  # parameters on this device
+    n_layer = shape.largest_layer_param_bytes / PROFILE_VALUE_BYTES / tp
+    shard = max(int(dp), 1)
+    weights, grads = n * vb, n * vb
+    optimizer = n * rules.optimizer_bytes_per_param()
+    bucket = min(rules.bucket_mb * 1e6, grads)
+    if sharding == "none" and shard > 1:
+        grads *= 2  # DDP's bucket copies of the gradients
+    if sharding == "zero1":
+        optimizer /= shard
+        grads += grads if shard > 1 else 0.0
+    elif sharding == "zero2":
+        optimizer /= shard
+        grads = grads / shard + bucket
+    elif sharding == "fsdp":
+        optimizer /= shard
+        weights = weights / shard + 2 * n_layer * vb  # the unit computed and the one prefetched, gathered
+        grads = grads / shard + n_layer * vb  # one unit's full gradient before its reduce-scatter
+    scale = vb / PROFILE_VALUE_BYTES * mb / tp
+    if recompute:
+        acts = scale * (shape.input_bytes_per_sample * in_flight + shape.largest_layer_act_bytes_per_sample)
+    else:
+        acts = scale * shape.act_bytes_per_sample * in_flight
+    tensors = weights + grads + optimizer + acts
+    return DeviceMemory(weights, grads, optimizer, acts, rules.fragmentation * tensors,
+                        reserve_bytes(device, rules, tp))
