@@ -29,17 +29,28 @@ _BATCH = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when
 _CALIBRATION = typer.Option(None, "--calibration", help=CALIBRATION_HELP)
 _SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed.")
 _PLOT = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt chart of one step (PNG).")
+_PRECISION = typer.Option("fp32", "--precision",
+                          help="Training precision: fp32, tf32, bf16 or fp16 (mixed, fp32 master weights); compute at "
+                               "that precision's peak, memory at its bytes; refused on devices without it.")
+_RESERVE = typer.Option(None, "--reserve-gib", min=0.0, max=1e6,
+                        help="Memory the framework keeps on every device (default: 2 GiB a GPU, 3 in a TP group; "
+                             "docs/placement-hybrid.md).")
 SCHEDULE_HELP = "Pipeline schedule: 1f1b, gpipe, or auto (simulate both, keep the faster)."
 
 
-def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None):
-    """The placement problem of the command-line arguments (graph source, cluster spec, calibration file)."""
+def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None,
+                 precision: str = "fp32", reserve_gib: float | None = None):
+    """The placement problem of the command-line arguments (graph source, cluster spec, calibration file,
+    precision and reserve)."""
+    from gpualloc.cost.memory import MemoryRules
     from gpualloc.cost.model import Calibration, CostModel
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
 
+    rules = MemoryRules(precision=precision, reserve_bytes=None if reserve_gib is None else reserve_gib * 2**30)
     cost = CostModel(Calibration.load(calibration)) if calibration is not None else CostModel()
-    return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches)
+    return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches,
+                            rules=rules)
 
 
 def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1b") -> list:
@@ -86,6 +97,8 @@ def run_cmd(
     microbatches: int = _MICROBATCHES,
     batch: int = _BATCH,
     calibration: Path = _CALIBRATION,
+    precision: str = _PRECISION,
+    reserve_gib: float = _RESERVE,
     seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     output: Path = typer.Option(None, "-o", "--output", callback=output_file,
@@ -96,7 +109,7 @@ def run_cmd(
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import hybrid_problem, place
 
-    problem = make_problem(graph, cluster, microbatches, batch, calibration)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib)
     outcome = place(problem, method, seed=seed, hybrid=hybrid_problem(problem), schedule=schedule,
                     **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
@@ -110,6 +123,8 @@ def evaluate_cmd(
     microbatches: int = _MICROBATCHES,
     batch: int = _BATCH,
     calibration: Path = _CALIBRATION,
+    precision: str = _PRECISION,
+    reserve_gib: float = _RESERVE,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: Path = _PLOT,
     schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: the plan's, else 1f1b."),
@@ -119,7 +134,7 @@ def evaluate_cmd(
 
     from gpualloc.placement.run import load_assignment, plan_version, saved_schedule, score
 
-    problem = make_problem(graph, cluster, microbatches, batch, calibration)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib)
     if plan_version(plan) == 2:
         _evaluate_hybrid(problem, plan, cluster, as_json, plot)
         return
@@ -139,12 +154,14 @@ def compare_cmd(
     microbatches: int = _MICROBATCHES,
     batch: int = _BATCH,
     calibration: Path = _CALIBRATION,
+    precision: str = _PRECISION,
+    reserve_gib: float = _RESERVE,
     seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     schedule: str = typer.Option("1f1b", "--schedule", help=SCHEDULE_HELP),
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
-    problem = make_problem(graph, cluster, microbatches, batch, calibration)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib)
     outcomes = compare_all(problem, seed=seed, quiet=as_json, schedule=schedule)
     if as_json:
         print_json(comparison_doc(problem, outcomes, cluster))
@@ -176,11 +193,16 @@ def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, 
     if output is not None and hybrid:
         from gpualloc.placement.hybrid.plan import save_hybrid_plan
 
+        from gpualloc.placement.hybrid.cost import plan_notes
+        from gpualloc.placement.run import hybrid_problem
+
         row = outcome.to_dict(problem, with_assignment=False)
         save_hybrid_plan(output, outcome.plan, graph=problem.graph.name, cluster=cluster,
                          devices=[d.label for d in problem.cluster.devices],
-                         extra={k: row[k] for k in ("method", "step_time_s", "samples_per_s", "feasible",
-                                                    "lower_bound_s", "utilisation")})
+                         extra={**{k: row[k] for k in ("method", "step_time_s", "samples_per_s", "feasible",
+                                                       "lower_bound_s", "utilisation", "memory",
+                                                       "binding_constraint")},
+                                "notes": plan_notes(hybrid_problem(problem), outcome.plan)})
     elif output is not None:
         save_plan(output, problem, outcome, cluster)
     if plot is not None:

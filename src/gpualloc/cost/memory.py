@@ -223,3 +223,31 @@ def device_memory(rules: MemoryRules, device: DeviceType, shape: StageShape, *, 
     tensors = weights + grads + optimizer + acts
     return DeviceMemory(weights, grads, optimizer, acts, rules.fragmentation * tensors,
                         reserve_bytes(device, rules, tp))
+
+
+MEMORY_BINDS_AT = 0.9
+"""Fill of the fullest device from which memory, not time, is named as what binds the plan."""
+
+
+def memory_report(labels: list[str], memory: tuple[DeviceMemory, ...]) -> dict[str, dict[str, float]]:
+    """Each used device's breakdown (``weights``, ``grads``, ``optimizer``, ``activations``, ``fragmentation``,
+    ``reserve``, ``peak``; bytes) by device label."""
+    return {label: m.to_dict() for label, m in zip(labels, memory, strict=True) if m.peak > 0}
+
+
+def binding_constraint(labels: list[str], memory: tuple[DeviceMemory, ...], caps, time_parts: dict[str, float]
+                       ) -> dict[str, object]:
+    """What limits the plan: memory on its fullest device when that is over capacity or above
+    :data:`MEMORY_BINDS_AT` of it, else the largest of ``time_parts`` (e.g. compute, communication, bubble
+    seconds). Always names the fullest device, its fill and its largest part."""
+    fills = [m.peak / float(c) if c > 0 else float("inf") for m, c in zip(memory, caps, strict=True)]
+    j = max(range(len(fills)), key=fills.__getitem__)
+    parts = {k: v for k, v in memory[j].to_dict().items() if k != "peak"}
+    out: dict[str, object] = {"fullest_device": labels[j], "fill": fills[j], "largest_part": max(parts, key=parts.get)}
+    if fills[j] > 1.0:
+        out["name"] = "memory (over capacity)"
+    elif fills[j] >= MEMORY_BINDS_AT:
+        out["name"] = "memory"
+    else:
+        out["name"] = max(time_parts, key=time_parts.get) if time_parts else "compute"
+    return out

@@ -205,7 +205,7 @@ def conditioned(problem: PlacementProblem, conditions: Conditions) -> PlacementP
     if conditions.is_nominal:
         return problem
     return ConditionedProblem(scaled_graph(problem.graph, conditions.batch_scale), problem.cluster, problem.cost,
-                              problem.microbatches, problem.optimizer_states, problem.rules, base=problem,
+                              problem.microbatches, problem.rules, base=problem,
                               conditions=conditions)
 
 

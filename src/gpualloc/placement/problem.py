@@ -9,6 +9,7 @@ A problem is a graph, a cluster and a cost model, turned into numpy arrays index
   ``step_compute_s = M x (mb_fwd_s + mb_bwd_s)``, the work a step really costs;
 * ``mem_bytes[i]``: memory node ``i`` pins on its device for training (weights, gradients, optimizer
   states, and its activation kept for the backward pass); ``mem_cap_bytes[j]``: device memory;
+  ``usable_mem_bytes[j]``: what is left of it after the framework's reserve (what partitioners fill);
 * ``bandwidth[j, l]``, ``latency[j, l]``: the link between devices (infinite / zero on the diagonal);
 * ``speed[j]``: relative speed of device ``j`` on this graph (total work on the slowest device over
   total work on ``j``), what speed-aware balancing divides work by.
@@ -25,9 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import MemoryRules
+from gpualloc.cost.memory import OPTIMIZER_STATES, PROFILE_VALUE_BYTES, MemoryRules, reserve_bytes
 from gpualloc.cost.model import CostModel
-from gpualloc.cost.physics import OPTIMIZER_STATES
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
@@ -36,7 +36,7 @@ from gpualloc.limits import MAX_MICROBATCHES, check_size
 if TYPE_CHECKING:
     from gpualloc.placement.bounds import Bound
 
-__all__ = ["OPTIMIZER_STATES", "PlacementProblem"]
+__all__ = ["PlacementProblem"]
 
 
 class OnCluster:
@@ -70,21 +70,35 @@ class PlacementProblem(OnCluster):
         cluster: the devices and links.
         cost: the cost model (default: the shipped calibration).
         microbatches: pipeline microbatches per step (1 = no pipelining).
-        optimizer_states: optimizer state copies per weight (Adam: 2).
-        rules: the precision op times are costed in (and what a hybrid plan's memory is counted under).
+        rules: the precision op times are costed in and what memory is counted under
+            (:mod:`gpualloc.cost.memory`: optimizer, fragmentation margin, framework reserve).
     """
 
     graph: OpGraph
     cluster: ClusterSpec
     cost: CostModel = field(default_factory=CostModel)
     microbatches: int = 1
-    optimizer_states: int = OPTIMIZER_STATES
     rules: MemoryRules = field(default_factory=MemoryRules)
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
             raise PlacementError(f"microbatches must be >= 1, got {self.microbatches}")
         check_size(self.microbatches, "microbatches", MAX_MICROBATCHES, PlacementError)
+
+    @property
+    def optimizer_states(self) -> int:
+        """fp32 state tensors the optimizer keeps per weight (Adam: 2)."""
+        return OPTIMIZER_STATES[self.rules.optimizer]
+
+    @cached_property
+    def reserve_bytes(self) -> np.ndarray:
+        """The framework's reserve on each device (:func:`gpualloc.cost.memory.reserve_bytes`), (k,)."""
+        return np.array([reserve_bytes(d.type, self.rules) for d in self.cluster.devices], dtype=np.float64)
+
+    @property
+    def usable_mem_bytes(self) -> np.ndarray:
+        """What the plan's tensors may take on each device: its memory less the framework's reserve, (k,)."""
+        return self.mem_cap_bytes - self.reserve_bytes
 
     @property
     def n(self) -> int:
@@ -158,8 +172,13 @@ class PlacementProblem(OnCluster):
 
     @cached_property
     def mem_bytes(self) -> np.ndarray:
-        """Training memory each node pins on its device, (n,)."""
-        return physics.training_mem_bytes(self.graph.param_bytes, self.graph.output_bytes, self.optimizer_states)
+        """Training memory each node pins on its device (:mod:`gpualloc.cost.memory`'s rule for one device:
+        weights, gradients and optimizer state in the rules' precision and optimizer, the node's output kept
+        for backward, the fragmentation margin), (n,)."""
+        r = self.rules
+        tensors = (self.graph.param_bytes / PROFILE_VALUE_BYTES * r.bytes_per_param()
+                   + self.graph.output_bytes * r.prec.value_bytes / PROFILE_VALUE_BYTES)
+        return tensors * (1.0 + r.fragmentation)
 
     @cached_property
     def speed(self) -> np.ndarray:
@@ -185,7 +204,7 @@ class PlacementProblem(OnCluster):
 
     def memory_excess(self, assignment: np.ndarray) -> np.ndarray:
         """Bytes by which each device is over its cap (0 where it fits), (k,)."""
-        return np.maximum(self.device_memory(assignment) - self.mem_cap_bytes, 0.0)
+        return np.maximum(self.device_memory(assignment) - self.usable_mem_bytes, 0.0)
 
     def check_assignment(self, assignment: np.ndarray) -> np.ndarray:
         """Validate shape and range; returns the assignment as an int64 array."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.cost.memory import binding_constraint, memory_report
 from gpualloc.errors import PlacementError, read_json
 from gpualloc.limits import MAX_MICROBATCHES, check_seed, check_size
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -59,6 +60,12 @@ class Outcome:
             **{k: v for k, v in r.to_dict().items() if k not in {
                 "step_time_s", "throughput_samples_per_s", "comm_bytes", "peak_mem_bytes", "feasible", "events"}},
         }
+        busy = max(r.busy_s, default=0.0)
+        out["precision"] = problem.rules.precision
+        out["memory"] = memory_report(labels, r.memory)
+        out["binding_constraint"] = binding_constraint(
+            labels, r.memory, problem.mem_cap_bytes,
+            {"compute": busy, "communication": r.comm_share * r.step_time_s, "pipeline bubble": r.step_time_s - busy})
         if self.note:
             out["note"] = self.note
         if with_assignment:

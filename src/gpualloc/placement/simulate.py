@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit
 
 from gpualloc.cost import physics
+from gpualloc.cost.memory import NO_MEMORY, DeviceMemory, StageShape, device_memory
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.placement.problem import PlacementProblem
@@ -111,14 +112,15 @@ class StepResult:
         comm_time_s: total busy time of all links.
         comm_share: exposed communication: the fraction of the step during which some link is busy
             and no device computes.
-        peak_mem_bytes: weights, gradients and optimizer states of the device's nodes plus the
-            activations of the microbatches in flight at once (measured): ``output_bytes x
-            peak_in_flight / M``.
+        peak_mem_bytes: each device's :attr:`memory` peak: weights, gradients and optimizer states of its
+            nodes, the activations of the microbatches in flight at once (``output_bytes x
+            peak_in_flight / M``), the fragmentation margin and the framework's reserve.
         peak_in_flight: most microbatches in flight on each device at once.
         memory_excess_bytes: ``max(peak_mem_bytes - capacity, 0)``.
         feasible: every device within its memory.
         energy_per_step_j: ``sum_j idle_w x step + (tdp_w - idle_w) x busy_s``.
         events: the event log (sorted by start, then resource) when asked for, else None.
+        memory: each device's memory part by part (:class:`gpualloc.cost.memory.DeviceMemory`).
     """
 
     step_time_s: float
@@ -137,6 +139,7 @@ class StepResult:
     feasible: bool
     energy_per_step_j: float
     events: tuple[Event, ...] | None = None
+    memory: tuple[DeviceMemory, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,6 +159,7 @@ class StepResult:
             "feasible": self.feasible,
             "energy_per_step_j": self.energy_per_step_j,
             "events": None if self.events is None else [e.to_dict() for e in self.events],
+            "memory": [m.to_dict() for m in self.memory],
         }
 
 
@@ -347,6 +351,20 @@ def _stage_depth(a, src, dst):
     return depth
 
 
+def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.ndarray) -> tuple[DeviceMemory, ...]:
+    """Each device's memory under the problem's rules: its nodes' weights as one stage on one device, the
+    activations of the microbatches in flight at its peak (``peak_inflight / M`` of the batch's outputs)."""
+    k, M = problem.k, problem.microbatches
+    params = np.bincount(a, weights=problem.graph.param_bytes, minlength=k)
+    largest = np.zeros(k)
+    np.maximum.at(largest, a, problem.graph.param_bytes)
+    act = np.bincount(a, weights=problem.graph.output_bytes, minlength=k) * np.asarray(peak_inflight) / M
+    return tuple(
+        device_memory(problem.rules, dev.type, StageShape(float(params[j]), float(largest[j]), float(act[j]), 0.0, 0.0),
+                      tp=1, dp=1, mb=1, in_flight=1) if np.any(a == j) else NO_MEMORY
+        for j, dev in enumerate(problem.cluster.devices))
+
+
 def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray,
              peak_inflight: np.ndarray, opts: SimOptions) -> StepResult:
     """Step time, utilisation, communication, memory and energy from the scheduled tasks."""
@@ -365,10 +383,8 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
             mfu.append(None)
         else:
             mfu.append(float(3.0 * flops_dev[j] / step / (ty.tensor_tflops * 1e12)))
-    params = np.bincount(a, weights=graph.param_bytes, minlength=k)
-    act_mem = np.bincount(a, weights=graph.output_bytes, minlength=k)
-    peak_mem = physics.training_mem_bytes(params, act_mem * np.asarray(peak_inflight, dtype=np.float64) / M,
-                                          problem.optimizer_states)
+    memory = _device_memory(problem, a, peak_inflight)
+    peak_mem = np.array([m.peak for m in memory])
     excess = np.maximum(peak_mem - problem.mem_cap_bytes, 0.0)
     idle = np.array([ty.idle_w for ty in types])
     tdp = np.array([ty.tdp_w for ty in types])
@@ -391,6 +407,7 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
         memory_excess_bytes=tuple(float(x) for x in excess),
         feasible=bool(np.all(excess <= 0.0)),
         energy_per_step_j=energy,
+        memory=memory,
         events=_event_log(problem, tasks, start, end) if opts.record_events else None,
     )
 

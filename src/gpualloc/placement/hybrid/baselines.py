@@ -102,17 +102,18 @@ def finish_together(total: int, fixed_s: np.ndarray, slope_s: np.ndarray) -> np.
 
 def stage_of(problem: HybridProblem, groups: Sequence[tuple[int, ...]], first: int, last: int,
              *, by_speed: bool = True, microbatches: int | None = None) -> Stage:
-    """A stage of ``groups`` (replicas) with shares proportional to speed, or equal; with ``microbatches``,
-    shares that make every replica finish its ``microbatches`` microbatches together (launch overheads
-    paid per microbatch), at least one sample each."""
+    """A stage of ``groups`` (replicas) with shares proportional to speed (samples per second once launch
+    overheads are amortised, as HetPipe and Cephalo measure it), or equal; with ``microbatches``, shares that
+    make every replica finish its ``microbatches`` microbatches together (launch overheads paid per
+    microbatch), at least one sample each."""
     groups = list(groups)[: problem.global_batch]  # every replica needs a sample
     if not by_speed:
         w = np.ones(len(groups))
     else:
         mb = max(1, problem.global_batch // (len(groups) * (microbatches or 1)))
         lines = np.array([replica_line(problem, g, first, last, mb) for g in groups])
-        if microbatches is None:
-            w = mb / (lines[:, 0] + lines[:, 1] * mb)
+        if microbatches is None:  # each replica's throughput, launch overheads amortised: its speed
+            w = 1.0 / lines[:, 1]
         else:
             w = finish_together(problem.global_batch, microbatches * lines[:, 0], lines[:, 1]) + 1e-9
     shares = largest_remainder(problem.global_batch, w)

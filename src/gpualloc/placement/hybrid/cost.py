@@ -304,6 +304,20 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
     return PlanCosts(tuple(stages), tuple(mem))
 
 
+def plan_notes(problem: HybridProblem, plan: HybridPlan) -> list[str]:
+    """What a reader of the plan should know about where its times come from: every replica microbatch size
+    that was not measured (interpolated, extrapolated or scaled), once per device type, size and TP degree."""
+    notes = []
+    for stage in plan.stages:
+        for rep in stage.replicas:
+            mb = replica_microbatch(plan, rep, 0)
+            for ti in sorted({int(problem.type_of[d]) for d in rep.devices}):
+                note = problem.size_note(ti, mb, rep.tp)
+                if note is not None and note not in notes:
+                    notes.append(note)
+    return notes
+
+
 def exposed_sync_s(plan: HybridPlan, sc: StageCosts, last_bwd_s: float) -> float:
     """The stage's all-reduce time left after its last backward (all of it without overlap)."""
     if sc.sync_s <= 0:

@@ -240,6 +240,23 @@ class HybridProblem(OnCluster):
             self.memo[key] = hit
         return hit
 
+    def size_note(self, type_index: int, mb: int, tp: int) -> str | None:
+        """How the time of ``mb`` samples at TP ``tp`` on the type is known, when it is not measured: None
+        for a profiled size; else the interpolation or extrapolation used (profiles), or the op graph's
+        scaling from its captured batch."""
+        name = self.type_names[type_index]
+        if self.profile is None:
+            if mb == self.graph_batch * tp:
+                return None
+            return (f"{name}: {mb} samples a microbatch at TP {tp} scaled from the graph's batch "
+                    f"{self.graph_batch} (launch overhead paid per op and microbatch)")
+        sizes = list(self.profile["gpu"][name]["table"].get(tp, {}))
+        if mb in sizes or not sizes:
+            return None
+        how = "interpolated between" if sizes[0] < mb < sizes[-1] else "extrapolated in proportion from"
+        near = [s for s in sizes if s < mb][-1:] + [s for s in sizes if s > mb][:1]
+        return f"{name}: {mb} samples a microbatch at TP {tp} {how} the profiled {' and '.join(map(str, near))}"
+
     def opt_step_s(self, type_index: int, param_bytes: float) -> float:
         """Optimizer step over ``param_bytes`` of weights on one device of the type: the profile's
         measured step scaled by the share of the model's weights, else the memory-bound roofline of reading

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.cost.memory import PROFILE_VALUE_BYTES, reserve_bytes
+from gpualloc.cost.memory import PROFILE_VALUE_BYTES, binding_constraint, memory_report, reserve_bytes
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid import baselines
 from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
@@ -190,12 +190,15 @@ def _refinements(problem: HybridProblem, plan: HybridPlan) -> Iterator[HybridPla
 
 def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
                 time_limit_s: float | None = None) -> tuple[HybridPlan, HybridResult]:
-    """The best hybrid plan found for ``problem`` and its simulated step (feasible plans first).
+    """The best hybrid plan found for ``problem`` and its simulated step; it fits every device's memory.
 
     Args:
         problem: the model, cluster and global batch.
         seed: accepted for the common planner signature; the search is deterministic.
         time_limit_s: stop generating candidates after this long (the best so far is returned).
+
+    Raises:
+        PlacementError: no plan found fits memory (reserve included).
     """
     del seed
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else float("inf"))
@@ -229,6 +232,14 @@ def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
     if best is None:
         raise PlacementError(f"no hybrid plan for {problem.graph.name!r} on {problem.cluster.name!r} "
                              f"with global batch {problem.global_batch}")
+    if not best[2].feasible:  # the feasibility contract: the planner never emits a plan that does not fit
+        worst = int(np.argmax(best[2].peak_mem_bytes - problem.mem_cap_bytes))
+        raise PlacementError(
+            f"no hybrid plan of {problem.graph.name!r} fits {problem.cluster.name!r} at global batch "
+            f"{problem.global_batch} in {problem.precision}: the best needs "
+            f"{best[2].peak_mem_bytes[worst] / 2**30:.1f} GiB on {problem.cluster.devices[worst].label} "
+            f"({problem.mem_cap_bytes[worst] / 2**30:.1f} GiB there, the framework's reserve included); try a "
+            "smaller batch, a lower precision or more devices")
     return best[1], best[2]
 
 
@@ -266,7 +277,12 @@ class HybridOutcome:
             "feasible": r.feasible, "lower_bound_s": self.lower_bound_s, "ratio_to_bound": self.ratio_to_bound,
             "utilisation": r.utilisation, "comm_s": r.comm_s, "comm_share": r.comm_share,
             "sync_exposed_s": r.sync_exposed_s, "bubble_s": r.bubble_s, "description": self.plan.describe(),
+            "precision": self.plan.precision, "memory": memory_report(labels, r.memory),
         }
+        if problem is not None:
+            out["binding_constraint"] = binding_constraint(
+                labels, r.memory, problem.mem_cap_bytes,
+                {"compute": float(r.busy_s.max()), "communication": r.comm_s, "pipeline bubble": r.bubble_s})
         if self.note:
             out["note"] = self.note
         if with_assignment:

@@ -288,7 +288,7 @@ def kl_refine(
     if problem.n == 0 or problem.k < 2:
         return a
     a = repair_memory(problem, a)
-    comp, mem, cap = problem.compute_s, problem.mem_bytes, problem.mem_cap_bytes
+    comp, mem, cap = problem.compute_s, problem.mem_bytes, problem.usable_mem_bytes
     lat, bw = problem.latency, problem.bandwidth
     k = problem.k
     ks = np.arange(k)
@@ -401,7 +401,7 @@ def kl_partition(
         inside = (local[g.edge_src] >= 0) & (local[g.edge_dst] >= 0)
         ew = problem.transfer_s(2.0 * g.edge_bytes[inside], g1[0], g2[0])
         adj = to_csr(nodes.size, local[g.edge_src[inside]], local[g.edge_dst[inside]], ew)
-        caps = problem.mem_cap_bytes
+        caps = problem.usable_mem_bytes
         side = kl_bisect(
             adj, work[np.ix_(nodes, devs)].mean(axis=1), float(speed[g1].sum() / speed[devs].sum()),
             max_passes=bisect_passes, seed=rng, node_mem=problem.mem_bytes[nodes],

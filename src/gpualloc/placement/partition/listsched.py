@@ -110,7 +110,7 @@ def _list_schedule(problem: PlacementProblem, times: Times, favourite_parent: np
     dur = problem.compute_s if times == "train" else problem.fwd_s
     trips = 2.0 if times == "train" else 1.0
     lat, bw = problem.latency, problem.bandwidth
-    mem, cap = problem.mem_bytes, problem.mem_cap_bytes
+    mem, cap = problem.mem_bytes, problem.usable_mem_bytes
     tol = 1e-9 * cap
 
     src, dst, nbytes = _merged_edges(problem)  # sorted by dst: in-edges of node i are contiguous

@@ -20,7 +20,7 @@ def require_fit(problem: PlacementProblem) -> None:
     Checks the two necessary conditions: total memory, and the largest node against the largest
     device.
     """
-    mem, cap = problem.mem_bytes, problem.mem_cap_bytes
+    mem, cap = problem.mem_bytes, problem.usable_mem_bytes
     need, have = float(mem.sum()), float(cap.sum())
     if need > have:
         raise PlacementError(
@@ -58,7 +58,7 @@ def repair_memory(problem: PlacementProblem, assignment: np.ndarray) -> np.ndarr
         PlacementError: the graph does not fit, or the heuristics found no packing.
     """
     a = problem.check_assignment(assignment).copy()
-    mem, cap = problem.mem_bytes, problem.mem_cap_bytes
+    mem, cap = problem.mem_bytes, problem.usable_mem_bytes
     used = problem.device_memory(a)
     tol = 1e-9 * cap
     if np.all(used <= cap + tol):
@@ -98,7 +98,7 @@ def repair_memory(problem: PlacementProblem, assignment: np.ndarray) -> np.ndarr
 
 def _repack(problem: PlacementProblem, a: np.ndarray) -> np.ndarray:
     """Best-fit decreasing by memory, first preferring each node's current device, then from scratch."""
-    mem, cap = problem.mem_bytes, problem.mem_cap_bytes
+    mem, cap = problem.mem_bytes, problem.usable_mem_bytes
     tol = 1e-9 * cap
     order = np.argsort(-mem, kind="stable")
     for keep in (True, False):

@@ -62,7 +62,7 @@ def stage_cut(problem: PlacementProblem, devices: np.ndarray, bound_s: float | N
     devices = np.asarray(devices, dtype=np.int64)
     work = np.vstack([np.zeros(len(devices)), np.cumsum(problem.compute_s[order][:, devices], axis=0)])
     mem = np.r_[0.0, np.cumsum(problem.mem_bytes[order])]
-    cap = problem.mem_cap_bytes[devices]
+    cap = problem.usable_mem_bytes[devices]
     cut = _cut_bytes(problem, pos)
     # whole-batch link time of a cut between consecutive stages d -> d+1 (activations forward)
     bw = problem.bandwidth[devices[:-1], devices[1:]] if len(devices) > 1 else np.zeros(0)

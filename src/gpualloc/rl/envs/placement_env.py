@@ -183,7 +183,7 @@ class PlacementEnv(gym.Env):
         if self._cursor >= ep.m:
             mask[:k] = True
             return mask
-        fits = self._mem + ep.sub_mem[self._cursor] <= ep.problem.mem_cap_bytes
+        fits = self._mem + ep.sub_mem[self._cursor] <= ep.problem.usable_mem_bytes
         mask[:k] = fits if fits.any() else True  # nothing fits: let the simulator report the excess
         return mask
 
