@@ -87,7 +87,8 @@ def test_device_without_peaks_needs_measured_times(model):
 
 
 def test_training_memory(diamond_graph):
-    assert training_memory_bytes(diamond_graph) == pytest.approx(4 * 1e6 + 4 * 4e6)
+    # fp32 Adam: 16 bytes a parameter = 4 x the fp32 weights; the activations; a 5% allocator margin
+    assert training_memory_bytes(diamond_graph) == pytest.approx((4 * 1e6 + 4 * 4e6) * 1.05)
 
 
 def test_calibration_round_trip_and_errors(tmp_path):

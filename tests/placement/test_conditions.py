@@ -60,7 +60,8 @@ def test_double_batch_doubles_times_and_activations_not_parameters(problem):
     np.testing.assert_allclose(p.graph.flops, 2 * problem.graph.flops)
     np.testing.assert_array_equal(p.graph.param_bytes, problem.graph.param_bytes)
     assert p.graph.batch_size == 2 * problem.graph.batch_size
-    np.testing.assert_allclose(p.mem_bytes - problem.mem_bytes, problem.graph.output_bytes)
+    np.testing.assert_allclose(p.mem_bytes - problem.mem_bytes,
+                               problem.graph.output_bytes * (1 + problem.rules.fragmentation))
 
 
 def test_simulator_runs_on_conditioned_problems(problem):

@@ -13,6 +13,10 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.partition import PARTITIONERS, kl_bisect, kl_objective, kl_partition, kl_refine
 from gpualloc.placement.partition.kernighan_lin import to_csr
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.cost.memory import MemoryRules
+
+EXACT = MemoryRules(fragmentation=0.0, reserve_bytes=0.0)
+"""Memory counted without margin or reserve, so the tests' capacities are exact."""
 
 
 def _node(i: int, *, flops: float = 1e12, param_bytes: float = 1e6, out: float = 1e6, time_ms=None) -> OpNode:
@@ -104,14 +108,14 @@ def test_memory_caps_never_violated(tmp_path, n, density, slack, seed):
 
 def test_infeasible_graph_raises_with_amount(tmp_path):
     g = _graph(4, [(0, 1), (1, 2), (2, 3)], param_bytes=2**30, out=0.0)  # 4 GiB per node
-    p = PlacementProblem(g, _tiny_cluster(tmp_path, 2 * 2**30, count=2))
+    p = PlacementProblem(g, _tiny_cluster(tmp_path, 2 * 2**30, count=2), rules=EXACT)
     with pytest.raises(PlacementError, match=r"over by 12\.00 GiB"):
         kl_partition(p)
 
 
 def test_single_node_too_large_raises(tmp_path):
     g = _graph(2, [(0, 1)], param_bytes=2**30, out=0.0)  # 4 GiB each, 16 GiB total capacity
-    p = PlacementProblem(g, _tiny_cluster(tmp_path, 3 * 2**30, count=5))
+    p = PlacementProblem(g, _tiny_cluster(tmp_path, 3 * 2**30, count=5), rules=EXACT)
     with pytest.raises(PlacementError, match=r"node 'n0'.*over by 1\.00 GiB"):
         kl_partition(p)
 

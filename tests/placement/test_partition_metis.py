@@ -12,6 +12,10 @@ from gpualloc.placement.partition.memory import repair_memory, undirected_csr
 from gpualloc.placement.partition.metis import kahip_partition, metis_partition, metis_uniform
 from gpualloc.placement.problem import PlacementProblem
 from tests.conftest import diamond
+from gpualloc.cost.memory import MemoryRules
+
+EXACT = MemoryRules(fragmentation=0.0, reserve_bytes=0.0)
+"""Memory counted without margin or reserve, so the tests' capacities are exact."""
 
 METHODS = [metis_partition, metis_uniform, kahip_partition]
 GiB = 2.0**30
@@ -85,7 +89,7 @@ def test_uniform_ignores_speed():
 @pytest.mark.parametrize("method", METHODS)
 def test_tight_memory_caps_are_respected(method):
     # 14 nodes of 3.6 GiB: A100 (40 GiB) holds 11, T4 (16 GiB) 4; speed-aware METIS wants ~5 on T4.
-    problem = PlacementProblem(big_chain(14), load_cluster("1xA100+1xT4"))
+    problem = PlacementProblem(big_chain(14), load_cluster("1xA100+1xT4"), rules=EXACT)
     a = method(problem, seed=0)
     assert_valid(problem, a)
     assert np.bincount(a, minlength=2)[1] <= 4
@@ -113,13 +117,13 @@ def test_infeasible_raises_with_shortfall(method):
 
 
 def test_node_larger_than_every_device_raises():
-    problem = PlacementProblem(big_chain(2, param_gib=5.0), load_cluster("4xT4"))  # 20 GiB node, 16 GiB cap
+    problem = PlacementProblem(big_chain(2, param_gib=5.0), load_cluster("4xT4"), rules=EXACT)  # 20 GiB node, 16 cap
     with pytest.raises(PlacementError, match=r"node 'n0' needs 20.00 GiB .*over by 4.00 GiB"):
         metis_partition(problem)
 
 
 def test_repair_moves_nodes_off_an_overfull_device():
-    problem = PlacementProblem(big_chain(8), load_cluster("2xT4"))
+    problem = PlacementProblem(big_chain(8), load_cluster("2xT4"), rules=EXACT)
     a = repair_memory(problem, np.zeros(8, dtype=np.int64))
     assert_valid(problem, a)
     assert np.bincount(a).tolist() == [4, 4]

@@ -14,6 +14,10 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import simulate
 from tests.conftest import diamond
+from gpualloc.cost.memory import MemoryRules
+
+EXACT = MemoryRules(fragmentation=0.0, reserve_bytes=0.0)
+"""Memory counted without margin or reserve, so the tests' capacities are exact."""
 
 
 def chain(n: int = 2, nbytes: float = 4e6) -> OpGraph:
@@ -195,7 +199,7 @@ def test_memory_excess_on_tiny_cap():
     cluster = load_cluster("2xA100")
     small = replace(cluster.devices[0].type, mem_bytes=1000)
     cluster = replace(cluster, devices=tuple(replace(d, type=small) for d in cluster.devices))
-    p = PlacementProblem(chain(2), cluster, microbatches=2)
+    p = PlacementProblem(chain(2), cluster, microbatches=2, rules=EXACT)
     r = simulate(p, np.array([0, 1]), schedule="gpipe")
     assert not r.feasible
     # gpipe holds both microbatches' activations: the whole batch

@@ -261,7 +261,19 @@ class CostModel:
         return float(physics.energy_j(device.idle_w, device.tdp_w, busy_s, wall_s))
 
 
-def training_memory_bytes(graph: OpGraph, optimizer_states: int = physics.OPTIMIZER_STATES) -> float:
-    """Memory to train ``graph`` on one device: weights, gradients, optimizer states (Adam keeps 2
-    per weight) and every activation held for the backward pass."""
-    return float(physics.training_mem_bytes(graph.total_param_bytes, graph.total_activation_bytes, optimizer_states))
+def training_memory_bytes(graph: OpGraph, device: DeviceType | None = None, rules=None) -> float:
+    """Peak memory to train ``graph`` on one device (:func:`gpualloc.cost.memory.device_memory`: weights,
+    gradients, optimizer state, the activations held for the backward, fragmentation margin and, given a
+    ``device``, its framework reserve) under ``rules`` (default: fp32, Adam)."""
+    from gpualloc.cost.memory import MemoryRules, StageShape, device_memory
+
+    rules = rules if rules is not None else MemoryRules()
+    batch = graph.batch_size or 1
+    shape = StageShape(graph.total_param_bytes, float(graph.param_bytes.max(initial=0.0)),
+                       graph.total_activation_bytes / batch, 0.0, 0.0)
+    where = device if device is not None else _NO_RESERVE
+    return float(device_memory(rules, where, shape, tp=1, dp=1, mb=batch, in_flight=1).peak)
+
+
+_NO_RESERVE = DeviceType("none", "other", "none", None, None, None, 0, None, 1.0, 0.0, reserve_bytes=0)
+"""A device whose reserve is nothing: the model's own memory, wherever it runs."""

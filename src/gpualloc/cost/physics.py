@@ -5,7 +5,7 @@ so a change here (or a calibration feeding them) reaches all of them:
 
 * :func:`power_w`: board power, linear between idle and TDP in the busy fraction;
 * :func:`energy_j`: that power over a wall-clock interval;
-* :func:`weight_state_bytes` / :func:`training_mem_bytes`: what training pins in device memory;
+* :func:`weight_state_bytes`: what a migration moves (the memory a plan pins is :mod:`gpualloc.cost.memory`'s);
 * :func:`transfer_time_s`: the alpha-beta link model, ``latency + bytes / bandwidth``;
 * :func:`microbatch_time_s`: an op's time on one microbatch, the launch overhead paid every time.
 """
@@ -44,12 +44,6 @@ def weight_state_bytes(param_bytes: ArrayLike, optimizer_states: int = OPTIMIZER
     step before the move.
     """
     return np.asarray(param_bytes, dtype=np.float64) * (1 + int(gradients) + optimizer_states)
-
-
-def training_mem_bytes(param_bytes: ArrayLike, activation_bytes: ArrayLike,
-                       optimizer_states: int = OPTIMIZER_STATES) -> np.ndarray:
-    """Memory to train: weights, gradients, optimizer states, and the activations kept for the backward."""
-    return weight_state_bytes(param_bytes, optimizer_states) + np.asarray(activation_bytes, dtype=np.float64)
 
 
 def transfer_time_s(nbytes: ArrayLike, latency_s: ArrayLike, bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:

@@ -29,6 +29,10 @@ Model (every formula from :mod:`gpualloc.cost.physics`):
 * Activation recomputation (``plan.recompute``) runs each microbatch's forward again in its backward.
 * A node's NIC is shared by every ring or TP group that leaves the node: inter-node bandwidth is divided
   by the number of such flows on the busiest node the group touches.
+* Every transfer runs at its link's measured bandwidth for its message size (a ring's chunk, ``bytes / n``;
+  a point-to-point send's whole message): :meth:`~HybridProblem.link_efficiency`, from
+  :mod:`gpualloc.cost.links`, scales the link's bandwidth (so a 4 KB activation on NVLink 2 gets 22 GB/s,
+  not the catalog's 150).
 * Memory per device: :func:`gpualloc.cost.memory.device_memory` under the problem's rules, with the
   microbatches in flight (1F1B: ``min(M, S - s)`` at stage ``s``; GPipe: ``M``) and the replica's largest
   microbatch.
@@ -177,7 +181,10 @@ def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, spli
     overlap = np.maximum(np.minimum(a_end[:, :, None], b_end[:, None, :])
                          - np.maximum(a_start[:, :, None], b_start[:, None, :]), 0)
     feeds = overlap > 0
-    out = np.where(feeds & (per_sample > 0), physics.transfer_time_s(overlap * per_sample, lat, bw), 0.0)
+    nbytes = np.maximum(overlap * per_sample, 1.0)
+    eff = np.stack([np.stack([problem.link_efficiency(a, b, nbytes[:, i, j]) for j, b in enumerate(dst)], axis=-1)
+                    for i, a in enumerate(src)], axis=1)  # (M, R_prev, R): each pair's link at its message size
+    out = np.where(feeds & (per_sample > 0), physics.transfer_time_s(overlap * per_sample, lat, bw * eff), 0.0)
     return out, feeds
 
 
@@ -212,10 +219,14 @@ def _collective_s(problem: HybridProblem, plan: HybridPlan, stage, shares, c: Co
     half = 1.0 if c.op == "all-reduce" else 0.5
     if plan.sync.algorithm == "hierarchical" and uniq.size > 1:
         intra_bw, intra_lat, net_bw, net_lat = problem.sync_links(leaders)
+        first = [d for d in leaders if problem.node_of[d] == uniq[int(np.argmax(per_node))]]
+        intra_bw *= float(problem.link_efficiency(first[0], first[-1], c.nbytes / per_node.max()))
+        net_bw *= float(problem.link_efficiency(*problem.slowest_pair(leaders), c.nbytes / uniq.size))
         t = physics.hierarchical_allreduce_s(c.nbytes, int(per_node.max()), uniq.size, intra_lat, intra_bw,
                                              net_lat, net_bw / nic)
     else:
         bw, lat = problem.group_link(leaders, nic)
+        bw *= float(problem.link_efficiency(*problem.slowest_pair(leaders), c.nbytes / len(leaders)))
         t = physics.ring_allreduce_s(c.nbytes, len(leaders), lat, bw)
     return half * float(t)
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gpualloc.cost import physics
+from gpualloc.cost.links import bus_bandwidth_bytes_per_s
 from gpualloc.cost.memory import OPTIMIZER_STATES, MemoryRules, StageShape
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import PlacementError
@@ -205,7 +206,18 @@ class HybridProblem(OnCluster):
         if tp <= 1 or mb <= 0:
             return np.zeros(self.L)
         bw, lat = self.group_link(devices, nic_share)
+        chunk = self.layer_act_out_bytes * mb / tp  # a ring moves the message in chunks of 1 / tp
+        bw = bw * self.link_efficiency(*self.slowest_pair(devices), np.maximum(chunk, 1.0))
         return physics.tp_layer_comm_s(self.layer_act_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
+
+    def link_efficiency(self, i: int, j: int, nbytes) -> np.ndarray:
+        """The fraction of the link between devices ``i`` and ``j`` that a message of ``nbytes`` gets: the
+        measured bandwidth at that size over the link's nominal peak (:mod:`gpualloc.cost.links`); it scales
+        whatever bandwidth the problem gives the pair (drifted or not)."""
+        link = self.cluster.link_between(int(i), int(j))
+        if link is None:
+            return np.ones_like(np.asarray(nbytes, dtype=np.float64))
+        return bus_bandwidth_bytes_per_s(link, nbytes) / link.bandwidth_bytes_per_s
 
     def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
         """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by
@@ -217,6 +229,12 @@ class HybridProblem(OnCluster):
         cross = self.node_of[d][:, None] != self.node_of[d][None, :]
         sub_bw[cross] /= max(nic_share, 1.0)
         return float(sub_bw.min()), float(self.latency[np.ix_(d, d)].max())
+
+    def slowest_pair(self, devices) -> tuple[int, int]:
+        """Two of ``devices`` joined by their slowest link (a pair on different nodes when there is one)."""
+        d = [int(x) for x in devices]
+        cross = [(a, b) for a in d for b in d if self.node_of[a] != self.node_of[b]]
+        return cross[0] if cross else (d[0], d[-1])
 
     def sync_links(self, devices) -> tuple[float, float, float, float]:
         """The links a hierarchical all-reduce among ``devices`` uses: ``(intra_bw, intra_lat, net_bw,
