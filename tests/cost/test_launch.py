@@ -85,6 +85,16 @@ def test_columns_are_independent_sequences_with_their_own_launch():
     np.testing.assert_allclose(exposed_launch_s(work.T, launch[:, None], "async", axis=1), out.T)
 
 
+def test_reverse_runs_ops_last_to_first():
+    work = np.array([1.0, 50.0, 2.0]) * US  # backward order: 2, 50, 1
+    np.testing.assert_allclose(exposed_launch_s(work, 10 * US, "async", reverse=True), [0.0, 8 * US, 10 * US])
+    np.testing.assert_allclose(exposed_launch_s(work, 10 * US, "graphs", reverse=True, regions=[0, 1, 1]),
+                               [10 * US, 0.0, 10 * US])
+    cols = np.column_stack([work, work[::-1]])
+    out = exposed_launch_s(cols, 10 * US, "async", reverse=True)
+    np.testing.assert_allclose(out[:, 1], exposed_launch_s(work, 10 * US, "async")[::-1])
+
+
 def test_per_op_launch_array():
     out = exposed_launch_s([5 * US, 5 * US, 5 * US], [1 * US, 8 * US, 2 * US], "async")
     np.testing.assert_allclose(out, [1 * US, 3 * US, 0.0])

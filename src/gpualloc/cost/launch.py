@@ -50,13 +50,13 @@ def default_launch_mode(device: DeviceType) -> str:
     return "serial" if device.vendor == "cpu" or device.name == "cpu" else "async"
 
 
-def exposed_launch_s(op_times_s, launch_s, mode: str = "async", *, axis: int = 0,
+def exposed_launch_s(op_times_s, launch_s, mode: str = "async", *, axis: int = 0, reverse: bool = False,
                      regions=None) -> np.ndarray:
     """The part of each op's launch overhead that the device waits for, under ``mode``.
 
-    Ops run in their order along ``axis`` (graph order for a forward pass; pass the arrays reversed for a
-    backward pass, which runs the ops last to first). Other axes are independent sequences, such as one
-    column per device of a ``(n_ops, n_devices)`` array.
+    Ops run in their order along ``axis``: graph order for a forward pass, and the reverse for a backward
+    pass (``reverse=True``), which runs the ops last to first. Other axes are independent sequences, such
+    as one column per device of a ``(n_ops, n_devices)`` array.
 
     Args:
         op_times_s: each op's execution time without its launch overhead (seconds, >= 0).
@@ -64,6 +64,8 @@ def exposed_launch_s(op_times_s, launch_s, mode: str = "async", *, axis: int = 0
             column, or one per op).
         mode: ``"serial"``, ``"async"`` or ``"graphs"`` (see the module docstring).
         axis: the axis along which the ops run one after another.
+        reverse: the ops run from the end of ``axis`` to its start (a backward pass); the result keeps the
+            input's order.
         regions: ``"graphs"`` only: a region label per op along ``axis``. An op whose label differs from the
             previous op's starts a new graph launch. Default: all ops are one captured region.
 
@@ -98,6 +100,8 @@ def exposed_launch_s(op_times_s, launch_s, mode: str = "async", *, axis: int = 0
         return launch + 0.0 * work
     work = np.moveaxis(np.broadcast_to(work, shape), axis, 0)
     launch = np.moveaxis(np.broadcast_to(launch, shape), axis, 0)
+    if reverse:
+        work, launch = work[::-1], launch[::-1]
     if mode == "serial":
         out = launch.copy()
     elif mode == "async":
@@ -111,6 +115,7 @@ def exposed_launch_s(op_times_s, launch_s, mode: str = "async", *, axis: int = 0
             labels = np.asarray(regions)
             if labels.shape != (n,):
                 raise CostModelError(f"regions: expected one label per op ({n}), got shape {labels.shape}")
+            labels = labels[::-1] if reverse else labels
             starts[1:] = labels[1:] != labels[:-1]
         out = np.where(starts.reshape((n,) + (1,) * (len(shape) - 1)), launch, 0.0)
-    return np.moveaxis(out, 0, axis)
+    return np.moveaxis(out[::-1] if reverse else out, 0, axis)
