@@ -10,7 +10,7 @@ import pytest
 
 from gpualloc.cli.main import main
 from gpualloc.errors import ExecutionError, PlacementError
-from gpualloc.execute.hybrid import TP_REFUSED, _inflight_limits, _Program, execute_hybrid, plan_pieces
+from gpualloc.execute.hybrid import FSDP_REFUSED, TP_REFUSED, _inflight_limits, _Program, execute_hybrid, plan_pieces
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.layers import layer_count
@@ -32,9 +32,9 @@ def _two_by_two(layers: int, *, microbatches: int = 2):
                      n_devices=4)
 
 
-def _ddp(layers: int, shares=(3, 1)):
+def _ddp(layers: int, shares=(3, 1), sharding="none"):
     return make_plan([Stage(0, layers - 1, tuple(Replica((i,), s) for i, s in enumerate(shares)))], sum(shares), 1,
-                     n_devices=4)
+                     n_devices=4, sharding=sharding)
 
 
 def test_pieces_tile_each_stage_and_the_1f1b_window_covers_shifted_microbatches(graph):
@@ -101,6 +101,13 @@ def test_cli_runs_a_ddp_plan_with_shares_3_to_1(graph, tmp_path, cli):
     assert doc["output_match"] is True and doc["batch_size"] == BATCH and doc["steps"] == 1
     assert doc["weight_match"] is True and doc["max_update"] > 100 * doc["weight_tolerance"]
     assert [d["index"] for d in doc["devices"]] == [0, 1]
+    assert doc["optimizer"] == "sgd" and doc["sharding"] == "none"
+    for dev in doc["devices"]:  # each worker's memory: counted parts and the measured peak, beside the prediction
+        mem = dev["memory"]
+        assert {"weights_bytes", "grads_bytes", "optimizer_bytes", "peak_bytes", "reserve_bytes"} <= set(mem)
+        assert mem["weights_bytes"] == mem["grads_bytes"] > 0 and mem["optimizer_bytes"] == 0
+        assert mem["peak_bytes"] >= mem["weights_bytes"] + mem["grads_bytes"]
+        assert dev["predicted_peak_bytes"] > 0
 
 
 @pytest.mark.parametrize(("edit", "names"), [
@@ -127,3 +134,30 @@ def test_the_library_refuses_tensor_parallel_replicas_and_a_plan_for_another_mod
     short = make_plan([Stage(0, layers - 2, (Replica((0,), 4),))], BATCH, 1)
     with pytest.raises(PlacementError, match="cover"):
         execute_hybrid(MODEL, graph, short, load_cluster("4xcpu"))
+
+
+def test_adam_ddp_with_shares_3_to_1_takes_the_unsplit_adam_step(graph):
+    run = execute_hybrid(MODEL, graph, _ddp(layer_count(graph)), load_cluster("2xcpu"), steps=1, warmup=0,
+                         threads=2, lr=0.05, timeout_s=120, optimizer="adam")
+    assert run.result.optimizer == "adam"
+    assert run.weight_match is True and run.max_update == pytest.approx(0.05, rel=1e-3)  # Adam's first step: lr
+    for d in run.result.devices:
+        m = d.memory
+        assert m.optimizer_bytes >= 2 * m.weights_bytes  # exp_avg and exp_avg_sq, whole on every replica
+        assert m.peak_bytes >= m.weights_bytes + m.grads_bytes + m.optimizer_bytes
+
+
+def test_zero1_shards_adam_state_between_the_replicas_and_takes_the_unsplit_step(graph):
+    run = execute_hybrid(MODEL, graph, _ddp(layer_count(graph), (2, 2), sharding="zero1"), load_cluster("2xcpu"),
+                         steps=1, warmup=0, threads=2, lr=0.05, timeout_s=120, optimizer="adam")
+    assert run.sharding == "zero1" and run.weight_match is True
+    states = [d.memory.optimizer_bytes for d in run.result.devices]
+    weights = run.result.devices[0].memory.weights_bytes
+    # each replica keeps about half of Adam's 2 x weights; together they hold it once
+    assert all(0.3 * 2 * weights < s < 0.7 * 2 * weights for s in states)
+    assert sum(states) == pytest.approx(2 * weights, rel=0.01)
+
+
+def test_fsdp_plans_are_refused_in_one_line(graph):
+    with pytest.raises(ExecutionError, match=FSDP_REFUSED):
+        execute_hybrid(MODEL, graph, _ddp(layer_count(graph), sharding="fsdp"), load_cluster("2xcpu"))

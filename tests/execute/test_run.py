@@ -61,6 +61,8 @@ def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
     assert {"measured_step_s", "predicted_step_s", "error", "output_match"} <= set(doc)
     assert doc["output_match"] is True and doc["measured_step_s"] > 0 and doc["batch_size"] == 4
     assert doc["microbatches"] == 2 and doc["steps"] == 2
+    for dev in doc["devices"]:  # an op-level plan's workers report their memory too
+        assert dev["memory"]["peak_bytes"] >= dev["memory"]["weights_bytes"] > 0
 
 
 def test_a_plan_for_another_graph_is_a_one_line_error(tmp_path):

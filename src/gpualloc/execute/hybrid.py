@@ -15,12 +15,19 @@
    shares with other workers: the replicas of its stage, and for a weight used by several stages (a
    tied embedding) the replicas of those stages too. Each piece seeds its output gradient as the
    global-batch mean (``n / (B x numel)``), so the sum is exactly the unsplit model's gradient whatever
-   the shares; then SGD updates;
+   the shares; then the optimizer (SGD or Adam, ``ExecuteOptions.optimizer``) updates. Under
+   ``sharding == "zero1"`` the optimizer state is sharded among a stage's replicas (ZeRO-1,
+   ``ZeroRedundancyOptimizer`` over a process group of those replicas: each steps its part of the weights
+   and broadcasts it);
 5. check the output against the unsplit model, and after the first training step the weights against
-   one unsplit SGD step on the same batch; time the steps and predict them with the hybrid simulator.
+   one step of the same optimizer on the unsplit model and the same batch; time the steps and predict
+   them with the hybrid simulator;
+6. run one more, untimed, step in which every worker measures its peak memory
+   (:class:`~gpualloc.execute.measure.MemoryProbe`) and counts its weights, gradients and optimizer state.
 
 Tensor parallelism is not executed: a replica with more than one device is refused (see
-:data:`TP_REFUSED`). Gradient synchronisation runs after the backward (no bucketing or overlap).
+:data:`TP_REFUSED`), and so is FSDP (:data:`FSDP_REFUSED`). Gradient synchronisation runs after the
+backward (no bucketing or overlap).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -42,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 
+from gpualloc.cost.memory import MemoryRules
 from gpualloc.cost.microbench import apply_profiles
 from gpualloc.cost.model import Calibration, CostModel
 from gpualloc.errors import ExecutionError
@@ -55,12 +63,15 @@ from gpualloc.execute.run import (
     _calibration_warnings,
     _leaves,
     _max_abs,
+    checked_options,
     torch_devices_for,
     worker_threads,
 )
 from gpualloc.execute.split import SplitModel, Stage, split_model
 from gpualloc.execute.worker import (
+    OPTIMIZERS,
     WorkerLoop,
+    make_optimizer,
     next_message,
     run_step,
     serve_worker,
@@ -73,16 +84,21 @@ from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.hybrid.layers import layer_count, stage_of_node
 from gpualloc.placement.hybrid.plan import HybridPlan, replica_microbatch, validate
 from gpualloc.placement.hybrid.problem import HybridProblem
-from gpualloc.placement.hybrid.simulate import simulate_hybrid
+from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 
-__all__ = ["TP_REFUSED", "HybridExecution", "Piece", "check_plan", "execute_hybrid", "plan_pieces"]
+__all__ = ["FSDP_REFUSED", "TP_REFUSED", "HybridExecution", "Piece", "check_plan", "execute_hybrid",
+           "hybrid_problem", "plan_pieces"]
 
 TP_REFUSED = "tensor parallel execution is not supported on CPU; plan with tp 1 (one device per replica)"
+FSDP_REFUSED = "FSDP is not executed by gpualloc run; plan with sharding none or zero1"
 
 WEIGHT_RTOL = 1e-3
 """Weights after one step match when ``max |split - unsplit| <= WEIGHT_ULPS x ulp(max |w|) + WEIGHT_RTOL x
-max |update|``: the gradients are sums taken in another order, and SGD rounds to the weight's ulp."""
+max |update|``: the gradients are sums taken in another order, and the optimizer rounds to the weight's ulp."""
 WEIGHT_ULPS = 4
+ADAM_GRAD_RTOL = 1e-5
+"""How much of its tensor's largest gradient a gradient summed in another order may differ by (fp32 sums
+of a few thousand terms; see :func:`_reference_step`)."""
 
 Progress = Callable[[str, int, int], None]
 Layout = tuple[int, int] | None
@@ -317,6 +333,9 @@ class _Spec:
     inflight_limit: int
     lr: float
     timeout_s: float
+    optimizer: str = "sgd"
+    shard_groups: tuple[tuple[int, ...], ...] = ()
+    """ZeRO-1: the ranks of each stage's replicas (every rank creates every group, in this order)."""
 
 
 @dataclass
@@ -354,6 +373,20 @@ class _Worker(WorkerLoop):
         super().__init__(spec, inbox, outbox, peers)
         self.step_id = -1
 
+    def connect(self) -> None:
+        dist.init_process_group("gloo", init_method=f"file://{self.spec.store}", rank=self.spec.rank,
+                                world_size=self.spec.world, timeout=datetime.timedelta(seconds=self.spec.timeout_s))
+        self.groups = []
+        for ranks, names in self.spec.groups:
+            group = dist.new_group(list(ranks))  # every rank creates every group, in the same order
+            if self.spec.rank in ranks:
+                self.groups.append((group, names))
+        self.shard_group = None
+        for ranks in self.spec.shard_groups:
+            group = dist.new_group(list(ranks))
+            if self.spec.rank in ranks:
+                self.shard_group = group
+
     def setup(self) -> None:
         self.params: dict[str, nn.Parameter] = {}
         for by_size in self.spec.modules.values():
@@ -366,16 +399,12 @@ class _Worker(WorkerLoop):
                             self.params[name] = p
                         elif self.params[name] is not p:  # one parameter per name across traces and sizes
                             _set_param(st.module, name, self.params[name])
-        self.optimizer = torch.optim.SGD(list(self.params.values()), lr=self.spec.lr) if self.params else None
-        self.inputs = {name: {k: t.to(self.device) for k, t in mbs.items()} for name, mbs in self.spec.inputs.items()}
+        # sorted: a ZeRO optimizer partitions by position, the same on every replica
+        params = [self.params[n] for n in sorted(self.params)]
+        self.optimizer = make_optimizer(self.spec.optimizer, params, self.spec.lr, self.shard_group) if params else None
+        self.inputs = {name: {k: t.to(self.device, copy=True) for k, t in mbs.items()}
+                       for name, mbs in self.spec.inputs.items()}
         self.clock = TaskClock(self.device)
-        dist.init_process_group("gloo", init_method=f"file://{self.spec.store}", rank=self.spec.rank,
-                                world_size=self.spec.world, timeout=datetime.timedelta(seconds=self.spec.timeout_s))
-        self.groups = []
-        for ranks, names in self.spec.groups:
-            group = dist.new_group(list(ranks))  # every rank creates every group, in the same order
-            if self.spec.rank in ranks:
-                self.groups.append((group, names))
 
     def answer(self, msg: tuple[Any, ...]) -> bool:
         """``("params",)``: send this worker's weights back (the check against the reference step)."""
@@ -520,8 +549,8 @@ class _Worker(WorkerLoop):
         _, kind, msg_step, name, k, where, value = msg
         if msg_step != step:
             raise ExecutionError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
-        if isinstance(value, torch.Tensor):
-            value = value.to(self.device)
+        if isinstance(value, torch.Tensor):  # own memory, not the queue's shared segment (see _host)
+            value = value.to(self.device, copy=True)
         if kind == "act":  # where = (lo, hi, src rank, src microbatch, needs a gradient back)
             state.parts.setdefault((name, k), []).append((*where, value))
         else:  # where = (lo, hi)
@@ -540,9 +569,11 @@ class _Worker(WorkerLoop):
 
 
 def _host(value: Any) -> Any:
+    """A CPU copy of ``value`` to send: the queue moves what it sends into shared memory, which would take
+    the whole tensor the rows are cut from (an activation kept for the backward) out of the sender's
+    ``malloc``-ed, measured memory."""
     if isinstance(value, torch.Tensor):
-        value = value.detach()
-        return value.to("cpu") if value.device.type != "cpu" else value
+        return value.detach().to("cpu", copy=True)
     return value
 
 
@@ -581,7 +612,8 @@ class _Workers:
         spec = self.specs[index]
         return f"stage {spec.stage} (rank {spec.rank})"
 
-    def command(self, program: str, *, train: bool, sink: dict | None = None) -> list[dict[str, Any]]:
+    def command(self, program: str, *, train: bool, sink: dict | None = None,
+                memory: bool = False) -> list[dict[str, Any]]:
         self._step += 1
 
         def output(msg: tuple[Any, ...]) -> None:
@@ -589,7 +621,7 @@ class _Workers:
                 _, _, name, offset, n, value = msg
                 sink.setdefault(name, []).append((offset, n, value.clone()))
 
-        return run_step(self._inboxes, self._next, program, self._step, train, output)
+        return run_step(self._inboxes, self._next, program, self._step, train, output, memory=memory)
 
     def forward(self, prog: _Program) -> tuple[torch.Tensor, ...]:
         """A forward-only pass of the eval trace; the model's flat outputs for the whole batch."""
@@ -622,13 +654,15 @@ class HybridExecution:
         result: what ``gpualloc run`` reports for any plan (measured vs predicted step, output check, one
             :class:`~gpualloc.execute.run.DeviceRun` per worker, i.e. per (stage, replica)).
         describe: the plan in one line (:meth:`HybridPlan.describe`).
-        weight_match: after the first training step every worker's weights equal those of one unsplit SGD
-            step on the same batch (within :data:`WEIGHT_RTOL` of the update); None when not checked (a
-            model whose training forward depends on how the batch is split: BatchNorm, dropout).
+        weight_match: after the first training step every worker's weights equal those of one step of the
+            same optimizer on the unsplit model and the same batch (within :data:`WEIGHT_RTOL` of the update);
+            None when not checked (a model whose training forward depends on how the batch is split:
+            BatchNorm, dropout).
         max_weight_diff: largest ``|split - unsplit|`` over all weights of all workers.
         weight_tolerance: the tolerance of the weight closest to failing.
         max_update: largest ``|unsplit step - initial|`` (how much the step moved the weights).
         sync_s: per worker, median time of its gradient all-reduces.
+        sharding: the plan's sharding (``none`` or ``zero1``).
     """
 
     result: ExecutionResult
@@ -638,12 +672,13 @@ class HybridExecution:
     weight_tolerance: float
     max_update: float
     sync_s: tuple[float, ...]
+    sharding: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.result.to_dict(), "plan_version": 2, "describe": self.describe,
                 "weight_match": self.weight_match, "max_weight_diff": self.max_weight_diff,
                 "weight_tolerance": self.weight_tolerance, "max_update": self.max_update,
-                "sync_s": list(self.sync_s)}
+                "sync_s": list(self.sync_s), "sharding": self.sharding}
 
 
 def _batch_coupled(module: nn.Module) -> bool:
@@ -652,39 +687,67 @@ def _batch_coupled(module: nn.Module) -> bool:
                for m in module.modules())
 
 
-def _reference_step(module: nn.Module, args: Sequence[torch.Tensor], lr: float) -> dict[str, torch.Tensor]:
-    """Weights after one unsplit SGD step on the mean of every floating-point output (the workers' loss)."""
+def _reference_step(module: nn.Module, args: Sequence[torch.Tensor], optimizer: str,
+                    lr: float) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Weights after one unsplit step of ``optimizer`` on the mean of every floating-point output (the
+    workers' loss), and each weight's slack for Adam (zero for SGD).
+
+    Adam's first step moves a weight by ``lr x g / (|g| + eps)`` (bias-corrected moments), whose slope
+    ``lr x eps / (|g| + eps)^2`` turns a gradient that is rounding noise (``|g|`` near ``eps``) into any
+    update in ``[-lr, lr]``. Summed in another order, a gradient is uncertain by about
+    :data:`ADAM_GRAD_RTOL` of its tensor's largest; the slack is that times the slope (at most ``2 lr``),
+    so only elements whose gradient is lost in rounding get it.
+    """
     ref = copy.deepcopy(module).train()
     leaves = [t for t in _leaves(ref(*args)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     sum(t.mean() for t in leaves).backward()
-    torch.optim.SGD(ref.parameters(), lr=lr).step()
-    return {n: p.detach() for n, p in ref.named_parameters(remove_duplicate=False)}
+    opt = OPTIMIZERS[optimizer](ref.parameters(), lr=lr)
+    opt.step()
+    slack = {}
+    for n, p in ref.named_parameters(remove_duplicate=False):
+        g = p.grad.double().abs() if p.grad is not None else torch.zeros_like(p, dtype=torch.float64)
+        if isinstance(opt, torch.optim.Adam) and g.numel():
+            eps = float(opt.param_groups[0]["eps"])
+            slack[n] = (lr * eps * ADAM_GRAD_RTOL * float(g.max()) / (g + eps) ** 2).clamp(max=2 * lr)
+        else:
+            slack[n] = torch.zeros_like(g)
+    return {n: p.detach() for n, p in ref.named_parameters(remove_duplicate=False)}, slack
 
 
 def _compare_weights(got: Mapping[int, Mapping[str, torch.Tensor]], ref: Mapping[str, torch.Tensor],
-                     before: Mapping[str, torch.Tensor]) -> tuple[bool, float, float, float]:
-    """(match, max diff, tolerance of the worst weight, max update) of every worker's weights."""
+                     before: Mapping[str, torch.Tensor],
+                     slack: Mapping[str, torch.Tensor]) -> tuple[bool, float, float, float]:
+    """(match, max diff, tolerance of the weight closest to failing, max update) of every worker's weights:
+    each element within ``WEIGHT_ULPS x ulp(max |w|) + WEIGHT_RTOL x max |update|`` of its tensor plus its
+    ``slack``."""
     eps = torch.finfo(torch.float32).eps
     match, worst, worst_tol, worst_ratio, update = True, 0.0, 0.0, -1.0, 0.0
     for params in got.values():
         for name, w in params.items():
             if name not in ref:
                 raise ExecutionError(f"a worker holds weight {name!r}, which the model does not have")
+            if not w.numel():
+                continue
             r = ref[name].double()
-            diff = float((w.double() - r).abs().max()) if w.numel() else 0.0
-            moved = float((r - before[name].double()).abs().max()) if w.numel() else 0.0
-            tol = WEIGHT_ULPS * eps * (float(r.abs().max()) if w.numel() else 0.0) + WEIGHT_RTOL * moved
-            match &= diff <= tol
-            worst, update = max(worst, diff), max(update, moved)
-            if diff / max(tol, 1e-300) > worst_ratio:
-                worst_ratio, worst_tol = diff / max(tol, 1e-300), tol
+            diff = (w.double() - r).abs()
+            moved = float((r - before[name].double()).abs().max())
+            tol = WEIGHT_ULPS * eps * float(r.abs().max()) + WEIGHT_RTOL * moved + slack[name]
+            ratio = diff / tol.clamp(min=1e-300)
+            i = int(ratio.argmax())
+            match &= bool((diff <= tol).all())
+            worst, update = max(worst, float(diff.max())), max(update, moved)
+            if float(ratio.flatten()[i]) > worst_ratio:
+                worst_ratio, worst_tol = float(ratio.flatten()[i]), float(tol.flatten()[i])
     return match, worst, worst_tol, update
 
 
 def check_plan(plan: HybridPlan, graph: OpGraph, cluster: ClusterSpec) -> None:
     """Refuse what cannot run before anything starts: a plan that does not fit the graph's layers or the
-    cluster (:class:`PlacementError`), tensor-parallel replicas (:class:`ExecutionError`, :data:`TP_REFUSED`)."""
+    cluster (:class:`PlacementError`), tensor-parallel replicas or FSDP (:class:`ExecutionError`,
+    :data:`TP_REFUSED`, :data:`FSDP_REFUSED`)."""
     validate(plan, n_devices=len(cluster), layer_count=layer_count(graph), where="plan")
+    if plan.sharding not in ("none", "zero1"):
+        raise ExecutionError(f"plan: sharding: {plan.sharding!r}: {FSDP_REFUSED}")
     for si, stage in enumerate(plan.stages):
         for ri, rep in enumerate(stage.replicas):
             if rep.tp > 1:
@@ -701,6 +764,7 @@ def _specs(plan: HybridPlan, programs: Mapping[str, _Program], args: Sequence[to
     routes = {name: _routes(prog, pieces) for name, prog in programs.items()}
     limits = _inflight_limits(pieces, programs["train"], len(plan.stages), plan.microbatches)
     groups = _param_groups(programs["train"], ranks_of_stage)
+    shards = tuple(tuple(r) for r in ranks_of_stage.values() if len(r) > 1) if plan.sharding == "zero1" else ()
     input_names = programs["train"].inputs
     specs = []
     for rank, (s, rep) in enumerate(ranks):
@@ -715,7 +779,8 @@ def _specs(plan: HybridPlan, programs: Mapping[str, _Program], args: Sequence[to
         specs.append(_Spec(rank=rank, world=len(ranks), stage=s, torch_device=placed[dev], threads=threads[dev],
                            pieces=mine, modules=modules, routes={n: r[rank] for n, r in routes.items()},
                            inputs=inputs, groups=groups, store=store, batch=plan.global_batch,
-                           schedule=plan.schedule, inflight_limit=limits[rank], lr=o.lr, timeout_s=o.timeout_s))
+                           schedule=plan.schedule, inflight_limit=limits[rank], lr=o.lr, timeout_s=o.timeout_s,
+                           optimizer=o.optimizer, shard_groups=shards))
     return specs
 
 
@@ -727,7 +792,8 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
     Args:
         model: zoo name or ``package.module:factory`` (the model ``graph`` was captured from).
         graph: the captured graph the plan's layers index (any batch: the step's batch is the plan's).
-        plan: the plan; its microbatches and schedule are run (those of ``options`` are ignored).
+        plan: the plan; its microbatches, schedule and sharding are run (the first two of ``options`` are
+            ignored).
         cluster: the cluster the plan is for.
         options: how to run it (:class:`~gpualloc.execute.run.ExecuteOptions`).
         progress: called ``(phase, done, total)`` as the run advances.
@@ -737,12 +803,7 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
         ExecutionError: tensor parallelism, a missing device, a model that will not split, a failing worker.
         PlacementError: the plan does not fit the graph or the cluster.
     """
-    try:
-        o = replace(options or ExecuteOptions(), **overrides)
-    except TypeError as err:
-        raise ExecutionError(f"execute_hybrid: {err}") from err
-    if o.steps < 1 or o.warmup < 0:
-        raise ExecutionError(f"need steps >= 1 and warmup >= 0, got steps={o.steps}, warmup={o.warmup}")
+    o = checked_options(options, overrides, "execute_hybrid")
     check_plan(plan, graph, cluster)
     note = progress or (lambda _p, _d, _t: None)
     cal = o.calibration if o.calibration is not None else Calibration.load()
@@ -751,7 +812,7 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
     note("building and splitting the model", 0, 1)
     module, args = build_model(model, batch, seed=o.seed)
     before = {n: p.detach().clone() for n, p in module.named_parameters(remove_duplicate=False)}
-    ref_step = None if _batch_coupled(module) else _reference_step(module, args, o.lr)
+    ref_step = None if _batch_coupled(module) else _reference_step(module, args, o.optimizer, o.lr)
     with torch.no_grad():
         ref_out = tuple(t for t in _leaves(module.eval()(*args)) if isinstance(t, torch.Tensor))
     assignment = stage_of_node(graph, [s.last for s in plan.stages])
@@ -764,6 +825,7 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
     step_times: list[float] = []
     samples: list[list[tuple[float, ...]]] = [[] for _ in used]
     got = None
+    memory: list[Any] = [None] * len(used)
     try:
         specs = _specs(plan, programs, args, placed, threads, os.path.join(store_dir, "store"), o)
         with _Workers(specs, o.timeout_s) as workers:
@@ -779,17 +841,23 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
                     for rank, r in enumerate(reports):
                         samples[rank].append((r["busy_s"], r["wait_s"], r["optimizer_s"], r["sync_s"]))
             note("training", o.warmup + o.steps, o.warmup + o.steps)
+            if o.measure_memory:
+                note("measuring memory", 0, 1)
+                memory = [r.get("memory") for r in workers.command("train", train=True, memory=True)]
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
 
-    match, wdiff, wtol, update = (_compare_weights(got, ref_step, before) if got is not None
+    match, wdiff, wtol, update = (_compare_weights(got, ref_step[0], before, ref_step[1]) if got is not None
                                   else (None, 0.0, 0.0, 0.0))
-    predicted, busy, how = _predict(graph, plan, cluster, cal, o.use_profiles)
+    sim, how = _predict(graph, plan, cluster, cal, o.use_profiles, o.optimizer)
+    predicted = float(sim.step_time_s)
     measured = summarize(step_times).median_s
     med = [[summarize([x[j] for x in rows]).median_s for j in range(4)] for rows in samples]
     devices = tuple(DeviceRun(index=d, label=cluster.devices[d].label, torch_device=placed[d], threads=threads[d],
-                              stages=1, predicted_busy_s=float(busy[d]), measured_busy_s=m[0],
-                              measured_wait_s=m[1], measured_optimizer_s=m[2]) for d, m in zip(used, med, strict=True))
+                              stages=1, predicted_busy_s=float(sim.busy_s[d]), measured_busy_s=m[0],
+                              measured_wait_s=m[1], measured_optimizer_s=m[2],
+                              predicted_peak_bytes=float(sim.peak_mem_bytes[d]), memory=mem)
+                    for d, m, mem in zip(used, med, memory, strict=True))
     tolerance = OUTPUT_ATOL + OUTPUT_RTOL * scale
     result = ExecutionResult(
         model=model, graph=graph.name, batch_size=batch, microbatches=plan.microbatches, schedule=plan.schedule,
@@ -797,17 +865,23 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
         error=predicted / measured - 1.0 if measured > 0 else float("inf"), output_match=bool(diff <= tolerance),
         max_abs_diff=diff, output_tolerance=tolerance, prediction=how, calibration=o.calibration_name,
         stages=len(plan.stages), devices=devices, warmup=o.warmup,
-        warnings=tuple(_calibration_warnings(cal, cluster, used, placed, threads)))
-    return HybridExecution(result, plan.describe(), match, wdiff, wtol, update, tuple(m[3] for m in med))
+        warnings=tuple(_calibration_warnings(cal, cluster, used, placed, threads)), optimizer=o.optimizer)
+    return HybridExecution(result, plan.describe(), match, wdiff, wtol, update, tuple(m[3] for m in med),
+                           plan.sharding)
+
+
+def hybrid_problem(graph: OpGraph, cluster: ClusterSpec, global_batch: int, calibration: Calibration | None,
+                   optimizer: str) -> HybridProblem:
+    """The hybrid simulator's problem for a run: fp32, the run's optimizer, the calibration's costs."""
+    return HybridProblem(graph, cluster, global_batch, cost=CostModel(calibration),
+                         rules=MemoryRules(precision="fp32", optimizer=optimizer))
 
 
 def _predict(graph: OpGraph, plan: HybridPlan, cluster: ClusterSpec, calibration: Calibration,
-             use_profiles: bool) -> tuple[float, np.ndarray, str]:
-    """The hybrid simulator's step time and per-device busy time for ``plan``, and how op times were
-    estimated (as :func:`gpualloc.execute.run.predict`)."""
+             use_profiles: bool, optimizer: str) -> tuple[HybridResult, str]:
+    """The hybrid simulator's step for ``plan``, and how op times were estimated (as
+    :func:`gpualloc.execute.run.predict`)."""
     types = list(dict.fromkeys(cluster.devices[d].type.name for d in plan.devices))
     profiled = apply_profiles(graph, calibration, types) if use_profiles else None
-    problem = HybridProblem(profiled or graph, cluster, plan.global_batch, cost=CostModel(calibration))
-    sim = simulate_hybrid(problem, plan)
-    return float(sim.step_time_s), np.asarray(sim.busy_s, dtype=np.float64), \
-        "profiled ops" if profiled is not None else "roofline"
+    sim = simulate_hybrid(hybrid_problem(profiled or graph, cluster, plan.global_batch, calibration, optimizer), plan)
+    return sim, "profiled ops" if profiled is not None else "roofline"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gpualloc.errors import ExecutionError
+from gpualloc.execute.measure import MemoryReport
 from gpualloc.execute.split import SplitModel
 from gpualloc.execute.worker import (
     ProgramTable,
@@ -39,6 +40,7 @@ class WorkerTiming:
         fwd_s / bwd_s: per stage index.
         optimizer_s: its optimizer update.
         wait_s: time blocked waiting for another worker.
+        memory: its memory in the step, when the step was measured (``train_step(memory=True)``).
     """
 
     device: int
@@ -47,6 +49,7 @@ class WorkerTiming:
     bwd_s: Mapping[int, float]
     optimizer_s: float
     wait_s: float
+    memory: MemoryReport | None = None
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,15 @@ class Pipeline:
         inflight_limits: 1F1B in-flight microbatch limit of each device that runs a stage (the
             simulator's, :func:`gpualloc.placement.simulate.inflight_limits`).
         schedule: ``"1f1b"`` or ``"gpipe"``.
-        lr: SGD learning rate of the workers.
+        lr: learning rate of the workers.
         timeout_s: longest wait for a worker's answer before giving up.
+        optimizer: the workers' optimizer (:data:`gpualloc.execute.worker.OPTIMIZERS`).
     """
 
     def __init__(self, programs: Mapping[str, SplitModel], torch_devices: Mapping[int, str],
                  threads: Mapping[int, int], inputs: Sequence[torch.Tensor], *, microbatches: int,
                  inflight_limits: Mapping[int, int], schedule: str = "1f1b", lr: float = 1e-4,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, optimizer: str = "sgd") -> None:
         if schedule not in ("1f1b", "gpipe"):
             raise ExecutionError(f"unknown schedule {schedule!r}; expected 1f1b or gpipe")
         batch = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 0
@@ -106,7 +110,7 @@ class Pipeline:
             self.specs.append(WorkerSpec(
                 rank=rank[d], torch_device=torch_devices[d], threads=int(threads.get(d, 1)), programs=tables,
                 inputs={n: chunks[n] for n in sorted(needed)}, microbatches=microbatches, schedule=schedule,
-                inflight_limit=int(inflight_limits[d]), lr=lr))
+                inflight_limit=int(inflight_limits[d]), lr=lr, optimizer=optimizer))
         self._procs: list[Any] = []
         self._inboxes: list[Any] = []
         self._outbox: Any = None
@@ -148,19 +152,20 @@ class Pipeline:
             out.append(torch.cat(parts) if parts[0].dim() else torch.stack(parts))
         return tuple(out)
 
-    def train_step(self, program: str) -> StepTiming:
-        """One training step (forward, backward, optimizer) of ``program``; its measured times."""
-        reports = self._command(program, train=True, sink=None)
+    def train_step(self, program: str, *, memory: bool = False) -> StepTiming:
+        """One training step (forward, backward, optimizer) of ``program``; its measured times, and with
+        ``memory`` each worker's memory (the probe slows the step: do not time it)."""
+        reports = self._command(program, train=True, sink=None, memory=memory)
         workers = []
         for d, rep in zip(self.devices, reports, strict=False):
             fwd = {int(k): float(v) for k, v in rep["fwd_s"].items()}
             bwd = {int(k): float(v) for k, v in rep["bwd_s"].items()}
             workers.append(WorkerTiming(d, sum(fwd.values()) + sum(bwd.values()), fwd, bwd,
-                                        float(rep["optimizer_s"]), float(rep["wait_s"])))
+                                        float(rep["optimizer_s"]), float(rep["wait_s"]), rep.get("memory")))
         step = max(r["end"] for r in reports) - min(r["start"] for r in reports)
         return StepTiming(float(step), tuple(workers))
 
-    def _command(self, program: str, *, train: bool, sink: dict | None) -> list[dict[str, Any]]:
+    def _command(self, program: str, *, train: bool, sink: dict | None, memory: bool = False) -> list[dict[str, Any]]:
         if not self._procs:
             raise ExecutionError("the pipeline is not started")
         self._step += 1
@@ -170,7 +175,7 @@ class Pipeline:
                 _, _, name, m, value = msg
                 sink[(name, m)] = value.clone()
 
-        return run_step(self._inboxes, self._next, program, self._step, train, output)
+        return run_step(self._inboxes, self._next, program, self._step, train, output, memory=memory)
 
     def _next(self) -> tuple[Any, ...]:
         return next_message(self._outbox, self._procs, self.timeout_s,

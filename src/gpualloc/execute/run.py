@@ -9,6 +9,8 @@
 3. run the eval stages forward over every microbatch and compare the output with the unsplit model's
    (``output_match``);
 4. run ``warmup`` + ``steps`` training steps; the measured step time is the median of the timed ones;
+   then one more, untimed, in which every worker measures its memory
+   (:class:`~gpualloc.execute.measure.MemoryProbe`);
 5. simulate the same plan (:func:`gpualloc.placement.simulate.simulate`) with the cost model of the
    given calibration, using its per-op profiles of this model where it has them
    (:func:`gpualloc.cost.microbench.apply_profiles`), else the calibrated roofline; ``error`` is
@@ -29,10 +31,10 @@ import torch
 from gpualloc.cost.microbench import apply_profiles
 from gpualloc.cost.model import Calibration, CostModel
 from gpualloc.errors import ExecutionError, PlacementError
-from gpualloc.execute.measure import summarize
+from gpualloc.execute.measure import MemoryReport, summarize
 from gpualloc.execute.pipeline import Pipeline
 from gpualloc.execute.split import split_model
-from gpualloc.execute.worker import threads_per_worker
+from gpualloc.execute.worker import OPTIMIZERS, threads_per_worker
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
@@ -40,7 +42,7 @@ from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.run import read_plan_doc
 from gpualloc.placement.simulate import StepResult, inflight_limits, simulate
 
-__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "execute_plan", "predict",
+__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "checked_options", "execute_plan", "predict",
            "read_plan", "torch_devices_for", "worker_threads"]
 
 Progress = Callable[[str, int, int], None]
@@ -104,6 +106,8 @@ class DeviceRun:
         measured_busy_s: measured forward + backward time of its stages (median over steps).
         measured_wait_s: time its worker waited for others (median).
         measured_optimizer_s: its optimizer update (median).
+        predicted_peak_bytes: the simulator's peak memory of the device (None where it has none).
+        memory: measured and counted memory of its worker in one training step (None when not measured).
     """
 
     index: int
@@ -115,9 +119,13 @@ class DeviceRun:
     measured_busy_s: float
     measured_wait_s: float
     measured_optimizer_s: float
+    predicted_peak_bytes: float | None = None
+    memory: MemoryReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["memory"] = self.memory.to_dict() if self.memory is not None else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,7 @@ class ExecutionResult:
         warmup: untimed steps run first.
         warnings: anything that makes the comparison less meaningful (e.g. thread counts that differ
             from the calibration's).
+        optimizer: the optimizer trained with.
     """
 
     model: str
@@ -166,6 +175,7 @@ class ExecutionResult:
     devices: tuple[DeviceRun, ...]
     warmup: int
     warnings: tuple[str, ...] = ()
+    optimizer: str = "sgd"
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -246,9 +256,26 @@ class ExecuteOptions:
     seed: int = 0
     """Weights and inputs."""
     lr: float = 1e-4
-    """SGD learning rate."""
+    """Learning rate."""
     timeout_s: float = 600.0
     """Longest wait for any worker."""
+    optimizer: str = "sgd"
+    """The workers' optimizer: ``"sgd"`` or ``"adam"`` (:data:`gpualloc.execute.worker.OPTIMIZERS`)."""
+    measure_memory: bool = True
+    """Run one more, untimed, step in which every worker measures its memory."""
+
+
+def checked_options(options: ExecuteOptions | None, overrides: Mapping[str, Any], where: str) -> ExecuteOptions:
+    """``options`` (default: the defaults) with ``overrides``, checked; errors name ``where`` and the field."""
+    try:
+        o = replace(options or ExecuteOptions(), **overrides)
+    except TypeError as err:
+        raise ExecutionError(f"{where}: {err}") from err
+    if o.steps < 1 or o.warmup < 0:
+        raise ExecutionError(f"need steps >= 1 and warmup >= 0, got steps={o.steps}, warmup={o.warmup}")
+    if o.optimizer not in OPTIMIZERS:
+        raise ExecutionError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {o.optimizer!r}")
+    return o
 
 
 def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: ClusterSpec,
@@ -268,13 +295,8 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
     Raises:
         ExecutionError: a device is missing, the model will not split, or a worker fails.
     """
-    try:
-        o = replace(options or ExecuteOptions(), **overrides)
-    except TypeError as err:
-        raise ExecutionError(f"execute_plan: {err}") from err
+    o = checked_options(options, overrides, "execute_plan")
     microbatches, schedule = o.microbatches, o.schedule
-    if o.steps < 1 or o.warmup < 0:
-        raise ExecutionError(f"need steps >= 1 and warmup >= 0, got steps={o.steps}, warmup={o.warmup}")
     batch = graph.batch_size
     if not batch or batch % microbatches:
         raise ExecutionError(f"{microbatches} microbatches do not divide the batch of {batch}")
@@ -304,7 +326,7 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
     limits = inflight_limits(graph, a, len(cluster), microbatches)
     with Pipeline(programs, {d: placed[d] for d in used}, per_worker, args, microbatches=microbatches,
                   inflight_limits={d: int(limits[d]) for d in used},
-                  schedule=schedule, lr=o.lr, timeout_s=o.timeout_s) as pipe:
+                  schedule=schedule, lr=o.lr, timeout_s=o.timeout_s, optimizer=o.optimizer) as pipe:
         note("checking the output", 0, 1)
         out = pipe.forward("check")
         diff, scale = _max_abs(out, ref_flat)
@@ -317,6 +339,10 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
                 for w in timing.workers:
                     worker_samples[w.device].append((w.busy_s, w.wait_s, w.optimizer_s))
         note("training", o.warmup + o.steps, o.warmup + o.steps)
+        memory = {}
+        if o.measure_memory:
+            note("measuring memory", 0, 1)
+            memory = {w.device: w.memory for w in pipe.train_step("train", memory=True).workers}
 
     sim, how = predict(graph, a, cluster, cal, microbatches=microbatches, schedule=schedule,
                        use_profiles=o.use_profiles)
@@ -333,6 +359,8 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
             measured_busy_s=summarize([s[0] for s in samples]).median_s,
             measured_wait_s=summarize([s[1] for s in samples]).median_s,
             measured_optimizer_s=summarize([s[2] for s in samples]).median_s,
+            predicted_peak_bytes=None if sim.peak_mem_bytes[d] is None else float(sim.peak_mem_bytes[d]),
+            memory=memory.get(d),
         ))
     return ExecutionResult(
         model=model, graph=graph.name, batch_size=int(batch), microbatches=microbatches, schedule=schedule,
@@ -341,6 +369,7 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
         output_match=bool(diff <= tolerance), max_abs_diff=diff, output_tolerance=tolerance,
         prediction=how, calibration=o.calibration_name,
         stages=len(programs["train"].stages), devices=tuple(devices), warmup=o.warmup, warnings=tuple(warnings),
+        optimizer=o.optimizer,
     )
 
 

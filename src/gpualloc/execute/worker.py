@@ -15,7 +15,11 @@ Each step the worker list-schedules its tasks like :mod:`gpualloc.placement.simu
   of the worker is done.
 
 The loss is the mean of each floating-point model output (its gradient, ``1 / numel``, needs no
-labels); after the last backward the worker's optimizer (SGD) updates its parameters.
+labels); after the last backward the worker's optimizer (:data:`OPTIMIZERS`) updates its parameters.
+
+A step run with ``memory=True`` (:func:`run_step`) is also measured by the worker's
+:class:`~gpualloc.execute.measure.MemoryProbe` and reports its :class:`~gpualloc.execute.measure.MemoryReport`
+under ``"memory"``; the probe samples after every op, so the runners keep it off their timed steps.
 """
 
 from __future__ import annotations
@@ -33,10 +37,40 @@ from typing import Any
 import torch
 
 from gpualloc.errors import ExecutionError
-from gpualloc.execute.measure import TaskClock, synchronize
+from gpualloc.execute.measure import MemoryProbe, MemoryReport, TaskClock, synchronize, tensor_bytes
 from gpualloc.execute.split import Stage
 
-__all__ = ["ProgramTable", "WorkerSpec", "worker_main"]
+__all__ = ["OPTIMIZERS", "ProgramTable", "WorkerSpec", "make_optimizer", "worker_main"]
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+"""The optimizers the runners train with, by name (torch's defaults but the learning rate)."""
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float,
+                   shard_group: Any = None) -> torch.optim.Optimizer:
+    """Optimizer ``name`` (:data:`OPTIMIZERS`) over ``params``; with ``shard_group`` (a process group) its
+    state is sharded among that group's ranks (ZeRO stage 1, Rajbhandari et al., SC 2020), through
+    ``torch.distributed.optim.ZeroRedundancyOptimizer``: each rank steps its part of ``params`` and
+    broadcasts it to the others. Gradients must already be reduced (the runners all-reduce them).
+
+    Raises:
+        ExecutionError: an unknown optimizer name.
+    """
+    if name not in OPTIMIZERS:
+        raise ExecutionError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    if shard_group is None:
+        return OPTIMIZERS[name](params, lr=lr)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=OPTIMIZERS[name], process_group=shard_group, lr=lr)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the tensors in ``optimizer``'s state (a ZeRO optimizer's local shard)."""
+    if optimizer is None:
+        return 0
+    local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
+    return tensor_bytes(v for state in local.state.values() for v in state.values())
 
 _POLL_S = 5.0
 
@@ -75,7 +109,8 @@ class WorkerSpec:
         microbatches: microbatches per step.
         schedule: ``"1f1b"`` or ``"gpipe"``.
         inflight_limit: most microbatches in flight at once under 1F1B.
-        lr: SGD learning rate.
+        lr: learning rate.
+        optimizer: :data:`OPTIMIZERS` name.
     """
 
     rank: int
@@ -87,6 +122,7 @@ class WorkerSpec:
     schedule: str
     inflight_limit: int
     lr: float = 1e-4
+    optimizer: str = "sgd"
 
 
 @dataclass
@@ -113,12 +149,15 @@ class WorkerLoop(ABC):
     """What every worker process does around its steps: set up, report ``("ready", rank, pid)``,
     then answer commands from ``inbox`` until ``stop``. ``("data", ...)`` messages from peers that
     arrive between steps are kept in ``early`` for the next step; ``(command, program, step, train)``
-    runs :meth:`step` and reports ``("done", rank, step, report)``; :meth:`answer` may take other
-    commands. Subclasses give ``setup`` and ``step``. ``spec`` has ``rank``, ``torch_device`` and
-    ``threads`` (torch's intra-op threads in this process)."""
+    runs :meth:`step` and reports ``("done", rank, step, report)`` (with a fifth element ``True``, the
+    step is measured and the report carries ``"memory"``); :meth:`answer` may take other commands.
+    Subclasses give ``setup`` and ``step``, and may give ``connect`` (joining a process group, before the
+    memory baseline). ``spec`` has ``rank``, ``torch_device`` and ``threads`` (torch's intra-op threads in
+    this process)."""
 
-    optimizer: torch.optim.Optimizer | None = None  # set by setup, with clock
+    optimizer: torch.optim.Optimizer | None = None  # set by setup, with clock and params
     clock: TaskClock
+    params: list[torch.nn.Parameter] | dict[str, torch.nn.Parameter]
 
     def __init__(self, spec: Any, inbox: Any, outbox: Any, peers: list[Any]) -> None:
         self.spec = spec
@@ -127,6 +166,11 @@ class WorkerLoop(ABC):
         self.peers = peers
         self.device = torch.device(spec.torch_device)
         self.early: list[tuple[Any, ...]] = []
+        self.probe = MemoryProbe(self.device)
+        self._grads_bytes = 0
+
+    def connect(self) -> None:  # noqa: B027 - optional hook, nothing to join by default
+        """Join whatever the workers share (a process group); runs before the memory baseline (none here)."""
 
     @abstractmethod
     def setup(self) -> None:
@@ -145,6 +189,7 @@ class WorkerLoop(ABC):
         ``(end time, optimizer seconds, the clock's other totals)``. ``setup`` sets ``optimizer`` and
         ``clock``."""
         if train and self.optimizer is not None:
+            self._grads_bytes = tensor_bytes(p.grad for p in self._param_list())
             self.clock.start("optimizer")
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -154,9 +199,24 @@ class WorkerLoop(ABC):
         totals = self.clock.totals()
         return end, totals.pop("optimizer", 0.0), totals
 
+    def _param_list(self) -> list[torch.nn.Parameter]:
+        params = getattr(self, "params", [])
+        return list(params.values()) if isinstance(params, dict) else list(params)
+
+    def memory_report(self) -> MemoryReport | None:
+        """The last measured step's memory: weights, gradients and optimizer state counted, the peak
+        and reserve measured; None where the probe is not available."""
+        if self.probe.peak_bytes is None or self.probe.reserve_bytes is None:
+            return None
+        return MemoryReport(weights_bytes=tensor_bytes(self._param_list()), grads_bytes=self._grads_bytes,
+                            optimizer_bytes=optimizer_state_bytes(self.optimizer), peak_bytes=self.probe.peak_bytes,
+                            reserve_bytes=self.probe.reserve_bytes, method=self.probe.method)
+
     def serve(self) -> None:
         torch.set_num_threads(self.spec.threads)
         torch.set_flush_denormal(True)
+        self.connect()
+        self.probe.baseline()
         self.setup()
         self.outbox.put(("ready", self.spec.rank, os.getpid()))
         while True:
@@ -166,8 +226,14 @@ class WorkerLoop(ABC):
             if msg[0] == "data":
                 self.early.append(msg)
             elif not self.answer(msg):
-                _, program, step, train = msg
-                self.outbox.put(("done", self.spec.rank, step, self.step(program, step, train)))
+                _, program, step, train, *measured = msg
+                if measured and measured[0]:
+                    with self.probe:
+                        report = self.step(program, step, train)
+                    report["memory"] = self.memory_report()
+                else:
+                    report = self.step(program, step, train)
+                self.outbox.put(("done", self.spec.rank, step, report))
 
     def _get(self) -> tuple[Any, ...]:
         """The next message; exits quietly when the parent process is gone."""
@@ -206,7 +272,7 @@ class _Worker(WorkerLoop):
                     p.data = p.data.clone()
                     params[id(p)] = p
         self.params = list(params.values())
-        self.optimizer = torch.optim.SGD(self.params, lr=self.spec.lr) if self.params else None
+        self.optimizer = make_optimizer(self.spec.optimizer, self.params, self.spec.lr) if self.params else None
         self.inputs = {name: tuple(t.to(self.device) for t in mbs) for name, mbs in self.spec.inputs.items()}
         self.clock = TaskClock(self.device)
 
@@ -385,24 +451,28 @@ def _detach(value: Any) -> Any:
 
 
 def _to_host(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-        return value.to("cpu")
+    """A CPU copy of ``value`` to send: the queue moves a tensor it sends into shared memory, which would
+    take the sender's own tensor (an activation kept for the backward) out of its measured memory."""
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu", copy=True)
     return value
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor) and value.device != device:
-        return value.to(device)
+    """A copy of a received ``value`` in this worker's own memory (the queue's shared segment is not
+    ``malloc``-ed, and a GPU needs it on the device anyway)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, copy=True)
     return value
 
 
 def run_step(inboxes: list[Any], receive: Callable[[], tuple[Any, ...]], program: str, step: int, train: bool,
-             other: Callable[[tuple[Any, ...]], None] | None = None) -> list[dict[str, Any]]:
-    """Parent side of one step: send ``("step", program, step, train)`` to every worker, then collect
-    each worker's report, in rank order, from ``receive`` (:func:`next_message`); any other message
-    (a worker's output) goes to ``other``."""
+             other: Callable[[tuple[Any, ...]], None] | None = None, *, memory: bool = False) -> list[dict[str, Any]]:
+    """Parent side of one step: send ``("step", program, step, train)`` to every worker (``(..., True)``
+    with ``memory``: measure its memory), then collect each worker's report, in rank order, from
+    ``receive`` (:func:`next_message`); any other message (a worker's output) goes to ``other``."""
     for box in inboxes:
-        box.put(("step", program, step, train))
+        box.put(("step", program, step, train, True) if memory else ("step", program, step, train))
     reports: list[dict[str, Any] | None] = [None] * len(inboxes)
     while any(r is None for r in reports):
         msg = receive()
