@@ -182,8 +182,7 @@ def _p2p(problem: HybridProblem, plan: HybridPlan, prev, stage, prev_split, spli
                          - np.maximum(a_start[:, :, None], b_start[:, None, :]), 0)
     feeds = overlap > 0
     nbytes = np.maximum(overlap * per_sample, 1.0)
-    eff = np.stack([np.stack([problem.link_efficiency(a, b, nbytes[:, i, j]) for j, b in enumerate(dst)], axis=-1)
-                    for i, a in enumerate(src)], axis=1)  # (M, R_prev, R): each pair's link at its message size
+    eff = problem.link_efficiency(src[None, :, None], dst[None, None, :], nbytes)  # each pair at its message size
     out = np.where(feeds & (per_sample > 0), physics.transfer_time_s(overlap * per_sample, lat, bw * eff), 0.0)
     return out, feeds
 

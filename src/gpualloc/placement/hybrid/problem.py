@@ -210,14 +210,21 @@ class HybridProblem(OnCluster):
         bw = bw * self.link_efficiency(*self.slowest_pair(devices), np.maximum(chunk, 1.0))
         return physics.tp_layer_comm_s(self.layer_act_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
 
-    def link_efficiency(self, i: int, j: int, nbytes) -> np.ndarray:
-        """The fraction of the link between devices ``i`` and ``j`` that a message of ``nbytes`` gets: the
-        measured bandwidth at that size over the link's nominal peak (:mod:`gpualloc.cost.links`); it scales
-        whatever bandwidth the problem gives the pair (drifted or not)."""
-        link = self.cluster.link_between(int(i), int(j))
-        if link is None:
-            return np.ones_like(np.asarray(nbytes, dtype=np.float64))
-        return bus_bandwidth_bytes_per_s(link, nbytes) / link.bandwidth_bytes_per_s
+    def link_efficiency(self, i, j, nbytes) -> np.ndarray:
+        """The fraction of the link between devices ``i`` and ``j`` (arrays broadcast with ``nbytes``) that a
+        message of ``nbytes`` gets: the measured bandwidth at that size over the link's nominal peak
+        (:mod:`gpualloc.cost.links`); it scales whatever bandwidth the problem gives the pair (drifted or
+        not). The same device: 1."""
+        i, j, nbytes = np.broadcast_arrays(np.asarray(i), np.asarray(j), np.asarray(nbytes, dtype=np.float64))
+        same_node = self.node_of[i] == self.node_of[j]
+        out = np.ones(nbytes.shape)
+        links = [(self.cluster.network, ~same_node)]
+        links += [(node.link, same_node & (self.node_of[i] == n) & (i != j))
+                  for n, node in enumerate(self.cluster.nodes)]
+        for link, where in links:
+            if where.any():
+                out[where] = bus_bandwidth_bytes_per_s(link, nbytes[where]) / link.bandwidth_bytes_per_s
+        return out
 
     def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
         """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by
