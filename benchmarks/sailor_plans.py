@@ -11,6 +11,12 @@ For every case: the hybrid plan and its simulated iteration time, the lower boun
 search time, and the baselines (DDP, speed-proportional DDP, Megatron grid, Metis-style) simulated on the
 same problem, with the hybrid plan's speed-up over the best of them.
 
+An independent check of memory: every plan's fullest device under Sailor's own rule
+(``check_config_fits`` in Sailor's simulator, eth-easl/sailor, for Megatron-DeepSpeed in fp32: 24 bytes a
+parameter -- Adam 8, fp32 model 4, gradients 4, communication buffer 4, DeepSpeed's extra copy 4 -- the
+``act_mem_floats`` of the stage x 4 bytes x the microbatch x ``pp - stage``, and 2 GB of Megatron memory with
+TP 1, 3 GB with more), as a fraction of the GPU's memory. The rule knows no ZeRO: sharded plans get none.
+
 Usage: python benchmarks/sailor_plans.py [--data ../shared/data/sailor-profiles] [--out benchmarks/results/sailor.json]
 
 ``--data`` must hold ``llm_info.json`` and the profiles of both models; the folder of ``--out`` is created
@@ -59,6 +65,27 @@ def cluster(per_type: int, folder: Path) -> ClusterSpec:
     return load_cluster(path)
 
 
+SAILOR_BYTES_PER_PARAM = 8 + 4 + 4 + 4 + 4
+"""Sailor's fp32 ``model_multiplier``: Adam states, model copy, gradients, communication, DeepSpeed's copy."""
+
+
+def sailor_rule_fill(problem: HybridProblem, plan) -> float | None:
+    """The fullest device's memory under Sailor's rule over its capacity (None for sharded plans)."""
+    if plan.sharding != "none":
+        return None
+    act = problem.layer_act_bytes  # act_mem_floats x 4 bytes, per sample
+    worst = 0.0
+    for si, stage in enumerate(plan.stages):
+        sl = slice(stage.first, stage.last + 1)
+        for rep in stage.replicas:
+            mbs = -(-rep.batch_share // plan.microbatches)
+            params = float(problem.layer_param_bytes[sl].sum()) / 4 / rep.tp
+            used = (params * SAILOR_BYTES_PER_PARAM + float(act[sl].sum()) / rep.tp * mbs * (plan.pipeline_depth - si)
+                    + (2e9 if rep.tp == 1 else 3e9))
+            worst = max(worst, max(used / problem.mem_cap_bytes[d] for d in rep.devices))
+    return worst
+
+
 def run_case(graph: OpGraph, spec: ClusterSpec, batch: int) -> dict:
     problem = HybridProblem(graph, spec, batch)
     t0 = time.perf_counter()
@@ -68,8 +95,10 @@ def run_case(graph: OpGraph, spec: ClusterSpec, batch: int) -> dict:
     baselines = {}
     for name, factory in BASELINES.items():
         try:
-            r = simulate_hybrid(problem, factory(problem))
-            baselines[name] = {"step_time_s": r.step_time_s, "feasible": r.feasible}
+            base = factory(problem)
+            r = simulate_hybrid(problem, base)
+            baselines[name] = {"step_time_s": r.step_time_s, "feasible": r.feasible,
+                               "sailor_rule_fill": sailor_rule_fill(problem, base)}
         except PlacementError as err:
             baselines[name] = {"step_time_s": None, "feasible": False, "error": str(err)}
     feasible_base = [b["step_time_s"] for b in baselines.values() if b["feasible"]]
@@ -77,11 +106,17 @@ def run_case(graph: OpGraph, spec: ClusterSpec, batch: int) -> dict:
     return {
         "model": graph.name, "cluster": spec.name, "gpus": len(spec), "global_batch": batch, "seq_len": SEQ_LEN,
         "plan": plan.describe(), "microbatch_size": plan.microbatch_size, "step_time_s": result.step_time_s,
+        "peak_fill": float(max(result.peak_mem_bytes / problem.mem_cap_bytes)),
+        "sailor_rule_fill": sailor_rule_fill(problem, plan),
         "samples_per_s": result.samples_per_s, "feasible": result.feasible, "utilisation": result.utilisation,
         "lower_bound_s": bound, "x_bound": result.step_time_s / bound, "search_s": search_s,
         "baselines": baselines, "best_baseline_s": best_base,
         "speedup_vs_best_baseline": (best_base / result.step_time_s) if best_base else None,
     }
+
+
+def _fill(fill: float | None) -> str:
+    return "sharded" if fill is None else f"{fill:.0%}"
 
 
 def _cell(seconds: float | None) -> str:
@@ -113,15 +148,17 @@ def main() -> None:
 
     names = list(BASELINES)
     print("\n| model (batch) | GPUs | hybrid plan | iteration (s) | samples/s | bound (s) | x bound | search (s) | "
+          "fill | Sailor's rule | "
           + " | ".join(f"{n} (s)" for n in names) + " | vs best baseline |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(names) + "---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names) + "---:|")
     for r in rows:
         base = " | ".join(_cell(r["baselines"][n]["step_time_s"]) + ("" if r["baselines"][n]["feasible"] else " (OOM)")
                           for n in names)
         speedup = "-" if r["speedup_vs_best_baseline"] is None else f"{r['speedup_vs_best_baseline']:.2f}x"
         print(f"| {r['model']} ({r['global_batch']}) | {r['gpus']} | {r['plan']}"
               f"{'' if r['feasible'] else ' (OOM)'} | {r['step_time_s']:.2f} | {r['samples_per_s']:.0f} | "
-              f"{r['lower_bound_s']:.2f} | {r['x_bound']:.2f} | {r['search_s']:.2f} | {base} | {speedup} |")
+              f"{r['lower_bound_s']:.2f} | {r['x_bound']:.2f} | {r['search_s']:.2f} | {r['peak_fill']:.0%} | "
+              f"{_fill(r['sailor_rule_fill'])} | {base} | {speedup} |")
     print(f"\nwrote {args.out}")
 
 

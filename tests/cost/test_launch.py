@@ -133,3 +133,28 @@ def test_default_mode_by_device():
     cat = default_catalog()
     assert default_launch_mode(cat.device("cpu")) == "serial"
     assert default_launch_mode(cat.device("V100-16GB")) == "async"
+
+
+def test_the_async_rule_reaches_both_problems_and_never_costs_more_than_serial():
+    """``CostModel(launch="async")`` (``place --launch async``): the op-level and hybrid problems cost their
+    microbatches under it; with ops longer than the launch only the first op of a pass pays it."""
+    from gpualloc.cost.model import CostModel
+    from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.hybrid.problem import HybridProblem
+    from gpualloc.placement.problem import PlacementProblem
+
+    nodes = [OpNode(id=f"n{i}", name=f"n{i}", kind="linear", flops=1e11, bytes_read=1e6, bytes_written=1e6,
+                    param_bytes=1e6, output_bytes=1e6, layer=f"l{i}") for i in range(4)]
+    g = OpGraph("chain", nodes, [OpEdge(f"n{i}", f"n{i + 1}", 1e6) for i in range(3)], batch_size=8)
+    cluster = load_cluster("1xV100")
+    serial, fast = PlacementProblem(g, cluster, microbatches=4), PlacementProblem(
+        g, cluster, CostModel(launch="async"), microbatches=4)
+    launch = serial.launch_s[0]
+    assert launch > 0
+    np.testing.assert_allclose(serial.mb_fwd_s[:, 0] - fast.mb_fwd_s[:, 0], [0, launch, launch, launch])
+    np.testing.assert_allclose(serial.mb_bwd_s[:, 0] - fast.mb_bwd_s[:, 0], [launch, launch, launch, 0])
+    hs, ha = (HybridProblem(g, cluster, 8, cost) for cost in (CostModel(), CostModel(launch="async")))
+    assert sum(ha.layer_times_s(0, 2)[0]) == pytest.approx(sum(hs.layer_times_s(0, 2)[0]) - 3 * launch)
+    with pytest.raises(CostModelError, match="launch"):
+        CostModel(launch="eager")

@@ -32,6 +32,9 @@ _PLOT = typer.Option(None, "--plot", callback=output_file, help="Write a Gantt c
 _PRECISION = typer.Option("fp32", "--precision",
                           help="Training precision: fp32, tf32, bf16 or fp16 (mixed, fp32 master weights); compute at "
                                "that precision's peak, memory at its bytes; refused on devices without it.")
+_LAUNCH = typer.Option("serial", "--launch",
+                       help="Launch overhead rule: serial (every op pays it, as the shipped calibration was fitted) "
+                            "or async (a GPU launch hides behind the previous op; docs/cost-model.md).")
 _RESERVE = typer.Option(None, "--reserve-gib", min=0.0, max=1e6,
                         help="Memory the framework keeps on every device (default: 2 GiB a GPU, 3 in a TP group; "
                              "docs/placement-hybrid.md).")
@@ -39,7 +42,7 @@ SCHEDULE_HELP = "Pipeline schedule: 1f1b, gpipe, or auto (simulate both, keep th
 
 
 def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None,
-                 precision: str = "fp32", reserve_gib: float | None = None):
+                 precision: str = "fp32", reserve_gib: float | None = None, launch: str = "serial"):
     """The placement problem of the command-line arguments (graph source, cluster spec, calibration file,
     precision and reserve)."""
     from gpualloc.cost.memory import MemoryRules
@@ -48,7 +51,7 @@ def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibr
     from gpualloc.placement.problem import PlacementProblem
 
     rules = MemoryRules(precision=precision, reserve_bytes=None if reserve_gib is None else reserve_gib * 2**30)
-    cost = CostModel(Calibration.load(calibration)) if calibration is not None else CostModel()
+    cost = CostModel(Calibration.load(calibration) if calibration is not None else None, launch=launch)
     return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches,
                             rules=rules)
 
@@ -99,6 +102,7 @@ def run_cmd(
     calibration: Path = _CALIBRATION,
     precision: str = _PRECISION,
     reserve_gib: float = _RESERVE,
+    launch: str = _LAUNCH,
     seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     output: Path = typer.Option(None, "-o", "--output", callback=output_file,
@@ -109,7 +113,7 @@ def run_cmd(
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import hybrid_problem, place
 
-    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
     outcome = place(problem, method, seed=seed, hybrid=hybrid_problem(problem), schedule=schedule,
                     **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
@@ -125,6 +129,7 @@ def evaluate_cmd(
     calibration: Path = _CALIBRATION,
     precision: str = _PRECISION,
     reserve_gib: float = _RESERVE,
+    launch: str = _LAUNCH,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: Path = _PLOT,
     schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: the plan's, else 1f1b."),
@@ -134,7 +139,7 @@ def evaluate_cmd(
 
     from gpualloc.placement.run import load_assignment, plan_version, saved_schedule, score
 
-    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
     if plan_version(plan) == 2:
         _evaluate_hybrid(problem, plan, cluster, as_json, plot)
         return
@@ -156,12 +161,13 @@ def compare_cmd(
     calibration: Path = _CALIBRATION,
     precision: str = _PRECISION,
     reserve_gib: float = _RESERVE,
+    launch: str = _LAUNCH,
     seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     schedule: str = typer.Option("1f1b", "--schedule", help=SCHEDULE_HELP),
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
-    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib)
+    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
     outcomes = compare_all(problem, seed=seed, quiet=as_json, schedule=schedule)
     if as_json:
         print_json(comparison_doc(problem, outcomes, cluster))

@@ -166,11 +166,19 @@ class CostModel:
     Args:
         calibration: fitted efficiencies; default: the shipped ``data/calibration.json``.
         catalog: resolves device type names met in graphs' measured times (for transfer scaling).
+        launch: ``serial`` or ``async``: the launch rule microbatch times are costed under.
     """
 
-    def __init__(self, calibration: Calibration | None = None, catalog=None) -> None:
+    def __init__(self, calibration: Calibration | None = None, catalog=None, launch: str = "serial") -> None:
+        from gpualloc.cost.launch import LAUNCH_MODES
         from gpualloc.hardware.catalog import default_catalog
 
+        if launch not in ("serial", "async"):
+            raise CostModelError(f"launch: unknown rule {launch!r}; expected serial or async "
+                                 f"(cost.launch knows {', '.join(LAUNCH_MODES)})")
+        self.launch = launch
+        """How much of each op's launch overhead a microbatch pays (:func:`gpualloc.cost.launch.exposed_launch_s`):
+        ``serial`` (every op, the rule the shipped calibration was fitted under) or ``async``."""
         self.calibration = calibration if calibration is not None else Calibration.load()
         self.catalog = catalog if catalog is not None else default_catalog()
         # keyed by the graph object itself, dropped with it: an id() key outlives the graph, and the

@@ -54,7 +54,8 @@ def transfer_time_s(nbytes: ArrayLike, latency_s: ArrayLike, bandwidth_bytes_per
     return latency_s + np.asarray(nbytes, dtype=np.float64) / bandwidth_bytes_per_s
 
 
-def microbatch_time_s(batch_time_s: ArrayLike, launch_s: ArrayLike, microbatches: int) -> np.ndarray:
+def microbatch_time_s(batch_time_s: ArrayLike, launch_s: ArrayLike, microbatches: float, launch: str = "serial", *,
+                      order: np.ndarray | None = None, reverse: bool = False) -> np.ndarray:
     """Time of an op on one of ``microbatches`` equal microbatches, from its whole-batch time.
 
     The work scales linearly with the batch (as :func:`gpualloc.placement.conditions.scaled_graph`
@@ -62,12 +63,24 @@ def microbatch_time_s(batch_time_s: ArrayLike, launch_s: ArrayLike, microbatches
     cost ``(M - 1) x launch`` more than the whole batch. The overhead counted is at most the op's whole
     time (a measured op faster than the calibrated launch cost is all overhead). ``M = 1`` returns
     ``batch_time_s`` unchanged.
+
+    ``launch`` is the rule of :func:`gpualloc.cost.launch.exposed_launch_s`: ``serial`` (every op pays its
+    launch, above), or ``async`` (a GPU launch hides behind the previous op's work, in the ops' run order
+    ``order`` along the first axis, reversed for a backward pass).
     """
     t = np.asarray(batch_time_s, dtype=np.float64)
-    if microbatches == 1:
+    if launch == "serial" and microbatches == 1:
         return t
     fixed = np.minimum(launch_s, t)
-    return fixed + (t - fixed) / microbatches
+    work = (t - fixed) / microbatches
+    if launch == "serial":
+        return fixed + work
+    from gpualloc.cost.launch import exposed_launch_s
+
+    idx = np.arange(t.shape[0]) if order is None else np.asarray(order)
+    out = np.empty_like(work)
+    out[idx] = work[idx] + exposed_launch_s(work[idx], np.broadcast_to(fixed, t.shape)[idx], launch, reverse=reverse)
+    return out
 
 
 def ring_allreduce_s(nbytes: ArrayLike, participants: ArrayLike, latency_s: ArrayLike,

@@ -141,8 +141,9 @@ class PlacementProblem(OnCluster):
     @cached_property
     def _mb_times(self) -> tuple[np.ndarray, np.ndarray]:
         M = self.microbatches
-        fwd = physics.microbatch_time_s(self.fwd_s, self.launch_s[None, :], M)
-        bwd = physics.microbatch_time_s(self.bwd_s, self.launch_s[None, :], M)
+        order, rule = self.graph.topo_order, self.cost.launch
+        fwd = physics.microbatch_time_s(self.fwd_s, self.launch_s[None, :], M, rule, order=order)
+        bwd = physics.microbatch_time_s(self.bwd_s, self.launch_s[None, :], M, rule, order=order, reverse=True)
         return fwd, bwd
 
     @property

@@ -318,6 +318,13 @@ def plan_notes(problem: HybridProblem, plan: HybridPlan) -> list[str]:
     """What a reader of the plan should know about where its times come from: every replica microbatch size
     that was not measured (interpolated, extrapolated or scaled), once per device type, size and TP degree."""
     notes = []
+    if problem.profile is None:
+        overhead = {problem.type_names[t]: problem.cost.efficiency(problem.cluster.device_types[t]).launch_s
+                    for t in range(len(problem.type_names))}
+        per_type = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in overhead.items())
+        notes.append(f"launch overhead per op and microbatch ({per_type}) costed under the {problem.cost.launch} "
+                     "rule (serial: every op pays it; async: it hides behind the previous op's work); no kernel "
+                     "fusion or CUDA graphs assumed")
     for stage in plan.stages:
         for rep in stage.replicas:
             mb = replica_microbatch(plan, rep, 0)

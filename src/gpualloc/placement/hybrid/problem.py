@@ -177,8 +177,10 @@ class HybridProblem(OnCluster):
         else:
             fwd, bwd, launch = self._op_times[type_index]
             scale = self.graph_batch * tp / mb  # "microbatches" of the graph's batch each device computes
-            out = (self._per_layer(physics.microbatch_time_s(fwd, launch, scale)),
-                   self._per_layer(physics.microbatch_time_s(bwd, launch, scale)))
+            order = self.graph.topo_order
+            out = (self._per_layer(physics.microbatch_time_s(fwd, launch, scale, self.cost.launch, order=order)),
+                   self._per_layer(physics.microbatch_time_s(bwd, launch, scale, self.cost.launch, order=order,
+                                                             reverse=True)))
         for a in out:
             a.setflags(write=False)
         self._time_cache[key] = out
@@ -312,9 +314,10 @@ class HybridProblem(OnCluster):
 
     def min_layer_fixed_s(self) -> np.ndarray:
         """Launch overhead a device pays on each layer for every microbatch it runs of it, whatever its size
-        or TP degree, ``(types, L)`` fwd + bwd (0 for measured profiles: their fit has no fixed part)."""
+        or TP degree, ``(types, L)`` fwd + bwd (0 for measured profiles: their fit has no fixed part, and
+        under the async launch rule: a launch can hide behind the previous op)."""
         out = np.zeros((len(self.type_names), self.L))
-        if self.profile is None:
+        if self.profile is None and self.cost.launch == "serial":  # async: a launch may hide entirely
             for ti in range(len(self.type_names)):
                 fwd, bwd, launch = self._op_times[ti]
                 out[ti] = self._per_layer(np.minimum(launch, fwd) + np.minimum(launch, bwd))
