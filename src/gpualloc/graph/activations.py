@@ -1,0 +1,202 @@
+"""The activations autograd saves for backward, measured by running the real model.
+
+:func:`measure_saved_bytes` runs one forward pass and a loss of a module in train mode under
+``torch.autograd.graph.saved_tensors_hooks`` and counts what the pack hook receives: each tensor an
+autograd node keeps for its backward (an op's inputs, outputs, masks, statistics). Counting rules:
+
+* by storage: a tensor saved twice, or a view of a saved tensor, counts once, with its whole storage's
+  ``nbytes`` (what stays allocated), keyed on ``untyped_storage().data_ptr()``;
+* parameters and buffers are not counted (they are weights, counted elsewhere);
+* each storage belongs to the module (path, innermost) running when it was first saved; what the loss
+  saves after the forward is ``loss_nbytes``.
+
+:meth:`SavedActivations.per_layer` maps module paths onto a captured graph's layers, the runs of
+consecutive ops with one ``OpNode.layer`` that :func:`gpualloc.placement.hybrid.layers.layer_of_node`
+numbers (capture sets ``layer`` to the innermost module path; a module with no op of its own there, such
+as a train-mode ``Dropout`` that eval-mode tracing folds away, counts in its nearest enclosing layer).
+
+References: PyTorch, "Hooks for saved tensors" (``torch.autograd.graph.saved_tensors_hooks``),
+https://pytorch.org/tutorials/intermediate/autograd_saved_tensors_hooks_tutorial.html
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from gpualloc.errors import CaptureError
+from gpualloc.graph.ir import OpGraph
+
+__all__ = ["SavedActivations", "default_loss", "layer_keys", "measure_saved_bytes"]
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """Bytes autograd saved for backward in one forward pass of ``batch`` samples.
+
+    Attributes:
+        batch: samples in the measured forward pass.
+        saves: ``(module path, nbytes)`` per saved storage, in first-save order; the path is the innermost
+            running module (``None``: the root module's own code).
+        loss_nbytes: bytes the loss saved after the forward pass.
+        weight_nbytes: bytes of the parameters and buffers autograd saved (each once), not in the total:
+            references to the weights, which take no memory of their own.
+    """
+
+    batch: int
+    saves: tuple[tuple[str | None, int], ...]
+    loss_nbytes: int
+    weight_nbytes: int = 0
+
+    @property
+    def total_nbytes(self) -> int:
+        return sum(n for _, n in self.saves) + self.loss_nbytes
+
+    def by_module(self) -> dict[str | None, int]:
+        out: dict[str | None, int] = {}
+        for path, n in self.saves:
+            out[path] = out.get(path, 0) + n
+        return out
+
+    def per_layer(self, graph: OpGraph) -> np.ndarray:
+        """Saved bytes of each layer of ``graph`` (:func:`layer_keys` order) for ``batch`` samples, (L,).
+
+        Saves are matched to layers in order: each goes to the first layer at or after the previous
+        save's layer whose key is its module's (or nearest enclosing module's); with none there it stays
+        in the previous save's layer. The loss's bytes go to the last layer. The total is kept exactly.
+        """
+        keys = layer_keys(graph)
+        out = np.zeros(len(keys))
+        where: dict[str | None, list[int]] = {}
+        for i, key in enumerate(keys):
+            where.setdefault(key, []).append(i)
+        at = 0
+        for path, nbytes in self.saves:
+            runs = where.get(_enclosing_key(path, where), [])
+            j = bisect.bisect_left(runs, at)
+            at = runs[j] if j < len(runs) else at
+            out[at] += nbytes
+        out[-1] += self.loss_nbytes
+        return out
+
+    def per_sample(self, graph: OpGraph) -> np.ndarray:
+        """:meth:`per_layer` divided by ``batch``, (L,)."""
+        return self.per_layer(graph) / self.batch
+
+
+def layer_keys(graph: OpGraph) -> list[str | None]:
+    """The ``layer`` key of each layer: runs of consecutive ops (topological order) with the same
+    ``OpNode.layer``, an op without one a layer of its own (the rule of ``layer_of_node``)."""
+    keys: list[str | None] = []
+    prev: object = object()
+    for i in graph.topo_order:
+        key = graph.nodes[i].layer
+        if key is None or key != prev:
+            keys.append(key)
+        prev = key
+    return keys
+
+
+def _enclosing_key(path: str | None, keys: dict[str | None, list[int]]) -> str | None:
+    while path and path not in keys:
+        path = path.rpartition(".")[0]
+    return path or None
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """Cross-entropy of every floating output of two or more dimensions over its last dimension (logits
+    of a classifier or language model, against class 0), plus the sum of any other floating output."""
+    terms = []
+    for t in tree_flatten(output)[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            if t.dim() >= 2:
+                flat = t.reshape(-1, t.shape[-1])
+                terms.append(F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long, device=t.device)))
+            else:
+                terms.append(t.sum())
+    if not terms:
+        raise CaptureError("saved activations: the model's output has no floating tensor that requires grad")
+    return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
+
+
+def measure_saved_bytes(module: nn.Module, args: Sequence[Any], *, batch: int | None = None,
+                        loss: Callable[[Any], torch.Tensor] | None = default_loss) -> SavedActivations:
+    """Run ``module(*args)`` and ``loss`` of its output in train mode and count what autograd saves.
+
+    The module is left as it was: training flags and buffers (BatchNorm statistics) are restored and the
+    global RNG state is untouched (``torch.random.fork_rng``). No backward pass runs.
+
+    Args:
+        module: the model, on the device of ``args`` (CPU for an exact, reproducible count).
+        args: positional inputs of one forward pass.
+        batch: samples in ``args`` (default: the first dimension of the first tensor).
+        loss: ``output -> scalar``; None: the forward pass only.
+
+    Raises:
+        CaptureError: no batch can be read from ``args``, or the forward pass or the loss failed (one line).
+    """
+    if batch is None:
+        first = next((a for a in tree_flatten(list(args))[0] if isinstance(a, torch.Tensor) and a.dim()), None)
+        if first is None:
+            raise CaptureError("saved activations: pass batch, no input tensor has a batch dimension")
+        batch = int(first.shape[0])
+    weights = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+               for t in (*module.parameters(), *module.buffers())}
+    seen: set[int] = set()
+    seen_weights: set[int] = set()
+    keep: list[Any] = []  # saved storages stay referenced, so a freed one's address is never reused
+    saves: list[tuple[str | None, int]] = []
+    stack: list[str | None] = [None]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in weights:
+            seen_weights.add(ptr)
+        elif ptr and ptr not in seen:
+            seen.add(ptr)
+            keep.append(storage)
+            saves.append((stack[-1], int(storage.nbytes())))
+        return t
+
+    def enter(mod: nn.Module, _args: Any) -> None:
+        stack.append(names[id(mod)])
+
+    def leave(_mod: nn.Module, _args: Any, _out: Any) -> None:  # returning None keeps the output
+        stack.pop()
+
+    names = {id(m): path or None for path, m in module.named_modules()}
+    hooks = [h for m in module.modules() for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    modes = [(m, m.training) for m in module.modules()]
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        module.train()
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = module(*args)
+            n_forward = len(saves)
+            if loss is not None:
+                loss(output)
+    except CaptureError:
+        raise
+    except Exception as err:  # noqa: BLE001 - one line, whatever the model raised
+        raise CaptureError(f"saved activations: the train-mode forward pass failed: {type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''}") from err
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
+    return SavedActivations(int(batch), tuple(saves[:n_forward]), sum(n for _, n in saves[n_forward:]),
+                            sum(weights[p] for p in seen_weights))
