@@ -102,7 +102,8 @@ def _check_graph(g: OpGraph) -> None:
 def test_tiny_zoo_models_capture(name: str, granularity: str) -> None:
     g = capture(name, batch=2, granularity=granularity)
     assert g.name == name and g.batch_size == 2
-    assert g.meta == {"source": "torch.export", "model": name, "granularity": granularity}
+    assert g.meta.items() >= {"source": "torch.export", "model": name, "granularity": granularity}.items()
+    assert "saved_act_bytes_per_sample" in g.meta  # its values: tests/graph/test_activations.py
     _check_graph(g)
     assert g.total_param_bytes == _param_bytes(_meta_model(name))
     reference = ZOO[name].flops_per_sample

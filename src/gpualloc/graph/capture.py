@@ -29,6 +29,16 @@ Edges:
     reads from that producer (a view's size when it reads a slice; at most the producer's output).
     An in-place op (``relu_``) becomes the producer of the tensor it mutates for later readers.
 
+Saved activations (``meta["saved_act_bytes_per_sample"]``, one float per layer in the order of
+:func:`gpualloc.placement.hybrid.layers.layer_of_node`; ``meta["saved_act_source"]`` says how):
+    the bytes autograd saves for backward, per sample, measured by one train-mode forward pass and a
+    cross-entropy loss of the real model on the CPU (:mod:`gpualloc.graph.activations`). A zoo model gets
+    real zero-filled weights (the count depends on shapes only). The pass runs at a batch of at most 8 and
+    at most 10 GFLOPs (at least one sample: ResNet-50, BERT-base and GPT-2 small run one) and is divided
+    by it, so a part that does not grow with the batch (BatchNorm's statistics) counts in every sample.
+    Models whose pass would exceed 400 GFLOPs or whose weights exceed 4 GiB, or that fail in train mode,
+    are skipped with ``meta["saved_act_skipped"]`` saying why.
+
 ``granularity="layer"`` groups ops by ``layer`` (the deepest module in ``nn_module_stack``, e.g.
 ``layer1.0.conv1`` or ``encoder.layer.3.attention``); ops at the model's top level stay single.
 Sizes are summed (so totals are preserved), edges between groups are merged (bytes from one producer
@@ -56,6 +66,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpualloc.errors import CaptureError
+from gpualloc.graph.activations import SavedActivations, measure_saved_bytes
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.graph.zoo import get_model
 from gpualloc.registry import import_user_module
@@ -167,6 +178,7 @@ def capture(
     granularity: Granularity = "op",
     example_inputs: ExampleInputs | None = None,
     name: str | None = None,
+    saved_activations: bool | None = None,
 ) -> OpGraph:
     """Trace ``model`` for one forward pass of ``batch`` samples into an OpGraph.
 
@@ -177,6 +189,10 @@ def capture(
         granularity: ``"op"`` (one node per ATen op) or ``"layer"`` (ops grouped by module).
         example_inputs: ``batch -> tuple of tensors``, or a tuple of tensors used as given.
         name: graph name (default: the zoo name, the ``module:factory`` string or the class name).
+        saved_activations: measure the bytes autograd saves for backward on the CPU into
+            ``meta["saved_act_bytes_per_sample"]`` (see the module docstring): None when it is quick (a
+            skipped or failed measurement says why in ``meta["saved_act_skipped"]``), True past the time
+            limits (a failure raises CaptureError), False never.
 
     Raises:
         CaptureError: unknown model, missing example inputs, or a model torch cannot trace (one line).
@@ -213,7 +229,83 @@ def capture(
     meta: dict[str, Any] = {"source": source, "model": name, "granularity": granularity}
     if uncounted:
         meta["flops_unknown_ops"] = uncounted  # ops that could not run on meta tensors: counted as 0
+    graph = OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta)
+    if saved_activations is False:
+        return graph
+    zoo_name = model if isinstance(model, str) and ":" not in model and example_inputs is None else None
+    meta.update(_record_saved_activations(graph, module, inputs, on_meta, force=bool(saved_activations),
+                                          zoo_name=zoo_name))
     return OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta)
+
+
+# Measured saved activations: the forward pass runs at the largest batch (at most the graph's, and at most
+# _SAVED_ACT_BATCH) whose FLOPs stay under _SAVED_ACT_FLOPS, at least one sample (ResNet-50: 1 sample, about
+# 1 s on 2 cores); a model whose pass exceeds _SAVED_ACT_MAX_FLOPS, or whose weights exceed
+# _SAVED_ACT_MAX_PARAM_BYTES, is skipped.
+_SAVED_ACT_BATCH = 8
+_SAVED_ACT_FLOPS = 10e9
+_SAVED_ACT_MAX_FLOPS = 4e11
+_SAVED_ACT_MAX_PARAM_BYTES = 4 * 2**30
+_PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+_ZOO_SAVED: dict[tuple[str, int], SavedActivations] = {}  # (zoo name, batch): a zoo model is measured once
+
+
+def _record_saved_activations(graph: OpGraph, module: nn.Module, inputs: Any, on_meta: bool, force: bool,
+                              zoo_name: str | None = None) -> dict[str, Any]:
+    """The meta keys of the activations autograd saves (:func:`gpualloc.graph.activations.measure_saved_bytes`).
+
+    ``saved_act_bytes_per_sample``: per layer (the order of ``layer_of_node``), bytes per sample measured at
+    the batch of ``saved_act_source`` (fp32 and the CPU's kernels for a zoo model); a zoo model built on the
+    meta device gets real, zero-filled weights (the count depends on shapes, not values). Or, when the
+    measurement is skipped or fails (and ``force`` is False), ``saved_act_skipped``: why. A zoo model's
+    measurement is kept for the process (captures at both granularities, or several batches, share it).
+    """
+    batch = int(graph.batch_size or 1)
+    sample_flops = graph.total_flops / batch
+    m = batch
+    if callable(inputs):
+        m = max(1, min(batch, _SAVED_ACT_BATCH, int(_SAVED_ACT_FLOPS // sample_flops) if sample_flops else batch))
+    tensors = [*module.parameters(), *module.buffers()]
+    reason = None
+    if any(t.device.type != ("meta" if on_meta else "cpu") for t in tensors):
+        reason = "the model is not on the CPU"
+    elif not force and m * sample_flops > _SAVED_ACT_MAX_FLOPS:
+        reason = f"a forward pass of {m} samples is {m * sample_flops:.3g} FLOPs, over {_SAVED_ACT_MAX_FLOPS:.3g}"
+    elif not force and sum(t.numel() * t.element_size() for t in tensors) > _SAVED_ACT_MAX_PARAM_BYTES:
+        reason = f"its weights exceed {_SAVED_ACT_MAX_PARAM_BYTES / 2**30:g} GiB"
+    if reason is not None:
+        if force:
+            raise CaptureError(f"cannot measure saved activations of {graph.name}: {reason}")
+        return {"saved_act_skipped": reason}
+    saved = _ZOO_SAVED.get((zoo_name, m)) if zoo_name else None
+    if saved is None:
+        if on_meta:
+            module = module.to_empty(device="cpu")
+            with torch.no_grad():
+                for t in (*module.parameters(), *module.buffers()):
+                    t.zero_()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                args = _example_args(inputs, m, graph.name, on_meta=False)
+            if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in tree_flatten(args)[0]):
+                raise CaptureError("saved activations: the example inputs are not on the CPU")
+            saved = measure_saved_bytes(module, args, batch=m)
+        except CaptureError as err:
+            if force:
+                raise
+            return {"saved_act_skipped": str(err)}
+        if zoo_name:
+            _ZOO_SAVED[zoo_name, m] = saved
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    return {
+        "saved_act_bytes_per_sample": [float(x) for x in saved.per_sample(graph)],
+        "saved_act_source": {
+            "method": "torch.autograd.graph.saved_tensors_hooks: one train-mode forward pass and "
+                      "cross-entropy loss on the CPU, storages counted once, weights excluded",
+            "torch": torch.__version__, "device": "cpu", "batch": m, "precision": _PRECISION.get(dtype, str(dtype)),
+            "loss_bytes_per_sample": saved.loss_nbytes / m,
+        },
+    }
 
 
 def _op_name(op: _Op) -> str:
