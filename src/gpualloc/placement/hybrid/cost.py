@@ -211,12 +211,21 @@ def stage_collectives(problem: HybridProblem, plan: HybridPlan, stage) -> list[C
 
 def _collective_s(problem: HybridProblem, plan: HybridPlan, stage, shares, c: Collective) -> float:
     """Time of one collective among the stage's replicas (their first devices; ``tp`` rings share the NIC)."""
-    leaders = [r.devices[0] for r in stage.replicas]
+    leaders = tuple(r.devices[0] for r in stage.replicas)
     nic = _group_share(problem, shares, stage.devices)
-    nodes = problem.node_of[leaders]
+    key = ("collective", leaders, nic, c.op, c.nbytes, plan.sync.algorithm)
+    hit = problem.memo.get(key)
+    if hit is None:
+        hit = problem.memo[key] = _collective_time_s(problem, plan.sync.algorithm, leaders, nic, c)
+    return hit
+
+
+def _collective_time_s(problem: HybridProblem, algorithm: str, leaders: tuple[int, ...], nic: float,
+                       c: Collective) -> float:
+    nodes = problem.node_of[list(leaders)]
     uniq, per_node = np.unique(nodes, return_counts=True)
     half = 1.0 if c.op == "all-reduce" else 0.5
-    if plan.sync.algorithm == "hierarchical" and uniq.size > 1:
+    if algorithm == "hierarchical" and uniq.size > 1:
         intra_bw, intra_lat, net_bw, net_lat = problem.sync_links(leaders)
         first = [d for d in leaders if problem.node_of[d] == uniq[int(np.argmax(per_node))]]
         intra_bw *= float(problem.link_efficiency(first[0], first[-1], c.nbytes / per_node.max()))
@@ -256,9 +265,15 @@ def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndar
     in_flight = min(plan.microbatches, plan.pipeline_depth - si) if plan.schedule == "1f1b" else plan.microbatches
     for r, rep in enumerate(stage.replicas):
         for d in rep.devices:
-            mem[d] = device_memory(problem.rules, problem.cluster.devices[d].type, shape, tp=rep.tp,
-                                   dp=len(stage.replicas), mb=int(split[r].max()), in_flight=in_flight,
-                                   sharding=plan.sharding, recompute=plan.recompute)
+            dev = problem.cluster.devices[d].type
+            key = ("memory", stage.first, stage.last, dev.name, rep.tp, len(stage.replicas), int(split[r].max()),
+                   in_flight, plan.sharding, plan.recompute)
+            hit = problem.memo.get(key)
+            if hit is None:
+                hit = problem.memo[key] = device_memory(
+                    problem.rules, dev, shape, tp=rep.tp, dp=len(stage.replicas), mb=int(split[r].max()),
+                    in_flight=in_flight, sharding=plan.sharding, recompute=plan.recompute)
+            mem[d] = hit
 
 
 def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:

@@ -207,10 +207,16 @@ class HybridProblem(OnCluster):
         tp = len(devices)
         if tp <= 1 or mb <= 0:
             return np.zeros(self.L)
+        key = ("tp_comm", self.replica_kind(tuple(devices)), int(mb), float(nic_share))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
         bw, lat = self.group_link(devices, nic_share)
         chunk = self.layer_act_out_bytes * mb / tp  # a ring moves the message in chunks of 1 / tp
         bw = bw * self.link_efficiency(*self.slowest_pair(devices), np.maximum(chunk, 1.0))
-        return physics.tp_layer_comm_s(self.layer_act_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
+        out = self.memo[key] = physics.tp_layer_comm_s(self.layer_act_out_bytes * mb, tp, lat, bw, self.tp_allreduces)
+        out.setflags(write=False)
+        return out
 
     def link_efficiency(self, i, j, nbytes) -> np.ndarray:
         """The fraction of the link between devices ``i`` and ``j`` (arrays broadcast with ``nbytes``) that a
