@@ -143,6 +143,7 @@ class MemoryReport:
             the baseline (interpreter, torch, gloo); on a GPU, what the caching allocator reserved beyond
             its allocated peak.
         method: how ``peak`` was measured (``"mallinfo2"`` or ``"cuda"``).
+        peak_op: the aten op after which the CPU peak was sampled (where the peak is); "" on a GPU.
     """
 
     weights_bytes: int
@@ -151,13 +152,14 @@ class MemoryReport:
     peak_bytes: int
     reserve_bytes: int
     method: str
+    peak_op: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 class _SampleAfterEveryOp(TorchDispatchMode):
-    """Calls ``sample`` after every aten op: the op's inputs and outputs are both alive then."""
+    """Calls ``sample(op name)`` after every aten op: the op's inputs and outputs are both alive then."""
 
     def __init__(self, sample: Any) -> None:
         super().__init__()
@@ -165,7 +167,7 @@ class _SampleAfterEveryOp(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
         out = func(*args, **(kwargs or {}))
-        self.sample()
+        self.sample(func)
         return out
 
 
@@ -203,6 +205,7 @@ class MemoryProbe:
         self._base = 0
         self._peak = 0
         self._reserve = 0
+        self._peak_op: Any = ""
         self._mode: _SampleAfterEveryOp | None = None
 
     def _now(self) -> int:
@@ -222,12 +225,12 @@ class MemoryProbe:
         self._base = self._now()
         return self._base
 
-    def sample(self) -> None:
-        """Note the memory held now (on the CPU; a GPU keeps its own peak)."""
+    def sample(self, op: Any = "") -> None:
+        """Note the memory held now, after ``op`` (on the CPU; a GPU keeps its own peak)."""
         if not self.cuda:
             used = malloc_in_use_bytes() or 0
             if used > self._peak:
-                self._peak = used
+                self._peak, self._peak_op = used, op
 
     def __enter__(self) -> MemoryProbe:
         if not self.available:
@@ -259,6 +262,11 @@ class MemoryProbe:
     def peak_bytes(self) -> int | None:
         """Peak of the last region above the baseline; None where the probe is not available."""
         return max(self._peak - self._base, 0) if self.available else None
+
+    @property
+    def peak_op(self) -> str:
+        """The aten op after which the last region's CPU peak was sampled ("" at the region's ends or on a GPU)."""
+        return str(self._peak_op)
 
     @property
     def reserve_bytes(self) -> int | None:

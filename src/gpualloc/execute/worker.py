@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer  # imported here, not after the memory baseline
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryProbe, MemoryReport, TaskClock, synchronize, tensor_bytes
@@ -60,8 +61,6 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float,
         raise ExecutionError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
     if shard_group is None:
         return OPTIMIZERS[name](params, lr=lr)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     return ZeroRedundancyOptimizer(params, optimizer_class=OPTIMIZERS[name], process_group=shard_group, lr=lr)
 
 
@@ -210,7 +209,8 @@ class WorkerLoop(ABC):
             return None
         return MemoryReport(weights_bytes=tensor_bytes(self._param_list()), grads_bytes=self._grads_bytes,
                             optimizer_bytes=optimizer_state_bytes(self.optimizer), peak_bytes=self.probe.peak_bytes,
-                            reserve_bytes=self.probe.reserve_bytes, method=self.probe.method)
+                            reserve_bytes=self.probe.reserve_bytes, method=self.probe.method,
+                            peak_op=self.probe.peak_op)
 
     def serve(self) -> None:
         torch.set_num_threads(self.spec.threads)
