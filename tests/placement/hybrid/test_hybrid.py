@@ -247,14 +247,18 @@ def cases(draw):
     for s, group in enumerate(per_stage):
         last = cuts[s] if s < S - 1 else L - 1
         tp = draw(st.sampled_from([t for t in (1, 2, 4) if len(group) % t == 0]))
+        group = sorted(group, key=lambda d: p.node_of[d])  # TP groups inside a node, as the bound assumes
         reps = [tuple(int(d) for d in group[i:i + tp]) for i in range(0, len(group), tp)][:G]
+        if any(len({int(p.node_of[d]) for d in r}) > 1 for r in reps):
+            reps = [(int(d),) for d in group][:G]
         shares = largest_remainder(G, draw(st.lists(st.floats(0.1, 10), min_size=len(reps), max_size=len(reps))))
         stages.append(Stage(first, last, tuple(Replica(r, b) for r, b in zip(reps, shares, strict=True))))
         first = last + 1
     plan = make_plan(stages, G, draw(st.integers(1, min(G, 16))), schedule=draw(st.sampled_from(["1f1b", "gpipe"])),
                      sync=Sync(draw(st.sampled_from(["ring", "hierarchical"])), draw(st.booleans()),
                                draw(st.sampled_from([0.5, 25.0]))),
-                     sharding=draw(st.sampled_from(["none", "zero1", "fsdp"])), n_devices=len(c))
+                     sharding=draw(st.sampled_from(["none", "zero1", "zero2", "fsdp"])), recompute=draw(st.booleans()),
+                     n_devices=len(c))
     return p, plan
 
 

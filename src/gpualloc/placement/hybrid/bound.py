@@ -26,6 +26,14 @@ microbatches, schedule, sync and sharding):
   :data:`STAGE_TERM_MAX_DEVICES` devices). It is what makes the bound see that every GPU of a data-parallel
   stage pays every launch, and that a pipeline that avoids this pays the fill instead.
 
+* **network sync** (inside the stage-work term): a stage on more devices than the largest node holds
+  has replicas on two nodes or more, so its gradients (or, sharded, its weights and gradients) cross the
+  network within the step: at least ``P(a, b) / network bandwidth`` (a ring or hierarchical all-reduce
+  sends ``2 (n - 1) / n >= 1`` times the bytes through a NIC; FSDP's gathers and reduce-scatters 1.5
+  times; overlap with the backward cannot shorten the step below it). Such a stage costs the larger of
+  that and its work. This holds for plans whose tensor-parallel groups stay inside a node, as every plan
+  the planner and the baselines make does; a hand-made plan with a TP group across nodes may beat it.
+
 Gradient synchronisation and pipeline bubbles are avoidable separately (one replica per stage has no
 all-reduce, one stage has no bubble), so neither adds a term of its own; both show in ``x bound``.
 """
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.cost import physics
+from gpualloc.cost.memory import PROFILE_VALUE_BYTES
 from gpualloc.placement.hybrid.problem import HybridProblem
 
 
@@ -109,6 +118,10 @@ def _stage_term(problem: HybridProblem, one: np.ndarray, work: np.ndarray, fixed
         return 0.0
     head = np.r_[0.0, np.cumsum(one)]
     Fp, Wp = np.r_[0.0, np.cumsum(fixed)], np.r_[0.0, np.cumsum(work)]
+    Pp = np.r_[0.0, np.cumsum(problem.layer_param_bytes)] * problem.rules.prec.value_bytes / PROFILE_VALUE_BYTES
+    spans = np.arange(1, k + 1) > max(len(node.devices) for node in problem.cluster.nodes)  # [m - 1]
+    cross = problem.node_of[:, None] != problem.node_of[None, :]
+    net_bw = float(problem.bandwidth[cross].max()) if cross.any() else np.inf
     m = np.arange(1, k + 1)
     n = np.arange(k + 1)
     idx = n[None, :] - m[:, None]  # [m - 1, n]: devices left for the earlier stages
@@ -116,6 +129,8 @@ def _stage_term(problem: HybridProblem, one: np.ndarray, work: np.ndarray, fixed
     for end in range(1, L + 1):
         a = np.arange(end)
         cost = (head[a] + Fp[end] - Fp[a])[:, None] + (Wp[end] - Wp[a])[:, None] / m[None, :]
+        sync = ((Pp[end] - Pp[a]) / net_bw)[:, None]  # a stage on more devices than a node holds syncs on the network
+        cost = np.where(spans[None, :], np.maximum(cost, sync), cost)
         prev = np.where(idx[None] >= 0, best[:, np.clip(idx, 0, k)], np.inf)  # [a, m - 1, n]
         best = np.vstack([best, np.maximum(prev, cost[:, :, None]).min(axis=(0, 1))])
     return float(best[L, k])
