@@ -29,13 +29,18 @@ import os
 import queue
 import time
 import traceback
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer  # imported here, not after the memory baseline
+
+with warnings.catch_warnings():  # its functional optimizers still use torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    # imported with the module, not after a worker's memory baseline (its first import is ~3 MB of Python)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryProbe, MemoryReport, TaskClock, synchronize, tensor_bytes
