@@ -17,6 +17,7 @@ from gpualloc.graph.zoo import ZOO
 from gpualloc.placement.hybrid.layers import layer_count, layer_of_node
 
 F32 = 4
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _mlp() -> nn.Module:
@@ -125,6 +126,17 @@ def test_per_layer_follows_layer_of_node_and_matches_the_graph_sizes() -> None:
         assert per_layer[k] == out[k - 1] + 2 * F32 * channels
     assert per_layer[0] == 4 * 3 * 64 * 64 * F32  # conv1 saves the input images
     assert per_layer[-1] == 4 * 256 * F32 + saved.loss_nbytes  # fc saves the pooled features; the loss adds its own
+
+
+def test_a_module_without_traced_ops_counts_in_its_enclosing_layer() -> None:
+    graph = capture("bert-tiny", batch=2, saved_activations=False)
+    saved = measure_saved_bytes(_zoo("bert-tiny"), ZOO["bert-tiny"].example_inputs(2))
+    keys, per_layer = layer_keys(graph), saved.per_layer(graph)
+    assert "encoder.layer.0.dropout" not in keys  # eval-mode tracing folds dropout away
+    k = keys.index("encoder.layer.0.attention_output") + 1
+    assert keys[k] == "encoder.layer.0"  # the residual add, after the dropout
+    # CPU dropout multiplies by a float noise tensor and saves it (CUDA's fused kernel saves a bool mask)
+    assert per_layer[k] == 2 * 32 * 64 * F32
 
 
 @pytest.mark.parametrize("granularity", ["op", "layer"])

@@ -70,8 +70,9 @@ class SavedActivations:
         """Saved bytes of each layer of ``graph`` (:func:`layer_keys` order) for ``batch`` samples, (L,).
 
         Saves are matched to layers in order: each goes to the first layer at or after the previous
-        save's layer whose key is its module's (or nearest enclosing module's); with none there it stays
-        in the previous save's layer. The loss's bytes go to the last layer. The total is kept exactly.
+        save's layer whose key is its module's (or nearest enclosing module's); with none there, or no
+        layer for the module, it stays in the previous save's layer. The loss's bytes go to the last
+        layer. The total is kept exactly.
         """
         keys = layer_keys(graph)
         out = np.zeros(len(keys))
@@ -106,9 +107,10 @@ def layer_keys(graph: OpGraph) -> list[str | None]:
 
 
 def _enclosing_key(path: str | None, keys: dict[str | None, list[int]]) -> str | None:
+    """``path`` or its nearest enclosing module with a layer; "" (no layer: stay) when there is none."""
     while path and path not in keys:
         path = path.rpartition(".")[0]
-    return path or None
+    return path
 
 
 def default_loss(output: Any) -> torch.Tensor:
