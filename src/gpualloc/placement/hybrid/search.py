@@ -141,8 +141,9 @@ def _candidates(problem: HybridProblem, deadline: float) -> Iterator[tuple[Hybri
 
 
 def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Iterator[tuple[HybridPlan, PlanCosts]]:
-    """Plans of one layout and TP degree for each microbatch count; while none fits memory, 4x more
-    microbatches (smaller ones keep fewer activations in flight), down to one sample a replica."""
+    """Plans of one layout and TP degree for each microbatch count; while none fits memory without sharding
+    or recomputation (both cost time), 4x more microbatches (smaller ones keep fewer activations in flight),
+    down to one sample a replica."""
     G, reps = problem.global_batch, max(len(g) for g in groups)
     counts = list(counts)
     i = 0
@@ -156,7 +157,7 @@ def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Ite
         smallest = min(r.batch_share for s in stages for r in s.replicas)
         fits = False
         for plan, costs in _variants(problem, stages, min(m, smallest)):
-            fits = fits or costs.fits(problem)
+            fits = fits or (costs.fits(problem) and plan.sharding == "none" and not plan.recompute)
             yield plan, costs
         if i == len(counts) and not fits and m < smallest:
             counts.append(min(4 * m, smallest))
