@@ -224,15 +224,24 @@ class HybridProblem(OnCluster):
         (:mod:`gpualloc.cost.links`); it scales whatever bandwidth the problem gives the pair (drifted or
         not). The same device: 1."""
         i, j, nbytes = np.broadcast_arrays(np.asarray(i), np.asarray(j), np.asarray(nbytes, dtype=np.float64))
-        same_node = self.node_of[i] == self.node_of[j]
+        links, of_node = self._node_links
+        kind = np.where(self.node_of[i] == self.node_of[j], of_node[self.node_of[i]], -1)  # -1: the network
+        kind[i == j] = -2
         out = np.ones(nbytes.shape)
-        links = [(self.cluster.network, ~same_node)]
-        links += [(node.link, same_node & (self.node_of[i] == n) & (i != j))
-                  for n, node in enumerate(self.cluster.nodes)]
-        for link, where in links:
-            if where.any():
-                out[where] = bus_bandwidth_bytes_per_s(link, nbytes[where]) / link.bandwidth_bytes_per_s
+        for u in np.unique(kind):
+            if u == -2:
+                continue
+            link = self.cluster.network if u == -1 else links[u]
+            where = kind == u
+            out[where] = bus_bandwidth_bytes_per_s(link, nbytes[where]) / link.bandwidth_bytes_per_s
         return out
+
+    @cached_property
+    def _node_links(self) -> tuple[list, np.ndarray]:
+        """The distinct intra-node link types, and each node's index among them."""
+        links = list({n.link.name: n.link for n in self.cluster.nodes}.values())
+        names = [x.name for x in links]
+        return links, np.array([names.index(n.link.name) for n in self.cluster.nodes])
 
     def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
         """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by
@@ -247,9 +256,9 @@ class HybridProblem(OnCluster):
 
     def slowest_pair(self, devices) -> tuple[int, int]:
         """Two of ``devices`` joined by their slowest link (a pair on different nodes when there is one)."""
-        d = [int(x) for x in devices]
-        cross = [(a, b) for a in d for b in d if self.node_of[a] != self.node_of[b]]
-        return cross[0] if cross else (d[0], d[-1])
+        d = np.asarray(devices, dtype=np.int64)
+        other = np.flatnonzero(self.node_of[d] != self.node_of[d[0]])
+        return (int(d[0]), int(d[other[0]])) if other.size else (int(d[0]), int(d[-1]))
 
     def sync_links(self, devices) -> tuple[float, float, float, float]:
         """The links a hierarchical all-reduce among ``devices`` uses: ``(intra_bw, intra_lat, net_bw,
