@@ -135,9 +135,20 @@ def _candidates(problem: HybridProblem, deadline: float) -> Iterator[tuple[Hybri
             reps = max(len(g) for g in groups)
             if G < reps:  # fewer samples than replicas: keep only the layouts every replica gets one of
                 continue
-            yield from _with_microbatches(problem, groups, [1, 2] if S == 1 else [S, 2 * S, 4 * S])
+            counts = [1, 2] if S == 1 else [S, 2 * S, 4 * S]
+            yield from _with_microbatches(problem, groups, counts + _profiled_counts(problem, tp, G // reps, counts))
             if time.perf_counter() > deadline:
                 return
+
+
+def _profiled_counts(problem: HybridProblem, tp: int, share: int, counts: list[int]) -> list[int]:
+    """Microbatch counts that give a replica of ``share`` samples a measured microbatch size (profiles only:
+    a measured time is preferred to an interpolated one), besides ``counts``."""
+    if problem.profile is None:
+        return []
+    sizes = set.intersection(*(set(problem.profile["gpu"][t]["table"].get(tp, {})) for t in problem.type_names))
+    out = sorted({-(-share // s) for s in sizes if 0 < s <= share} - set(counts))
+    return [m for m in out if m <= problem.global_batch]
 
 
 def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Iterator[tuple[HybridPlan, PlanCosts]]:
