@@ -45,6 +45,9 @@ def run_cmd(
                                   help="Predict with the calibrated roofline even where the calibration has "
                                        "per-op profiles of this model."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the weights and inputs."),
+    precision: str = typer.Option("fp32", "--precision",
+                                  help="Training precision: the runner trains in fp32; a hybrid plan made for "
+                                       "another precision is refused in one line."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a placement plan on real devices and compare the measured step time with the prediction.
@@ -59,6 +62,7 @@ def run_cmd(
     from gpualloc.placement.problem import PlacementProblem
     from gpualloc.placement.run import load_assignment
 
+    _check_precision(precision, plan, plan_version(plan))
     if plan_version(plan) == 2:
         _run_hybrid(model, plan, cluster, batch=batch, microbatches=microbatches, calibration=calibration,
                     no_calibrate=no_calibrate, devices=devices, threads=threads, steps=steps, warmup=warmup,
@@ -96,6 +100,25 @@ def run_cmd(
         print_json({**result.to_dict(), "plan": str(plan), "calibration": cal_info})
         return
     _print(result, cal_info)
+
+
+def _check_precision(precision: str, plan: Path, version: int) -> None:
+    """The runner trains in fp32 (gloo on CPUs, the same code on GPUs): refuse another precision, and a hybrid
+    plan costed in another, in one line."""
+    from gpualloc.cost.memory import precision as known
+    from gpualloc.errors import ExecutionError
+
+    known(precision)
+    if precision != "fp32":
+        raise ExecutionError(f"--precision {precision}: `gpualloc run` trains in fp32 only (mixed precision and TF32 "
+                             "are planned and costed, not executed here)")
+    if version == 2:
+        from gpualloc.placement.hybrid.plan import load_hybrid_plan
+
+        hp, _ = load_hybrid_plan(plan)
+        if hp.precision != precision:
+            raise ExecutionError(f"{plan}: precision: the plan trains in {hp.precision}; `gpualloc run` trains in "
+                                 f"fp32 only (re-plan with --precision fp32)")
 
 
 def _run_hybrid(model: str, plan: Path, cluster: str | None, *, batch: int | None, microbatches: int | None,

@@ -419,3 +419,44 @@ def test_every_method_plans_a_tiny_graph(cluster, batch):
     for m, r in steps.items():
         assert np.isfinite(r.step_time_s) and r.step_time_s >= lb * (1 - 1e-9), m
     assert steps["hybrid"].step_time_s <= min(r.step_time_s for r in steps.values() if r.feasible) * (1 + 1e-9)
+
+
+MEMORY_KEYS = {"weights", "grads", "optimizer", "activations", "reserve", "peak"}
+
+
+def test_cli_reports_precision_memory_and_the_binding_constraint(cli, chain_file, tmp_path):
+    """The interface scripts rely on (issue 34): ``precision``, a ``memory`` breakdown per device and
+    ``binding_constraint`` from ``place --json`` and ``place evaluate --json``, for hybrid and op-level plans."""
+    plan = tmp_path / "plan.json"
+    code, out, err = cli("place", chain_file, "--cluster", "hetero8", "--method", "hybrid", "--precision", "fp16",
+                         "-o", plan, "--json")
+    assert code == 0, err
+    placed = json.loads(out)
+    assert placed["precision"] == "fp16" and placed["feasible"]
+    assert placed["memory"] and all(MEMORY_KEYS <= set(m) for m in placed["memory"].values())
+    for m in placed["memory"].values():
+        assert m["peak"] == pytest.approx(sum(v for k, v in m.items() if k != "peak"))
+    assert {"name", "fullest_device", "fill", "largest_part"} <= set(placed["binding_constraint"])
+    doc = json.loads(plan.read_text())
+    assert doc["precision"] == "fp16" and isinstance(doc["notes"], list)
+    assert all({"microbatch_size", "microbatches"} <= set(r) for s in doc["stages"] for r in s["replicas"])
+    code, out, err = cli("place", "evaluate", chain_file, "--cluster", "hetero8", "--plan", plan, "--precision", "fp16",
+                         "--json")
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["memory"] == placed["memory"] and again["binding_constraint"] == placed["binding_constraint"]
+    code, out, err = cli("place", "evaluate", chain_file, "--cluster", "hetero8", "--plan", plan, "--json")
+    assert code == 2 and "precision" in err and len(err.strip().splitlines()) == 1
+    code, out, err = cli("place", chain_file, "--cluster", "hetero8", "--method", "kl", "--reserve-gib", "0", "--json")
+    assert code == 0, err
+    op = json.loads(out)
+    assert op["precision"] == "fp32" and all(m["reserve"] == 0 for m in op["memory"].values())
+
+
+def test_cli_refuses_a_precision_the_devices_or_the_runner_lack(cli, chain_file):
+    code, _, err = cli("place", chain_file, "--cluster", "2xV100", "--method", "hybrid", "--precision", "bf16")
+    assert code == 2 and "bf16" in err and "V100" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("place", chain_file, "--cluster", "2xA100", "--precision", "fp8")
+    assert code == 2 and "fp8" in err
+    code, _, err = cli("run", "resnet-tiny", "--plan", chain_file, "--precision", "bf16")
+    assert code == 2 and "fp32 only" in err
