@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from gpualloc.errors import CostModelError
 from gpualloc.hardware.catalog import DeviceType
 
@@ -138,8 +140,11 @@ class MemoryRules:
         return 2 * self.prec.value_bytes + self.optimizer_bytes_per_param()
 
 
-def reserve_bytes(device: DeviceType, rules: MemoryRules, tp: int = 1) -> float:
-    """The framework's reserve on a device of ``device`` type in a TP group of ``tp`` (see the module doc)."""
+def reserve_bytes(device: DeviceType | None, rules: MemoryRules, tp: int = 1) -> float:
+    """The framework's reserve on a device of ``device`` type in a TP group of ``tp`` (see the module doc);
+    none without a device (the tensors alone)."""
+    if device is None:
+        return 0.0
     if rules.reserve_bytes is not None:
         return float(rules.reserve_bytes)
     if device.reserve_bytes is not None:
@@ -191,9 +196,10 @@ class StageShape:
     largest_layer_act_bytes_per_sample: float
 
 
-def device_memory(rules: MemoryRules, device: DeviceType, shape: StageShape, *, tp: int, dp: int, mb: int,
+def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageShape, *, tp: int, dp: int, mb: int,
                   in_flight: int, sharding: str = "none", recompute: bool = False) -> DeviceMemory:
-    """The peak memory of one device of a stage replica (see the module docstring for every term)."""
+    """The peak memory of one device of a stage replica (see the module docstring for every term); without
+    a ``device``, no reserve. The sizes of ``shape`` may be numpy arrays (one device each)."""
     if sharding not in SHARDINGS:
         raise CostModelError(f"sharding: unknown {sharding!r}; expected one of {', '.join(SHARDINGS)}")
     vb = rules.prec.value_bytes
@@ -202,7 +208,7 @@ def device_memory(rules: MemoryRules, device: DeviceType, shape: StageShape, *, 
     shard = max(int(dp), 1)
     weights, grads = n * vb, n * vb
     optimizer = n * rules.optimizer_bytes_per_param()
-    bucket = min(rules.bucket_mb * 1e6, grads)
+    bucket = np.minimum(rules.bucket_mb * 1e6, grads)
     if sharding == "none" and shard > 1:
         grads *= 2  # DDP's bucket copies of the gradients
     if sharding == "zero1":

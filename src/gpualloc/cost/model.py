@@ -279,9 +279,4 @@ def training_memory_bytes(graph: OpGraph, device: DeviceType | None = None, rule
     batch = graph.batch_size or 1
     shape = StageShape(graph.total_param_bytes, float(graph.param_bytes.max(initial=0.0)),
                        graph.total_activation_bytes / batch, 0.0, 0.0)
-    where = device if device is not None else _NO_RESERVE
-    return float(device_memory(rules, where, shape, tp=1, dp=1, mb=batch, in_flight=1).peak)
-
-
-_NO_RESERVE = DeviceType("none", "other", "none", None, None, None, 0, None, 1.0, 0.0, reserve_bytes=0)
-"""A device whose reserve is nothing: the model's own memory, wherever it runs."""
+    return float(device_memory(rules, device, shape, tp=1, dp=1, mb=batch, in_flight=1).peak)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import OPTIMIZER_STATES, PROFILE_VALUE_BYTES, MemoryRules, reserve_bytes
+from gpualloc.cost.memory import OPTIMIZER_STATES, MemoryRules, StageShape, device_memory, reserve_bytes
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
@@ -173,13 +173,12 @@ class PlacementProblem(OnCluster):
 
     @cached_property
     def mem_bytes(self) -> np.ndarray:
-        """Training memory each node pins on its device (:mod:`gpualloc.cost.memory`'s rule for one device:
-        weights, gradients and optimizer state in the rules' precision and optimizer, the node's output kept
-        for backward, the fragmentation margin), (n,)."""
-        r = self.rules
-        tensors = (self.graph.param_bytes / PROFILE_VALUE_BYTES * r.bytes_per_param()
-                   + self.graph.output_bytes * r.prec.value_bytes / PROFILE_VALUE_BYTES)
-        return tensors * (1.0 + r.fragmentation)
+        """Training memory each node pins on its device, (n,): :func:`gpualloc.cost.memory.device_memory` of
+        the node alone (its weights, gradients and optimizer state, its output kept for backward, the
+        fragmentation margin), without the device's reserve (``usable_mem_bytes`` leaves it out)."""
+        g = self.graph
+        shape = StageShape(g.param_bytes, g.param_bytes, g.output_bytes, 0.0, 0.0)
+        return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1).peak)
 
     @cached_property
     def speed(self) -> np.ndarray:
