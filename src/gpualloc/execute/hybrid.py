@@ -840,10 +840,10 @@ def execute_hybrid(model: str, graph: OpGraph, plan: HybridPlan, cluster: Cluste
                     step_times.append(max(r["end"] for r in reports) - min(r["start"] for r in reports))
                     for rank, r in enumerate(reports):
                         samples[rank].append((r["busy_s"], r["wait_s"], r["optimizer_s"], r["sync_s"]))
-            note("training", o.warmup + o.steps, o.warmup + o.steps)
             if o.measure_memory:
-                note("measuring memory", 0, 1)
+                note("training: one more step, measuring memory", o.warmup + o.steps, o.warmup + o.steps + 1)
                 memory = [r.get("memory") for r in workers.command("train", train=True, memory=True)]
+            note("training", o.warmup + o.steps, o.warmup + o.steps)
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
 

@@ -338,11 +338,11 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
                 step_times.append(timing.step_s)
                 for w in timing.workers:
                     worker_samples[w.device].append((w.busy_s, w.wait_s, w.optimizer_s))
-        note("training", o.warmup + o.steps, o.warmup + o.steps)
         memory = {}
         if o.measure_memory:
-            note("measuring memory", 0, 1)
+            note("training: one more step, measuring memory", o.warmup + o.steps, o.warmup + o.steps + 1)
             memory = {w.device: w.memory for w in pipe.train_step("train", memory=True).workers}
+        note("training", o.warmup + o.steps, o.warmup + o.steps)
 
     sim, how = predict(graph, a, cluster, cal, microbatches=microbatches, schedule=schedule,
                        use_profiles=o.use_profiles)
