@@ -17,7 +17,9 @@ One rule, called by every planner, baseline and simulator. A device that holds `
 * **activations**: the bytes the layers save for backward, per sample (measured in fp32: saved-tensor
   hooks on the real model, or the profile's own count), times the precision's bytes over 4, ``mb``,
   ``in_flight`` and ``1 / tp``; with activation recomputation only each layer's input is kept per microbatch
-  in flight, and one layer's full activations while it is recomputed;
+  in flight, and one layer's full activations while it is recomputed; plus the backward's working set, the
+  gradient of the stage's largest layer output for one microbatch (a language model's logits: as large as
+  their saved softmax);
 * a **fragmentation** margin on all of the above (the caching allocator rounds blocks to 512 B and splits
   2 MB / 20 MB segments; 5% by default);
 * the **reserve** the framework holds outside the tensors: CUDA context, cuBLAS workspaces, NCCL buffers.
@@ -187,6 +189,8 @@ class StageShape:
         act_bytes_per_sample: activations the stage's layers save for backward, per sample.
         input_bytes_per_sample: every layer's input, per sample (what recomputation keeps).
         largest_layer_act_bytes_per_sample: the largest layer's saved activations (recomputed one at a time).
+        largest_output_bytes_per_sample: the largest output of a layer (its gradient is allocated, beside the
+            saved tensors, while the backward runs through that layer: the backward's working set).
     """
 
     param_bytes: float
@@ -194,6 +198,7 @@ class StageShape:
     act_bytes_per_sample: float
     input_bytes_per_sample: float
     largest_layer_act_bytes_per_sample: float
+    largest_output_bytes_per_sample: float = 0.0
 
 
 def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageShape, *, tp: int, dp: int, mb: int,
@@ -226,6 +231,7 @@ def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageSha
         acts = scale * (shape.input_bytes_per_sample * in_flight + shape.largest_layer_act_bytes_per_sample)
     else:
         acts = scale * shape.act_bytes_per_sample * in_flight
+    acts = acts + scale * shape.largest_output_bytes_per_sample  # the gradient of the largest output, once
     tensors = weights + grads + optimizer + acts
     return DeviceMemory(weights, grads, optimizer, acts, rules.fragmentation * tensors,
                         reserve_bytes(device, rules, tp))

@@ -129,7 +129,8 @@ class HybridProblem(OnCluster):
             inputs = np.r_[0.0, self.boundary_bytes[:-1]][sl]
             hit = self.memo[key] = StageShape(
                 float(self.layer_param_bytes[sl].sum()), float(self.layer_param_bytes[sl].max()),
-                float(self.layer_act_bytes[sl].sum()), float(inputs.sum()), float(self.layer_act_bytes[sl].max()))
+                float(self.layer_act_bytes[sl].sum()), float(inputs.sum()), float(self.layer_act_bytes[sl].max()),
+                float(self.layer_max_out_bytes[sl].max()))
         return hit
 
     @cached_property
@@ -199,6 +200,15 @@ class HybridProblem(OnCluster):
     def layer_act_out_bytes(self) -> np.ndarray:
         """Output bytes of every layer per sample (what a TP all-reduce of the layer moves), (L,)."""
         return self._per_layer(self.graph.output_bytes) / self.graph_batch
+
+    @cached_property
+    def layer_max_out_bytes(self) -> np.ndarray:
+        """The largest single op output of every layer per sample (the gradient the backward holds beside the
+        saved tensors while it runs through that op), (L,)."""
+        out = np.zeros(self.L)
+        np.maximum.at(out, self.layer_of, np.asarray(self.graph.output_bytes, dtype=np.float64) / self.graph_batch)
+        out.setflags(write=False)
+        return out
 
     def tp_comm_s(self, mb: int, devices: tuple[int, ...], nic_share: float = 1.0) -> np.ndarray:
         """Per-layer TP communication time (one direction) of ``mb`` samples among ``devices``, (L,).
