@@ -20,6 +20,11 @@ One rule, called by every planner, baseline and simulator. A device that holds `
   in flight, and one layer's full activations while it is recomputed; plus the backward's working set, the
   gradient of the stage's largest layer output for one microbatch (a language model's logits: as large as
   their saved softmax);
+* **two moments**: the peak is the larger of the backward (activations in flight beside the gradients:
+  all of them when microbatches accumulate, else the larger of the two, as the backward frees one while it
+  makes the other) and the optimizer step (gradients, and Adam's temporaries: for every local parameter at
+  once on a GPU, where ``torch.optim.Adam`` runs ``foreach``, one tensor at a time on a CPU); measured on CPU
+  against real ``DistributedDataParallel`` by ``benchmarks/ddp_memory.py``;
 * a **fragmentation** margin on all of the above (the caching allocator rounds blocks to 512 B and splits
   2 MB / 20 MB segments; 5% by default);
 * the **reserve** the framework holds outside the tensors: CUDA context, cuBLAS workspaces, NCCL buffers.
@@ -166,16 +171,18 @@ class DeviceMemory:
     activations: float
     fragmentation: float
     reserve: float
+    phase: str = "backward"
+    """The moment of the peak (``backward`` or ``optimizer step``); the parts are those alive then."""
 
     @property
     def peak(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + self.fragmentation + self.reserve
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | str]:
         return {**asdict(self), "peak": self.peak}
 
 
-NO_MEMORY = DeviceMemory(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+NO_MEMORY = DeviceMemory(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "")
 """What an unused device holds for the plan."""
 
 
@@ -202,28 +209,36 @@ class StageShape:
 
 
 def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageShape, *, tp: int, dp: int, mb: int,
-                  in_flight: int, sharding: str = "none", recompute: bool = False) -> DeviceMemory:
+                  in_flight: int, sharding: str = "none", recompute: bool = False,
+                  microbatches: int = 1) -> DeviceMemory:
     """The peak memory of one device of a stage replica (see the module docstring for every term); without
-    a ``device``, no reserve. The sizes of ``shape`` may be numpy arrays (one device each)."""
+    a ``device``, no reserve. The sizes of ``shape`` may be numpy arrays (one device each).
+
+    The peak is the larger of two moments, and the parts reported are those of that moment:
+
+    * **backward**: weights, optimizer state, DDP's buckets, the activations in flight and the gradients. With
+      more than one microbatch (``microbatches``) the gradients accumulated since the first backward live beside
+      the activations; with one, the backward frees activations as it makes gradients (``zero_grad`` sets them
+      to None, PyTorch's default), so the two count as the larger of them;
+    * **optimizer step**: weights, optimizer state, gradients and buckets, and the step's temporaries: Adam's
+      ``sqrt(v) + eps`` for every local parameter at once on a GPU (``torch.optim.Adam`` runs ``foreach`` there),
+      for one tensor at a time on a CPU (counted as two of the largest layer's).
+    """
     if sharding not in SHARDINGS:
         raise CostModelError(f"sharding: unknown {sharding!r}; expected one of {', '.join(SHARDINGS)}")
     vb = rules.prec.value_bytes
     n = shape.param_bytes / PROFILE_VALUE_BYTES / tp  # parameters on this device
     n_layer = shape.largest_layer_param_bytes / PROFILE_VALUE_BYTES / tp
     shard = max(int(dp), 1)
-    weights, grads = n * vb, n * vb
+    weights, grads, buffers = n * vb, n * vb, 0.0 * n
     optimizer = n * rules.optimizer_bytes_per_param()
-    bucket = np.minimum(rules.bucket_mb * 1e6, grads)
-    if sharding == "none" and shard > 1:
-        grads *= 2  # DDP's bucket copies of the gradients
-    if sharding == "zero1":
-        optimizer /= shard
-        grads += grads if shard > 1 else 0.0
-    elif sharding == "zero2":
-        optimizer /= shard
-        grads = grads / shard + bucket
+    if sharding in ("none", "zero1") and shard > 1:
+        buffers = n * vb  # DDP's bucket copies of the gradients
+    if sharding != "none":
+        optimizer = optimizer / shard
+    if sharding == "zero2":
+        grads, buffers = grads / shard, np.minimum(rules.bucket_mb * 1e6, grads)
     elif sharding == "fsdp":
-        optimizer /= shard
         weights = weights / shard + 2 * n_layer * vb  # the unit computed and the one prefetched, gathered
         grads = grads / shard + n_layer * vb  # one unit's full gradient before its reduce-scatter
     scale = vb / PROFILE_VALUE_BYTES * mb / tp
@@ -232,18 +247,31 @@ def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageSha
     else:
         acts = scale * shape.act_bytes_per_sample * in_flight
     acts = acts + scale * shape.largest_output_bytes_per_sample  # the gradient of the largest output, once
-    tensors = weights + grads + optimizer + acts
-    return DeviceMemory(weights, grads, optimizer, acts, rules.fragmentation * tensors,
-                        reserve_bytes(device, rules, tp))
+    grads_in_backward = grads if microbatches > 1 else np.maximum(grads - acts, 0.0)
+    foreach = device is not None and device.vendor in ("nvidia", "amd")
+    local = n / (shard if sharding != "none" else 1)
+    temps = OPTIMIZER_TEMPORARIES[rules.optimizer] * PROFILE_VALUE_BYTES * (local if foreach else 2 * n_layer)
+    backward = weights + optimizer + buffers + grads_in_backward + acts
+    step = weights + optimizer + temps + buffers + grads
+    at_step = step > backward
+    pick = (lambda x, y: np.where(at_step, x, y)) if np.ndim(at_step) else (lambda x, y: x if at_step else y)
+    tensors = np.maximum(backward, step)
+    phase = ("optimizer step" if np.all(at_step) else "backward" if not np.any(at_step) else "per node")
+    return DeviceMemory(weights, buffers + pick(grads, grads_in_backward), pick(optimizer + temps, optimizer),
+                        pick(0.0 * acts, acts), rules.fragmentation * tensors, reserve_bytes(device, rules, tp), phase)
+
+
+OPTIMIZER_TEMPORARIES: dict[str, int] = {"adam": 1, "sgd-momentum": 0, "sgd": 0}
+"""fp32 temporaries an optimizer's step allocates per parameter it updates (Adam: its denominator)."""
 
 
 MEMORY_BINDS_AT = 0.9
 """Fill of the fullest device from which memory, not time, is named as what binds the plan."""
 
 
-def memory_report(labels: list[str], memory: tuple[DeviceMemory, ...]) -> dict[str, dict[str, float]]:
+def memory_report(labels: list[str], memory: tuple[DeviceMemory, ...]) -> dict[str, dict[str, float | str]]:
     """Each used device's breakdown (``weights``, ``grads``, ``optimizer``, ``activations``, ``fragmentation``,
-    ``reserve``, ``peak``; bytes) by device label."""
+    ``reserve``, ``peak``; bytes) and the ``phase`` of its peak, by device label."""
     return {label: m.to_dict() for label, m in zip(labels, memory, strict=True) if m.peak > 0}
 
 
@@ -254,7 +282,7 @@ def binding_constraint(labels: list[str], memory: tuple[DeviceMemory, ...], caps
     seconds). Always names the fullest device, its fill and its largest part."""
     fills = [m.peak / float(c) if c > 0 else float("inf") for m, c in zip(memory, caps, strict=True)]
     j = max(range(len(fills)), key=fills.__getitem__)
-    parts = {k: v for k, v in memory[j].to_dict().items() if k != "peak"}
+    parts = {k: v for k, v in memory[j].to_dict().items() if k not in ("peak", "phase")}
     out: dict[str, object] = {"fullest_device": labels[j], "fill": fills[j], "largest_part": max(parts, key=parts.get)}
     if fills[j] > 1.0:
         out["name"] = "memory (over capacity)"

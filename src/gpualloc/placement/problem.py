@@ -178,7 +178,8 @@ class PlacementProblem(OnCluster):
         fragmentation margin), without the device's reserve (``usable_mem_bytes`` leaves it out)."""
         g = self.graph
         shape = StageShape(g.param_bytes, g.param_bytes, g.output_bytes, 0.0, 0.0)
-        return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1).peak)
+        return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1,
+                                        microbatches=self.microbatches).peak)
 
     @cached_property
     def speed(self) -> np.ndarray:

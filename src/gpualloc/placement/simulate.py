@@ -361,7 +361,7 @@ def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.n
     act = np.bincount(a, weights=problem.graph.output_bytes, minlength=k) * np.asarray(peak_inflight) / M
     return tuple(
         device_memory(problem.rules, dev.type, StageShape(float(params[j]), float(largest[j]), float(act[j]), 0.0, 0.0),
-                      tp=1, dp=1, mb=1, in_flight=1) if np.any(a == j) else NO_MEMORY
+                      tp=1, dp=1, mb=1, in_flight=1, microbatches=M) if np.any(a == j) else NO_MEMORY
         for j, dev in enumerate(problem.cluster.devices))
 
 

@@ -266,13 +266,15 @@ def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndar
     for r, rep in enumerate(stage.replicas):
         for d in rep.devices:
             dev = problem.cluster.devices[d].type
+            count = int((split[r] > 0).sum())
             key = ("memory", stage.first, stage.last, dev.name, rep.tp, len(stage.replicas), int(split[r].max()),
-                   in_flight, plan.sharding, plan.recompute)
+                   in_flight, plan.sharding, plan.recompute, count)
             hit = problem.memo.get(key)
             if hit is None:
                 hit = problem.memo[key] = device_memory(
                     problem.rules, dev, shape, tp=rep.tp, dp=len(stage.replicas), mb=int(split[r].max()),
-                    in_flight=in_flight, sharding=plan.sharding, recompute=plan.recompute)
+                    in_flight=min(in_flight, count), sharding=plan.sharding, recompute=plan.recompute,
+                    microbatches=count)
             mem[d] = hit
 
 
