@@ -178,3 +178,29 @@ def test_every_emitted_plan_fits_memory_with_the_reserve(layers, params, act, ba
             continue
         r = simulate_hybrid(p, base)
         assert r.feasible == bool(np.all(r.peak_mem_bytes <= p.mem_cap_bytes))
+
+
+def test_a_tiny_mlps_predicted_activations_are_its_measured_saved_tensors():
+    """The planner's activation bytes for a captured tiny MLP equal what autograd saves for its backward,
+    counted by saved-tensor hooks on the real model (loss included)."""
+    import torch
+    from torch import nn
+
+    from gpualloc.graph.activations import measure_saved_bytes
+    from gpualloc.graph.capture import capture
+
+    def mlp() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    batch = 8
+    inputs = (torch.randn(batch, 16),)
+    graph = capture(mlp(), batch=batch, example_inputs=inputs, saved_activations=True)
+    p = HybridProblem(graph, load_cluster("1xcpu"), batch, rules=MemoryRules(optimizer="sgd", fragmentation=0.0))
+    shape = p.stage_shape(0, p.L - 1)
+    measured = measure_saved_bytes(mlp(), inputs)
+    assert shape.act_bytes_per_sample * batch == pytest.approx(measured.total_nbytes)
+    mem = device_memory(p.rules, None, shape, tp=1, dp=1, mb=batch, in_flight=1, microbatches=2)
+    # the activations part (the peak is the backward: plain SGD has no step temporaries): the saved tensors,
+    # plus the gradient of the largest output (the working set)
+    assert mem.activations == pytest.approx(measured.total_nbytes + shape.largest_output_bytes_per_sample * batch)
