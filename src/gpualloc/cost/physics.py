@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpualloc.cost.memory import OPTIMIZER_STATES as _OPTIMIZERS
+
 ArrayLike = float | np.ndarray
 
-OPTIMIZER_STATES = 2
-"""Adam keeps two states per weight; with the weight and its gradient, 4 copies per parameter."""
+OPTIMIZER_STATES = _OPTIMIZERS["adam"]
+"""Adam keeps two states per weight (:data:`gpualloc.cost.memory.OPTIMIZER_STATES`, the one table)."""
 
 
 def power_w(idle_w: ArrayLike, tdp_w: ArrayLike, busy: ArrayLike) -> np.ndarray:
