@@ -107,14 +107,14 @@ def test_memory_caps_never_violated(tmp_path, n, density, slack, seed):
 
 
 def test_infeasible_graph_raises_with_amount(tmp_path):
-    g = _graph(4, [(0, 1), (1, 2), (2, 3)], param_bytes=2**30, out=0.0)  # 4 GiB per node
+    g = _graph(4, [(0, 1), (1, 2), (2, 3)], param_bytes=0.8 * 2**30, out=0.0)  # 4 GiB per node (5 x 0.8)
     p = PlacementProblem(g, _tiny_cluster(tmp_path, 2 * 2**30, count=2), rules=EXACT)
     with pytest.raises(PlacementError, match=r"over by 12\.00 GiB"):
         kl_partition(p)
 
 
 def test_single_node_too_large_raises(tmp_path):
-    g = _graph(2, [(0, 1)], param_bytes=2**30, out=0.0)  # 4 GiB each, 16 GiB total capacity
+    g = _graph(2, [(0, 1)], param_bytes=0.8 * 2**30, out=0.0)  # 4 GiB each (5 x 0.8), 16 GiB total capacity
     p = PlacementProblem(g, _tiny_cluster(tmp_path, 3 * 2**30, count=5), rules=EXACT)
     with pytest.raises(PlacementError, match=r"node 'n0'.*over by 1\.00 GiB"):
         kl_partition(p)

@@ -210,7 +210,7 @@ class StageShape:
 
 def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageShape, *, tp: int, dp: int, mb: int,
                   in_flight: int, sharding: str = "none", recompute: bool = False,
-                  microbatches: int = 1) -> DeviceMemory:
+                  microbatches: int = 1, foreach: bool | None = None) -> DeviceMemory:
     """The peak memory of one device of a stage replica (see the module docstring for every term); without
     a ``device``, no reserve. The sizes of ``shape`` may be numpy arrays (one device each).
 
@@ -222,7 +222,8 @@ def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageSha
       to None, PyTorch's default), so the two count as the larger of them;
     * **optimizer step**: weights, optimizer state, gradients and buckets, and the step's temporaries: Adam's
       ``sqrt(v) + eps`` for every local parameter at once on a GPU (``torch.optim.Adam`` runs ``foreach`` there),
-      for one tensor at a time on a CPU (counted as two of the largest layer's).
+      for one tensor at a time on a CPU (counted as two of the largest layer's); ``foreach`` overrides the
+      device's default.
     """
     if sharding not in SHARDINGS:
         raise CostModelError(f"sharding: unknown {sharding!r}; expected one of {', '.join(SHARDINGS)}")
@@ -248,7 +249,8 @@ def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageSha
         acts = scale * shape.act_bytes_per_sample * in_flight
     acts = acts + scale * shape.largest_output_bytes_per_sample  # the gradient of the largest output, once
     grads_in_backward = grads if microbatches > 1 else np.maximum(grads - acts, 0.0)
-    foreach = device is not None and device.vendor in ("nvidia", "amd")
+    if foreach is None:
+        foreach = device is not None and device.vendor in ("nvidia", "amd")
     local = n / (shard if sharding != "none" else 1)
     temps = OPTIMIZER_TEMPORARIES[rules.optimizer] * PROFILE_VALUE_BYTES * (local if foreach else 2 * n_layer)
     backward = weights + optimizer + buffers + grads_in_backward + acts

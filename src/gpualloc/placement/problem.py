@@ -174,12 +174,15 @@ class PlacementProblem(OnCluster):
     @cached_property
     def mem_bytes(self) -> np.ndarray:
         """Training memory each node pins on its device, (n,): :func:`gpualloc.cost.memory.device_memory` of
-        the node alone (its weights, gradients and optimizer state, its output kept for backward, the
-        fragmentation margin), without the device's reserve (``usable_mem_bytes`` leaves it out)."""
+        the node alone, every part it holds at once counted (its weights, gradients and optimizer state, its
+        output kept for backward, the fragmentation margin), without the device's reserve (``usable_mem_bytes``
+        leaves it out), and the optimizer step's temporaries as a GPU's ``foreach`` makes them. What
+        partitioners fill: a budget that adds up over nodes and is never below the simulator's peak of the
+        device they fill."""
         g = self.graph
-        shape = StageShape(g.param_bytes, g.param_bytes, g.output_bytes, 0.0, 0.0)
+        shape = StageShape(g.param_bytes, 0.0, g.output_bytes, 0.0, 0.0)
         return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1,
-                                        microbatches=self.microbatches).peak)
+                                        microbatches=2, foreach=True).peak)
 
     @cached_property
     def speed(self) -> np.ndarray:
