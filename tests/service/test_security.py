@@ -172,3 +172,81 @@ def test_runs_folder_that_cannot_be_made_is_one_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(BackendError, match="runs folder"):
         LocalBackend(tmp_path / "file" / "runs")
+
+
+# ------------------------------------------------------------------------------------------ issue 35: attacks
+def test_a_token_planted_in_a_folder_others_can_write_to_is_refused(tmp_path):
+    """Another local user makes the store's folder first, world-writable without a sticky bit, and plants a
+    0600 token there: ``serve`` refuses the folder instead of adopting the token."""
+    shared = tmp_path / "gpualloc"
+    shared.mkdir()
+    shared.chmod(0o777)
+    planted = shared / "state.db.token"
+    planted.write_text("planted-by-someone-else\n")
+    planted.chmod(0o600)
+    res = subprocess.run([*GPUALLOC, "serve", "--port", "0", "--store", str(shared / "state.db"),
+                          "--telemetry", "none"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res
+    (line,) = res.stderr.strip().splitlines()
+    assert "others may write to the folder" in line and "planted-by-someone-else" not in line
+    assert not (shared / "state.db").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_token_or_folder_another_user_owns_is_refused(tmp_path):
+    from gpualloc.service.auth import load_or_create_token, read_token
+    from gpualloc.service.errors import ServiceError
+
+    theirs = tmp_path / "theirs.token"
+    theirs.write_text("their-token\n")
+    theirs.chmod(0o600)
+    os.chown(theirs, 65534, 65534)  # nobody
+    with pytest.raises(ServiceError, match="belongs to another user"):
+        read_token(theirs)
+    folder = tmp_path / "their-folder"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(ServiceError, match="folder belongs to another user"):
+        load_or_create_token(folder / "state.db.token")
+
+
+def test_tokens_are_never_echoed_and_bad_ones_are_one_line(tmp_path):
+    binary = tmp_path / "binary.token"
+    binary.write_bytes(b"\xff\xfe\x00secret")
+    binary.chmod(0o600)
+    for args in (["--token-file", str(binary)], ["--token", "bad\ntoken-SECRET"], ["--token", "tökenSECRET"]):
+        res = subprocess.run([*GPUALLOC, "jobs", "--server", "http://127.0.0.1:9", *args],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, res
+        (line,) = res.stderr.strip().splitlines()
+        assert "SECRET" not in line and "secret" not in line and "not shown" in line
+
+
+def test_jobs_start_without_the_services_environment(tmp_path, monkeypatch):
+    """A job's process sees a short, documented list of the service's variables, never its token or its
+    shell's secrets; the submission's own variables come on top."""
+    import json
+    import sys
+
+    from gpualloc.service.runner import JOB_ENV_PASSED, JOB_ENV_PREFIXES, Execution
+
+    monkeypatch.setenv("GPUALLOC_TOKEN", "the-service-token")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "a-cloud-key")
+    script = "import json, os; print(json.dumps(dict(os.environ)))"
+    run = Execution({"argv": [sys.executable, "-c", script], "env": {"MINE": "1"}}, tmp_path / "run")
+    run.start()
+    assert run.wait()["exit_code"] == 0
+    seen = json.loads((tmp_path / "run" / "stdout.log").read_text())
+    assert "GPUALLOC_TOKEN" not in seen and "AWS_SECRET_ACCESS_KEY" not in seen and seen["MINE"] == "1"
+    shell = {"MINE", "PWD", "SHLVL", "_"}
+    assert all(k in JOB_ENV_PASSED or k.startswith(JOB_ENV_PREFIXES) or k in shell for k in seen)
+
+
+def test_job_names_with_bidi_overrides_are_refused():
+    from pydantic import ValidationError
+
+    from gpualloc.service.models import JobSpec
+
+    with pytest.raises(ValidationError):
+        JobSpec(name="invoice\u202egpj.exe", command="true")
+    assert JobSpec(name="résumé-2 (v1)", command="true").name == "résumé-2 (v1)"

@@ -17,16 +17,16 @@ from gpualloc.workload.jobs import JobType
 
 _SERVER = typer.Option("http://127.0.0.1:8765", "--server", envvar="GPUALLOC_SERVER", help="The service's URL.")
 _TOKEN = typer.Option(None, "--token", envvar="GPUALLOC_TOKEN",
-                      help="Bearer token (printed on the service's first start; also in the file beside its store).")
+                      help="Bearer token (kept in the file beside the service's store, made on its first start).")
 _TOKEN_FILE = typer.Option(None, "--token-file", help="Read the token from this file instead of --token.")
 
 
 def _token(token: str | None, token_file: Path | None) -> str | None:
-    if token_file is not None:
-        from gpualloc.service.auth import read_token
+    from gpualloc.service.auth import check_token, read_token
 
+    if token_file is not None:
         return read_token(token_file)
-    return token
+    return None if token is None else check_token(token, "--token / GPUALLOC_TOKEN")
 
 
 def serve(
@@ -100,11 +100,9 @@ def _serve(service, sock, config, log_level: str) -> None:
                       f"policy {service.scheduler.policy_name}, cluster {service.cluster.name}, store {config.store}")
         if any(rec.get(k) for k in ("adopted", "ended", "requeued", "failed")):
             console.print("recovered: " + ", ".join(f"{len(v)} {k}" for k, v in rec.items()))
-        if service.token_created:
-            console.print(f"token (first start; kept in {service.token_path}, mode 0600):")
-            console.print(service.token, soft_wrap=True, highlight=False)
-        else:
-            console.print(f"token: in {service.token_path}")
+        # the token itself is never printed: a terminal's scroll-back and a service's log are read by others
+        console.print(f"token: {'made on this first start and kept' if service.token_created else 'kept'} in "
+                      f"{service.token_path} (mode 0600)")
         # Everything loaded so far lives as long as the process: keep it out of the garbage
         # collector's full passes, which would otherwise pause every request now and then.
         gc.collect()

@@ -48,6 +48,11 @@ HOLDING = (JobState.ALLOCATED, JobState.RUNNING)
 """States in which a job holds GPUs."""
 
 
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]+$"
+"""A job's name: printable, without control characters or the bidi marks and overrides (U+200E/F,
+U+202A-202E, U+2066-2069) that make a name display as something else (Trojan Source, CVE-2021-42574)."""
+
+
 def _no_control(value: str, what: str) -> str:
     if "\x00" in value:
         raise ValueError(f"{what} must not contain NUL bytes")
@@ -59,7 +64,7 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_max_length=MAX_ARG_CHARS)
 
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$",
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN,
                       description="A label for people; need not be unique.")
     num_gpus: int = Field(1, ge=1, le=1024, description="GPUs granted all at once (gang), all of one type.")
     device_type: str | None = Field(None, min_length=1, max_length=64,

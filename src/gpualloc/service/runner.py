@@ -71,6 +71,23 @@ def _jsonable(value: Any) -> Any:
     return value if len(text) <= MAX_RESULT_CHARS else {"repr": text[:MAX_RESULT_CHARS]}
 
 
+JOB_ENV_PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
+                  "VIRTUAL_ENV", "CONDA_PREFIX", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                  "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+"""The only variables of the runner's environment a job's process starts with (the rest, the service's token
+and whatever secrets its shell held, never reach a job); the submission's ``env`` and the backend's device
+variables come on top."""
+
+JOB_ENV_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_")
+"""Variables the job's scheduler sets for the allocation it runs in (a Slurm job's own), passed as well."""
+
+
+def job_base_env() -> dict[str, str]:
+    """The part of the runner's environment a job inherits: :data:`JOB_ENV_PASSED` and the allocation's
+    :data:`JOB_ENV_PREFIXES`, nothing else."""
+    return {k: v for k, v in os.environ.items() if k in JOB_ENV_PASSED or k.startswith(JOB_ENV_PREFIXES)}
+
+
 class Execution:
     """One run of a target.
 
@@ -100,7 +117,7 @@ class Execution:
 
     def start(self) -> int:
         """Start the target; returns the program's pid (0 for a callable)."""
-        env = {**os.environ, **self.target.get("env", {})}
+        env = {**job_base_env(), **self.target.get("env", {})}
         cwd = self.target.get("cwd")
         if cwd and not os.path.isdir(cwd):
             # Popen raises the same FileNotFoundError for a missing cwd as for a missing program.
