@@ -99,13 +99,6 @@ def ring_allreduce_s(nbytes: ArrayLike, participants: ArrayLike, latency_s: Arra
     return np.where((n > 1) & (b > 0), t, 0.0)
 
 
-def ring_allgather_s(nbytes: ArrayLike, participants: ArrayLike, latency_s: ArrayLike,
-                     bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:
-    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all among ``participants``: ``n - 1`` steps of
-    ``nbytes / n``, half of :func:`ring_allreduce_s` (which is one of each)."""
-    return 0.5 * ring_allreduce_s(nbytes, participants, latency_s, bandwidth_bytes_per_s)
-
-
 def prefetched_exposed_s(comm_s: np.ndarray, compute_s: np.ndarray) -> float:
     """Communication left exposed when unit ``i + 1``'s collective is prefetched during unit ``i``'s compute
     (FSDP's forward and backward prefetch, Zhao et al., PyTorch FSDP, VLDB 2023): the first unit's in full,

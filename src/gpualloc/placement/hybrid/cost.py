@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import NO_MEMORY, DeviceMemory, device_memory
+from gpualloc.cost.memory import NO_MEMORY, PROFILE_VALUE_BYTES, DeviceMemory, device_memory
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid.plan import HybridPlan, replica_microbatch, validate
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -193,7 +193,7 @@ def stage_collectives(problem: HybridProblem, plan: HybridPlan, stage) -> list[C
     if len(stage.replicas) <= 1:
         return []
     tp = min(r.tp for r in stage.replicas)
-    value = problem.rules.prec.value_bytes / 4.0
+    value = problem.rules.prec.value_bytes / PROFILE_VALUE_BYTES
     layers = range(stage.first, stage.last + 1)
     per_layer = problem.layer_param_bytes * value / tp
     whole = float(per_layer[stage.first:stage.last + 1].sum())
@@ -224,7 +224,7 @@ def _collective_time_s(problem: HybridProblem, algorithm: str, leaders: tuple[in
                        c: Collective) -> float:
     nodes = problem.node_of[list(leaders)]
     uniq, per_node = np.unique(nodes, return_counts=True)
-    half = 1.0 if c.op == "all-reduce" else 0.5
+    half = 1.0 if c.op == "all-reduce" else 0.5  # an all-gather or a reduce-scatter is half an all-reduce
     if algorithm == "hierarchical" and uniq.size > 1:
         intra_bw, intra_lat, net_bw, net_lat = problem.sync_links(leaders)
         first = [d for d in leaders if problem.node_of[d] == uniq[int(np.argmax(per_node))]]
@@ -264,9 +264,9 @@ def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndar
     shape = problem.stage_shape(stage.first, stage.last)
     in_flight = min(plan.microbatches, plan.pipeline_depth - si) if plan.schedule == "1f1b" else plan.microbatches
     for r, rep in enumerate(stage.replicas):
+        count = int((split[r] > 0).sum())  # the microbatches that give the replica samples
         for d in rep.devices:
             dev = problem.cluster.devices[d].type
-            count = int((split[r] > 0).sum())
             key = ("memory", stage.first, stage.last, dev.name, rep.tp, len(stage.replicas), int(split[r].max()),
                    in_flight, plan.sharding, plan.recompute, count)
             hit = problem.memo.get(key)
