@@ -7,6 +7,7 @@ import json
 import math
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,6 +136,79 @@ def test_ensure_output_is_the_one_rule(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(OutputError, match=r"^--out .*f/d: cannot create the folder"):
         ensure_output(tmp_path / "f" / "d", folder=True, option="--out")
+
+
+FULL = "/dev/full"  # every write fails with ENOSPC, for any user
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(FULL), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [
+    ("graph", "import", "{profile}", "--format", "pipedream", "-o", FULL),
+    ("place", "{graph}", "-c", "2xA100", "-m", "static", "-o", FULL),
+    ("simulate", "run", "-c", "adlro16", "--generate", "5", "-o", FULL),
+], ids=["graph-import-o", "place-o", "simulate-out"])
+def test_a_failing_write_is_one_line(cli, graph_file, shared_data, args):
+    """A disk that fails the write (ENOSPC) is the one 'cannot write' line, exit 2, never an OSError.
+    (Not ``--plot``: matplotlib's PNG writer does not report a failed write on a device file.)"""
+    profile = shared_data / "pipedream-profiles" / "resnet18.txt"
+    line = one_line_error(cli, *(str(a).format(graph=graph_file, profile=profile) for a in args), names=FULL)
+    assert "cannot write: No space left on device" in line, line
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_unwritable_output_folder_is_refused_before_the_work(cli, graph_file):
+    """/proc takes no new file, even for root: refused when the options are parsed, naming the option."""
+    line = one_line_error(cli, "place", graph_file, "-c", "2xA100", "-o", "/proc/plan.json", names="/proc/plan.json")
+    assert line.startswith("error: --output /proc/plan.json: cannot write in /proc: "), line
+    line = one_line_error(cli, "simulate", "compare", "-c", "adlro16", "--generate", "5", "--policies", "fcfs",
+                          "--plots", "/proc/gpualloc-plots", names="--plots /proc/gpualloc-plots")
+    assert "cannot create the folder" in line, line
+
+
+def test_a_failed_write_keeps_the_previous_file(cli, tmp_path, graph_file, monkeypatch):
+    """Interrupted writes (a JSON document, a plot) leave the earlier output whole and no scratch file."""
+    import matplotlib.figure
+
+    plan, gantt = tmp_path / "plan.json", tmp_path / "gantt.png"
+    plan.write_text("recorded plan")
+    gantt.write_bytes(b"recorded png")
+    plan.chmod(0o640)
+
+    def full(self, *args, **kwargs):
+        Path(args[0]).write_bytes(b"half")  # part of the file was written, then the disk filled
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    line = one_line_error(cli, "place", graph_file, "-c", "2xA100", "-m", "static", "--plot", gantt, names=str(gantt))
+    assert "No space left on device" in line
+    monkeypatch.setattr(Path, "write_text", lambda self, *a, **k: full(self, self))
+    line = one_line_error(cli, "place", graph_file, "-c", "2xA100", "-m", "static", "-o", plan, names=str(plan))
+    monkeypatch.undo()
+    assert plan.read_text() == "recorded plan" and gantt.read_bytes() == b"recorded png"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diamond.json", "gantt.png", "plan.json"]
+    code, _, err = cli("place", graph_file, "-c", "2xA100", "-m", "static", "-o", plan)
+    assert code == 0, err
+    assert json.loads(plan.read_text())["assignment"] and plan.stat().st_mode & 0o777 == 0o640  # mode kept
+
+
+def test_atomic_output_in_the_library(tmp_path):
+    from gpualloc.errors import OutputError, TraceError, atomic_output, write_text
+    from gpualloc.workload.jobs import Job, JobType, Trace
+    from gpualloc.workload.traces import read_native, write_native
+
+    out = tmp_path / "t.csv"
+    trace = Trace.of([Job("a", 0.0, JobType.ML_TRAINING, 5.0)])
+    write_native(trace, out)
+    with pytest.raises(TraceError, match=r"t.csv: cannot write: boom"):
+        with atomic_output(out, TraceError) as tmp:
+            assert tmp.parent == out.parent and tmp.suffix == ".csv" and tmp != out
+            tmp.write_text("half")
+            raise OSError("boom")
+    assert read_native(out).jobs == trace.jobs and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(OutputError, match=r"^/proc/x.json: cannot write: "):
+        write_text("/proc/x.json", "{}")
+    write_text(__import__("os").devnull, "not a regular file: written in place, never replaced")
+    assert Path(__import__("os").devnull).is_char_device()
 
 
 # ---------------------------------------------------------------------------------------- sizes

@@ -106,3 +106,85 @@ def read_json(path, error: type[GpuallocError]):
 
 class OutputError(GpuallocError):
     """An output file or folder cannot be created or written."""
+
+
+def cannot_write(where: str, err: OSError) -> str:
+    """The one message for an output that cannot be written (no space, read-only, no permission)."""
+    return f"{where}: cannot write: {err.strerror or err}"
+
+
+def atomic_output(path, error: type[GpuallocError] = OutputError, where: str | None = None):
+    """A context manager yielding a temporary path beside ``path``; on success it replaces ``path``.
+
+    Every writer of a user's output goes through here (or :func:`write_text`), so a failed or interrupted
+    write leaves the previous file whole and no half-written one: the temporary file keeps ``path``'s
+    suffix (libraries that pick a format by suffix, such as matplotlib, still see it), gets the mode a new
+    file would get (or the existing file's), and is removed on failure. A path that exists and is not a
+    regular file (``/dev/null``, a FIFO) is written in place. Any ``OSError`` becomes ``error``, one line
+    naming ``where`` (default ``path``).
+    """
+    return _AtomicOutput(path, error, where)
+
+
+def write_text(path, text: str, error: type[GpuallocError] = OutputError, where: str | None = None) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_output`)."""
+    with atomic_output(path, error, where) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+class _AtomicOutput:
+    def __init__(self, path, error: type[GpuallocError], where: str | None) -> None:
+        from pathlib import Path
+
+        self.path = Path(path)
+        self.error = error
+        self.where = where or str(path)
+        self.tmp = None
+
+    def __enter__(self):
+        import os
+        import stat
+        import uuid
+
+        target = self.path.resolve() if self.path.is_symlink() else self.path
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        except OSError as err:
+            raise self.error(cannot_write(self.where, err)) from err
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            self.target = self.tmp = target  # a device or a FIFO: nothing to replace
+            return target
+        self.target = target
+        name = f".{target.stem}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}"
+        tmp = target.with_name(name)
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies
+            if st is not None:
+                os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        except OSError as err:
+            raise self.error(cannot_write(self.where, err)) from err
+        self.tmp = tmp
+        return tmp
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        import os
+
+        if self.tmp == self.target:  # written in place
+            if isinstance(exc, OSError):
+                raise self.error(cannot_write(self.where, exc)) from exc
+            return False
+        if kind is None:
+            try:
+                os.replace(self.tmp, self.target)
+                return False
+            except OSError as err:
+                exc = err
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise self.error(cannot_write(self.where, exc)) from exc
+        return False

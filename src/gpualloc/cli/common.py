@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +124,12 @@ def _finite(data: Any) -> Any:
 
 def ensure_output(path: Path | None, *, folder: bool = False, option: str = "") -> Path | None:
     """The one rule for every output path (``-o``, ``--out``, ``--plot``, ``--plots``): missing folders
-    are created -- the parents of a file, or the folder itself when ``folder``.
+    are created -- the parents of a file, or the folder itself when ``folder`` -- and the folder must take a
+    new file, checked before any work is done. The writers then replace the file atomically
+    (:func:`gpualloc.errors.atomic_output`), so a failed write keeps what was there.
 
     Raises:
-        OutputError: the folder cannot be created, or a file path names a folder (one line, naming
+        OutputError: the folder cannot be created or written in, or a file path names a folder (one line, naming
             ``option`` and the path).
     """
     if path is None:
@@ -133,10 +137,18 @@ def ensure_output(path: Path | None, *, folder: bool = False, option: str = "") 
     where = f"{option} {path}".strip()
     if not folder and path.is_dir():
         raise OutputError(f"{where}: is a folder, expected a file name")
+    parent = path if folder else path.parent
     try:
-        (path if folder else path.parent).mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OutputError(f"{where}: cannot create the folder: {err.strerror or err}") from err
+    # Checked before the work, not after it: a file cannot be written where a scratch file cannot be made.
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".gpualloc-", suffix=".check")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputError(f"{where}: cannot write in {parent}: {err.strerror or err}") from err
     return path
 
 

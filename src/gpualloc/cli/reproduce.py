@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from gpualloc.cli.common import console, output_folder, print_json, progress_bar
+from gpualloc.errors import write_text
 from gpualloc.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_STEPS
 
 app = typer.Typer(no_args_is_help=True,
@@ -50,9 +51,9 @@ def placement_cmd(
     command = "gpualloc reproduce placement" + (" --quick" if quick else "") + \
         (f" --seeds {seeds}" if seeds else "") + (f" --iterations {iterations}" if iterations else "")
     result["command"] = command
-    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
     table = placement_markdown(result["rows"]) + "\n" + placement_hybrid_markdown(result["hybrid_rows"])
-    (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
+    write_text(out / "table.md", f"<!-- {command} -->\n" + table)
     plot_bars(result["rows"], ("model", "cluster"), "method", "training_time_s", out / "training_time.png",
               ylabel="training time (s)",
               title=f"training time of {spec.iterations:,} iterations with drift")
@@ -141,14 +142,14 @@ def scheduling_cmd(
         + ("" if with_real else " --no-real-traces")
     result["command"] = command
     result["real_traces"] = real_note
-    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
     table = scheduling_markdown(result["rows"])
-    (out / "table.md").write_text(f"<!-- {command} -->\n" + table)
+    write_text(out / "table.md", f"<!-- {command} -->\n" + table)
     notes = "".join(f"- `{name}`: {note}\n" for name, note in result["agents"].items())
     notes = "\n" + notes if notes else ""
     summary = scheduling_summary_markdown(result["rows"])
     if summary:
-        (out / "summary.md").write_text(f"<!-- {command} -->\n" + summary + notes)
+        write_text(out / "summary.md", f"<!-- {command} -->\n" + summary + notes)
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
               scale=1 / 3600,

@@ -83,7 +83,9 @@ def run_cmd(
     result = run_policy(jobs, spec, policy, seed, drop, agent)
     row = summary(result)
     if out is not None:
-        out.write_text(json.dumps({**row, "jobs_records": _records(result)}, indent=1) + "\n")
+        from gpualloc.errors import write_text
+
+        write_text(out, json.dumps({**row, "jobs_records": _records(result)}, indent=1) + "\n")
     if as_json:
         print_json(row)
         return

@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpualloc.cost import physics
-from gpualloc.errors import CostModelError, parse_json, read_text
+from gpualloc.errors import CostModelError, parse_json, read_text, write_text
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType, LinkType
 from gpualloc.hardware.schema import format_validation_error
@@ -134,7 +134,7 @@ class Calibration:
         return cls.from_dict(parse_json(text, CostModelError, where), where)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
+        write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
 
 
 def roofline_s(flops: np.ndarray | float, nbytes: np.ndarray | float, device: DeviceType, eff: Efficiency,

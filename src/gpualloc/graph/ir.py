@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import GraphError, read_json
+from gpualloc.errors import GraphError, read_json, write_text
 from gpualloc.limits import MAX_BATCH
 
 FORMAT = "gpualloc-graph"
@@ -308,7 +308,8 @@ class OpGraph:
         return out
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """Write the JSON form to ``path`` atomically (a failed write keeps the previous file)."""
+        write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "graph") -> OpGraph:

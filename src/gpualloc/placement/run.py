@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpualloc.cost.memory import binding_constraint, memory_report
-from gpualloc.errors import PlacementError, read_json
+from gpualloc.errors import PlacementError, read_json, write_text
 from gpualloc.limits import MAX_MICROBATCHES, check_seed, check_size
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import HYBRID_METHODS, HybridOutcome, place_hybrid
@@ -206,7 +206,7 @@ def save_plan(path: str | Path, problem: PlacementProblem, outcome: Outcome, clu
     doc = {"format": PLAN_FORMAT, "version": 1, "graph": problem.graph.name, "cluster": cluster_spec,
            "microbatches": problem.microbatches, "devices": [d.label for d in problem.cluster.devices],
            **outcome.to_dict(problem)}
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
 def plan_version(path: str | Path) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpualloc.errors import atomic_output
+
 PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "T": "#8C8C8C", "A": "#C44E52", "O": "#8172B3"}
 PHASE_NAMES = {"F": "forward", "B": "backward", "T": "transfer", "A": "gradient all-reduce (exposed)",
                "O": "optimizer step"}
@@ -70,6 +72,7 @@ def plot_gantt(events: Sequence, path: str | Path, *, title: str = "",
 
     fig = gantt_figure(events, title=title, device_names=device_names)
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path

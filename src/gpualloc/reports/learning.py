@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpualloc.errors import atomic_output
+
 
 def placer_learning_curve(log, path: str | Path, title: str) -> Path:
     """Episode returns (moving average) and greedy evaluations over training steps of a
@@ -30,6 +32,7 @@ def placer_learning_curve(log, path: str | Path, title: str) -> Path:
     ax.legend()
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpualloc.errors import atomic_output
 from gpualloc.scheduling.metrics import jct_s
 from gpualloc.scheduling.simulator import SimResult
 
@@ -92,7 +93,8 @@ def plot_runs(results: Sequence[SimResult], folder: str | Path, *, title: str = 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, fig in run_figures(results, title=title).items():
-        fig.savefig(folder / name, dpi=120)
+        with atomic_output(folder / name) as tmp:
+            fig.savefig(tmp, dpi=120)
         plt.close(fig)
         paths.append(folder / name)
     return paths

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpualloc.errors import atomic_output
+
 
 def _pm(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
     std = row.get(f"{key}_std")
@@ -98,7 +100,8 @@ def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_
     fig = bars_figure(rows, group_keys, series_key, value_key, ylabel=ylabel, title=title or ylabel, scale=scale,
                       log=log)
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 

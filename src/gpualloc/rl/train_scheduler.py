@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpualloc.errors import AgentError
+from gpualloc.errors import AgentError, atomic_output
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
@@ -377,7 +377,8 @@ def plot_learning_curve(report: SchedulerTrainReport, log: TrainLog, path: str |
     ax2.set_title(f"held-out evaluation on {report.cluster}")
     ax2.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
     return path
 

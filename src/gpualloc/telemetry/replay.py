@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from gpualloc.errors import not_utf8
+from gpualloc.errors import atomic_output, not_utf8
 from gpualloc.telemetry.base import (RECORD_FIELDS, DeviceInfo, DeviceRecord, DeviceTelemetry, TelemetryError,
                                      TelemetryExhausted)
 
@@ -108,18 +108,21 @@ class _Writer:
 def write_records(samples: Iterable[list[DeviceRecord]], path: str | Path) -> int:
     """Write samples (each a list of per-device records) to ``path``; returns the samples written."""
     path = Path(path)
-    writer = _Writer(path)
-    n, buffer = 0, []
-    try:
-        for records in samples:
-            buffer.append((n, list(records)))
-            n += 1
-            if len(buffer) >= FLUSH_SAMPLES:
-                writer.write(buffer)
-                buffer = []
-        writer.write(buffer)
-    finally:
-        writer.close()
+    _format(path)  # an unknown suffix is refused before anything is created
+    # Into a temporary file that replaces ``path`` at the end: an interrupted recording keeps the previous one.
+    with atomic_output(path, TelemetryError) as tmp:
+        writer = _Writer(tmp)
+        n, buffer = 0, []
+        try:
+            for records in samples:
+                buffer.append((n, list(records)))
+                n += 1
+                if len(buffer) >= FLUSH_SAMPLES:
+                    writer.write(buffer)
+                    buffer = []
+            writer.write(buffer)
+        finally:
+            writer.close()
     return n
 
 

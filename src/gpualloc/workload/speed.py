@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.errors import CostModelError, TraceError
+from gpualloc.errors import CostModelError, TraceError, write_text
 from gpualloc.hardware.catalog import DeviceType, default_catalog
 from gpualloc.workload.jobs import REFERENCE_DEVICE, Job, JobType
 
@@ -243,7 +243,7 @@ def write_measured_speeds(data_root: str | Path, out: str | Path | None = None) 
     """Regenerate the bundled ``data/measured_speeds.json`` (or write to ``out``)."""
     path = Path(out) if out is not None else Path(__file__).with_name("data") / "measured_speeds.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(build_measured_speeds(data_root), indent=1, sort_keys=True) + "\n")
+    write_text(path, json.dumps(build_measured_speeds(data_root), indent=1, sort_keys=True) + "\n")
     return path
 
 

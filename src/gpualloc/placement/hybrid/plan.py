@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpualloc.cost.memory import PRECISIONS, SHARDINGS
-from gpualloc.errors import PlacementError, read_json
+from gpualloc.errors import PlacementError, read_json, write_text
 from gpualloc.limits import MAX_BATCH, MAX_DEVICES, MAX_MICROBATCHES
 
 PLAN_FORMAT = "gpualloc-plan"
@@ -318,7 +318,7 @@ def save_hybrid_plan(path: str | Path, plan: HybridPlan, *, graph: str, cluster:
     """Write a v2 plan file; ``extra`` (e.g. the simulated step time) is stored beside the plan."""
     doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "graph": graph, "cluster": cluster, "devices": devices,
            **plan_to_dict(plan), **(extra or {})}
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
 def load_hybrid_plan(path: str | Path, *, n_devices: int | None = None) -> tuple[HybridPlan, dict[str, Any]]:
