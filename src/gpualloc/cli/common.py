@@ -82,7 +82,7 @@ class OrderedGroup(TyperGroup):
 
 
 COMMAND_ORDER = ("demo", "hw", "graph", "cost", "place", "simulate", "run", "calibrate", "monitor", "train",
-                 "reproduce", "serve", "submit", "jobs", "logs", "cancel", "policy")
+                 "reproduce", "serve", "user", "submit", "jobs", "logs", "cancel", "policy", "whoami")
 
 
 def device_types(names: str) -> list:
@@ -181,7 +181,38 @@ def load_graph(source: str, batch: int = 32):
         return import_pipedream(path)
     if path.suffix == ".json" or path.is_file():
         return OpGraph.load(path)
-    from gpualloc.graph.capture import capture
+    from gpualloc.graph.cached import capture_cached
 
-    with console.status(f"tracing {source} at batch {batch}..."):
-        return capture(source, batch=batch)
+    with console.status(f"tracing {source} at batch {batch} (kept in the cache for the next call)..."):
+        return capture_cached(source, batch=batch, cache=disk_cache())
+
+
+_cache_enabled = True  # `gpualloc --no-cache` turns it off for the call
+
+
+def set_cache(enabled: bool) -> None:
+    """Turn the user's cache on or off for this process (the root option ``--no-cache``)."""
+    global _cache_enabled
+    _cache_enabled = enabled
+
+
+def cache_folder() -> Path:
+    """The user's cache folder: ``$GPUALLOC_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpualloc`` (an absolute
+    path, as the XDG spec asks), else ``~/.cache/gpualloc``."""
+    import os
+
+    if os.environ.get("GPUALLOC_CACHE_DIR"):
+        return Path(os.environ["GPUALLOC_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "gpualloc"
+
+
+def disk_cache():
+    """The user's :class:`~gpualloc.cache.DiskCache` (captured zoo graphs, the dqn gate's verdicts), or None
+    under ``gpualloc --no-cache`` (or ``GPUALLOC_NO_CACHE=1``)."""
+    from gpualloc.cache import DiskCache
+
+    if not _cache_enabled:
+        return None
+    return DiskCache(cache_folder())

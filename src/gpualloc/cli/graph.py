@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from gpualloc.cli.common import console, err_console, output_file, print_json
-from gpualloc.graph.ir import OpGraph, summarize
 from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
 from gpualloc.limits import MAX_BATCH, MAX_TOP
 
@@ -39,6 +38,7 @@ def capture_cmd(
 ) -> None:
     """Trace a PyTorch model (torch.export) into an operator graph with per-op FLOPs and bytes."""
     from gpualloc.graph.capture import capture
+    from gpualloc.graph.ir import summarize
 
     with console.status(f"tracing {model} at batch {batch}..."):
         graph = capture(model, batch=batch, granularity=granularity.value)
@@ -66,6 +66,7 @@ def import_cmd(
 ) -> None:
     """Import a published profile (PipeDream per-layer times, Sailor per-layer profiles) as an operator graph."""
     from gpualloc.graph.importers import import_pipedream, import_sailor
+    from gpualloc.graph.ir import OpGraph, summarize
     from gpualloc.hardware.catalog import default_catalog
 
     given = [name for name, value in (("--model", model), ("--gpu", gpu), ("--seq-len", seq_len),
@@ -96,6 +97,8 @@ def show_cmd(
     top: int = typer.Option(10, "--top", min=0, max=MAX_TOP, help="How many of the heaviest nodes to list."),
 ) -> None:
     """Summarise a graph: nodes, edges, total FLOPs, parameters, activations, critical path."""
+    from gpualloc.graph.ir import OpGraph, summarize
+
     graph = OpGraph.load(file)
     s = summarize(graph)
     if as_json:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import typer
 
 from gpualloc.cli.common import console, print_json
-from gpualloc.hardware.catalog import default_catalog
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.reports.hardware import cluster_view, devices_view, links_table
 
 app = typer.Typer(help="The hardware catalog (device and link types) and cluster specs.", no_args_is_help=True)
 
@@ -18,6 +15,9 @@ def list_devices(
     links: bool = typer.Option(False, "--links", help="List link types instead of device types."),
 ) -> None:
     """List the device types (or link types) gpualloc knows."""
+    from gpualloc.hardware.catalog import default_catalog
+    from gpualloc.reports.hardware import devices_view, links_table
+
     cat = default_catalog()
     if as_json:
         print_json([x.to_dict() for x in (cat.links if links else cat.devices).values()])
@@ -32,6 +32,9 @@ def show_cluster(
     as_json: bool = typer.Option(False, "--json", help="Print the cluster as JSON."),
 ) -> None:
     """Show a cluster: nodes, devices and the links between them."""
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.reports.hardware import cluster_view
+
     spec = load_cluster(cluster)
     if as_json:
         print_json(spec.to_dict())

@@ -13,7 +13,7 @@ from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import service as service_cli
-from gpualloc.cli.common import OrderedGroup, console, err_console, output_folder
+from gpualloc.cli.common import OrderedGroup, console, err_console, output_folder, set_cache
 from gpualloc.errors import GpuallocError, GpuallocWarning
 from gpualloc.limits import MAX_BATCH
 
@@ -48,8 +48,12 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    no_cache: bool = typer.Option(False, "--no-cache", envvar="GPUALLOC_NO_CACHE",
+                                  help="Neither read nor write the cache of traced zoo graphs and dqn gate verdicts "
+                                       "($GPUALLOC_CACHE_DIR, else $XDG_CACHE_HOME/gpualloc or ~/.cache/gpualloc)."),
 ) -> None:
     """gpualloc: placement inside a training job and scheduling across jobs, on one cost model."""
+    set_cache(not no_cache)
 
 
 @app.command("demo")
