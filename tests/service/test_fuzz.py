@@ -151,7 +151,7 @@ def test_every_openapi_operation_was_fuzzed(blocked):
     covered = {("POST", "/jobs"), ("PUT", "/policy"), ("GET", "/jobs/{job_id}"), ("GET", "/jobs/{job_id}/events"),
                ("POST", "/jobs/{job_id}/cancel"), ("GET", "/jobs"), ("GET", "/jobs/{job_id}/logs"),
                ("POST", "/advise")}
-    read_only = {("GET", "/health"), ("GET", "/cluster"), ("GET", "/policy")}  # no input to fuzz
+    read_only = {("GET", "/health"), ("GET", "/cluster"), ("GET", "/policy"), ("GET", "/me")}  # no input to fuzz
     assert ops == covered | read_only
     for method, path in read_only:
         assert svc.client.request(method, path).status_code == 200

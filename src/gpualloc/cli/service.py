@@ -161,6 +161,9 @@ def submit(
         pairs = [e.partition("=") for e in env]
         bad = [e for e, (_, sep, _) in zip(env, pairs, strict=False) if not sep]
         if bad:
+    gpu_type: list[str] | None = typer.Option(None, "--gpu-type",
+                                              help="A device type the job may run on, preferred first "
+                                                   "(repeatable: --gpu-type V100 --gpu-type T4 spills over to T4)."),
             raise ClientError(f"--env {bad[0]!r}: expected KEY=VALUE")
         spec["env"] = {k: v for k, _, v in pairs}
     # Relative paths in the command mean what they mean here, as for any command one types.
@@ -191,6 +194,8 @@ def jobs(
     from gpualloc.reports.service import jobs_table
 
     console.print(jobs_table(rows))
+    if gpu_type:
+        spec["gpu_types"] = list(gpu_type)
 
 
 def logs(
@@ -249,10 +254,181 @@ def policy(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``submit``, ``jobs``, ``logs``, ``cancel`` and ``policy`` to the ``gpualloc`` command."""
+    """Add ``serve``, ``submit``, ``jobs``, ``logs``, ``cancel``, ``policy``, ``whoami`` and ``user`` to the
+    ``gpualloc`` command."""
     app.command("serve")(serve)
     app.command("submit")(submit)
     app.command("jobs")(jobs)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
     app.command("policy")(policy)
+def whoami(
+    server: str = _SERVER,
+    token: str | None = _TOKEN,
+    token_file: Path | None = _TOKEN_FILE,
+    as_json: bool = typer.Option(False, "--json", help="Print it as JSON."),
+) -> None:
+    """Say whose the token is: user, team, admin."""
+    from gpualloc.service.client import Client
+
+    with Client(server, _token(token, token_file)) as client:
+        me = client.me()
+    if as_json:
+        print_json(me)
+        return
+    team = f"team {me['team']}" if me["team"] else "no team"
+    console.print(f"{me['user']} ({team}{', admin' if me['admin'] else ''})", highlight=False)
+
+
+# ------------------------------------------------------------------------------------------- users
+user_app = typer.Typer(help="Users and teams of the service: each user holds a token and belongs to one team "
+                            "(run on the service's host; works while it runs).", no_args_is_help=True)
+_STORE = typer.Option(None, "--store", help="The service's store (as given to `gpualloc serve --store`) "
+                                            "[default: serve's default].")
+
+
+def _default_store() -> str:
+    """The store ``gpualloc serve`` uses without ``--store`` (in the user's XDG state folder)."""
+    from gpualloc.service.auth import default_store
+
+    return default_store()
+
+
+def _open_store(store: str | None):
+    from gpualloc.service.store import Store
+
+    return Store(store or _default_store())
+
+
+def default_user_token_path(store: str, name: str) -> Path:
+    """Where ``gpualloc user add`` writes a user's token without ``--token-file``:
+    ``<store>.tokens/<name>.token`` (``./gpualloc-tokens/<name>.token`` for a database URL)."""
+    from gpualloc.service.store import sqlite_path
+
+    path = sqlite_path(store)
+    folder = Path("gpualloc-tokens").absolute() if path is None else path.with_name(path.name + ".tokens")
+    return folder / f"{name}.token"
+
+
+def _quota_teams(quotas: Path | None, db) -> tuple[frozenset[str], str] | None:
+    """The teams a user may belong to: those of ``--quotas``, else those the running service's quota
+    file named (kept in the store by ``serve --quotas``), else any (None)."""
+    if quotas is not None:
+        from gpualloc.scheduling.quotas import Quotas
+
+        return frozenset(t.name for t in Quotas.from_file(quotas).teams), str(quotas)
+    raw = db.get_meta("quota_teams")
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    return frozenset(data["teams"]), str(data["file"])
+
+
+_TOKEN_OUT = typer.Option(None, "--token-file",
+                          help="Write the token to this file, mode 0600 [default: <store>.tokens/NAME.token].")
+
+
+@user_app.command("add")
+def user_add(
+    name: str = typer.Argument(..., help="User name (letters, digits, '.', '_', '-')."),
+    team: str = typer.Option(..., "--team", help="The user's team: they see and cancel its jobs, and use its quota."),
+    admin: bool = typer.Option(False, "--admin", help="May see and cancel every job and change the policy."),
+    store: str | None = _STORE,
+    token_file: Path | None = _TOKEN_OUT,
+    quotas: Path | None = typer.Option(None, "--quotas", help="Refuse a team this quota file does not name "
+                                                              "[default: the file the service was started with]."),
+) -> None:
+    """Add a user; their new token is written to a 0600 file (never printed)."""
+    from gpualloc.service.errors import ServiceError
+    from gpualloc.service.users import check_name, write_token_file
+
+    check_name(name, "user")
+    check_name(team, "team")
+    db = _open_store(store)
+    try:
+        allowed = _quota_teams(quotas, db)
+        if allowed is not None and team not in allowed[0]:
+            raise ServiceError(f"--team {team!r}: not a team of the quota file {allowed[1]} "
+                               f"(teams: {', '.join(sorted(allowed[0]))})")
+        path = token_file or default_user_token_path(db.url if db.path is None else str(db.path), name)
+        user, secret = db.add_user(name, team, admin=admin)
+        try:
+            write_token_file(path, secret)
+        except ServiceError:
+            db.remove_user(name)  # a token nobody holds is no user
+            raise
+    finally:
+        db.close()
+    console.print(f"user {user.name} (team {user.team}{', admin' if user.admin else ''}) added; token in {path} "
+                  f"(mode 0600): give it to them (gpualloc ... --token-file {path})", highlight=False, soft_wrap=True)
+
+
+@user_app.command("list")
+def user_list(
+    store: str | None = _STORE,
+    as_json: bool = typer.Option(False, "--json", help="Print the users as a JSON list."),
+) -> None:
+    """List the users (never their tokens: the store keeps only a hash)."""
+    import datetime
+
+    db = _open_store(store)
+    try:
+        rows = db.users()
+    finally:
+        db.close()
+    if as_json:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    def when(t: float) -> str:
+        return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+
+    table = Table("user", "team", "admin", "added", "token made")
+    for r in rows:
+        table.add_row(r["name"], r["team"], "yes" if r["admin"] else "", when(r["created_at"]), when(r["token_at"]))
+    console.print(table)
+
+
+@user_app.command("remove")
+def user_remove(
+    name: str = typer.Argument(..., help="The user."),
+    store: str | None = _STORE,
+) -> None:
+    """Remove a user: their token stops working at once (their jobs stay)."""
+    db = _open_store(store)
+    try:
+        db.remove_user(name)
+        default_user_token_path(db.url if db.path is None else str(db.path), name).unlink(missing_ok=True)
+    finally:
+        db.close()
+    console.print(f"user {name} removed; their token no longer works", highlight=False)
+
+
+@user_app.command("token")
+def user_token(
+    name: str = typer.Argument(..., help="The user."),
+    rotate: bool = typer.Option(False, "--rotate", help="Make a new token (the old one stops working at once)."),
+    store: str | None = _STORE,
+    token_file: Path | None = _TOKEN_OUT,
+) -> None:
+    """Give a user a new token (``--rotate``), written to a 0600 file (never printed)."""
+    from gpualloc.service.errors import ServiceError
+    from gpualloc.service.users import write_token_file
+
+    if not rotate:
+        raise ServiceError("user token: the store keeps only a hash of each token, so it cannot be shown again; "
+                           "add --rotate to make a new one")
+    db = _open_store(store)
+    try:
+        path = token_file or default_user_token_path(db.url if db.path is None else str(db.path), name)
+        secret = db.rotate_token(name)
+        write_token_file(path, secret)
+    finally:
+        db.close()
+    console.print(f"user {name}: new token in {path} (mode 0600); the old one no longer works", highlight=False,
+                  soft_wrap=True)
+
+
+    app.command("whoami")(whoami)
+    app.add_typer(user_app, name="user")

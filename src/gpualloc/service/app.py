@@ -5,6 +5,7 @@ included (an ASGI middleware checks it before anything else, so a new endpoint c
 
 =======  ==========================  ==========================================================
 GET      ``/health``                 liveness and a summary; no token
+GET      ``/me``                     who the token is: user, team, admin
 POST     ``/jobs``                   submit (201; 200 when ``Idempotency-Key`` was seen with the same body)
 GET      ``/jobs``                   list (``state``, ``limit``, ``cursor``); ``X-Next-Cursor`` when more
 GET      ``/jobs/{id}``              one job (``env`` values and idempotency keys are never shown)
@@ -13,13 +14,21 @@ GET      ``/jobs/{id}/logs``         its ``stdout``/``stderr`` bytes from ``offs
 POST     ``/jobs/{id}/cancel``       cancel (a queued job at once, a running one is stopped)
 GET      ``/cluster``                devices, allocations, telemetry
 GET      ``/policy``                 the current policy and the ones available
-PUT      ``/policy``                 switch policy (a ``dqn`` agent only from the agents folder)
+PUT      ``/policy``                 switch policy (admins only; a ``dqn`` agent only from the agents folder)
 GET      ``/openapi.json``           the schema
 =======  ==========================  ==========================================================
 
+**Users and teams.** A token is the bootstrap admin's (the token file beside the store) or a stored
+user's (:mod:`gpualloc.service.users`). Jobs record the submitter's user and team from the token. A
+user who is not an admin lists, reads, follows the logs of and cancels only their own team's jobs: a
+job of another team answers 404, exactly as a job that does not exist, so its id is not revealed;
+``GET /cluster`` shows other teams' allocations without their job ids. Only admins may ``PUT
+/policy`` (403 otherwise).
+
 A request whose ``Host`` header does not name the bound address is refused with 400 (DNS
 rebinding). ``/docs`` and ``/redoc`` exist only with ``ServiceConfig.docs`` (their assets come from
-a CDN). Errors are JSON ``{"detail": ...}``: 400 bad Host, 401 bad token, 404 no such job, 409 wrong
+a CDN). Errors are JSON ``{"detail": ...}``: 400 bad Host, 401 bad token, 403 not allowed to this user
+(a non-admin changing the policy, a team the quota file does not name), 404 no such job, 409 wrong
 state or an idempotency key reused for another body, 413 body too large, 422 invalid request,
 429 queue full.
 """
@@ -58,10 +67,11 @@ from gpualloc.scheduling.policies import POLICIES
 from gpualloc.service.auth import default_token_path, load_or_create_token, token_matches
 from gpualloc.service.backends import Backend, make_backend
 from gpualloc.service.slurm import AdviceRequest, advise
-from gpualloc.service.errors import Conflict, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
-from gpualloc.service.models import JobOut, JobSpec, JobState, PolicyChange
+from gpualloc.service.errors import Conflict, Forbidden, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
+from gpualloc.service.models import JobOut, JobRecord, JobSpec, JobState, PolicyChange
 from gpualloc.service.scheduler import DeviceTypes, Scheduler, check_policy_name, normalise_spec, stored_policy
 from gpualloc.service.store import Store, sqlite_path
+from gpualloc.service.users import BOOTSTRAP, NO_TEAM, User, bearer
 
 log = logging.getLogger("gpualloc.service")
 
@@ -107,6 +117,8 @@ class ServiceConfig:
         docs: serve ``/docs`` and ``/redoc`` (assets loaded from a CDN) without the token.
         agents_dir: the only folder a ``dqn`` policy's ``agent`` option may name a file in
             (default: the bundled agents, :func:`bundled_agents_dir`).
+        quotas: a team quota file (:meth:`gpualloc.scheduling.quotas.Quotas.from_file`): the policy
+            is wrapped in :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, and only its teams submit.
     """
 
     store: str = "gpualloc-service.db"
@@ -131,6 +143,7 @@ class ServiceConfig:
     allowed_hosts: tuple[str, ...] = ()
     docs: bool = False
     agents_dir: str | None = None
+    quotas: str | None = None
 
 
 class Service:
@@ -157,6 +170,8 @@ class Service:
         self._lock_fd: int | None = None
         self._telemetry_lock = threading.Lock()
         self.recovery: dict[str, list[int]] = {}
+        self.quotas = None  # gpualloc.scheduling.quotas.Quotas of config.quotas
+        self.quota_teams: frozenset[str] | None = None
 
     def open(self) -> Service:
         cfg = self.config
@@ -218,6 +233,42 @@ class Service:
             raise InvalidRequest(f"options.agent: {_printable(str(agent))[:300]!r} is not an agent file in {root} "
                                  f"(the service loads agents only from its --agents-dir)")
         return {**options, "agent": str(path)}
+
+    async def authenticate(self, authorization: str | None) -> User | None:
+        """The holder of the ``Authorization`` header's bearer token: the bootstrap admin for the
+        token file's token (compared in constant time), else the stored user whose token it is, else
+        None. Looked up on every request, so a removed user or a rotated token is refused at once."""
+        if not self.token:
+            return None
+        if token_matches(self.token, authorization):
+            return BOOTSTRAP
+        given = bearer(authorization)
+        if given is None or self.store is None or len(given) > 512:
+            return None
+        return await run_in_threadpool(self.store.user_by_token, given)
+
+    def check_team(self, user: User) -> None:
+        """Refuse a submission of a team the quota file does not name (the bootstrap admin's jobs,
+        of no team, run on borrowed capacity only).
+
+        Raises:
+            Forbidden: quotas are on and ``user``'s team has none.
+        """
+        if self.quota_teams is not None and user.team != NO_TEAM and user.team not in self.quota_teams:
+            raise Forbidden(f"team {user.team!r} has no quota in {self.config.quotas} (teams: "
+                            f"{', '.join(sorted(self.quota_teams)) or 'none'}); ask an admin to add it")
+
+    def job_for(self, user: User, job_id: int) -> JobRecord:
+        """Job ``job_id`` if ``user`` may see it.
+
+        Raises:
+            NotFound: no such job, or one of another team (the same answer: a job id of another team
+                is not revealed).
+        """
+        rec = self.store.get(job_id)
+        if not user.sees(rec.team):
+            raise NotFound(f"no job {job_id}")
+        return rec
 
     def read_log(self, job_id: int, stream: str, offset: int, limit: int) -> tuple[bytes, dict[str, str]]:
         """Bytes ``offset`` .. ``offset + limit`` of the latest attempt's ``stream``, and headers
@@ -378,21 +429,40 @@ class HostCheck:
         return await self.app(scope, receive, send)
 
 
+USER_KEY = "gpualloc.user"
+"""Where :class:`RequireToken` leaves the request's :class:`~gpualloc.service.users.User` in the ASGI scope."""
+
+
 class RequireToken:
     """ASGI middleware: every path but ``public`` needs ``Authorization: Bearer <token>`` (401),
-    checked before the request is routed or its body read. ``token`` is read per request (the
-    service makes it when it opens)."""
+    checked before the request is routed or its body read. ``authenticate(header)`` returns the
+    token's :class:`~gpualloc.service.users.User` or None; the user is left in ``scope[USER_KEY]``
+    for the routes (:func:`current_user`)."""
 
-    def __init__(self, app, token, public: frozenset[str]) -> None:
-        self.app, self.token, self.public = app, token, public
+    def __init__(self, app, authenticate, public: frozenset[str]) -> None:
+        self.app, self.authenticate, self.public = app, authenticate, public
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in self.public:
             return await self.app(scope, receive, send)
         auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        if not token_matches(self.token(), None if auth is None else auth.decode("latin-1")):
+        user = await self.authenticate(None if auth is None else auth.decode("latin-1"))
+        if user is None:
             return await _reply(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+        scope[USER_KEY] = user
         return await self.app(scope, receive, send)
+
+
+def current_user(request: Request) -> User:
+    """The user :class:`RequireToken` authenticated for this request."""
+    return request.scope[USER_KEY]
+
+
+def require_admin(user: User, what: str) -> None:
+    """Raises:
+        Forbidden: ``user`` is not an admin."""
+    if not user.admin:
+        raise Forbidden(f"only an admin may {what} (user {user.name!r} of team {user.team!r} is not one)")
 
 
 async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -479,7 +549,7 @@ class _TooLarge(Exception):
     pass
 
 
-_STATUS = ((NotFound, 404), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422), (InvalidRequest, 422),
+_STATUS = ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422), (InvalidRequest, 422),
            (SchedulingError, 422), (AgentError, 422))
 
 
@@ -495,7 +565,7 @@ def create_app(service: Service) -> FastAPI:
                               "the store).")
     # Outermost last: the Host check, then the token, then the body limit.
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
-    app.add_middleware(RequireToken, token=lambda: service.token,
+    app.add_middleware(RequireToken, authenticate=service.authenticate,
                        public=PUBLIC_PATHS | (DOCS_PATHS if cfg.docs else frozenset()))
     app.add_middleware(HostCheck, host=cfg.host, port=cfg.port, allowed=tuple(cfg.allowed_hosts))
     _add_error_handlers(app)
@@ -582,12 +652,15 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
               responses={200: {"description": "Already submitted with this Idempotency-Key and this body"},
                          409: {"description": "This Idempotency-Key was used with another body"},
                          413: {}, 422: {}, 429: {}})
-    async def submit(spec: JobSpec,
+    async def submit(spec: JobSpec, request: Request,
                      idempotency_key: str | None = Header(None, alias="Idempotency-Key", min_length=1, max_length=128,
                                                           description="Retries with the same key add no job.")
                      ) -> Response:
+        user = current_user(request)
+        service.check_team(user)
         norm = normalise_spec(spec, service.cluster, service.types)
-        rec, created = await asyncio.wrap_future(store().submit_future(norm, idempotency_key))
+        rec, created = await asyncio.wrap_future(store().submit_future(norm, idempotency_key, user=user.name,
+                                                                       team=user.team))
         if created:
             service.scheduler.notify_submitted(rec)
         # Serialised here rather than re-validated through the response model (the hot path).
@@ -597,14 +670,17 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
     @api.get("/jobs", response_model=list[JobOut], summary="List jobs (id order), one page",
              description="At most `limit` jobs. When there are more, the `X-Next-Cursor` response header holds "
                          "an opaque cursor: pass it as `cursor` for the next page (no header: the last page).")
-    def list_jobs(response: Response, state: list[JobState] | None = Query(None, description="Only these states."),
+    def list_jobs(response: Response, request: Request,
+                  state: list[JobState] | None = Query(None, description="Only these states."),
                   limit: int = Query(1000, ge=1, le=MAX_PAGE),
                   cursor: str | None = Query(None, min_length=1, max_length=64,
                                              description="`X-Next-Cursor` of the previous page."),
                   offset: int = Query(0, ge=0, le=2**62, description="Skip this many (after `cursor`).")
                   ) -> list[dict[str, Any]]:
         after = None if cursor is None else _after_id(cursor)
-        recs = store().list_jobs(state, limit=limit + 1, offset=offset, after_id=after)
+        user = current_user(request)
+        recs = store().list_jobs(state, limit=limit + 1, offset=offset, after_id=after,
+                                 team=None if user.admin else user.team)
         if len(recs) > limit:
             recs = recs[:limit]
             response.headers["X-Next-Cursor"] = _cursor(recs[-1].id)
@@ -613,12 +689,12 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
     job_id_param = PathParam(ge=1, le=2**62, description="The job's id.")
 
     @api.get("/jobs/{job_id}", response_model=JobOut, summary="One job", responses={404: {}})
-    def get_job(job_id: int = job_id_param) -> dict[str, Any]:
-        return store().get(job_id).to_api()
+    def get_job(request: Request, job_id: int = job_id_param) -> dict[str, Any]:
+        return service.job_for(current_user(request), job_id).to_api()
 
     @api.get("/jobs/{job_id}/events", summary="A job's state changes, oldest first", responses={404: {}})
-    def job_events(job_id: int = job_id_param) -> list[dict[str, Any]]:
-        store().get(job_id)
+    def job_events(request: Request, job_id: int = job_id_param) -> list[dict[str, Any]]:
+        service.job_for(current_user(request), job_id)
         return store().events(job_id)
 
     @api.get("/jobs/{job_id}/logs", summary="A job's output, from a byte offset", response_class=Response,
@@ -627,14 +703,16 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
                                              "`X-Log-Size`, `X-Job-State`, `X-Job-Attempt` (a new attempt "
                                              "starts a new log)."},
                         404: {}})
-    def job_logs(job_id: int = job_id_param, stream: Literal["stdout", "stderr"] = Query("stdout"),
+    def job_logs(request: Request, job_id: int = job_id_param, stream: Literal["stdout", "stderr"] = Query("stdout"),
                  offset: int = Query(0, ge=0, le=2**62), limit: int = Query(MAX_LOG_CHUNK, ge=1, le=MAX_LOG_CHUNK)
                  ) -> Response:
+        service.job_for(current_user(request), job_id)
         data, headers = service.read_log(job_id, stream, offset, limit)
         return Response(data, media_type="application/octet-stream", headers=headers)
 
     @api.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a job", responses={404: {}, 409: {}})
-    def cancel_job(job_id: int = job_id_param) -> dict[str, Any]:
+    def cancel_job(request: Request, job_id: int = job_id_param) -> dict[str, Any]:
+        service.job_for(current_user(request), job_id)
         rec = store().cancel(job_id)
         service.scheduler.notify_cancel(job_id)
         return rec.to_api()
@@ -643,9 +721,13 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
 def _add_cluster_routes(api: APIRouter, service: Service) -> None:
     """``/cluster`` and ``/policy``."""
 
-    @api.get("/cluster", summary="Devices, allocations and telemetry")
-    def cluster() -> dict[str, Any]:
-        return _cluster_summary(service)
+    @api.get("/me", summary="Who the token belongs to: user, team, admin")
+    def me(request: Request) -> dict[str, Any]:
+        return current_user(request).to_api()
+
+    @api.get("/cluster", summary="Devices, allocations and telemetry (other teams' job ids hidden unless admin)")
+    def cluster(request: Request) -> dict[str, Any]:
+        return _cluster_summary(service, current_user(request))
 
     @api.get("/policy", summary="The current policy")
     def get_policy() -> dict[str, Any]:
@@ -653,8 +735,9 @@ def _add_cluster_routes(api: APIRouter, service: Service) -> None:
         return {"name": sched.policy_name, "options": sched.policy_options, "preemption": sched.preemption,
                 "available": sorted(POLICIES)}
 
-    @api.put("/policy", summary="Switch policy", responses={422: {}})
-    def put_policy(change: PolicyChange) -> dict[str, Any]:
+    @api.put("/policy", summary="Switch policy (admins only)", responses={403: {}, 422: {}})
+    def put_policy(change: PolicyChange, request: Request) -> dict[str, Any]:
+        require_admin(current_user(request), "change the policy")
         service.scheduler.set_policy(change.name, service.checked_policy_options(change.options))
         return get_policy()
 
@@ -664,9 +747,14 @@ def _add_cluster_routes(api: APIRouter, service: Service) -> None:
         return advise(service.scheduler, service.backend, request)
 
 
-def _cluster_summary(service: Service) -> dict[str, Any]:
-    """The body of ``GET /cluster``: device types, each device's state, allocations, telemetry."""
-    allocs = _open_store(service).allocations()
+def _cluster_summary(service: Service, user: User = BOOTSTRAP) -> dict[str, Any]:
+    """The body of ``GET /cluster``: device types, each device's state, allocations, telemetry. A job
+    id of a team ``user`` may not see is shown as None (the GPU still shows as allocated)."""
+    store = _open_store(service)
+    allocs = store.allocations()
+    if not user.admin:
+        teams = store.teams_of(j for j, _ in allocs.values())
+        allocs = {g: (j if user.sees(teams.get(j)) else None, a) for g, (j, a) in allocs.items()}
     down = set(service.scheduler.down_gpus()) if service.scheduler else set()
     counts = service.cluster.type_counts()
     devices = []
@@ -682,7 +770,8 @@ def _cluster_summary(service: Service) -> dict[str, Any]:
             "device_types": [{"name": n, "vendor": v, "ray_resource": r, "count": counts[n]}
                              for n, v, r in zip(types.names, types.vendors, types.resources, strict=False)],
             "devices": devices,
-            "allocations": [{"device": g, "job_id": j, "attempt": a} for g, (j, a) in sorted(allocs.items())],
+            "allocations": [{"device": g, "job_id": j, "attempt": a if j is not None else None}
+                            for g, (j, a) in sorted(allocs.items())],
             "telemetry": service.telemetry_sample()}
 
 

@@ -176,6 +176,10 @@ class Client:
         """Poll ``/health`` until it answers ``ok``.
 
         Raises:
+    def me(self) -> dict[str, Any]:
+        """Who the token belongs to: ``{"user", "team", "admin"}``."""
+        return self._call("GET", "/me")
+
             ClientError: not healthy within ``timeout_s``.
         """
         deadline = time.monotonic() + timeout_s

@@ -34,3 +34,7 @@ class BackendError(ServiceError):
 class InvalidRequest(ServiceError):
     """A request the service refuses whatever the cluster's state (HTTP 422): a policy agent outside
     the agents folder, a paging cursor it did not make. The message starts with the field."""
+
+
+class Forbidden(ServiceError):
+    """The token is valid but its user may not do this (HTTP 403): a non-admin changing the policy."""

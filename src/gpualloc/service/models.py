@@ -184,6 +184,8 @@ class JobRecord:
         exit_code, error, result: the outcome (result: a callable's JSON return value).
         cancel_requested: a cancel arrived while the job held GPUs.
         idempotency_key: the client's key, when it gave one.
+        user, team: who submitted it, from the token (never from the request body); None for a job
+            recorded before the store had users.
     """
 
     id: int
@@ -204,6 +206,8 @@ class JobRecord:
     result: Any
     cancel_requested: bool
     idempotency_key: str | None
+    user: str | None = None
+    team: str | None = None
 
     @property
     def num_gpus(self) -> int:

@@ -17,7 +17,10 @@ Tables:
   ``finished``, ``failed``, ``cancel_requested``, ``cancelled``, ``requeued``);
 * ``allocations``: one row per allocated GPU, keyed by the GPU: the database itself refuses to
   allocate a GPU twice;
-* ``meta``: the store's id, its time origin, the current policy.
+* ``meta``: the store's id, its time origin, the current policy, the quota file's teams;
+* ``users``: one row per user (name, team, admin flag, SHA-256 of the token; never the token).
+
+Every job records the ``user`` and ``team`` of the token that submitted it.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import (Boolean, Column, bindparam, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text,
-                        create_engine, delete, event, func, insert, select, update)
+                        create_engine, delete, event, func, insert, inspect, select, update)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpualloc.service.errors import Conflict, NotFound, QueueFull, ServiceError
 from gpualloc.service.models import ACTIVE, HOLDING, JobRecord, JobState
+from gpualloc.service.users import BOOTSTRAP_USER, User, check_name, digests_match, new_token, token_digest
 
 T = TypeVar("T")
 
@@ -66,7 +70,10 @@ jobs_t = Table(
     Column("error", Text),
     Column("result", Text),
     Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("user", String(64)),
+    Column("team", String(64)),
     Index("ix_jobs_state", "state"),
+    Index("ix_jobs_team", "team"),
 )
 
 events_t = Table(
@@ -91,6 +98,20 @@ meta_t = Table(
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
 )
+
+users_t = Table(
+    "users", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("team", String(64), nullable=False),
+    Column("admin", Boolean, nullable=False, default=False),
+    Column("token_sha256", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("token_at", Float, nullable=False),
+)
+
+JOB_COLUMNS_ADDED = ("user", "team")
+"""Columns of ``jobs`` added after the first release: a store made before gets them on open (NULL
+for its old jobs, which only admins then see)."""
 
 # Statements of the submission path, built once (submissions are the hot path).
 _BY_KEY = select(jobs_t).where(jobs_t.c.idempotency_key == bindparam("key"))
@@ -161,6 +182,7 @@ class Store:
         try:
             self.engine = self._engine(synchronous.upper())
             metadata.create_all(self.engine)
+            self._add_columns()
             self.uid, self.epoch = self._init_meta()
             with self.engine.connect() as conn:
                 self._queued = int(conn.execute(select(func.count()).select_from(jobs_t)
@@ -195,6 +217,18 @@ class Store:
             conn.exec_driver_sql("BEGIN")
 
         return engine
+
+    def _add_columns(self) -> None:
+        """Add :data:`JOB_COLUMNS_ADDED` to a ``jobs`` table made before them."""
+        have = {c["name"] for c in inspect(self.engine).get_columns("jobs")}
+        missing = [c for c in JOB_COLUMNS_ADDED if c not in have]
+        if missing:
+            with self.engine.begin() as conn:
+                for name in missing:
+                    col = jobs_t.c[name]
+                    conn.exec_driver_sql(f'ALTER TABLE jobs ADD COLUMN "{name}" '
+                                         f"{col.type.compile(dialect=self.engine.dialect)}")
+                conn.exec_driver_sql('CREATE INDEX IF NOT EXISTS ix_jobs_team ON jobs (team)')
 
     def _init_meta(self) -> tuple[str, float]:
         with self.engine.begin() as conn:
@@ -317,11 +351,13 @@ class Store:
         return _record(row)
 
     def list_jobs(self, states: Iterable[JobState] | None = None, *, limit: int | None = None,
-                  offset: int = 0, after_id: int | None = None) -> list[JobRecord]:
-        """Jobs in id order, optionally of some states, ids above ``after_id``, paged."""
+                  offset: int = 0, after_id: int | None = None, team: str | None = None) -> list[JobRecord]:
+        """Jobs in id order, optionally of some states, of one ``team``, ids above ``after_id``, paged."""
         q = select(jobs_t).order_by(jobs_t.c.id)
         if states is not None:
             q = q.where(jobs_t.c.state.in_([s.value for s in states]))
+        if team is not None:
+            q = q.where(jobs_t.c.team == team)
         if after_id is not None:
             q = q.where(jobs_t.c.id > after_id)
         if offset:
@@ -357,17 +393,100 @@ class Store:
                      "detail": json.loads(r["detail"]) if r["detail"] else {}}
                     for r in conn.execute(q).mappings()]
 
+    def teams_of(self, job_ids: Iterable[int]) -> dict[int, str | None]:
+        """``{job id: team}`` of the given jobs (those that exist)."""
+        ids = sorted({int(j) for j in job_ids})
+        if not ids:
+            return {}
+        with self.engine.connect() as conn:
+            return {int(i): t for i, t in conn.execute(select(jobs_t.c.id, jobs_t.c.team).where(jobs_t.c.id.in_(ids)))}
+
+    # --------------------------------------------------------------------------------- users
+    def user_by_token(self, token: str) -> User | None:
+        """The user holding ``token`` (None: no such token). One indexed lookup by the token's
+        SHA-256, then a constant-time comparison of the digest found."""
+        digest = token_digest(token)
+        with self.engine.connect() as conn:
+            row = conn.execute(select(users_t).where(users_t.c.token_sha256 == digest)).mappings().first()
+        if row is None or not digests_match(row["token_sha256"], digest):
+            return None
+        return User(row["name"], row["team"], bool(row["admin"]))
+
+    def users(self) -> list[dict[str, Any]]:
+        """Every user: name, team, admin, created_at, token_at (when the token was made), by name."""
+        with self.engine.connect() as conn:
+            return [{"name": r["name"], "team": r["team"], "admin": bool(r["admin"]), "created_at": r["created_at"],
+                     "token_at": r["token_at"]}
+                    for r in conn.execute(select(users_t).order_by(users_t.c.name)).mappings()]
+
+    def add_user(self, name: str, team: str, *, admin: bool = False) -> tuple[User, str]:
+        """Record a new user of ``team``; returns the user and its token (shown nowhere: the caller
+        writes it to its owner's file).
+
+        Raises:
+            ServiceError: a bad name; Conflict: the name is taken.
+        """
+        check_name(name, "user")
+        check_name(team, "team")
+        if name == BOOTSTRAP_USER:
+            raise Conflict(f"user {name!r} is the bootstrap token's holder; choose another name")
+        token = new_token()
+
+        def op(tx: _Tx) -> User:
+            if tx.conn.execute(select(users_t.c.name).where(users_t.c.name == name)).first() is not None:
+                raise Conflict(f"user {name!r} exists already (rotate its token with `gpualloc user token {name} "
+                               "--rotate`)")
+            tx.conn.execute(insert(users_t).values(name=name, team=team, admin=bool(admin),
+                                                   token_sha256=token_digest(token), created_at=tx.now,
+                                                   token_at=tx.now))
+            return User(name, team, bool(admin))
+
+        return self.write(op), token
+
+    def remove_user(self, name: str) -> None:
+        """Forget ``name``: its token stops working at once (its jobs stay, with its name).
+
+        Raises:
+            NotFound: no such user.
+        """
+
+        def op(tx: _Tx) -> None:
+            if tx.conn.execute(delete(users_t).where(users_t.c.name == name)).rowcount == 0:
+                raise NotFound(f"no user {name!r}")
+
+        self.write(op)
+
+    def rotate_token(self, name: str) -> str:
+        """A new token for ``name``; the old one stops working at once.
+
+        Raises:
+            NotFound: no such user.
+        """
+        token = new_token()
+
+        def op(tx: _Tx) -> None:
+            done = tx.conn.execute(update(users_t).where(users_t.c.name == name)
+                                   .values(token_sha256=token_digest(token), token_at=tx.now)).rowcount
+            if done == 0:
+                raise NotFound(f"no user {name!r}")
+
+        self.write(op)
+        return token
+
     def get_meta(self, key: str) -> str | None:
         with self.engine.connect() as conn:
             return conn.execute(select(meta_t.c.value).where(meta_t.c.key == key)).scalar_one_or_none()
 
     # -------------------------------------------------------------------------------- writes
-    def submit_future(self, spec: dict[str, Any], idempotency_key: str | None = None) -> Future[tuple[JobRecord, bool]]:
-        """Record a new queued job; resolves to ``(record, created)``. A key seen before with the same
-        spec returns that job (``created`` False) instead of adding another.
+    def submit_future(self, spec: dict[str, Any], idempotency_key: str | None = None, *, user: str | None = None,
+                      team: str | None = None) -> Future[tuple[JobRecord, bool]]:
+        """Record a new queued job of ``user`` in ``team``; resolves to ``(record, created)``. A key
+        the same user used before with the same spec returns that job (``created`` False) instead of
+        adding another.
 
         Raises:
-            Conflict: the key was used before with a different spec (a client bug, not a retry).
+            Conflict: the key was used before with a different spec (a client bug, not a retry), or
+                by another user (whose job is not named).
             QueueFull: the queue holds ``max_queued`` jobs.
         """
         name = str(spec["name"])
@@ -377,6 +496,8 @@ class Store:
             if idempotency_key is not None:
                 row = tx.conn.execute(_BY_KEY, {"key": idempotency_key}).mappings().first()
                 if row is not None:
+                    if row["user"] != user:
+                        raise Conflict("Idempotency-Key already used by another user; use a new key for a new job")
                     if json.loads(row["spec"]) != json.loads(spec_json):
                         raise Conflict(f"Idempotency-Key already used for job {row['id']} with a different "
                                        f"request; use a new key for a new job")
@@ -385,17 +506,18 @@ class Store:
                 raise QueueFull(f"the queue is full ({self.max_queued} jobs)")
             values = {"idempotency_key": idempotency_key, "name": name, "state": JobState.QUEUED.value,
                       "spec": spec_json, "attempts": 0, "requeues": 0, "submitted_at": tx.now,
-                      "cancel_requested": False}
+                      "cancel_requested": False, "user": user, "team": team}
             job_id = tx.conn.execute(_INSERT_JOB, values).inserted_primary_key[0]
             tx.conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": tx.now, "kind": "submitted", "detail": None})
             tx.queued_delta += 1
             return JobRecord(int(job_id), name, JobState.QUEUED, spec, 0, 0, tx.now, None, None, None, None, (),
-                             None, None, None, None, False, idempotency_key), True
+                             None, None, None, None, False, idempotency_key, user, team), True
 
         return self.write_future(op)
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
-        return self.submit_future(spec, idempotency_key).result()
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None, *, user: str | None = None,
+               team: str | None = None) -> tuple[JobRecord, bool]:
+        return self.submit_future(spec, idempotency_key, user=user, team=team).result()
 
     def cancel(self, job_id: int) -> JobRecord:
         """Cancel a queued job at once; flag a job holding GPUs (the scheduler stops it).
@@ -539,7 +661,7 @@ def _record(row: Any) -> JobRecord:
         device_type=row["device_type"], gpus=tuple(json.loads(row["gpus"])) if row["gpus"] else (),
         handle=row["handle"], exit_code=row["exit_code"], error=row["error"],
         result=json.loads(row["result"]) if row["result"] else None, cancel_requested=bool(row["cancel_requested"]),
-        idempotency_key=row["idempotency_key"])
+        idempotency_key=row["idempotency_key"], user=row["user"], team=row["team"])
 
 
 def _fetch(tx: _Tx, job_id: int) -> JobRecord:
