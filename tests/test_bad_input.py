@@ -234,6 +234,19 @@ def test_huge_clusters_are_refused(cli, tmp_path):
     one_line_error(cli, "hw", "show", yml, names="nodes[0].devices")
 
 
+@pytest.mark.parametrize("row, field", [
+    ("b,1e308,ml-training,10,1", "arrival_s: 1e+308 is above the limit of 315,576,000 (10 years)"),
+    ("b,5,ml-training,1e300,1", "work_s: 1e+300 is above the limit of 315,576,000 (10 years)"),
+    ("b,5,ml-training,10,100000", "num_gpus: 100000 is above the limit of 16,384 (the devices of the largest cluster)"),
+])
+def test_absurd_trace_values(cli, tmp_path, row, field):
+    """Issue 35: arrival_s=1e308 leaked a numpy overflow warning and energy_j null; work_s=1e300 ran."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"id,arrival_s,job_type,work_s,num_gpus\na,0,ml-training,10,1\n{row}\n")
+    line = one_line_error(cli, "simulate", "-c", "adlro16", "-t", trace, "--json", names=f"{trace}:3: ")
+    assert line.endswith(field), line
+
+
 def test_library_enforces_the_same_bounds():
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem

@@ -208,3 +208,71 @@ def test_random_size_options(tmp_path, option, args, n):
     assert result.exit_code in (0, 1, 2), result.output  # 1: a GpuallocError, which main() turns into 2
     if n < 0 or n > MAX_SEED:
         assert result.exit_code == 2, result.output
+
+
+# ------------------------------------------------------------------- absurd numbers in every trace reader
+NUMBER_TEXT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(-2**70, 2**70).map(str),
+    st.sampled_from(["1e308", "1e300", "-1e308", "1e-320", "nan", "inf", "-inf", "0", "1", "8", "3.2e8",
+                     "315576001", "9007199254740993", "1e30"]),
+)
+TRACE_TEMPLATES = {  # one row of each format, its numbers left open; a second, ordinary row after it
+    "native": ("t.csv", "id,arrival_s,job_type,work_s,num_gpus,cpu_cores,mem_bytes,priority,batch_size\n"
+                        "a,{},ml-training,{},{},{},{},{},{}\nb,0,ml-training,60,1,0,0,0,0\n"),
+    "philly": ("t.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,{},{},{},c\n"
+                        "2017-10-09 07:01:56,60,1,60,c\n"),
+    "tiresias": ("t.csv", "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                          "0,{},{},{},vgg19,{},{}\n1,1,0,10,vgg19,60,1\n"),
+    "pollux": ("t.csv", "name,time,application,num_replicas,batch_size\ncifar10-0,{},cifar10,{},{}\n"
+                        "cifar10-1,0,cifar10,1,128\n"),
+    "alibaba": ("t.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                         "deletion_time,scheduled_time\np0,{},{},{},{},,LS,Running,{},{},{}\n"
+                         "p1,1000,1024,1,1000,,LS,Running,0,60,0\n"),
+    "gavel": ("t.trace", "Transformer (batch size 128)\tpython3 train.py\t-step\t{}\t{}\t{}\t1\n"
+                         "Transformer (batch size 128)\tpython3 train.py\t-step\t1\t100\t0.0\t1\n"),
+}
+
+
+@pytest.mark.parametrize("fmt", list(TRACE_TEMPLATES))
+@FUZZ
+@given(data=st.data())
+def test_absurd_trace_numbers(tmp_path, fmt, data):
+    """Whatever numbers a trace holds, a reader yields jobs inside ``limits.TRACE_LIMITS`` (never NaN, infinity
+    or 1e308) or refuses the file in one line naming it; and what it yields simulates without a numpy warning
+    and with finite metrics."""
+    import math
+    import warnings
+
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.limits import TRACE_LIMITS
+    from gpualloc.scheduling.metrics import summary
+    from gpualloc.scheduling.policies import make_policy
+    from gpualloc.scheduling.simulator import simulate
+    from gpualloc.workload.traces import read_trace
+
+    name, template = TRACE_TEMPLATES[fmt]
+    numbers = [data.draw(NUMBER_TEXT) for _ in range(template.count("{}"))]
+    path = _writer(tmp_path, name)(template.format(*numbers))
+    try:
+        trace = read_trace(path, fmt)
+    except GpuallocError as err:
+        assert "\n" not in str(err).strip() and str(path) in str(err), str(err)
+        return
+    for job in trace.jobs:
+        for field, (low, high, _) in TRACE_LIMITS.items():
+            value = getattr(job, field)
+            assert math.isfinite(value) and low <= value <= high, (field, value, numbers)
+    cluster = load_cluster("4xV100")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's overflow / invalid-value warnings
+        try:
+            result = simulate(trace, cluster, make_policy("fcfs"))
+        except GpuallocError as err:  # e.g. a job larger than the cluster: one line
+            assert "\n" not in str(err).strip(), str(err)
+            return
+    for key, value in summary(result).items():
+        assert not isinstance(value, float) or math.isfinite(value) or key in _UNDEFINED_OK, (key, value, numbers)
+
+
+_UNDEFINED_OK = {"saturated_utilization"}  # undefined (NaN) when no job ever waited: printed as null / '-'

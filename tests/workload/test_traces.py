@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gpualloc.errors import TraceError
 from gpualloc.hardware.catalog import default_catalog
 from gpualloc.hardware.cluster import load_cluster
+from gpualloc.limits import MAX_TRACE_S, MAX_WORK_S
 from gpualloc.workload.jobs import Job, JobType, Trace
 from gpualloc.workload.speed import gavel_steps_per_s, measured_models, speed_matrix
 from gpualloc.workload.traces import (ALIBABA_QOS_PRIORITY, READERS, alibaba_cluster, generate,
@@ -301,9 +302,9 @@ TEXT = st.text(st.characters(categories=("L", "N", "P", "S"), exclude_characters
 JOBS = st.builds(
     Job,
     id=TEXT.filter(bool),
-    arrival_s=st.floats(0, 1e9, allow_nan=False),
+    arrival_s=st.floats(0, MAX_TRACE_S, allow_nan=False),
     job_type=st.sampled_from(list(JobType)),
-    work_s=st.floats(1e-6, 1e9, allow_nan=False),
+    work_s=st.floats(1e-6, MAX_WORK_S, allow_nan=False),
     num_gpus=st.integers(1, 64),
     model=TEXT,
     gpu_milli=st.integers(1, 1000),

@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from gpualloc.errors import CatalogError, TraceError, cannot_read, not_utf8
+from gpualloc.errors import CatalogError, TraceError, atomic_output, cannot_read, not_utf8
 from gpualloc.hardware.catalog import Catalog, default_catalog
 from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
-from gpualloc.limits import MAX_JOBS, check_seed
+from gpualloc.limits import MAX_JOBS, check_seed, check_trace_fields
 from gpualloc.workload.jobs import Job, JobType, Trace
 from gpualloc.workload.speed import (gavel_steps_per_s, load_measured_speeds, mean_speed,
                                      measured_models, speed_matrix)
@@ -206,6 +206,7 @@ def _make_jobs(table: _Table, **columns: Sequence[Any]) -> list[Job]:
             out.append(Job(*values))
     except TraceError as err:  # the failing row is the one after the last job built
         raise TraceError(f"{table.where(len(out))}: {err}") from err
+    check_trace_fields(columns, table.where, TraceError)  # absurd values (arrival_s=1e308): limits.TRACE_LIMITS
     return out
 
 
@@ -352,13 +353,11 @@ def write_native(trace: Trace, path: str | Path) -> Path:
         "single_node": np.array([j.single_node for j in trace.jobs], dtype=bool),
         "batch_size": np.array([j.batch_size for j in trace.jobs], dtype=np.int64),
     }, columns=list(NATIVE_COLUMNS))
-    try:
+    with atomic_output(path, TraceError) as tmp:
         if suffix == ".csv":
-            frame.to_csv(path, index=False)
+            frame.to_csv(tmp, index=False)
         else:
-            frame.to_parquet(path, index=False)
-    except OSError as err:
-        raise TraceError(f"{path}: cannot write: {err.strerror or err}") from err
+            frame.to_parquet(tmp, index=False)
     return path
 
 
@@ -848,6 +847,7 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
                              f"{job_types[i].value} job {model_names[i]!r}")
         rate = float(load) * n_gpus / float(np.mean(gpus * work / speeds))
         arrivals = np.concatenate(([0.0], np.cumsum(gaps[:-1]) / rate))
+        check_trace_fields({"arrival_s": arrivals}, lambda i: f"generate: load {load}: job {i}", TraceError)
         jobs = [replace(j, arrival_s=a) for j, a in zip(jobs, arrivals.tolist(), strict=False)]
     return Trace.of(jobs, source=f"synthetic(num_jobs={n}, cluster={cluster.name}, load={load})",
                     format="synthetic", load=float(load), arrival_rate_per_s=rate, cluster=cluster.name,
