@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -34,9 +35,10 @@ def serve(
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on."),
     backend: str = typer.Option("local", "--backend",
                                 help="Where jobs run: local (processes here), ray, or slurm (with --cluster slurm:)."),
-    store: str = typer.Option("gpualloc-service.db", "--store",
-                              help="SQLite file (WAL) or database URL (postgresql://...); "
-                                   "the token file sits beside it."),
+    store: str | None = typer.Option(None, "--store",
+                                     help="SQLite file (WAL) or database URL (postgresql://...); the token file "
+                                          "sits beside it [default: $XDG_STATE_HOME/gpualloc/service.db, else "
+                                          "~/.local/state/gpualloc/service.db]."),
     cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Preset, shorthand or cluster file scheduled."),
     ray_address: str | None = typer.Option(None, "--ray-address",
                                               help="Join this Ray cluster (default: start a local Ray with the "
@@ -63,13 +65,31 @@ def serve(
     allow_host: list[str] | None = typer.Option(None, "--allow-host",
                                                    help="Another Host header name to accept (a DNS name of this "
                                                         "machine; repeatable)."),
+    job_user: list[str] | None = typer.Option(None, "--job-user", envvar="GPUALLOC_JOB_USER",
+                                                 help="Run jobs as this OS user (local backend; needs root or "
+                                                      "CAP_SETUID); TEAM=USER for one team's jobs (repeatable). "
+                                                      "Required when serve runs as root (--job-user root runs jobs "
+                                                      "as root, with a warning)."),
+    ready_file: Path | None = typer.Option(None, "--ready-file",
+                                              help="Once the service accepts connections, write this file "
+                                                   "(JSON: url, pid, token_file; mode 0600, atomically); removed "
+                                                   "when it stops."),
 ) -> None:
     """Run the scheduler service: a REST API over a policy deciding on live state."""
     from gpualloc.service.app import Service, ServiceConfig, listen_socket
+    from gpualloc.service.auth import check_private_folder, default_store
+    from gpualloc.service.jobusers import plan_job_users
 
     # First, before printing anything or making a token: a port in use is one line and exit 2.
     sock = listen_socket(host, port)
     try:
+        store = store or default_store()
+        users, user_warnings = plan_job_users(job_user or (), backend)
+        if ready_file is not None:
+            ready_file = ready_file.absolute()
+            # a ready file another user could replace would send clients (and their token) elsewhere
+            check_private_folder(ready_file.parent)
+            ready_file.unlink(missing_ok=True)
         port = sock.getsockname()[1]
         if host not in ("127.0.0.1", "::1", "localhost"):
             err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
@@ -81,17 +101,35 @@ def serve(
                                max_body_bytes=max_body, on_lost=on_lost, max_attempts=max_attempts,
                                preemption=preemption, telemetry=telemetry, tick_s=tick, host=host, port=port,
                                allowed_hosts=tuple(allow_host or ()), docs=docs,
-                               agents_dir=None if agents_dir is None else str(agents_dir))
-        _serve(Service(config).open(), sock, config, log_level)
+                               agents_dir=None if agents_dir is None else str(agents_dir), job_users=users)
+        service = Service(config).open()
+        # Connections now wait in the queue instead of being refused: the token file exists already.
+        sock.listen(2048)
+        for line in user_warnings:
+            err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        _serve(service, sock, config, log_level, ready_file)
     finally:
         sock.close()
 
 
-def _serve(service, sock, config, log_level: str) -> None:
-    """Print the banner and answer requests on ``sock`` until stopped; then close ``service``."""
+def _exit_on_signal(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _serve(service, sock, config, log_level: str, ready_file: Path | None = None) -> None:
+    """Print the banner and answer requests on ``sock`` until stopped; then close ``service``. With
+    ``ready_file``, write it once the server accepts connections, and remove it when it stops."""
     import uvicorn
 
     from gpualloc.service.app import create_app
+    from gpualloc.service.auth import write_private_atomic
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if ready_file is not None and not self.should_exit:
+                info = {"url": url, "pid": os.getpid(), "token_file": str(service.token_path)}
+                write_private_atomic(ready_file, (json.dumps(info) + "\n").encode())
 
     try:
         rec = service.recovery
@@ -107,10 +145,15 @@ def _serve(service, sock, config, log_level: str) -> None:
         # collector's full passes, which would otherwise pause every request now and then.
         gc.collect()
         gc.freeze()
-        server = uvicorn.Server(uvicorn.Config(create_app(service), log_level=log_level.lower(), access_log=False,
-                                               timeout_graceful_shutdown=5))
+        server = _Server(uvicorn.Config(create_app(service), log_level=log_level.lower(), access_log=False,
+                                        timeout_graceful_shutdown=5))
+        # uvicorn shuts down on SIGTERM, then raises the signal again: exit through the `finally` below
+        # (close the store, remove the ready file) instead of dying by the default action.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
         server.run(sockets=[sock])
     finally:
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
         service.close()
 
 

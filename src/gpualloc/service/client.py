@@ -55,6 +55,8 @@ class LogChunk:
 
 
 TERMINAL_STATES = frozenset({"finished", "failed", "cancelled"})
+CONNECT_RETRY_S = 5.0
+"""How long a refused connection is retried (a service just started may not listen yet)."""
 
 
 class Client:
@@ -78,13 +80,21 @@ class Client:
         self.close()
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            resp = self._http.request(method, path, **kw)
-        except httpx.ConnectError as err:  # the commonest case: nothing listens there
-            raise ClientError(f"{self.server}: no service answers ({err}); start one with `gpualloc serve`, "
-                              "or name its URL with --server / GPUALLOC_SERVER") from err
-        except httpx.HTTPError as err:
-            raise ClientError(f"{self.server}: {type(err).__name__}: {err}") from err
+        # A service started a moment ago (`gpualloc serve ... &`) may not listen yet: a refused connection
+        # is retried for CONNECT_RETRY_S (nothing was sent, so any request may be retried).
+        deadline = time.monotonic() + CONNECT_RETRY_S
+        while True:
+            try:
+                resp = self._http.request(method, path, **kw)
+                break
+            except httpx.ConnectError as err:  # the commonest case: nothing listens there
+                if time.monotonic() + 0.1 < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise ClientError(f"{self.server}: no service answers ({err}); start one with `gpualloc serve`, "
+                                  "or name its URL with --server / GPUALLOC_SERVER") from err
+            except httpx.HTTPError as err:
+                raise ClientError(f"{self.server}: {type(err).__name__}: {err}") from err
         if resp.status_code >= 400:
             raise ClientError(f"{method} {path}: HTTP {resp.status_code}: {_detail(resp)}", resp.status_code)
         return resp
