@@ -22,7 +22,8 @@ def test_a_value_comes_back_for_its_own_key_only(tmp_path):
     assert [p.name for p in (tmp_path / "k").iterdir()] == [path.name]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("content", [b"", b"{not json", b"\xff\xfe binary", b"[1, 2]", b'{"key": {"a": 1}, "value": 5}'])
+@pytest.mark.parametrize("content", [b"", b"{not json", b"\xff\xfe binary", b"[1, 2]",
+                                     b'{"key": {"a": 1}, "value": 5}'])
 def test_a_corrupt_or_foreign_entry_is_a_miss_and_is_rewritten(tmp_path, content):
     cache = DiskCache(tmp_path)
     key = {"a": 2}

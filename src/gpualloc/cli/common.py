@@ -17,8 +17,17 @@ from typer.core import TyperGroup
 from gpualloc.errors import CatalogError, OutputError
 from gpualloc.reports.format import gib, ms, num, si  # noqa: F401 - re-exported for the CLI modules
 
-# Piped output (logs, CI) is not cut to 80 columns: tables keep their full width.
-console = Console(width=None if sys.stdout.isatty() else 160)
+
+class _Console(Console):
+    """The CLI's console. Not on a terminal (a file, a pipe, CI logs), lines are never cropped, so a table
+    (:class:`gpualloc.reports.tables.Table`) keeps every column in full whatever the width; text wraps at
+    ``COLUMNS`` when it is set, else at 160."""
+
+    def print(self, *objects, crop: bool | None = None, **kwargs) -> None:
+        super().print(*objects, crop=self.is_terminal if crop is None else crop, **kwargs)
+
+
+console = _Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 
@@ -96,14 +105,32 @@ def device_types(names: str) -> list:
     return types
 
 
-def progress_bar(*columns, transient: bool = True):
-    """A Rich progress bar on stderr, so stdout stays clean for results and ``--json``: ``columns``, by default
-    description, bar, done/total, elapsed. Silent when stderr is not a terminal (logs stay free of redraws and
-    of the blank line a finished bar leaves)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+LOG_EVERY_S = 10.0
+"""Seconds between the progress lines printed when stderr is not a terminal."""
 
-    columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    return Progress(*columns, console=err_console, transient=transient, disable=not err_console.is_terminal)
+
+def progress_bar(*columns, unit: str = "", transient: bool = True, log_every_s: float = LOG_EVERY_S,
+                 console: Any = None, get_time: Any = None):
+    """THE progress display of every command that can run past a few seconds, on stderr (stdout stays clean
+    for results and ``--json``): :class:`gpualloc.cli.progress.LoggedProgress`.
+
+    On a terminal: a live Rich bar -- ``columns`` (default: the task's description and a bar), then done/total
+    ``unit``, elapsed time and the estimated time left. Elsewhere (output redirected to a log, CI): one plain
+    line every ``log_every_s`` seconds per task, ``simulate fcfs: 41,000/82,247 jobs (50%), 0:00:12 elapsed,
+    about 0:00:11 left``, and a last line when it ends if it printed any (a short run stays silent).
+
+    Use it as Rich's ``Progress``: ``add_task(description, total=...)`` (``total=None`` for work of unknown
+    length: elapsed time only), ``update(task, completed=..., advance=..., description=..., note=...)``,
+    ``advance(task)``; a task's ``note`` field (e.g. training statistics) follows its line. In the plain-line
+    mode a background timer prints the lines, so a long step that reports nothing still shows it is alive.
+    """
+    from rich.progress import BarColumn, TextColumn
+
+    from gpualloc.cli.progress import LoggedProgress  # here: Rich's progress module costs start-up time
+
+    columns = columns or (TextColumn("{task.description}"), BarColumn())
+    return LoggedProgress(*columns, unit=unit, console=console or err_console, transient=transient,
+                          log_every_s=log_every_s, get_time=get_time)
 
 
 def print_json(data: Any) -> None:

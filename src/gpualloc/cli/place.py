@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import Progress
 
-from gpualloc.cli.common import DefaultToRun, console, load_graph, output_file, print_json
+from gpualloc.cli.common import DefaultToRun, console, load_graph, output_file, print_json, progress_bar
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
@@ -63,8 +62,8 @@ def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1
     from gpualloc.placement.run import compare, hybrid_problem
 
     methods = [*PARTITIONERS, *HYBRID_METHODS]
-    with Progress(console=console, transient=True, disable=quiet) as progress:
-        task = progress.add_task("partitioning", total=len(methods))
+    with progress_bar(unit="methods") as progress:
+        task = progress.add_task("partitioning", total=len(methods), visible=not quiet)
         return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task),
                        hybrid=hybrid_problem(problem), schedule=schedule)
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from gpualloc.cli.common import console, output_folder, print_json, progress_bar
 from gpualloc.errors import write_text
@@ -42,8 +41,9 @@ def placement_cmd(
     spec = TableSpec.quick() if quick else TableSpec()
     spec = replace(spec, microbatches=microbatches, **{k: v for k, v in (("seeds", seeds), ("iterations", iterations))
                                                         if v is not None})
-    with progress_bar(TextColumn("{task.description:<40}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn()) as bar:
+    from rich.progress import BarColumn, TextColumn
+
+    with progress_bar(TextColumn("{task.description:<40}"), BarColumn(), unit="runs") as bar:
         task = bar.add_task("placement table", total=total_runs(spec))
         result = run_table(spec, load_placer(agent),
                            progress=lambda what: bar.update(task, advance=1, description=what))
@@ -130,8 +130,9 @@ def scheduling_cmd(
     if jobs:
         spec = replace(spec, jobs=jobs, real_jobs=jobs)
     root, real_note = _real_trace_root(data, with_real)
-    with progress_bar(TextColumn("{task.description:<32}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn()) as bar, \
+    from rich.progress import BarColumn, TextColumn
+
+    with progress_bar(TextColumn("{task.description:<32}"), BarColumn(), unit="runs") as bar, \
             make_executor(use_ray, ray_address, workers) as executor:
         task = bar.add_task("scheduling table", total=total_runs(spec, root is not None))
         result = run_table(spec, root, agent=agent, executor=executor,

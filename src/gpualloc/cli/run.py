@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.text import Text
 
-from gpualloc.cli.common import console, err_console, print_json, progress_bar
+from gpualloc.cli.common import cache_folder, console, disk_cache, err_console, print_json, progress_bar
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED, MAX_STEPS
 
 MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSON captured from one "
@@ -170,12 +169,6 @@ def _run_hybrid(model: str, plan: Path, cluster: str | None, *, batch: int | Non
     console.print(f"plan: {run.describe}\nweights after one step equal the unsplit model's: {check}")
 
 
-def cache_folder() -> Path:
-    """Where quick calibrations are kept: ``$XDG_CACHE_HOME/gpualloc`` else ``~/.cache/gpualloc``."""
-    root = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(root) if os.path.isabs(root) else Path.home() / ".cache") / "gpualloc"
-
-
 def _calibration(given: Path | None, no_calibrate: bool, cluster, assignment, torch_devices, threads: int | None,
                  seed: int) -> tuple[Any, dict[str, Any]]:
     """The calibration to predict with, and where it came from: ``{"path", "source"}`` with source
@@ -209,12 +202,13 @@ def _calibration(given: Path | None, no_calibrate: bool, cluster, assignment, to
 
 def _capture(model: str, batch: int, ids: set[str]):
     """The model's graph at ``batch``, at the granularity the plan's node ids are in."""
-    from gpualloc.graph.capture import capture
+    from gpualloc.graph.cached import capture_cached
 
+    cache = disk_cache()
     with console.status(f"tracing {model} at batch {batch}..."):
-        graph = capture(model, batch=batch)
+        graph = capture_cached(model, batch=batch, cache=cache)
         if not ids <= set(graph.index):
-            layer = capture(model, batch=batch, granularity="layer")
+            layer = capture_cached(model, batch=batch, granularity="layer", cache=cache)
             if ids <= set(layer.index):
                 return layer
     return graph

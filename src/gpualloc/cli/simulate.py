@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-from gpualloc.cli.common import (DefaultToRun, console, output_file, output_folder,
+from gpualloc.cli.common import (DefaultToRun, console, disk_cache, output_file, output_folder,
                                  print_json, progress_bar)
 from gpualloc.errors import UnplaceableJobs
 from gpualloc.limits import MAX_JOBS, MAX_SEED
@@ -49,15 +48,17 @@ def workload(cluster: str | None, trace: Path | None, fmt: str | None, generate:
 
 
 def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None):
+    from rich.progress import BarColumn, TextColumn
+
     from gpualloc.scheduling.policies import make_policy, policy_options
     from gpualloc.scheduling.simulator import simulate
 
-    takes_agent = "agent" in policy_options(policy_name)
-    policy = make_policy(policy_name, **({"agent": agent} if takes_agent and agent else {}))
+    options = policy_options(policy_name)
+    policy = make_policy(policy_name, **({"agent": agent} if "agent" in options and agent else {}),
+                         **({"cache": disk_cache()} if "cache" in options else {}))
     try:
-        with progress_bar(TextColumn(f"{policy_name:<16}"), BarColumn(),
-                          TextColumn("{task.completed:,}/{task.total:,} jobs"), TimeElapsedColumn()) as bar:
-            task = bar.add_task("jobs", total=len(trace))
+        with progress_bar(TextColumn("{task.description:<16}"), BarColumn(), unit="jobs") as bar:
+            task = bar.add_task(policy_name, total=len(trace))
             return simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop,
                             progress=lambda now, done, total: bar.update(task, completed=done))
     except UnplaceableJobs as err:

@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from gpualloc.cli.common import console, load_graph, output_file
+from gpualloc.cli.common import console, load_graph, output_file, progress_bar
 from gpualloc.reports.learning import placer_learning_curve
 from gpualloc.limits import MAX_BATCH, MAX_SEED, MAX_STEPS
 
 app = typer.Typer(no_args_is_help=True, help="Train the DQN agents: `train placer`, `train scheduler`.")
 
 
-def _bar() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(),
-                    TextColumn("{task.completed:,}/{task.total:,} steps"), TextColumn("{task.fields[stats]}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+def _bar(unit: str = "steps"):
+    """The training progress on stderr (:func:`~gpualloc.cli.common.progress_bar`): steps, statistics, ETA."""
+    from rich.progress import BarColumn, TextColumn
+
+    return progress_bar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"), unit=unit)
 
 
 def _stats(log) -> str:
@@ -28,10 +28,10 @@ def _stats(log) -> str:
     return f"episodes {len(log.episode_returns):,}  return {mean:+.4f}  eps {eps:.2f}  best eval {best}"
 
 
-def _progress_callback(bar: Progress, task, total: int):
+def _progress_callback(bar, task, total: int):
     def callback(step: int, log) -> None:
         if step % 50 == 0 or step == total:
-            bar.update(task, completed=step, stats=_stats(log))
+            bar.update(task, completed=step, note=_stats(log))
     return callback
 
 
@@ -71,7 +71,7 @@ def placer_cmd(
     with console.status("building problems and their best-heuristic base plans..."):
         train_p, eval_p = problems(graphs), problems(eval_graphs)
     with _bar() as bar:
-        task = bar.add_task("train placer", total=steps, stats="")
+        task = bar.add_task("train placer", total=steps)
         agent, log = train_placer(train_p, steps, out, seed=seed, eval_problems=eval_p,
                                   callback=_progress_callback(bar, task, steps))
     curve = out.with_suffix(".png")
@@ -143,14 +143,21 @@ def scheduler_cmd(
         from gpualloc.rl.train_scheduler import train_expert_scheduler
 
         train_w, val_w = _windows(windows, cluster)
-        report = train_expert_scheduler(out, clusters=tuple(c.strip() for c in cluster.split(",") if c.strip()),
-                                        experts=tuple(e.strip() for e in experts.split(",") if e.strip()),
-                                        steps=steps, seed=seed, hd_dim=hd_dim, progress=console.print,
-                                        rollout_points=rollout_points, rollout_base=rollout_base,
-                                        rollout_horizon_s=rollout_horizon_h * 3600 or None,
-                                        rollout_follow_s=rollout_follow_h * 3600,
-                                        guide=guide, bc_rounds=bc_rounds, train_traces=train_traces,
-                                        extra_problems=tuple(train_w), val_problems=tuple(val_w))
+        with _bar("stages") as bar:  # stages of very different lengths: elapsed time, no estimate
+            task = bar.add_task("train scheduler (expert choice)", total=None)
+
+            def say(message: str) -> None:
+                console.print(message, highlight=False)
+                bar.update(task, advance=1, note=message)
+
+            report = train_expert_scheduler(
+                out, clusters=tuple(c.strip() for c in cluster.split(",") if c.strip()),
+                experts=tuple(e.strip() for e in experts.split(",") if e.strip()),
+                steps=steps, seed=seed, hd_dim=hd_dim, progress=say,
+                rollout_points=rollout_points, rollout_base=rollout_base,
+                rollout_horizon_s=rollout_horizon_h * 3600 or None, rollout_follow_s=rollout_follow_h * 3600,
+                guide=guide, bc_rounds=bc_rounds, train_traces=train_traces,
+                extra_problems=tuple(train_w), val_problems=tuple(val_w))
         console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
         return
     from gpualloc.parallel import make_executor
@@ -168,11 +175,11 @@ def scheduler_cmd(
         raise TraceError("give --trace FILE (one or more) or --generator")
     traces = [read_trace(p, fmt) for p in trace] if trace else None
     with _bar() as bar, make_executor(use_ray, ray_address, workers) as executor:
-        task = bar.add_task("train scheduler", total=steps, stats="")
+        task = bar.add_task("train scheduler", total=steps)
 
         def progress(step: int, total: int, stats: dict) -> None:
             best = stats.get("best_avg_jct_s")
-            bar.update(task, completed=step, stats=f"episodes {stats.get('episodes', 0):,}  "
+            bar.update(task, completed=step, note=f"episodes {stats.get('episodes', 0):,}  "
                        f"eps {stats.get('epsilon', 1.0):.2f}  best eval avg JCT "
                        f"{'-' if best is None else f'{best / 3600:.1f} h'}")
 

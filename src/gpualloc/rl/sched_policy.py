@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpualloc.cache import DiskCache, code_key, file_hash
 from gpualloc.errors import AgentError, GpuallocError, GpuallocWarning
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, distinct, observe
@@ -108,11 +109,12 @@ class ExpertChoicePolicy:
     preemptive = True
 
     def __init__(self, agent: DQNAgent | None, experts: tuple[str, ...] | list[str], teacher: int = 0, *,
-                 gate: GateResult | None = None, encoder=None) -> None:
+                 gate: GateResult | None = None, encoder=None, agent_path: str | Path | None = None) -> None:
         self.experts, self.teacher = tuple(experts), int(teacher)
         self.gate = gate
         self.fallback = agent is None or (gate is not None and not gate.passed)
-        self.learned = agent  # kept when the gate fails, to measure it (benchmarks/sched_decision_latency.py)
+        self._learned = agent
+        self._agent_path = agent_path  # a failed gate's agent, loaded only if asked for (see learned)
         self.agent = None if self.fallback else agent
         self.encoder = encoder
         if agent is not None and agent.n_actions != len(self.experts):
@@ -125,6 +127,16 @@ class ExpertChoicePolicy:
         self.round_s: float | None = self._panel.round_s
         self._table: JobTable | None = None
         self.choices = np.zeros(len(self.experts), dtype=np.int64)
+
+    @property
+    def learned(self) -> DQNAgent | None:
+        """The learned agent, also when its gate failed (to measure it: benchmarks/sched_decision_latency.py);
+        an agent whose cached verdict let the policy skip it is loaded now."""
+        if self._learned is None and self._agent_path is not None:
+            from gpualloc.rl.dqn import DQNAgent
+
+            self._learned = DQNAgent.load(self._agent_path, device="cpu")
+        return self._learned
 
     def _new_panel(self) -> ExpertPanel:
         if self.fallback:  # the teacher alone: exactly the teacher heuristic
@@ -151,22 +163,44 @@ class ExpertChoicePolicy:
         return panel.apply(choice, proposals, view)
 
 
-def learned_policy(agent: str | Path | DQNAgent | None = None, **options):
+VERDICT_KIND = "dqn-gate"
+"""The cache's sub-folder for gate verdicts."""
+
+VERDICT_SOURCES = ("rl/sched_policy.py", "rl/expert_choice.py", "rl/dqn/agent.py", "rl/dqn/checkpoint.py")
+"""The code that reads a checkpoint's verdict (package-relative): a change invalidates cached verdicts."""
+
+
+def verdict_key(path: str | Path) -> dict:
+    """The cache key of an agent file's gate verdict: its content hash and the code that reads it."""
+    return {"checkpoint_sha256": file_hash(path), **code_key(VERDICT_SOURCES)}
+
+
+def learned_policy(agent: str | Path | DQNAgent | None = None, *, cache: DiskCache | None = None, **options):
     """The registry's ``dqn`` factory: the agent file's kind decides the policy class.
 
     Args:
         agent: checkpoint path, a loaded agent, or None for the bundled expert-choice agent.
+        cache: where the gate verdicts of agent files are kept (keyed by the file's content hash and
+            the reading code): an expert-choice agent whose cached verdict failed becomes its teacher
+            heuristic without loading the checkpoint or torch (seconds saved on every call).
         **options: :class:`DQNPolicy` options (``requests``, ``metrics``) for a per-slot agent.
 
     Raises:
         AgentError: missing file, or not a scheduling agent.
     """
+    key = None
+    if not _is_agent(agent):
+        path = bundled_agent_path(BUNDLED_EXPERT_AGENT) if agent is None else Path(agent)
+        if cache is not None and path.is_file():
+            key = verdict_key(path)
+            policy = _from_verdict(cache.get(VERDICT_KIND, key), path)
+            if policy is not None:
+                return policy
     from gpualloc.rl.dqn import DQNAgent
 
     if isinstance(agent, DQNAgent):
         loaded, where = agent, "agent"
     else:
-        path = bundled_agent_path(BUNDLED_EXPERT_AGENT) if agent is None else Path(agent)
         loaded, where = DQNAgent.load(path, device="cpu"), str(path)
     extra = loaded.extra if isinstance(loaded.extra, dict) else {}
     if extra.get("format") != EXPERT_FORMAT:
@@ -180,7 +214,30 @@ def learned_policy(agent: str | Path | DQNAgent | None = None, **options):
     encoder = None
     if extra.get("hd"):
         encoder = HDFeatures.from_dict(extra["hd"])
+    if key is not None:
+        cache.put(VERDICT_KIND, key, {"format": EXPERT_FORMAT, "experts": experts, "teacher": teacher,
+                                      "gate": None if gate is None else gate.to_dict()})
     return ExpertChoicePolicy(loaded, experts, teacher, gate=gate, encoder=encoder)
+
+
+def _is_agent(agent) -> bool:
+    """A loaded agent (not a path): checked without importing torch when it is a path or None."""
+    return agent is not None and not isinstance(agent, (str, Path))
+
+
+def _from_verdict(verdict, path: Path) -> ExpertChoicePolicy | None:
+    """The teacher-run policy of a cached failed verdict; None for anything else (no entry, a passed gate:
+    the agent must be loaded, or an entry that does not parse: read the checkpoint again)."""
+    if not isinstance(verdict, dict) or verdict.get("format") != EXPERT_FORMAT or verdict.get("gate") is None:
+        return None
+    try:
+        gate = GateResult.from_dict(verdict["gate"])
+        experts, teacher = [str(x) for x in verdict["experts"]], int(verdict["teacher"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if gate.passed or not 0 <= teacher < len(experts):
+        return None
+    return ExpertChoicePolicy(None, experts, teacher, gate=gate, agent_path=path)
 
 
 def scheduler_extra(layout: FeatureLayout, scaler: FeatureScaler, *, slot_order: str, work_conserving: bool,

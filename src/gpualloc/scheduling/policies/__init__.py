@@ -21,7 +21,7 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
                        ("tiresias", "las:Tiresias"), ("gavel", "hetero:Gavel"),
                        ("gavel-srtf", "hetero:GavelShortestFirst")):
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
-POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent",))
+POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent", "cache"))
 
 
 _PROTOCOL = ("name", "preemptive", "round_s", "decide")  # what the simulator reads of a policy
