@@ -25,6 +25,11 @@ from gpualloc.service.app import Service, ServiceConfig, create_app
 
 GPUALLOC = [sys.executable, "-m", "gpualloc.cli.main"]
 
+if os.geteuid() == 0:
+    # `gpualloc serve` as root refuses to start unless told whom jobs run as; these tests' jobs run in
+    # root's private temporary folders, so as root (tests/service/test_isolation.py runs other users).
+    os.environ.setdefault("GPUALLOC_JOB_USER", "root")
+
 
 def kill_runs(runs_dir: Path) -> None:
     """SIGKILL the process group of every local run still alive under ``runs_dir``."""

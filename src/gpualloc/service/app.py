@@ -64,8 +64,9 @@ from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.policies import POLICIES
-from gpualloc.service.auth import default_token_path, load_or_create_token, token_matches
-from gpualloc.service.backends import Backend, make_backend
+from gpualloc.service.auth import check_store_files, default_token_path, load_or_create_token, token_matches
+from gpualloc.service.backends import Backend, host_device_indices, make_backend
+from gpualloc.service.jobusers import JobUsers
 from gpualloc.service.slurm import AdviceRequest, advise
 from gpualloc.service.errors import Conflict, Forbidden, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
 from gpualloc.service.models import JobOut, JobRecord, JobSpec, JobState, PolicyChange
@@ -117,6 +118,8 @@ class ServiceConfig:
         docs: serve ``/docs`` and ``/redoc`` (assets loaded from a CDN) without the token.
         agents_dir: the only folder a ``dqn`` policy's ``agent`` option may name a file in
             (default: the bundled agents, :func:`bundled_agents_dir`).
+        job_users: who jobs of the local backend run as (:func:`~gpualloc.service.jobusers.plan_job_users`;
+            None: the service's own user). When they switch users, the store's folder must be 0700.
         quotas: a team quota file (:meth:`gpualloc.scheduling.quotas.Quotas.from_file`): the policy
             is wrapped in :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, and only its teams submit.
     """
@@ -144,6 +147,7 @@ class ServiceConfig:
     docs: bool = False
     agents_dir: str | None = None
     quotas: str | None = None
+    job_users: JobUsers | None = None
 
 
 class Service:
@@ -178,6 +182,7 @@ class Service:
         path = sqlite_path(cfg.store)
         try:
             if path is not None:
+                check_store_files(path, private_folder=cfg.job_users is not None and cfg.job_users.switches)
                 self._lock(path)
             self.token, self.token_created = load_or_create_token(self.token_path)
             self.store = Store(cfg.store, max_queued=cfg.max_queued, synchronous=cfg.synchronous)
@@ -195,8 +200,9 @@ class Service:
                 from gpualloc.service.slurm import slurm_options
 
                 options = dict(slurm_options(runs, self.store.uid, self.cluster, cfg.cluster))
-            else:
-                options = {"runs_dir": runs}
+            else:  # every node on this host: device indices host-wide, per vendor
+                options = {"runs_dir": runs, "job_users": cfg.job_users,
+                           "host_indices": host_device_indices([d.type.vendor for d in self.cluster.devices])}
             self.backend = make_backend(cfg.backend, **options)
             name, popts = cfg.policy, cfg.policy_options
             if name is None:

@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from gpualloc.registry import Registry
 from gpualloc.service.errors import BackendError
+from gpualloc.service.jobusers import JobUsers
 from gpualloc.service.runner import (EXIT_FILE, LOG_FILES, PID_FILE, PROGRAM_PID_FILE, SPEC_FILE, Execution,
                                      open_private, private_dir, write_json_atomic)
 
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 """Best-effort Ray clean-ups that fail are logged here, not raised: the run is over either way."""
 
 __all__ = ["BACKENDS", "Backend", "LocalBackend", "RayBackend", "RunRef", "RunRequest", "RunState", "RunStatus",
-           "make_backend", "ray_resource_name"]
+           "host_device_indices", "make_backend", "ray_resource_name"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class RunRequest:
         resource: the Ray resource of the type (``"gpu_V100"``).
         gpus: cluster device indices.
         groups: ``(node index, local device indices on that node)`` per node of the allocation.
+        team: the submitter's team (None: none recorded): picks the user the job runs as
+            (:class:`~gpualloc.service.jobusers.JobUsers`).
     """
 
     job_id: int
@@ -69,6 +72,7 @@ class RunRequest:
     resource: str
     gpus: tuple[int, ...]
     groups: tuple[tuple[int, tuple[int, ...]], ...]
+    team: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,22 @@ def visible_devices_env(vendor: str, local: Sequence[int]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ids}
 
 
+def host_device_indices(vendors: Sequence[str]) -> tuple[int, ...]:
+    """The index each cluster device has on one host that holds them all: its position among the
+    devices of its vendor, in cluster order (CUDA numbers the NVIDIA GPUs of a host, ROCm the AMD ones).
+
+    Args:
+        vendors: the vendor of each cluster device, in cluster device order.
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for vendor in vendors:
+        key = vendor.lower()
+        out.append(seen.get(key, 0))
+        seen[key] = out[-1] + 1
+    return tuple(out)
+
+
 def rank_target(req: RunRequest, rank: int) -> dict[str, Any]:
     """The target of one rank (one node group) with its environment: the job's ``env`` plus
     ``GPUALLOC_*`` (job, attempt, device type, GPUs, rank, world size) and the visible devices."""
@@ -186,15 +206,27 @@ def read_exit(run_dir: Path) -> dict[str, Any] | None:
 class LocalBackend:
     """Job attempts as processes on this host, one run folder each under ``runs_dir``.
 
+    Every node of the cluster is on this one host, so a job's visible devices are numbered host-wide
+    (``host_indices``): on ``4xV100+2xT4`` the T4s are CUDA devices 4 and 5, never 0 and 1 again, and
+    NVIDIA jobs get ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers the GPUs as ``nvidia-smi`` does.
+
+    The runner gets the job's target, with its ``env`` values, on its standard input (an unlinked
+    file); ``spec.json`` keeps the variable names only. With ``job_users``, the program runs as the
+    user named for the job's team; the runner, the run folder and the logs stay the service's.
+
     Args:
         runs_dir: where run folders go (``<job>-<attempt>/``: spec, logs, exit status).
         python: the interpreter that runs :mod:`gpualloc.service.runner`.
         stop_grace_s: seconds between SIGTERM and SIGKILL when stopping.
+        host_indices: each cluster device's index on this host (:func:`host_device_indices`; default:
+            the cluster index).
+        job_users: who jobs run as (default: the service's user).
     """
 
     name = "local"
 
-    def __init__(self, runs_dir: str | Path, *, python: str = sys.executable, stop_grace_s: float = 5.0) -> None:
+    def __init__(self, runs_dir: str | Path, *, python: str = sys.executable, stop_grace_s: float = 5.0,
+                 host_indices: Sequence[int] | None = None, job_users: JobUsers | None = None) -> None:
         try:
             self.runs_dir = private_dir(Path(runs_dir))
             if stat.S_IMODE(self.runs_dir.stat().st_mode) & 0o077:
@@ -205,6 +237,8 @@ class LocalBackend:
             raise BackendError(f"local: runs folder {runs_dir}: {err.strerror}") from err
         self.python = python
         self.stop_grace_s = float(stop_grace_s)
+        self.host_indices = None if host_indices is None else tuple(int(i) for i in host_indices)
+        self.job_users = job_users or JobUsers()
         self._procs: dict[str, subprocess.Popen] = {}
 
     def handle(self, job_id: int, attempt: int, n_groups: int = 1) -> str:
@@ -223,12 +257,22 @@ class LocalBackend:
         try:
             private_dir(d)
             target = rank_target(req, 0)
-            if len(req.groups) > 1:  # one host: every GPU of the allocation is visible to the one process
-                target["env"].update(visible_devices_env(req.vendor, [i for _, loc in req.groups for i in loc]))
-            write_json_atomic(d / SPEC_FILE, target)
-            with open_private(d / "runner.log") as runner_log:
-                proc = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", str(d)],
-                                        stdin=subprocess.DEVNULL, stdout=runner_log, stderr=runner_log, close_fds=True,
+            # One host holds every node: every GPU of the allocation is visible to the one process, by
+            # its index on the host (never its index within its node, which another node's job shares).
+            host = [self.host_indices[g] if self.host_indices is not None else g for g in req.gpus]
+            target["env"].update(visible_devices_env(req.vendor, host))
+            if req.vendor.lower() == "nvidia":
+                target["env"]["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            user = self.job_users.for_team(req.team)
+            if user is not None:
+                target["user"] = user
+            # spec.json for the record: the env's names, not its values (they may be secrets)
+            write_json_atomic(d / SPEC_FILE, {**target, "env": sorted(target["env"])})
+            with open_private(d / "runner.log") as runner_log, tempfile.TemporaryFile(dir=d) as spec_in:
+                spec_in.write(json.dumps(target).encode())
+                spec_in.seek(0)
+                proc = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", str(d), "--stdin"],
+                                        stdin=spec_in, stdout=runner_log, stderr=runner_log, close_fds=True,
                                         start_new_session=True)
         except OSError as err:
             raise BackendError(f"local: cannot start job {req.job_id}: {err}") from err
@@ -327,7 +371,7 @@ class LocalBackend:
         return self.run_dir(handle) / LOG_FILES[stream]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "runs_dir": str(self.runs_dir)}
+        return {"name": self.name, "runs_dir": str(self.runs_dir), "job_users": self.job_users.describe()}
 
     def close(self) -> None:
         """Forget the runners; they keep running (a restarted service adopts them)."""

@@ -5,7 +5,8 @@ use it: the ``local`` backend through ``python -m gpualloc.service.runner RUN_DI
 that outlives the service, so a restarted service finds the run and its exit status in the run
 folder), the ``ray`` backend inside a Ray actor.
 
-A run folder holds ``spec.json`` (what to run), ``runner.pid`` and ``program.pid``,
+A run folder holds ``spec.json`` (what to run; from the local backend, the job's ``env`` names only: the
+values reach the runner on its standard input), ``runner.pid`` and ``program.pid``,
 ``stdout.log`` / ``stderr.log`` and, once the run ended, ``exit.json`` (``exit_code``, ``error``,
 ``result``), written atomically.
 Folders are created 0700 and files 0600: a job's output and environment are its owner's alone.
@@ -18,9 +19,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -88,12 +91,43 @@ def job_base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in JOB_ENV_PASSED or k.startswith(JOB_ENV_PREFIXES)}
 
 
+JOB_UMASK = 0o077
+"""The umask of a job run as another user: what it creates is its own alone."""
+
+
+def _may_enter(folder: str, pw: pwd.struct_passwd) -> bool:
+    """Whether user ``pw`` (its primary group only, as the job runs) may enter ``folder``: checked in a
+    forked child that takes the user's identity (``access`` as root would always say yes)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only checks and exits
+        try:
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            os._exit(0 if os.access(folder, os.X_OK) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _as_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise OSError(f"no user {name!r} on this host") from None
+
+
 class Execution:
     """One run of a target.
 
     Args:
         target: ``{"argv": [...]}`` or ``{"callable": "mod:fn", "args": [...], "kwargs": {...}}``, with
-            optional ``env`` (extra variables) and ``cwd``.
+            optional ``env`` (extra variables), ``cwd`` and ``user``. With ``user``, the program runs as that
+            user (its primary group only, umask 077, ``HOME`` its home; default ``cwd`` its home, else
+            ``/``), and a callable runs in a child process as that user (``python -m
+            gpualloc.service.runner --call``), never in this process. The job's ``env`` reaches the
+            program through its environment only.
         log_dir: where ``stdout.log`` and ``stderr.log`` go (None: discarded).
         callable_in_thread: run a callable in a thread (a Ray actor stays responsive) rather than in
             :meth:`wait`'s caller.
@@ -108,6 +142,7 @@ class Execution:
         self.thread: threading.Thread | None = None
         self.outcome: dict[str, Any] | None = None
         self.stopped = False
+        self._result_file = None  # a callable run as another user writes its outcome here
 
     def _streams(self):
         if self.log_dir is None:
@@ -116,37 +151,74 @@ class Execution:
         return open_private(self.log_dir / LOG_FILES["stdout"]), open_private(self.log_dir / LOG_FILES["stderr"])
 
     def start(self) -> int:
-        """Start the target; returns the program's pid (0 for a callable)."""
+        """Start the target; returns the program's pid (0 for a callable run in this process)."""
         env = {**job_base_env(), **self.target.get("env", {})}
         cwd = self.target.get("cwd")
+        user = self.target.get("user")
+        as_user: dict[str, Any] = {}
+        stdin: Any = subprocess.DEVNULL
+        pass_fds: tuple[int, ...] = ()
+        if user:
+            try:
+                pw = _as_user(str(user))
+            except OSError as exc:
+                self.outcome = {"exit_code": 126, "error": f"cannot run as {user}: {exc}", "result": None}
+                return 0
+            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+            if not cwd:
+                cwd = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
+            as_user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "umask": JOB_UMASK}
         if cwd and not os.path.isdir(cwd):
             # Popen raises the same FileNotFoundError for a missing cwd as for a missing program.
             self.outcome = _no_cwd(cwd)
             return 0
-        if "argv" in self.target:
+        if user and cwd and not _may_enter(cwd, pw):
+            # Popen changes folder before it changes user, so it would not notice.
+            self.outcome = {"exit_code": 126, "error": f"working directory not accessible to user {pw.pw_name}: "
+                                                      f"{cwd} (it needs search permission, x, on the folder and "
+                                                      "every folder above it)", "result": None}
+            return 0
+        if user and "callable" in self.target:
+            # The callable must not run in this process (the service's user): a child runs it as the user,
+            # reading its call from an unlinked file and writing its outcome to another.
+            call = {k: self.target[k] for k in ("callable", "args", "kwargs") if k in self.target}
+            if self.log_dir is not None:
+                private_dir(self.log_dir)
+            stdin = tempfile.TemporaryFile(dir=self.log_dir)
+            stdin.write(json.dumps(call).encode())
+            stdin.seek(0)
+            self._result_file = tempfile.TemporaryFile(dir=self.log_dir)
+            pass_fds = (self._result_file.fileno(),)
+            argv = [sys.executable, "-m", "gpualloc.service.runner", "--call", str(self._result_file.fileno())]
+        elif "argv" in self.target:
             argv = [str(a) for a in self.target["argv"]]
+        else:
+            argv = []
+        if argv:
             out, err = self._streams()
             parent = os.getpid()
             try:
-                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=out, stderr=err, close_fds=True, start_new_session=True,
+                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin,
+                                             stdout=out, stderr=err, close_fds=True, pass_fds=pass_fds,
+                                             start_new_session=True,
                                              preexec_fn=(lambda: _die_with_parent(parent))
-                                             if sys.platform == "linux" else None)
+                                             if sys.platform == "linux" else None, **as_user)
             except FileNotFoundError:
                 if cwd and not os.path.isdir(cwd):  # removed between the check above and the start
                     self.outcome = _no_cwd(cwd)
                 else:
                     self.outcome = {"exit_code": 127, "error": f"command not found: {argv[0]}", "result": None}
             except PermissionError:
-                self.outcome = {"exit_code": 126, "error": f"permission denied: {argv[0]}", "result": None}
+                whom = f" (to user {user})" if user else ""
+                self.outcome = {"exit_code": 126, "error": f"permission denied{whom}: {argv[0]}", "result": None}
             except OSError as exc:
                 self.outcome = {"exit_code": 126, "error": f"cannot start {argv[0]}: {exc}", "result": None}
             finally:
-                for stream in (out, err):
+                for stream in (out, err, stdin):
                     if hasattr(stream, "close"):
                         stream.close()
             return 0 if self.proc is None else self.proc.pid
-        if self.in_thread:
+        if self.in_thread and self.outcome is None:
             self.thread = threading.Thread(target=self._call, name="gpualloc-job", daemon=True)
             self.thread.start()
         return 0
@@ -176,13 +248,24 @@ class Execution:
                 return None
             error = None if code == 0 else (f"killed by signal {-code}" if code < 0 else f"exited with status {code}")
             self.outcome = {"exit_code": code, "error": error, "result": None}
+            if self._result_file is not None:  # a callable run as another user: its own outcome
+                self._result_file.seek(0)
+                try:
+                    told = json.loads(self._result_file.read(4 * MAX_RESULT_CHARS + 4096) or b"null")
+                except ValueError:
+                    told = None
+                if code == 0 and isinstance(told, dict):
+                    self.outcome = {"exit_code": told.get("exit_code"), "error": told.get("error"),
+                                    "result": told.get("result")}
+                self._result_file.close()
+                self._result_file = None
         elif self.thread is not None and not self.thread.is_alive():
             return self.outcome
         return self.outcome
 
     def wait(self) -> dict[str, Any]:
         """Block until the target ends (a callable runs here when not in a thread)."""
-        if "callable" in self.target and self.thread is None and self.outcome is None:
+        if "callable" in self.target and self.thread is None and self.proc is None and self.outcome is None:
             self._call()
         # Block (no polling loop: a host running many jobs should not wake each runner 20 times a
         # second); a signal still runs its handler, then the wait resumes.
@@ -221,9 +304,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def run_folder(run_dir: Path) -> int:
-    """Run the target described in ``run_dir/spec.json`` and record its outcome in ``exit.json``."""
-    spec = json.loads((run_dir / SPEC_FILE).read_text())
+def run_folder(run_dir: Path, spec: dict[str, Any] | None = None) -> int:
+    """Run ``spec`` (default: the target described in ``run_dir/spec.json``) and record its outcome in
+    ``exit.json``."""
+    if spec is None:
+        spec = json.loads((run_dir / SPEC_FILE).read_text())
     execution = Execution(spec, run_dir, callable_in_thread=False)
 
     def _on_term(signum, _frame) -> None:
@@ -245,10 +330,29 @@ def run_folder(run_dir: Path) -> int:
     return 0
 
 
+def call_from_stdin(result_fd: int) -> int:
+    """``--call FD``: run the callable whose ``{"callable", "args", "kwargs"}`` is on standard input (this
+    process already runs as the job's user, in its folder, with its environment) and write its outcome
+    as JSON to ``FD``."""
+    target = json.loads(sys.stdin.buffer.read())
+    execution = Execution(target, None, callable_in_thread=False)
+    execution._call()
+    outcome = execution.outcome or {"exit_code": 1, "error": "no outcome", "result": None}
+    with os.fdopen(result_fd, "wb") as fh:
+        fh.write(json.dumps(outcome).encode())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--call" and args[1].isdigit():
+        return call_from_stdin(int(args[1]))
+    if len(args) == 2 and args[1] == "--stdin":
+        # The local backend's way: the target, with the job's secret env values, comes through a pipe-like
+        # unlinked file, so it is never in a file another job could read.
+        return run_folder(Path(args[0]), json.loads(sys.stdin.buffer.read()))
     if len(args) != 1:
-        sys.stderr.write("usage: python -m gpualloc.service.runner RUN_DIR\n")
+        sys.stderr.write("usage: python -m gpualloc.service.runner RUN_DIR [--stdin]\n")
         return 2
     return run_folder(Path(args[0]))
 

@@ -654,7 +654,8 @@ class Scheduler:
         self._occupy(row, rec, None, ti, gpus)
         req = RunRequest(job_id=rec.id, attempt=rec.attempts, name=rec.name, target=rec.spec["target"],
                          device_type=self.types.names[ti], vendor=self.types.vendors[ti],
-                         resource=self.types.resources[ti], gpus=gpus, groups=self._groups(gpus))
+                         resource=self.types.resources[ti], gpus=gpus, groups=self._groups(gpus),
+                         team=getattr(rec, "team", None))
         try:
             handle = self.backend.launch(req)
         except Exception as err:  # BackendError, or anything the backend let through

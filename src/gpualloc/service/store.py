@@ -150,6 +150,7 @@ class _Tx:
     conn: Connection
     now: float
     queued_delta: int = 0
+    scrubbed: bool = False  # a job's env values were wiped: checkpoint the WAL after the commit
 
 
 class Store:
@@ -192,6 +193,7 @@ class Store:
         self._writes: queue.SimpleQueue = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="gpualloc-store-writer", daemon=True)
         self._closed = False
+        self._scrub_pending = False
         self._writer.start()
 
     # ------------------------------------------------------------------------------ plumbing
@@ -210,6 +212,7 @@ class Store:
             cur.execute(f"PRAGMA synchronous={synchronous}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA secure_delete=ON")  # freed space is zeroed: an ended job's env leaves no trace
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -258,6 +261,8 @@ class Store:
                 if conn is None:
                     conn = self.engine.connect()
                 self._commit(conn, batch)
+                if self._scrub_pending:
+                    self._scrub_wal(conn)
             except Exception as err:  # the connection broke: fail this batch, reconnect for the next
                 failure = ServiceError(f"store {self.url}: {err.__class__.__name__}: {err}")
                 for _, fut in batch:
@@ -269,6 +274,21 @@ class Store:
                 conn = None
         if conn is not None:
             conn.close()
+
+    def _scrub_wal(self, conn: Connection) -> None:
+        """Copy the WAL into the database and truncate it (SQLite), so the old page images holding an
+        ended job's env values are gone; retried after the next commit if readers keep it busy."""
+        if self.path is None:
+            self._scrub_pending = False
+            return
+        cur = conn.connection.dbapi_connection.cursor()  # outside SQLAlchemy's transaction: no BEGIN
+        try:
+            cur.execute("PRAGMA busy_timeout=200")
+            busy = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        finally:
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+        self._scrub_pending = bool(busy)
 
     def _commit(self, conn: Connection, batch: list[tuple[Callable[[_Tx], Any], Future]]) -> None:
         """Run ``batch`` in one transaction and commit once.
@@ -305,6 +325,7 @@ class Store:
                 tx = _Tx(conn, self.clock())
                 try:
                     res = fn(tx)
+                    self._scrub_pending |= tx.scrubbed
                 except ServiceError as err:  # a refusal: nothing was written
                     outcomes.append((fut, None, err))
                     continue
@@ -498,7 +519,7 @@ class Store:
                 if row is not None:
                     if row["user"] != user:
                         raise Conflict("Idempotency-Key already used by another user; use a new key for a new job")
-                    if json.loads(row["spec"]) != json.loads(spec_json):
+                    if json.loads(row["spec"]) not in (json.loads(spec_json), _scrub(json.loads(spec_json))):
                         raise Conflict(f"Idempotency-Key already used for job {row['id']} with a different "
                                        f"request; use a new key for a new job")
                     return _record(row), False
@@ -680,7 +701,22 @@ def _holding(tx: _Tx, job_id: int, attempt: int) -> JobRecord:
 
 
 def _set(tx: _Tx, job_id: int, **values: Any) -> None:
+    if values.get("state") in _TERMINAL:  # env values may be secrets: kept only while the job may still run
+        spec = tx.conn.execute(select(jobs_t.c.spec).where(jobs_t.c.id == job_id)).scalar_one()
+        values["spec"] = json.dumps(_scrub(json.loads(spec)), separators=(",", ":"))
+        tx.scrubbed = True
     tx.conn.execute(update(jobs_t).where(jobs_t.c.id == job_id).values(**values))
+
+
+_TERMINAL = frozenset(s.value for s in JobState if s.terminal)
+
+
+def _scrub(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with its target's ``env`` values replaced by None (the names stay)."""
+    target = spec.get("target")
+    if not isinstance(target, dict) or not target.get("env"):
+        return spec
+    return {**spec, "target": {**target, "env": dict.fromkeys(target["env"])}}
 
 
 def _release(tx: _Tx, job_id: int) -> None:
