@@ -82,6 +82,8 @@ class Serve:
         cmd = [sys.executable, "-m", "gpualloc.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--backend", "slurm", "--cluster", "slurm:", "--store", str(self.store), "--telemetry", "none",
                "--tick", "0.05", "--policy", "fcfs"]
+        if os.geteuid() == 0:  # serve refuses to run jobs as root unless told to (sbatch runs them as the service)
+            cmd += ["--job-user", "root"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
