@@ -34,7 +34,10 @@ class JobTable:
     Static (from the trace and the speed model):
         arrival_s, work_s (reference seconds), num_gpus, priority, type_code (index in ``JOB_TYPES``),
         single_node (bool), speed (jobs x device types: throughput relative to the reference device;
-        0 where the job may not run on that type).
+        0 where the job may not run on that type), team (index in ``team_names``; 0 is ``""``, the
+        default team), pref_rank (jobs x device types: the type's place in the job's ``gpu_types``,
+        0 = preferred; ``PREF_NONE`` for a type it does not list; all 0 for a job without a list).
+        Quotas (:mod:`gpualloc.scheduling.quotas`) read team and pref_rank; nothing else does.
     Dynamic (kept by the simulator):
         status (PENDING/QUEUED/RUNNING/DONE), remaining_s (reference seconds of work left),
         attained_gpu_s (GPU-seconds of service received so far, wall clock x GPUs, as Tiresias' LAS
@@ -51,6 +54,9 @@ class JobTable:
     type_code: np.ndarray
     single_node: np.ndarray
     speed: np.ndarray
+    team: np.ndarray | None = None
+    team_names: tuple[str, ...] = ("",)
+    pref_rank: np.ndarray | None = None
     status: np.ndarray = field(init=False)
     remaining_s: np.ndarray = field(init=False)
     attained_gpu_s: np.ndarray = field(init=False)
@@ -63,6 +69,10 @@ class JobTable:
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
+        if self.team is None:
+            self.team = np.zeros(n, dtype=np.int64)
+        if self.pref_rank is None:
+            self.pref_rank = np.zeros(np.shape(self.speed), dtype=np.int64)
         self.status = np.full(n, PENDING, dtype=np.int8)
         self.remaining_s = np.asarray(self.work_s, dtype=float).copy()
         self.attained_gpu_s = np.zeros(n)
@@ -77,13 +87,21 @@ class JobTable:
         return len(self.arrival_s)
 
     @classmethod
-    def from_trace(cls, trace: Trace, speed: np.ndarray) -> JobTable:
-        """Build the table; ``speed`` is the (jobs x device types) matrix from the speed model."""
+    def from_trace(cls, trace: Trace, speed: np.ndarray, type_names: Sequence[str] = ()) -> JobTable:
+        """Build the table; ``speed`` is the (jobs x device types) matrix from the speed model, whose
+        columns are ``type_names`` (needed for the jobs' type preferences; without it none is kept)."""
         jobs = trace.jobs
         code = {t: i for i, t in enumerate(JOB_TYPES)}
         speed = np.asarray(speed, dtype=float)
         if speed.shape[0] != len(jobs):
             raise ValueError(f"speed matrix has {speed.shape[0]} rows for {len(jobs)} jobs")
+        team_names, team = team_codes([j.team for j in jobs])
+        pref = np.zeros(speed.shape, dtype=np.int64)
+        if type_names:
+            column = {name: i for i, name in enumerate(type_names)}
+            for i, j in enumerate(jobs):
+                if j.gpu_types:
+                    pref[i] = preference_ranks(j.gpu_types, column, len(type_names))
         return cls(
             arrival_s=np.fromiter((j.arrival_s for j in jobs), float, len(jobs)),
             work_s=np.fromiter((j.work_s for j in jobs), float, len(jobs)),
@@ -91,14 +109,15 @@ class JobTable:
             priority=np.fromiter((j.priority for j in jobs), np.int64, len(jobs)),
             type_code=np.fromiter((code[j.job_type] for j in jobs), np.int64, len(jobs)),
             single_node=np.fromiter((j.single_node for j in jobs), bool, len(jobs)),
-            speed=speed,
+            speed=speed, team=team, team_names=team_names, pref_rank=pref,
         )
 
     def fresh(self) -> JobTable:
         """A table of the same jobs, as before any simulation: the static columns are shared (treat
         them as read-only), the dynamic state is new."""
         return JobTable(arrival_s=self.arrival_s, work_s=self.work_s, num_gpus=self.num_gpus, priority=self.priority,
-                        type_code=self.type_code, single_node=self.single_node, speed=self.speed)
+                        type_code=self.type_code, single_node=self.single_node, speed=self.speed,
+                        team=self.team, team_names=self.team_names, pref_rank=self.pref_rank)
 
     def best_speed(self) -> np.ndarray:
         """Each job's speed on its fastest allowed device type."""
@@ -112,6 +131,31 @@ class JobTable:
             order = np.argsort(-self.speed, axis=1, kind="stable")
             self.__dict__["_type_order"] = order
         return order
+
+
+PREF_NONE = 1 << 20
+"""``JobTable.pref_rank`` of a device type the job's ``gpu_types`` list leaves out."""
+
+
+def team_codes(teams: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """``(team_names, code per job)``: the default team ``""`` is always code 0, the others follow
+    sorted by name."""
+    names = ("", *sorted(set(teams) - {""}))
+    index = {name: i for i, name in enumerate(names)}
+    return names, np.fromiter((index[t] for t in teams), np.int64, len(teams))
+
+
+def preference_ranks(gpu_types: Sequence[str], column: dict[str, int], n_types: int) -> np.ndarray:
+    """One ``JobTable.pref_rank`` row: each listed type's place in ``gpu_types`` (first listed = 0),
+    ``PREF_NONE`` for the cluster's other types; all 0 when the list is empty (no preference)."""
+    row = np.zeros(n_types, dtype=np.int64)
+    if gpu_types:
+        row[:] = PREF_NONE
+        for rank, name in enumerate(gpu_types):
+            t = column.get(name)
+            if t is not None and row[t] == PREF_NONE:
+                row[t] = rank
+    return row
 
 
 @dataclass
@@ -343,6 +387,14 @@ class FreeGpus:
             if gpus is not None:
                 return t, gpus
         return None
+
+    def copy(self) -> FreeGpus:
+        """An independent working copy (to try a plan and drop it)."""
+        other = FreeGpus.__new__(FreeGpus)
+        other.__dict__.update(self.__dict__)
+        other.free, other.count, other.by_type = self.free.copy(), self.count.copy(), self.by_type.copy()
+        other._shared = False
+        return other
 
     def take(self, gpus: Sequence[int]) -> None:
         """Mark ``gpus`` as used by a planned start."""

@@ -52,6 +52,7 @@ from gpualloc.scheduling.base import (
     JobTable,
     Policy,
 )
+from gpualloc.scheduling.quotas import QuotaPolicy, Quotas, entitlement_violations, quota_breaches
 from gpualloc.scheduling.rules import InvalidDecision, check_start, fits_types, unplaceable_reason, validate_decision
 from gpualloc.workload.jobs import Trace
 
@@ -141,6 +142,11 @@ class SimResult:
         sim_wall_s: wall time of the simulation.
         events: events handled; decisions: times the policy was asked.
         seed, restart_penalty_s: as given.
+        team_names, team_code: the jobs' teams (``team_names[team_code[j]]``; ``""`` is the default
+            team).
+        gpu_s_by_type: jobs x device types, GPU-seconds each job held GPUs of each type (restart
+            penalties and redone work included: what its team received).
+        quotas: the :class:`~gpualloc.scheduling.quotas.Quotas` the run obeyed, or ``None``.
     """
 
     policy: str
@@ -176,6 +182,10 @@ class SimResult:
     decisions: int
     seed: int | None
     restart_penalty_s: float
+    team_names: tuple[str, ...] = ("",)
+    team_code: np.ndarray | None = None
+    gpu_s_by_type: np.ndarray | None = None
+    quotas: Quotas | None = None
 
     @property
     def n_gpus(self) -> int:
@@ -238,11 +248,11 @@ def prepare(trace: Trace, cluster: ClusterSpec, speed: np.ndarray | None = None)
                               f"for {n} jobs and device types {', '.join(names)}")
     if not np.isfinite(speed).all() or (speed < 0).any():
         raise SchedulingError("speed matrix has negative or non-finite entries")
-    table = JobTable.from_trace(trace, speed)
+    table = JobTable.from_trace(trace, speed, names)
     fits = fits_types(cluster, table.num_gpus, table.single_node, speed)
     best = np.where(fits, speed, 0.0).max(axis=1) if len(names) else np.zeros(n)
     for a in (table.arrival_s, table.work_s, table.num_gpus, table.priority, table.type_code,
-              table.single_node, table.speed, best):
+              table.single_node, table.speed, table.team, table.pref_rank, best):
         a.flags.writeable = False  # shared by every run of the workload
     return Workload(trace, cluster, table, best)
 
@@ -293,7 +303,7 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
              round_s: float | None = None, drop_unplaceable: bool = False,
              seed: int | np.random.Generator | None = 0,
              progress: Callable[[float, int, int], None] | None = None,
-             timeline: bool = True, check: bool = False) -> SimResult:
+             timeline: bool = True, check: bool = False, quotas: Quotas | None = None) -> SimResult:
     """Replay ``trace`` on ``cluster`` under ``policy``.
 
     Args:
@@ -312,8 +322,12 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
         seed: seeds ``view.rng`` (the only randomness a policy should use).
         progress: called as ``progress(now_s, finished_jobs, total_jobs)`` about every 1% of jobs.
         timeline: record busy GPUs and queue length after each decision point.
-        check: verify invariants as the run goes (GPU ownership, finish-once, work conservation);
-            a violation raises ``AssertionError``.
+        check: verify invariants as the run goes (GPU ownership, finish-once, work conservation;
+            with ``quotas``, the reclaim guarantee and, without borrowing, every team within its
+            quota); a violation raises ``AssertionError``.
+        quotas: team quotas per device type: ``policy`` runs wrapped in
+            :class:`~gpualloc.scheduling.quotas.QuotaPolicy` (borrowing, reclaim, fair share, type
+            preferences); checked against ``cluster`` and the jobs' teams first.
 
     Raises:
         SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
@@ -322,7 +336,7 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
     options = SimOptions(speed=speed, preemption=preemption, restart_penalty_s=restart_penalty_s, failures=failures,
                          checkpoint_interval_s=checkpoint_interval_s, round_s=round_s,
                          drop_unplaceable=drop_unplaceable, seed=seed, progress=progress, timeline=timeline,
-                         check=check)
+                         check=check, quotas=quotas)
     return _Engine(trace, cluster, policy, options).run()
 
 
@@ -341,6 +355,7 @@ class SimOptions:
     progress: Callable[[float, int, int], None] | None = None
     timeline: bool = True
     check: bool = False
+    quotas: Quotas | None = None
 
 
 class _Caller:
@@ -442,8 +457,9 @@ class Simulation:
             self._result, self.view = stop.value, None
 
 
-_SIM_OPTIONS = frozenset(f.name for f in fields(SimOptions)) - {"preemption", "round_s"}
-"""What :class:`Simulation` takes as ``**options`` (it sets ``round_s`` itself and never preempts for the caller)."""
+_SIM_OPTIONS = frozenset(f.name for f in fields(SimOptions)) - {"preemption", "round_s", "quotas"}
+"""What :class:`Simulation` takes as ``**options`` (it sets ``round_s`` itself and never preempts for the
+caller; quotas wrap a policy, and the caller of a Simulation decides without one)."""
 
 
 def _workload(trace: Trace | Workload, cluster: ClusterSpec, speed: np.ndarray | None) -> Workload:
@@ -483,6 +499,11 @@ class _Engine:
     def __init__(self, trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, opts: SimOptions) -> None:
         self.wall0 = time.perf_counter()
         work = _workload(trace, cluster, opts.speed)
+        self.quotas = opts.quotas
+        if opts.quotas is not None:
+            opts.quotas.check(cluster)
+            opts.quotas.check_jobs(work.jobs, cluster.type_names, [j.id for j in work.trace.jobs])
+            policy = QuotaPolicy(policy, opts.quotas)
         self.trace, self.cluster, self.policy = work.trace, cluster, policy
         self.name = _policy_name(policy)
         jobs = work.trace.jobs
@@ -523,6 +544,8 @@ class _Engine:
         self.down_intervals: list[tuple[int, float, float]] = []
         self.busy = [0.0] * G
         self.eff = [0.0] * G
+        self.n_types = len(self.type_names)
+        self.held = [0.0] * (len(jobs) * self.n_types)  # GPU-seconds per (job, type), flat
 
         # placeability and the per-job lower bound
         ids = [j.id for j in jobs]
@@ -672,6 +695,7 @@ class _Engine:
             tb.remaining_s[j] = rem if rem > 0.0 else 0.0
         k = len(gpus)
         tb.attained_gpu_s[j] = self.att_base[j] + el * k
+        self.held[j * self.n_types + t] += el * k
         self.lost_s[j] += (el - prog_t) + lost_work / s
         self.lost_work_s[j] += lost_work
         self.done_work[j] += progress
@@ -828,6 +852,12 @@ class _Engine:
             raise AssertionError("free GPU counts drifted from the GPU table")
         if set(self.queue) & set(self.run_list) or len(set(self.queue)) != len(self.queue):
             raise AssertionError("a job is queued twice or queued while running")
+        if self.quotas is not None:
+            bad = quota_breaches(self.view, self.quotas)
+            if self.allow_preempt and self.quotas.borrowing:
+                bad += entitlement_violations(self.view, self.quotas)
+            if bad:
+                raise AssertionError(f"at {self.view.now_s} s: {bad[0]}")
 
     # ---------------------------------------------------------------------------------- loop
 
@@ -1001,4 +1031,6 @@ class _Engine:
             start_s_window=t0, end_s=t1, makespan_s=makespan, energy_j=energy,
             rejected=tuple(self.ids[j] for j in self.rejected),
             sim_wall_s=time.perf_counter() - self.wall0, events=self.events, decisions=self.decisions,
-            seed=self.seed, restart_penalty_s=self.penalty)
+            seed=self.seed, restart_penalty_s=self.penalty, team_names=tuple(tb.team_names),
+            team_code=np.asarray(tb.team).copy(),
+            gpu_s_by_type=np.array(self.held).reshape(self.n, self.n_types), quotas=self.quotas)

@@ -53,9 +53,13 @@ class Job:
         cpu_cores: CPU cores requested.
         mem_bytes: host memory requested.
         priority: larger is more important; 0 by default.
-        gpu_types: device types the job may run on (canonical catalog names); empty means any.
+        gpu_types: device types the job may run on (canonical catalog names), preferred first: under
+            team quotas (:mod:`gpualloc.scheduling.quotas`) the job starts on the first of them with
+            room and falls back to the next only when it has none; empty means any type.
         single_node: all GPUs must sit on one node.
         batch_size: per-job batch size where the trace gives it (Pollux/Sia), else 0.
+        team: the team that submitted the job (quotas and fair share,
+            :mod:`gpualloc.scheduling.quotas`); ``""`` is the default team: no quota, borrows only.
     """
 
     id: str
@@ -71,6 +75,7 @@ class Job:
     gpu_types: tuple[str, ...] = ()
     single_node: bool = False
     batch_size: int = 0
+    team: str = ""
 
     def __post_init__(self) -> None:
         if not self.arrival_s >= 0:

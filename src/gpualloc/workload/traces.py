@@ -294,6 +294,7 @@ def read_native(path: str | Path) -> Trace:
     ``gpu_types``           device type names separated by ``|`` (aliases become canonical names)
     ``single_node``         true/false (also 1/0, yes/no)
     ``batch_size``          non-negative integer
+    ``team``                text: the submitting team (quotas); empty = the default team
     ======================  ==================================================================
 
     Errors name the CSV line, or ``row N`` (1-based) of a Parquet file.
@@ -319,6 +320,7 @@ def read_native(path: str | Path) -> Trace:
         gpu_types=_split_types(table.text("gpu_types"), catalog),
         single_node=_parse_bool(table, "single_node").tolist(),
         batch_size=table.number("batch_size", integer=True, minimum=0, default=0).tolist(),
+        team=table.text("team").tolist(),
     )
     return Trace.of(jobs, source=str(path), format="native")
 
@@ -327,7 +329,7 @@ def write_native(trace: Trace, path: str | Path) -> Path:
     """Write ``trace`` in the native format: ``.csv`` or ``.parquet``/``.pq`` by extension.
 
     ``read_native(write_native(t, p)).jobs == t.jobs`` (floats are written exactly) for jobs whose
-    ``id`` and ``model`` have no surrounding whitespace and whose ``gpu_types`` are canonical names:
+    ``id``, ``model`` and ``team`` have no surrounding whitespace and whose ``gpu_types`` are canonical names:
     the reader strips text fields and turns aliases into canonical names.
     """
     path = Path(path)
@@ -352,6 +354,7 @@ def write_native(trace: Trace, path: str | Path) -> Path:
         "gpu_types": pd.Series(["|".join(j.gpu_types) for j in trace.jobs], dtype=object),
         "single_node": np.array([j.single_node for j in trace.jobs], dtype=bool),
         "batch_size": np.array([j.batch_size for j in trace.jobs], dtype=np.int64),
+        "team": pd.Series([j.team for j in trace.jobs], dtype=object),
     }, columns=list(NATIVE_COLUMNS))
     with atomic_output(path, TraceError) as tmp:
         if suffix == ".csv":
@@ -430,8 +433,9 @@ def read_philly(path: str | Path) -> Trace:
     - ``duration`` (s, > 0) -> ``work_s``. ASSUMPTION: Philly ran on a mix of GPUs of the V100 era and
       records wall time, not the GPU; durations are taken as reference-device (V100-16GB) time.
     - ``num_gpus`` -> ``num_gpus``; ``job_type`` = ml-training; ``model`` unknown (``""``).
-    - ``gpu_time`` (``duration * num_gpus``) ignored; ``cluster`` (virtual cluster id) ignored, the
-      number of distinct ones is ``meta["virtual_clusters"]``.
+    - ``gpu_time`` (``duration * num_gpus``) ignored; ``cluster`` (virtual cluster id, Philly's unit
+      of quota) -> ``team``, so a quota file can name Philly's virtual clusters as teams; the number
+      of distinct ones is ``meta["virtual_clusters"]``.
     - ``id``: 0-based row number in the file.
     """
     table = _read_csv(path)
@@ -447,9 +451,10 @@ def read_philly(path: str | Path) -> Trace:
     arrival = (seconds - seconds.min()).astype(np.float64) if n else np.zeros(0)
     duration = table.number("duration", minimum=0, exclusive=True)
     gpus = table.number("num_gpus", integer=True, minimum=0, exclusive=True)
-    clusters = int(pd.Series(table.text("cluster")).nunique()) if "cluster" in table.frame.columns else 0
+    vc = table.text("cluster")
+    clusters = int(pd.Series(vc).nunique()) if "cluster" in table.frame.columns else 0
     jobs = _make_jobs(table, id=[str(i) for i in range(n)], arrival_s=arrival.tolist(), job_type=_ml(n),
-                      work_s=duration.tolist(), num_gpus=gpus.tolist())
+                      work_s=duration.tolist(), num_gpus=gpus.tolist(), team=vc.tolist())
     return Trace.of(jobs, source=str(path), format="philly", virtual_clusters=clusters)
 
 
