@@ -10,14 +10,14 @@ from typing import Any
 
 import typer
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from gpualloc.cli.common import DefaultToRun, console, err_console, output_file, print_json, progress_bar
+from gpualloc.limits import MAX_JOBS, MAX_SEED, MAX_STEPS
+from gpualloc.reports.tables import Table
 from gpualloc.reports.telemetry import records_table
 from gpualloc.telemetry.backends import BACKENDS, open_backend
 from gpualloc.telemetry.base import DeviceTelemetry, TelemetryError, TelemetryExhausted
-from gpualloc.limits import MAX_JOBS, MAX_SEED, MAX_STEPS
 
 
 class _DefaultToLive(DefaultToRun):

@@ -422,7 +422,7 @@ def user_list(
     if as_json:
         print_json(rows)
         return
-    from rich.table import Table
+    from gpualloc.reports.tables import Table
 
     def when(t: float) -> str:
         return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")

@@ -143,7 +143,7 @@ def print_policies(rows: list[dict], title: str) -> None:
     """The policies' rows as a table (ratios already in the rows, rendering from reports)."""
     from gpualloc.reports.scheduling import policies_table
 
-    console.print(policies_table(rows, title))
+    console.print(policies_table(rows, title, more="--json"))
 
 
 def _records(result) -> list[dict]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from gpualloc.reports.format import gib, ms, si
+from gpualloc.reports.tables import Table
 
 
 def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_from: Sequence[str]) -> Group:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 
 from gpualloc.reports.format import ms
+from gpualloc.reports.tables import Table
 
 _SOURCES = {"fresh": "measured now and cached", "cached": "cached", "given": "given",
             "shipped": "shipped, not measured on this machine"}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from gpualloc.reports.format import gib, si
+from gpualloc.reports.tables import Table
 
 
 def capture_line(path: object, s: dict[str, Any]) -> str:

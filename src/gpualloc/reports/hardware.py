@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from gpualloc.reports.format import gib, num
+from gpualloc.reports.tables import Table
 
 MAX_NODES_SHOWN = 24
 

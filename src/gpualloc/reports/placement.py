@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from gpualloc.reports.format import ms, pct, ratio, signed_pct
+from gpualloc.reports.tables import Table
 
 COLUMNS = ("method", "step", "samples/s", "x bound", "vs static", "vs round-robin", "comm", "comm share",
            "max mem", "feasible", "partition time")

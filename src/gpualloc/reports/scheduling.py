@@ -6,25 +6,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from gpualloc.reports.format import hours, pct, ratio, signed_pct
+from gpualloc.reports.tables import Table
 
 # Times in hours, the unit in the header so the cells stay narrow enough for an 80-column terminal.
 COLUMNS = ("policy", "avg JCT h", "p50 h", "p99 h", "queue h", "jobs/h", "util", "eff. util", "sat. util",
            "makespan h", "slowdown", "x bound", "vs fcfs", "HyperScore", "preempt", "wall")
+DROP_FIRST = ("wall", "preempt", "sat. util", "eff. util", "p50 h", "queue h", "makespan h", "slowdown", "jobs/h",
+              "HyperScore", "util", "vs fcfs", "p99 h", "x bound")
+"""On a narrow terminal, the columns left out first (``reports.tables.Table``): policy and avg JCT stay."""
 
 
-def policies_table(rows: Sequence[dict[str, Any]], title: str) -> Group:
+def policies_table(rows: Sequence[dict[str, Any]], title: str, more: str = "") -> Group:
     """Policies side by side, lowest average JCT first.
 
     Args:
         rows: :func:`~gpualloc.scheduling.metrics.with_ratios` of the runs' summaries (keys ``x_bound``
             and ``vs_fcfs`` included).
         title: the table's title.
+        more: how to see the columns a narrow terminal leaves out (``"--json"``).
     """
-    table = Table(title=title)
+    table = Table(title=title, drop_first=DROP_FIRST, more=more)
     for col in COLUMNS:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     for r in sorted(rows, key=lambda r: r["avg_jct_s"]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rich.table import Table
+from gpualloc.reports.tables import Table
 
 
 def jobs_table(rows: Sequence[dict[str, Any]]) -> Table:

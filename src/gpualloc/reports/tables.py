@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table as _RichTable
+
 from gpualloc.errors import atomic_output
 
 
@@ -164,3 +166,115 @@ def scheduling_markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"{_pm(r, 'makespan_s', '.0f', 1 / 3600)} | "
             f"{_pm(r, 'hyperscore', '.3f')} |")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------- Rich tables
+class Table(_RichTable):
+    """A Rich table that never cuts a value: every Rich table of the CLI is one of these.
+
+    On a terminal narrower than the table, headers wrap first (at word boundaries); if that is not enough,
+    whole columns are dropped -- those in ``drop_first`` in that order, then the others from the right,
+    never the first -- and a line under the table names them and how to see them (``more``). Every cell
+    left keeps its full width. When the output is not a terminal (a file, a pipe), every column is
+    printed in full whatever the width (the CLI's console does not crop such lines).
+
+    Args:
+        *args, **kwargs: as :class:`rich.table.Table`.
+        drop_first: column headers, the least important first.
+        more: how to see every column, for the note: ``"--json"``, ``"--csv"``; by default a wider
+            terminal or a file.
+    """
+
+    def __init__(self, *args, drop_first: Sequence[str] = (), more: str = "", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.drop_first = tuple(drop_first)
+        self.more = more
+
+    def __rich_console__(self, console, options):
+        if not console.is_terminal:
+            width = self._natural_width(console, options)
+            yield from super().__rich_console__(console, options.update(width=width))
+            return
+        if self._natural_width(console, options) <= options.max_width:
+            yield from super().__rich_console__(console, options)
+            return
+        table, dropped = self._fitted(console, options)
+        yield from _RichTable.__rich_console__(table, console, options)
+        if dropped:
+            from rich.text import Text
+
+            how = f"with {self.more} or a wider terminal" if self.more else "in a wider terminal or a file"
+            yield Text(f"({len(dropped)} column(s) left out at {options.max_width} columns: "
+                       f"{', '.join(dropped)}; see them {how})", style="dim")
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        if not console.is_terminal:
+            width = self._natural_width(console, options)
+            return Measurement(width, width)
+        return super().__rich_measure__(console, options)
+
+    def _natural_width(self, console, options) -> int:
+        """The width with every header and cell on one line (Rich's own measure, given all the room)."""
+        return _RichTable.__rich_measure__(self, console, options.update_width(1 << 20)).maximum
+
+    def _frame_width(self, n: int) -> int:
+        """Borders and padding of ``n`` columns (as :meth:`rich.table.Table._extra_width` and its padding)."""
+        edges = 2 if (self.box and self.show_edge) else 0
+        rules = (n - 1) if self.box else 0
+        top, right, bottom, left = self.padding
+        pads = n * (left + right) - (0 if self.pad_edge else left + right)
+        return edges + rules + pads
+
+    @staticmethod
+    def _header_width(column, *, whole: bool) -> int:
+        from rich.text import Text
+
+        header = column.header if isinstance(column.header, Text) else Text.from_markup(str(column.header))
+        if whole:
+            return max((len(line) for line in header.plain.splitlines()), default=0)
+        return max((len(word) for word in header.plain.split()), default=0)
+
+    @staticmethod
+    def _cells_width(column, console, options) -> int:
+        from rich.measure import Measurement
+        from rich.text import Text
+
+        width = 0
+        for cell in column._cells:
+            if isinstance(cell, str):
+                cell = Text.from_markup(cell)
+            if isinstance(cell, Text):
+                w = max((len(line) for line in cell.plain.splitlines()), default=0) if cell.plain else 0
+            else:
+                w = Measurement.get(console, options, cell).maximum
+            width = max(width, w)
+        return width
+
+    def _fitted(self, console, options):
+        """A copy with headers wrapped and the fewest columns dropped to fit ``options.max_width``."""
+        import copy
+
+        need = [max(self._header_width(c, whole=False), self._cells_width(c, console, options))
+                for c in self.columns]
+        headers = [str(c.header) for c in self.columns]
+        order = [h for h in self.drop_first if h in headers[1:]]
+        order += [h for h in reversed(headers[1:]) if h not in order]
+        kept = list(range(len(self.columns)))
+        dropped: list[str] = []
+        while len(kept) > 1 and self._frame_width(len(kept)) + sum(need[i] for i in kept) > options.max_width:
+            name = order.pop(0)
+            kept.remove(headers.index(name))
+            dropped.append(name)
+        table = copy.copy(self)
+        table.columns = []
+        for i in kept:
+            column = copy.copy(self.columns[i])
+            column.width = need[i]
+            column.min_width = None
+            column.no_wrap = False
+            column.overflow = "fold"  # only when even the first column alone is too wide: wrapped, never cut
+            table.columns.append(column)
+        table.min_width = None
+        return table, [d for d in headers if d in dropped]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.table import Table
-
 from gpualloc.reports.format import gib, si
+from gpualloc.reports.tables import Table
 
 
 def _pct(x: float | None) -> str:
