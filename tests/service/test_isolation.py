@@ -126,6 +126,25 @@ def test_a_job_cannot_read_another_users_jobs_secret_but_one_of_its_own_user_can
 
 
 @needs_root
+def test_each_team_runs_as_its_own_user(local_service):
+    """``--job-user daemon --job-user ml=nobody``: the job of a user of team ml runs as nobody, the
+    bootstrap admin's (no team) as daemon; the team comes from the token, never from the request."""
+    svc = local_service(job_users=_as_root_users("daemon", ml="nobody"))
+    _, ml_token = svc.service.store.add_user("alice", "ml")
+    ids = {
+        "ml": svc.client.post("/jobs", json={"name": "a", "command": ["id", "-un"]},
+                              headers={"Authorization": f"Bearer {ml_token}"}).json()["id"],
+        "admin": svc.submit(name="b", command=["id", "-un"])["id"],
+    }
+    whom = {}
+    for who, job_id in ids.items():
+        done = wait_state(svc.client, job_id, {"finished", "failed"})
+        assert done["state"] == "finished", done
+        whom[who] = (svc.runs_dir / done["handle"] / "stdout.log").read_text().strip()
+    assert whom == {"ml": "nobody", "admin": "daemon"}
+
+
+@needs_root
 def test_a_working_directory_the_job_user_cannot_enter_fails_the_job_in_one_line(local_service, tmp_path):
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
@@ -258,6 +277,18 @@ def test_concurrent_jobs_never_share_a_visible_device_on_4xV100_plus_2xT4(local_
     clashes = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]
                if a[0] & b[0] and a[1] < b[2] and b[1] < a[2]]
     assert clashes == []
+
+
+def test_a_ray_started_on_this_host_numbers_devices_host_wide(local_service):
+    """The service's own local Ray holds every node on this host, as the local backend does: a T4 job on
+    4xV100+2xT4 sees devices 4,5 there too (a Ray joined with --ray-address keeps per-node indices)."""
+    pytest.importorskip("ray")
+    svc = local_service(backend="ray", cluster="4xV100+2xT4", ray_num_cpus=1)
+    script = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUALLOC_RANK'])"
+    job = svc.submit(name="t4", command=[sys.executable, "-c", script], device_type="T4", num_gpus=2)
+    done = wait_state(svc.client, job["id"], {"finished", "failed"}, timeout_s=60)
+    assert done["state"] == "finished", done
+    assert svc.client.get(f"/jobs/{job['id']}/logs").content.decode().split() == ["4,5", "0"]
 
 
 # ---------------------------------------------------------------------------------- planted files

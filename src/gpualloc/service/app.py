@@ -194,6 +194,10 @@ class Service:
                     "instance": self.store.uid,
                     "address": cfg.ray_address, "num_cpus": cfg.ray_num_cpus, "log_dir": runs,
                     "temp_dir": f"/tmp/gr-{self.store.uid}",
+                    # a Ray started here holds every node on this host: device indices host-wide
+                    "host_indices": None if cfg.ray_address else {
+                        (d.node, d.local_index): h for d, h in zip(self.cluster.devices, host_device_indices(
+                            [d.type.vendor for d in self.cluster.devices]), strict=True)},
                     "local_resources": {res: float(n) for res, n in zip(
                         self.types.resources, [self.cluster.type_counts()[t] for t in self.types.names], strict=False)}}
             elif cfg.backend == "slurm":

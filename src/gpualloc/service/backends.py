@@ -450,6 +450,9 @@ class RayBackend:
         stop_grace_s: SIGTERM to SIGKILL.
         temp_dir: Ray's session folder for a locally started Ray (default: a new ``/tmp/gr-*``);
             removed on :meth:`close`. A fixed one is reused after a crash instead of left behind.
+        host_indices: ``{(node, local index): index on the host}`` for a Ray on this one host (every
+            node here: visible devices are numbered host-wide, as for the local backend); None: each
+            node is its own machine and its devices are numbered from 0.
     """
 
     name = "ray"
@@ -457,7 +460,8 @@ class RayBackend:
     def __init__(self, resources: Mapping[str, str], instance: str, *, address: str | None = None,
                  local_resources: Mapping[str, float] | None = None, num_cpus: int | None = None,
                  namespace: str = "gpualloc", log_dir: str | Path | None = None, launch_timeout_s: float = 60.0,
-                 stop_grace_s: float = 5.0, temp_dir: str | Path | None = None) -> None:
+                 stop_grace_s: float = 5.0, temp_dir: str | Path | None = None,
+                 host_indices: Mapping[tuple[int, int], int] | None = None) -> None:
         try:
             import ray
         except ImportError as err:
@@ -469,6 +473,7 @@ class RayBackend:
         self.log_dir = None if log_dir is None else private_dir(Path(log_dir))
         self.launch_timeout_s = float(launch_timeout_s)
         self.stop_grace_s = float(stop_grace_s)
+        self.host_indices = None if host_indices is None else dict(host_indices)
         self._temp_dir: str | None = None
         self._started = False
         if not ray.is_initialized():
@@ -527,7 +532,14 @@ class RayBackend:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
                 ).remote()
                 log = None if self.log_dir is None else str(self.log_dir / f"{handle}-r{rank}")
-                actor.start.remote(rank_target(req, rank), log)
+                target = rank_target(req, rank)
+                if self.host_indices is not None:  # one host: its indices, never another node's
+                    node = req.groups[rank][0]
+                    target["env"].update(visible_devices_env(req.vendor, [self.host_indices[(node, i)]
+                                                                          for i in local]))
+                    if req.vendor.lower() == "nvidia":
+                        target["env"]["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+                actor.start.remote(target, log)
                 actors.append(actor)
         except Exception as err:
             self.release(RunRef(req.job_id, req.attempt, handle))
