@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "gpualloc.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--backend", "local", "--store", str(store), "--cluster", "adlro16", "--telemetry", "none",
            "--max-queued", str(args.requests + 100)]
+    if os.geteuid() == 0:  # serve refuses to run jobs as root unless told to; the jobs here are `sleep`
+        cmd += ["--job-user", "root"]
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True)
     result: dict = {}

@@ -13,7 +13,7 @@ from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import service as service_cli
-from gpualloc.cli.common import OrderedGroup, console, err_console, output_folder, set_cache
+from gpualloc.cli.common import OrderedGroup, console, disk_cache, err_console, output_folder, set_cache
 from gpualloc.errors import GpuallocError, GpuallocWarning
 from gpualloc.limits import MAX_BATCH
 
@@ -65,14 +65,14 @@ def demo(
 
     Capture ResNet-50, cost a training step on A100/V100/T4, place it on 4 A100 + 4 V100 with every
     method, and schedule 200 jobs on adlro16 under every policy."""
-    from gpualloc.graph.capture import capture
+    from gpualloc.graph.cached import capture_cached
     from gpualloc.graph.ir import summarize
     from gpualloc.reports.graphs import capture_line, heaviest_nodes_table, summary_view
 
     path = out / "resnet50.json"  # --out is created by its callback (output_folder)
     console.rule("[bold]1. capture ResNet-50 (torch.export + FLOP counter)")
     with console.status(f"tracing resnet50 at batch {batch}..."):
-        g = capture("resnet50", batch=batch)
+        g = capture_cached("resnet50", batch=batch, cache=disk_cache())
     g.save(path)
     console.print(capture_line(path, summarize(g)))
     console.rule("[bold]2. the graph")
