@@ -27,6 +27,9 @@ MAX_JOBS = 1_000_000
 MAX_STEPS = 100_000_000
 """Training steps, iterations, samples, seeds or repeats of any loop the user sizes."""
 
+MAX_INPUT_ELEMENTS = 1 << 28
+"""Elements of the example inputs made from ``graph capture --input-shape`` (batch included): 1 GiB of fp32."""
+
 MAX_SEED = 2**32 - 1
 """Largest seed (numpy and torch both accept 0..2**32-1)."""
 

@@ -264,7 +264,7 @@ def test_module_factory_path_errors(tmp_path, monkeypatch) -> None:
         def build():
             return nn.Linear(2, 2)
     """)
-    with pytest.raises(CaptureError, match="defines no example_inputs"):
+    with pytest.raises(CaptureError, match="no example inputs: give the module build"):
         capture("gpualloc_user_noinputs:build")
     g = capture("gpualloc_user_noinputs:build", example_inputs=(torch.randn(1, 2),))
     assert g.total_flops == 2 * 2 * 2

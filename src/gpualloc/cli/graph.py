@@ -35,13 +35,27 @@ def capture_cmd(
     batch: int = typer.Option(1, "--batch", max=MAX_BATCH, min=1, help="Batch size the graph is captured at."),
     granularity: Granularity = typer.Option(Granularity.op, "--granularity",
                                             help="op: every aten op; layer: one node per module."),
+    input_shape: list[str] = typer.Option(
+        None, "--input-shape", metavar="D1,D2,...",
+        help="Shape of one input without the batch (3,224,224); repeat for each positional input of forward. "
+             "For a model without example_inputs; overrides its own."),
+    input_dtype: list[str] = typer.Option(
+        None, "--input-dtype", metavar="DTYPE",
+        help="dtype of each --input-shape (float32, bfloat16, int64, ...), or one for all. [default: float32]"),
 ) -> None:
-    """Trace a PyTorch model (torch.export) into an operator graph with per-op FLOPs and bytes."""
-    from gpualloc.graph.capture import capture
+    """Trace a PyTorch model (torch.export) into an operator graph with per-op FLOPs and bytes.
+
+    A factory's inputs come from, in order: --input-shape, the model's example_inputs(batch) method, its
+    module's example_inputs(batch) function.
+    """
+    from gpualloc.graph.capture import capture, shaped_inputs
     from gpualloc.graph.ir import summarize
 
+    if input_dtype and not input_shape:
+        raise typer.BadParameter("needs --input-shape", param_hint="--input-dtype")
+    inputs = shaped_inputs(input_shape, input_dtype or ()) if input_shape else None  # checked before tracing
     with console.status(f"tracing {model} at batch {batch}..."):
-        graph = capture(model, batch=batch, granularity=granularity.value)
+        graph = capture(model, batch=batch, granularity=granularity.value, example_inputs=inputs)
     graph.save(output)
     console.print(capture_line(output, summarize(graph)))
 

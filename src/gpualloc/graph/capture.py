@@ -147,14 +147,22 @@ def _load_model(
     module, own_inputs = build_from_factory(model)
     inputs = example_inputs if example_inputs is not None else own_inputs
     if inputs is None:
-        raise CaptureError(f"{model!r}: module {model.split(':')[0]!r} defines no example_inputs(batch); "
-                           "define one or pass example_inputs")
+        raise CaptureError(no_example_inputs(model))
     return module, inputs, model, False
 
 
+def no_example_inputs(model: str) -> str:
+    """The one message for a factory whose model has no example inputs: it names the three ways to give them."""
+    attr = model.rsplit(":", 1)[-1]
+    return (f"{model!r}: no example inputs: give the module {attr}() returns an example_inputs(batch) method, "
+            f"define example_inputs(batch) in {model.split(':')[0]!r}, or pass the input shapes "
+            "(--input-shape 3,224,224, repeated per input; example_inputs= in Python)")
+
+
 def build_from_factory(model: str) -> tuple[nn.Module, Callable[[int], Sequence[torch.Tensor]] | None]:
-    """Import ``"package.module:factory"``, call ``factory()``, and return the module with the package
-    module's ``example_inputs`` function (None when it has none). The one factory protocol of capture and run.
+    """Import ``"package.module:factory"``, call ``factory()``, and return the module with its example inputs:
+    the returned module's own ``example_inputs(batch)`` method, else the package module's ``example_inputs``
+    function, else None. The one factory protocol of capture and run.
     """
     mod, attr = import_factory_module(model)
     factory = getattr(mod, attr, None)
@@ -166,8 +174,82 @@ def build_from_factory(model: str) -> tuple[nn.Module, Callable[[int], Sequence[
         raise CaptureError(f"{model!r}: {attr}() failed: {_one_line(err)}") from err
     if not isinstance(module, nn.Module):
         raise CaptureError(f"{model!r}: {attr}() returned {type(module).__name__}, not an nn.Module")
+    own = getattr(module, "example_inputs", None)  # a method of the model (nn.Module has none of its own)
+    if callable(own):
+        return module, own
     make = getattr(mod, "example_inputs", None)
     return module, make if callable(make) else None
+
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+           "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64, "int64": torch.int64,
+           "long": torch.int64, "int32": torch.int32, "int": torch.int32, "bool": torch.bool}
+
+
+def shaped_inputs(shapes: Sequence[str | Sequence[int]], dtypes: Sequence[str] = ()
+                  ) -> Callable[[int], tuple[torch.Tensor, ...]]:
+    """Example inputs from shapes without the batch (``"3,224,224"`` or ``(3, 224, 224)``): ``batch -> tuple``
+    of one tensor per shape, the batch prepended; floating dtypes hold ``randn`` values, integer ones zeros
+    (valid token ids for any vocabulary), bool ``False``.
+
+    Args:
+        shapes: one shape per positional input of ``forward``.
+        dtypes: one dtype name per shape (``float32``, ``bfloat16``, ``int64``, ...), or one for all;
+            default ``float32``.
+
+    Raises:
+        CaptureError: a malformed shape, an unknown dtype, a count mismatch, or inputs of more than
+            ``limits.MAX_INPUT_ELEMENTS`` elements (one line).
+    """
+    from gpualloc.limits import MAX_INPUT_ELEMENTS
+
+    if not shapes:
+        raise CaptureError("input shape: give at least one (e.g. 3,224,224)")
+    parsed = [_parse_shape(s) for s in shapes]
+    names = list(dtypes) or ["float32"]
+    if len(names) == 1:
+        names *= len(parsed)
+    if len(names) != len(parsed):
+        raise CaptureError(f"input dtype: give one per input shape ({len(parsed)}) or one for all, got {len(names)}")
+    unknown = [n for n in names if n.strip().lower() not in _DTYPES]
+    if unknown:
+        raise CaptureError(f"input dtype: unknown {unknown[0]!r}; expected one of {', '.join(_DTYPES)}")
+    kinds = [_DTYPES[n.strip().lower()] for n in names]
+
+    def make(batch: int) -> tuple[torch.Tensor, ...]:
+        total = sum(batch * _prod(shape) for shape in parsed)
+        if total > MAX_INPUT_ELEMENTS:
+            raise CaptureError(f"input shape: {total:,} elements at batch {batch} (at most {MAX_INPUT_ELEMENTS:,})")
+        return tuple(torch.randn(batch, *shape, dtype=kind) if kind.is_floating_point
+                     else torch.zeros(batch, *shape, dtype=kind) for shape, kind in zip(parsed, kinds, strict=True))
+
+    return make
+
+
+def _parse_shape(shape: str | Sequence[int]) -> tuple[int, ...]:
+    from gpualloc.limits import MAX_INPUT_ELEMENTS
+
+    try:
+        if isinstance(shape, str):
+            dims = tuple(int(d) for d in shape.replace("x", ",").split(","))
+        else:
+            dims = tuple(operator.index(d) for d in shape)
+    except (TypeError, ValueError):
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise CaptureError(f"input shape: expected positive integers separated by commas, without the batch "
+                           f"(e.g. 3,224,224), got {shape!r}")
+    if _prod(dims) > MAX_INPUT_ELEMENTS:
+        raise CaptureError(f"input shape {shape!r}: {_prod(dims):,} elements per sample (at most "
+                           f"{MAX_INPUT_ELEMENTS:,})")
+    return dims
+
+
+def _prod(dims: Sequence[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
 
 
 # ------------------------------------------------------------------------------------------ capture

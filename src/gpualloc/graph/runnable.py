@@ -59,7 +59,10 @@ def build_model(model: str, batch: int, *, seed: int = 0) -> tuple[nn.Module, tu
         else:
             module, make = build_from_factory(model)
             if make is None:
-                raise CaptureError(f"{model!r}: module {model.split(':')[0]!r} defines no example_inputs(batch)")
+                attr = model.rsplit(":", 1)[-1]
+                raise CaptureError(f"{model!r}: no example inputs: give the module {attr}() returns an "
+                                   f"example_inputs(batch) method, or define example_inputs(batch) in "
+                                   f"{model.split(':')[0]!r}")
         try:
             args = make(batch)
         except Exception as err:  # noqa: BLE001
