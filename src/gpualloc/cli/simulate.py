@@ -30,6 +30,9 @@ _SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the generat
 _DROP = typer.Option(False, "--drop-unplaceable",
                      help="Reject jobs larger than any device type of the cluster instead of stopping.")
 _AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled one).")
+_QUOTAS = typer.Option(None, "--quotas",
+                       help="Team quotas per GPU type (TOML, docs/quotas.md): every policy runs under them, with "
+                            "borrowing, reclaim, fair share and GPU-type preferences; adds per-team figures.")
 
 
 def workload(cluster: str | None, trace: Path | None, fmt: str | None, generate: int | None, load: float,
@@ -47,7 +50,16 @@ def workload(cluster: str | None, trace: Path | None, fmt: str | None, generate:
     return spec, jobs
 
 
-def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None):
+def load_quotas(path: Path | None):
+    """The quota file of ``--quotas`` (``None`` without one)."""
+    if path is None:
+        return None
+    from gpualloc.scheduling.quotas import Quotas
+
+    return Quotas.from_file(path)
+
+
+def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None, quotas=None):
     from rich.progress import BarColumn, TextColumn
 
     from gpualloc.scheduling.policies import make_policy, policy_options
@@ -59,7 +71,7 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
     try:
         with progress_bar(TextColumn("{task.description:<16}"), BarColumn(), unit="jobs") as bar:
             task = bar.add_task(policy_name, total=len(trace))
-            return simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop,
+            return simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop, quotas=quotas,
                             progress=lambda now, done, total: bar.update(task, completed=done))
     except UnplaceableJobs as err:
         raise UnplaceableJobs(f"{err}; --drop-unplaceable rejects such jobs instead") from err
@@ -69,7 +81,7 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
 def run_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
-    agent: Path = _AGENT,
+    agent: Path = _AGENT, quotas: Path = _QUOTAS,
     policy: str = typer.Option("fcfs", "--policy", "-p",
                                help="Scheduling policy (see `simulate compare --help`), or package.module:factory "
                                     "for one of your own (run from the folder holding the package)."),
@@ -78,11 +90,14 @@ def run_cmd(
                              help="Write the metrics and every job's record here (JSON)."),
 ) -> None:
     """Run one policy and print its metrics, with the lower bound beside them."""
-    from gpualloc.scheduling.metrics import summary, with_ratios
+    from gpualloc.scheduling.metrics import summary, team_summary, with_ratios
 
+    team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    result = run_policy(jobs, spec, policy, seed, drop, agent)
+    result = run_policy(jobs, spec, policy, seed, drop, agent, team_quotas)
     row = summary(result)
+    if team_quotas is not None:
+        row["teams"] = team_summary(result)
     if out is not None:
         from gpualloc.errors import write_text
 
@@ -91,13 +106,14 @@ def run_cmd(
         print_json(row)
         return
     print_policies(with_ratios([row]), f"{policy} on {spec.name}: {_jobs(len(jobs), row)}")
+    print_teams([row])
 
 
 @app.command("compare")
 def compare_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
-    agent: Path = _AGENT,
+    agent: Path = _AGENT, quotas: Path = _QUOTAS,
     policies: str = typer.Option(DEFAULT_POLICIES, "--policies",
                                  help="Comma-separated policy names (package.module:factory for your own)."),
     plots: Path = typer.Option(None, "--plots", callback=output_folder,
@@ -105,32 +121,37 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),
 ) -> None:
     """Run several policies on the same jobs and cluster, side by side with the lower bound (oracle-lb)."""
+    team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
     names = [name.strip() for name in policies.split(",") if name.strip()]
-    rows = compare_policies(jobs, spec, names, seed=seed, drop=drop, agent=agent, plots=plots)
+    rows = compare_policies(jobs, spec, names, seed=seed, drop=drop, agent=agent, plots=plots, quotas=team_quotas)
     if as_json:
         print_json({"cluster": spec.name, "trace": str(trace) if trace else f"synthetic {generate} jobs load {load}",
                     "seed": seed, "results": rows})
         return
     print_policies(rows, f"{_jobs(len(jobs), rows[0])} on {spec.name} ({len(spec)} GPUs)")
+    print_teams(rows)
     if plots is not None:
         console.print(f"plots: {plots}/jct_cdf.png, utilization.png, queue.png")
 
 
 def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = False, agent: Path | None = None,
-                     plots: Path | None = None) -> list[dict]:
+                     plots: Path | None = None, quotas=None) -> list[dict]:
     """Each policy's summary on the same jobs, then the oracle-lb row, with x bound and vs fcfs; the
-    JCT CDF, utilisation and queue plots go to ``plots`` when given."""
-    from gpualloc.scheduling.metrics import oracle_summary, summary, with_ratios
+    JCT CDF, utilisation and queue plots go to ``plots`` when given. Under ``quotas`` (a
+    :class:`~gpualloc.scheduling.quotas.Quotas`) every policy runs wrapped in its quota rules and
+    each row gets ``teams``: :func:`~gpualloc.scheduling.metrics.team_summary`."""
+    from gpualloc.scheduling.metrics import oracle_summary, summary, team_summary, with_ratios
     from gpualloc.scheduling.simulator import prepare
 
     work = prepare(jobs, spec)  # the speed matrix and job table, once for every policy
-    results = [run_policy(work, spec, name, seed, drop, agent) for name in names]
+    results = [run_policy(work, spec, name, seed, drop, agent, quotas) for name in names]
     if plots is not None:
         from gpualloc.reports.sched_plots import plot_runs
 
         plot_runs(results, plots, title=f"({spec.name})")
-    return with_ratios([summary(r) for r in results] + [oracle_summary(results[0])])
+    rows = [summary(r) | ({"teams": team_summary(r)} if quotas is not None else {}) for r in results]
+    return with_ratios(rows + [oracle_summary(results[0])])
 
 
 def _jobs(n: int, row: dict) -> str:
@@ -146,6 +167,14 @@ def print_policies(rows: list[dict], title: str) -> None:
     console.print(policies_table(rows, title, more="--json"))
 
 
+def print_teams(rows: list[dict]) -> None:
+    """Per-team figures of the rows that have them (runs under ``--quotas``)."""
+    if any("teams" in r for r in rows):
+        from gpualloc.reports.scheduling import teams_table
+
+        console.print(teams_table(rows, more="--json"))
+
+
 def _records(result) -> list[dict]:
     keys = ("arrival_s", "start_s", "finish_s", "num_gpus", "work_s", "best_time_s", "preemptions", "lost_s")
     types = list(result.type_names)
@@ -154,6 +183,7 @@ def _records(result) -> list[dict]:
         row = {"id": job_id, **{k: _plain(getattr(result, k)[i]) for k in keys}}
         t = int(result.run_type[i])
         row["device_type"] = types[t] if t >= 0 else None
+        row["team"] = result.team_names[int(result.team_code[i])] if result.team_code is not None else ""
         rows.append(row)
     return rows
 

@@ -49,3 +49,32 @@ def policies_table(rows: Sequence[dict[str, Any]], title: str, more: str = "") -
                     f"does better (the oracle-lb, or all GPUs pooled under SRPT); best here: {best['policy']} at "
                     f"{ratio(best['avg_jct_s'] / bound)}x the bound.")
     return Group(table, note, capacity)
+
+
+TEAM_COLUMNS = ("policy", "team", "weight", "jobs", "avg JCT h", "p99 h", "got/entitled", "preempt")
+TEAM_DROP_FIRST = ("preempt", "weight", "p99 h", "jobs")
+
+
+def teams_table(rows: Sequence[dict[str, Any]], more: str = "") -> Table:
+    """Per policy and team: average JCT and GPU-seconds received against entitled, by device type.
+
+    Args:
+        rows: policy rows with ``teams`` (:func:`~gpualloc.scheduling.metrics.team_summary`); rows
+            without are left out (the oracle-lb).
+        more: how to see the columns a narrow terminal leaves out.
+    """
+    runs = [r for r in rows if r.get("teams")]
+    types = list(runs[0]["teams"][0]["by_type"]) if runs and runs[0]["teams"] else []
+    short = [t.split("-")[0] for t in types]
+    table = Table(title="per team: GPU-seconds received / entitled (quota x time with jobs waiting or running)",
+                  drop_first=TEAM_DROP_FIRST, more=more)
+    for col in (*TEAM_COLUMNS[:6], *(f"{s} got/ent." for s in short), *TEAM_COLUMNS[6:]):
+        table.add_column(col, justify="left" if col in ("policy", "team") else "right",
+                         no_wrap=col in ("policy", "team"))
+    for r in sorted(runs, key=lambda r: r["avg_jct_s"]):
+        for t in r["teams"]:
+            per_type = [ratio(t["by_type"][name]["received_vs_entitled"]) for name in types]
+            table.add_row(r["policy"], t["team"], f"{t['weight']:g}", str(t["jobs"]), hours(t["avg_jct_s"]),
+                          hours(t["p99_jct_s"]), *per_type, ratio(t["received_vs_entitled"]), str(t["preemptions"]))
+    return table
+

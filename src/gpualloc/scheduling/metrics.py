@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.scheduling.quotas import Quotas
 from gpualloc.scheduling.simulator import SimResult
 
 HYPERSCORE_BETA = 5.0
@@ -279,3 +280,82 @@ def oracle_summary(result: SimResult) -> dict[str, Any]:
         "lost_gpu_s": 0.0,
         "rejected": len(result.rejected),
     }
+
+
+# ------------------------------------------------------------------------------ per team
+
+def demand_s(arrival_s: np.ndarray, finish_s: np.ndarray) -> float:
+    """Length of the union of the intervals ``[arrival, finish]``: how long a team had demand (a job
+    queued or running)."""
+    if not len(arrival_s):
+        return 0.0
+    order = np.argsort(arrival_s, kind="stable")
+    total, lo, hi = 0.0, float(arrival_s[order[0]]), float(finish_s[order[0]])
+    for a, f in zip(arrival_s[order[1:]].tolist(), finish_s[order[1:]].tolist(), strict=True):
+        if a > hi:
+            total += hi - lo
+            lo, hi = a, f
+        elif f > hi:
+            hi = f
+    return total + hi - lo
+
+
+def team_summary(result: SimResult, quotas: Quotas | None = None) -> list[dict[str, Any]]:
+    """Per team: GPU-seconds received of each device type against those it was entitled to, and its
+    average JCT.
+
+    Entitled GPU-seconds of a type are the team's quota of that type times its demand time (the
+    union of its completed jobs' ``[arrival, finish]``: while it had a job queued or running).
+    Received GPU-seconds are what its jobs held (``SimResult.gpu_s_by_type``, restart penalties
+    included). ``received_vs_entitled`` above 1 means the team borrowed beyond its quota; below 1,
+    that it did not get all it was guaranteed while it wanted it (a quota the team's own jobs could
+    not use, e.g. a type they may not run on, also counts here). The default team (``""``, shown as
+    ``(none)``) has no quota.
+
+    Args:
+        result: a run (with ``team_code`` and ``gpu_s_by_type``, as :func:`simulate` records).
+        quotas: the quotas to measure against (default: ``result.quotas``; without any, every quota
+            is 0 and only received GPU-seconds and JCT are meaningful).
+
+    Returns:
+        One row per team that had jobs or a quota, in the quotas' order then by name.
+    """
+    quotas = quotas if quotas is not None else result.quotas
+    types = result.type_names
+    if quotas is not None:
+        names, q, w = quotas.matrix(types)
+    else:
+        names, q, w = ("",), np.zeros((1, len(types)), dtype=np.int64), np.ones(1)
+    codes = result.team_code if result.team_code is not None else np.zeros(len(result.job_ids), dtype=np.int64)
+    held = result.gpu_s_by_type if result.gpu_s_by_type is not None else np.zeros((len(result.job_ids), len(types)))
+    job_team = np.array(result.team_names, dtype=object)[codes] if len(codes) else np.zeros(0, dtype=object)
+    extra = sorted(set(job_team.tolist()) - set(names))
+    rows = []
+    for k, name in enumerate((*names, *extra)):
+        mine = job_team == name
+        quota = q[k] if k < len(names) else np.zeros(len(types), dtype=np.int64)
+        if not mine.any() and not quota.any():
+            continue
+        done = mine & result.completed
+        need_s = demand_s(result.arrival_s[done], result.finish_s[done])
+        got = held[mine].sum(axis=0) if mine.any() else np.zeros(len(types))
+        entitled = quota * need_s
+        by_type = {t: {"quota": int(quota[i]), "received_gpu_s": float(got[i]), "entitled_gpu_s": float(entitled[i]),
+                       "received_vs_entitled": float(got[i] / entitled[i]) if entitled[i] > 0 else math.nan}
+                   for i, t in enumerate(types)}
+        total_got, total_ent = float(got.sum()), float(entitled.sum())
+        jct = result.finish_s[done] - result.arrival_s[done]
+        rows.append({
+            "team": name or "(none)",
+            "weight": float(w[k]) if k < len(names) else 1.0,
+            "jobs": int(mine.sum()),
+            "avg_jct_s": _mean(jct),
+            "p99_jct_s": float(np.percentile(jct, 99)) if len(jct) else math.nan,
+            "demand_s": need_s,
+            "received_gpu_s": total_got,
+            "entitled_gpu_s": total_ent,
+            "received_vs_entitled": total_got / total_ent if total_ent > 0 else math.nan,
+            "preemptions": int(result.preemptions[mine].sum()),
+            "by_type": by_type,
+        })
+    return rows

@@ -376,6 +376,8 @@ class _Plan:
         self.preempt: list[int] = []
         self.stopped: set[int] = set()
         self.passthrough: list[Any] = []
+        self.swaps: list[int] = []
+        self.inner_stops: list[int] = []
 
     # ---- helpers
 
@@ -399,13 +401,24 @@ class _Plan:
         self.u[self._team(j), t] -= int(self.jobs.num_gpus[j])
         self.preempt.append(j)
         self.stopped.add(j)
+        self.started.discard(j)  # a job kept running by _unstop
 
-    def _unstop(self, j: int) -> bool:
+    def _keep_preferred(self, j: int) -> bool:
+        """For a running job with a list that the inner policy moves: keep it where it runs when no
+        type it prefers more has room (a move would only lose the restart penalty, or its preference)."""
+        cur = int(self.jobs.run_type[j])
+        rank = self.jobs.pref_rank[j]
+        better = [t for t in job_types_in_order(self.jobs, j) if rank[t] < rank[cur]]
+        if any(self.free.find(j, t) is not None and (self.borrowing or self._within(j, t)) for t in better):
+            return False
+        return self._unstop(j, force=True)
+
+    def _unstop(self, j: int, force: bool = False) -> bool:
         """Take back this decision's preemption of ``j`` when its team is entitled to the GPUs it
-        holds and they are still unplanned (no restart penalty for nothing)."""
+        holds (or ``force``) and they are still unplanned (no restart penalty for nothing)."""
         gpus = self.view.gpus_of(j)
         t = int(self.jobs.run_type[j])
-        if not (gpus and self._within(j, t) and all(self.free.free[g] for g in gpus)):
+        if not (gpus and (force or self._within(j, t)) and all(self.free.free[g] for g in gpus)):
             return False
         self.free.take(gpus)
         self.u[self._team(j), t] += int(self.jobs.num_gpus[j])
@@ -440,6 +453,15 @@ class _Plan:
             return gpus
         return self.free.find(j, t)
 
+    def _place_unfreed(self, j: int, t: int) -> tuple[int, ...] | None:
+        """GPUs of type ``t`` for ``j`` among those free before this decision's preemptions."""
+        freed = [g for p in self.stopped for g in self.view.gpus_of(p) if self.free.free[g]]
+        if not freed:
+            return self.free.find(j, t)
+        pool = self.free.copy()
+        pool.take(freed)
+        return pool.find(j, t)
+
     def _borrowed(self, k: int, t: int) -> float:
         return max(0, int(self.u[k, t] - self.q[k, t])) / self.w[k]
 
@@ -448,10 +470,16 @@ class _Plan:
     def apply(self, decision: Decision) -> Decision:
         self._inner_preemptions(decision)
         deferred = self._quota_starts(decision)
+        for p in self.swaps:  # a guaranteed job is not traded for a borrowing one, nor for nothing
+            if p not in self.started and all(self.free.free[g] for g in self.view.gpus_of(p)):
+                self._unstop(p, force=True)
         queued_in_order = [j for j, _ in deferred] + [int(j) for j in self.view.queue] + list(self.preempt)
         self._entitled(queued_in_order)
         if self.borrowing:
             self._borrow([(j, g) for j, g in deferred if j not in self.started])
+        for p in self.inner_stops:  # an inner preemption whose GPUs nothing uses is not made
+            if p in self.stopped and p not in self.started and all(self.free.free[g] for g in self.view.gpus_of(p)):
+                self._unstop(p, force=True)
         return Decision(starts=self.starts + self.passthrough, preempt=self.preempt)
 
     def _inner_preemptions(self, decision: Decision) -> None:
@@ -474,8 +502,12 @@ class _Plan:
                 self.preempt.append(p)
                 continue
             k, t = self._team(p), int(jobs.run_type[p])
-            if self.u[k, t] > self.q[k, t] or k in started_teams:
-                self._stop(p)
+            if self.u[k, t] > self.q[k, t]:
+                self._stop(p)  # reclaimable
+                self.inner_stops.append(p)
+            elif k in started_teams:
+                self._stop(p)  # a swap inside the team: kept only if a start within quota uses its GPUs
+                self.swaps.append(p)
 
     def _quota_starts(self, decision: Decision) -> list[tuple[int, tuple[int, ...]]]:
         """Accept the inner starts within quota (each on the first type of its order with room);
@@ -496,6 +528,8 @@ class _Plan:
                 elif gpus is not None and self.borrowing:
                     deferred.append((j, gl))
                 continue
+            if j in self.stopped and self._keep_preferred(j):
+                continue  # a move away from its preferred type: it keeps running where it is
             # a list: its first type with room within the team's quota, else (phase C) with room to borrow
             placed = next(((t, g) for t in job_types_in_order(self.jobs, j)
                            if self._within(j, t) and (g := self._place(j, t, gl if t == t_inner else None))), None)
@@ -613,7 +647,10 @@ class _Plan:
             for t in types:
                 if not (self.borrowing or self._within(j, t)):
                     continue
-                gpus = self._place(j, t, gl if gl is not None and t == self.type_l[gl[0]] else None)
+                if gl is None:  # a job the inner policy did not start: not on GPUs it preempted for another
+                    gpus = self._place_unfreed(j, t)
+                else:
+                    gpus = self._place(j, t, gl if t == self.type_l[gl[0]] else None)
                 if gpus is not None:
                     self._start(j, gpus, t)
                     break
