@@ -208,6 +208,23 @@ def test_job_user_rules():
         assert users.for_team("t") is None and f"jobs run as {me}, the service's own user" in warnings[0]
 
 
+def test_a_service_that_cannot_switch_users_says_so_and_refuses_another_user(monkeypatch):
+    from gpualloc.service import jobusers
+
+    other = next((p for p in pwd.getpwall() if p.pw_uid not in (0, os.geteuid())), None)
+    if other is None or not _has_user("nobody"):
+        pytest.skip("needs a second user and nobody")
+    monkeypatch.setattr(jobusers.os, "geteuid", lambda: other.pw_uid)
+    monkeypatch.setattr(jobusers, "can_switch_users", lambda: False)
+    users, warnings = plan_job_users([], "local")
+    assert users.for_team("any") is None and warnings == [
+        f"jobs run as {other.pw_name}, the service's own user: a job can read the store, the token and other "
+        "jobs' files (run serve as root, or with CAP_SETUID, and --job-user to keep them out)"]
+    assert plan_job_users([other.pw_name], "local")[0].switches is False  # naming itself is no switch
+    with pytest.raises(Exception, match=f"{other.pw_name} cannot run jobs as another user"):
+        plan_job_users(["nobody"], "local")
+
+
 def test_serve_as_root_without_a_job_user_is_refused_in_one_line(tmp_path):
     if not ROOT:
         pytest.skip("the rule is for a service running as root")
