@@ -430,3 +430,21 @@ def test_infinite_device_peak_in_a_cluster_file(cli, tmp_path):
     toml.write_text('[device_types.X]\nmem_gb = 16\nfp32_tflops = 1e309\ntdp_w = 300\nidle_w = 30\n'
                     'mem_bandwidth_gbps = 900\n[[nodes]]\ndevices = {X = 2}\n')
     one_line_error(cli, "hw", "show", toml, names="device_types.X: fp32_tflops")
+
+
+@pytest.mark.parametrize("text, field", [
+    ("[teams.a]\nquota = { V100 = -2 }\n", "teams.a.quota.V100: expected a whole number of GPUs"),
+    ("[teams.a]\nquota = { H9 = 1 }\n", "teams.a.quota.H9: unknown device type 'H9'"),
+    ("[teams.a]\nquota = { V100 = 3 }\n[teams.b]\nquota = { V100 = 3 }\n", "quotas of V100-16GB sum to 6, above the 4"),
+    ("[teams.a\n", "not valid TOML"),
+])
+def test_bad_quota_files(cli, tmp_path, text, field):
+    """Issue 35: a quota file that names an unknown type, a negative quota, or more GPUs than the cluster has."""
+    quotas = tmp_path / "q.toml"
+    quotas.write_text(text)
+    for command in (("simulate",), ("simulate", "compare", "--policies", "fcfs")):
+        line = one_line_error(cli, *command, "-c", "4xV100+2xT4", "-t", Path(__file__).parents[1] / "examples" / "teams_trace.csv",
+                              "--quotas", quotas, "--json", names=str(quotas))
+        assert field in line, line
+    quotas.write_bytes(BINARY)
+    one_line_error(cli, "simulate", "-c", "4xV100+2xT4", "--generate", "3", "--quotas", quotas, names=str(quotas))

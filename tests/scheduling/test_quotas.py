@@ -279,3 +279,54 @@ def test_zero_demand_teams_change_nothing(scenario):
                  quotas=Quotas.from_dict(quotas), check=True)
     for field in ("start_s", "finish_s", "run_type", "preemptions"):
         assert np.array_equal(getattr(a, field), getattr(b, field)), field
+
+
+# ------------------------------------------------------------------------------ per-team figures and the CLI
+
+def test_demand_s_is_the_union_of_intervals():
+    from gpualloc.scheduling.metrics import demand_s
+
+    assert demand_s(np.array([0.0, 5.0, 20.0, 22.0]), np.array([10.0, 8.0, 30.0, 25.0])) == 20.0
+    assert demand_s(np.zeros(0), np.zeros(0)) == 0.0
+
+
+def test_team_summary_known_answer():
+    from gpualloc.scheduling.metrics import team_summary
+
+    # nlp holds 4 V100s for 10 s, loses them to vision for 100 s, then runs 990 s more (no penalty)
+    jobs = [Job("n1", 0, ML, 1000, 4, team="nlp", gpu_types=(V100,)),
+            Job("v1", 10, ML, 100, 2, team="vision", gpu_types=(V100,))]
+    r = _run(jobs, restart_penalty_s=0)
+    rows = {row["team"]: row for row in team_summary(r)}
+    assert set(rows) == {"vision", "nlp"}
+    nlp, vision = rows["nlp"], rows["vision"]
+    assert nlp["demand_s"] == 1100.0 and vision["demand_s"] == 100.0
+    assert nlp["by_type"][V100]["received_gpu_s"] == 4 * 10 + 4 * 990
+    assert nlp["by_type"][V100]["entitled_gpu_s"] == 1 * 1100  # quota 1 V100 while it had a job
+    assert vision["by_type"][V100]["received_gpu_s"] == 2 * 100
+    assert vision["by_type"][V100]["entitled_gpu_s"] == 3 * 100
+    assert vision["avg_jct_s"] == 100.0 and nlp["avg_jct_s"] == 1100.0
+    assert nlp["received_vs_entitled"] == pytest.approx(4000 / (1100 * 2))  # V100 and T4 quotas of 1
+
+
+def test_simulate_compare_with_quotas_json_and_table():
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpualloc.cli.main import app
+
+    root = __import__("pathlib").Path(__file__).parents[2] / "examples"
+    args = ["simulate", "compare", "-c", CLUSTER, "-t", str(root / "teams_trace.csv"), "--quotas",
+            str(root / "quotas.toml"), "--policies", "fcfs,srtf"]
+    out = CliRunner().invoke(app, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    runs = [r for r in doc["results"] if r["policy"] != "oracle-lb"]
+    for r in runs:
+        teams = {t["team"]: t for t in r["teams"]}
+        assert set(teams) == {"(none)", "vision", "nlp"}
+        assert sum(t["jobs"] for t in teams.values()) == 40
+        assert teams["vision"]["by_type"][V100]["quota"] == 3
+    table = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "per team" in table.stdout and "vision" in table.stdout

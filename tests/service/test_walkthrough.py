@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpualloc.service.client import Client
+from gpualloc.service.client import Client, ClientError
 from gpualloc.service.runner import Execution
 from tests.service.conftest import GPUALLOC, wait_for, wait_state
 
@@ -148,3 +148,109 @@ def test_no_service_running_is_one_line_saying_so(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: http://127.0.0.1:{port}: no service answers"), proc.stderr
     assert "gpualloc serve" in lines[0]
+
+
+# ------------------------------------------------------------------------------ two teams with quotas
+TEAMS_WALKTHROUGH = """\
+gpualloc user add ana --team vision --token-file ana.token --quotas examples/quotas.toml  # 0600 file, never printed
+gpualloc user add ned --team nlp --token-file ned.token --quotas examples/quotas.toml
+gpualloc serve --backend local --cluster 4xV100+2xT4 --quotas examples/quotas.toml &
+printf 'import time\\nprint("hello from a job")\\ntime.sleep(20)\\n' > train.py
+gpualloc submit --name borrow --gpus 4 --gpu-type V100 --command "python train.py" --token-file ned.token
+gpualloc submit --name mine --gpus 2 --gpu-type V100 --command "python train.py" --token-file ana.token
+gpualloc jobs --token-file ned.token   # nlp's jobs only; ana's took back vision's V100s from them
+gpualloc whoami --token-file ana.token
+"""
+"""The README's two-team walkthrough, until the README's service block holds it (then that is run)."""
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def teams_walkthrough() -> str:
+    """The README's bash block that adds users and starts the service with quotas, else
+    :data:`TEAMS_WALKTHROUGH`."""
+    import re
+
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        if "gpualloc user add" in block and "--quotas" in block and "gpualloc serve" in block:
+            return block
+    return TEAMS_WALKTHROUGH
+
+
+def test_two_teams_with_quotas_walkthrough(tmp_path):
+    """The walkthrough's lines run as written, in a bash shell, in a fresh folder holding
+    ``examples/quotas.toml``; only ``--port`` is added to ``serve`` (a free port, named by
+    ``GPUALLOC_SERVER``)."""
+    import shutil
+    import signal
+
+    from tests.service.conftest import free_port, kill_runs
+
+    root = Path(__file__).resolve().parents[2]
+    work = tmp_path / "work"
+    (work / "examples").mkdir(parents=True)
+    shutil.copy(root / "examples" / "quotas.toml", work / "examples" / "quotas.toml")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    lines = []
+    for line in teams_walkthrough().splitlines():
+        if line.startswith("gpualloc serve"):
+            line = line.replace("gpualloc serve", f"gpualloc serve --port {port} --telemetry none --tick 0.05", 1)
+        lines.append(line)
+    script = "set -e\n" + "\n".join(lines) + '\necho "$!" > serve.pid\n'
+    bindir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUALLOC_TOKEN", "GPUALLOC_SERVER")}
+    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", HOME=str(tmp_path / "home"),
+               XDG_STATE_HOME=str(tmp_path / "state"), GPUALLOC_SERVER=url, COLUMNS="120")
+    state = tmp_path / "state" / "gpualloc"
+    try:
+        # to files, not pipes: the service started with `&` keeps them open after the shell exits
+        with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+            code = subprocess.run(["bash", "-c", script], cwd=work, env=env, stdout=out, stderr=err,
+                                  timeout=180).returncode
+        run = subprocess.CompletedProcess([], code, (tmp_path / "out.txt").read_text(),
+                                          (tmp_path / "err.txt").read_text())
+        assert run.returncode == 0, run.stdout + run.stderr
+        tokens = {n: (work / f"{n}.token").read_text().strip() for n in ("ana", "ned")}
+        for tok in tokens.values():
+            assert tok not in run.stdout + run.stderr
+        assert "borrow" in run.stdout and "ana (team vision)" in run.stdout
+        with Client(url, tokens["ned"]) as ned, Client(url, tokens["ana"]) as ana:
+            assert [j["name"] for j in ned.jobs()] == ["borrow"]
+            assert [j["name"] for j in ana.jobs()] == ["mine"]
+            mine = ana.jobs()[0]
+            assert (mine["user"], mine["team"]) == ("ana", "vision")
+            # vision's quota of 3 V100s: its 2-GPU job runs, and nlp's borrowed job went back to the queue
+            wait_for(lambda: ana.job(mine["id"])["state"] in ("running", "finished"), 30, what="ana's job to start")
+            assert ana.job(mine["id"])["device_type"] == "V100-16GB"
+            borrowed = ned.jobs()[0]
+            assert borrowed["requeues"] >= 1 or borrowed["state"] == "queued", borrowed
+            try:  # another team's job: not found, as a job that does not exist
+                ned.job(mine["id"])
+                raise AssertionError("ned read ana's job")
+            except ClientError as err:
+                assert err.status == 404
+        admin_token = (state / "service.db.token").read_text().strip()
+        with Client(url, admin_token) as admin:
+            assert sorted(j["name"] for j in admin.jobs()) == ["borrow", "mine"]
+    finally:
+        pid_file = work / "serve.pid"
+        if pid_file.exists() and pid_file.read_text().strip():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            wait_for(lambda: not _alive(int(pid_file.read_text())), 30, what="serve to stop")
+        kill_runs(state / "service.db.runs")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of this test's shell is gone for our purpose
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False

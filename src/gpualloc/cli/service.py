@@ -65,6 +65,10 @@ def serve(
     allow_host: list[str] | None = typer.Option(None, "--allow-host",
                                                    help="Another Host header name to accept (a DNS name of this "
                                                         "machine; repeatable)."),
+    quotas: Path | None = typer.Option(None, "--quotas",
+                                          help="Team quota file (TOML, as `simulate --quotas`): GPUs guaranteed "
+                                               "per team and type, idle ones borrowed and reclaimed; only its "
+                                               "teams' users may submit."),
     job_user: list[str] | None = typer.Option(None, "--job-user", envvar="GPUALLOC_JOB_USER",
                                                  help="Run jobs as this OS user (local backend; needs root or "
                                                       "CAP_SETUID); TEAM=USER for one team's jobs (repeatable). "
@@ -101,7 +105,8 @@ def serve(
                                max_body_bytes=max_body, on_lost=on_lost, max_attempts=max_attempts,
                                preemption=preemption, telemetry=telemetry, tick_s=tick, host=host, port=port,
                                allowed_hosts=tuple(allow_host or ()), docs=docs,
-                               agents_dir=None if agents_dir is None else str(agents_dir), job_users=users)
+                               agents_dir=None if agents_dir is None else str(agents_dir), job_users=users,
+                               quotas=None if quotas is None else str(quotas))
         service = Service(config).open()
         # Connections now wait in the queue instead of being refused: the token file exists already.
         sock.listen(2048)
@@ -161,6 +166,9 @@ def submit(
     name: str = typer.Option(..., "--name", help="Job name."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs, granted all at once."),
     device_type: str | None = typer.Option(None, "--device-type", help="Only this device type (V100, T4, MI50, ...)."),
+    gpu_type: list[str] | None = typer.Option(None, "--gpu-type",
+                                              help="A device type the job may run on, preferred first "
+                                                   "(repeatable: --gpu-type V100 --gpu-type T4 spills over to T4)."),
     command: str | None = typer.Option(None, "--command",
                                        help="Program and arguments (split like a shell, never run by one)."),
     func: str | None = typer.Option(None, "--callable",
@@ -191,6 +199,8 @@ def submit(
                   "single_node": single_node, "model": model}
     if device_type:
         spec["device_type"] = device_type
+    if gpu_type:
+        spec["gpu_types"] = list(gpu_type)
     if command is not None:
         spec["command"] = command
     if func is not None:
@@ -204,9 +214,6 @@ def submit(
         pairs = [e.partition("=") for e in env]
         bad = [e for e, (_, sep, _) in zip(env, pairs, strict=False) if not sep]
         if bad:
-    gpu_type: list[str] | None = typer.Option(None, "--gpu-type",
-                                              help="A device type the job may run on, preferred first "
-                                                   "(repeatable: --gpu-type V100 --gpu-type T4 spills over to T4)."),
             raise ClientError(f"--env {bad[0]!r}: expected KEY=VALUE")
         spec["env"] = {k: v for k, _, v in pairs}
     # Relative paths in the command mean what they mean here, as for any command one types.
@@ -237,8 +244,6 @@ def jobs(
     from gpualloc.reports.service import jobs_table
 
     console.print(jobs_table(rows))
-    if gpu_type:
-        spec["gpu_types"] = list(gpu_type)
 
 
 def logs(
@@ -296,15 +301,6 @@ def policy(
     console.print(f"policy {info['name']} (available: {', '.join(info['available'])})", highlight=False)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``submit``, ``jobs``, ``logs``, ``cancel``, ``policy``, ``whoami`` and ``user`` to the
-    ``gpualloc`` command."""
-    app.command("serve")(serve)
-    app.command("submit")(submit)
-    app.command("jobs")(jobs)
-    app.command("logs")(logs)
-    app.command("cancel")(cancel)
-    app.command("policy")(policy)
 def whoami(
     server: str = _SERVER,
     token: str | None = _TOKEN,
@@ -361,9 +357,9 @@ def _quota_teams(quotas: Path | None, db) -> tuple[frozenset[str], str] | None:
 
         return frozenset(t.name for t in Quotas.from_file(quotas).teams), str(quotas)
     raw = db.get_meta("quota_teams")
-    if raw is None:
+    data = json.loads(raw) if raw is not None else {}
+    if data.get("teams") is None:
         return None
-    data = json.loads(raw)
     return frozenset(data["teams"]), str(data["file"])
 
 
@@ -396,7 +392,7 @@ def user_add(
         path = token_file or default_user_token_path(db.url if db.path is None else str(db.path), name)
         user, secret = db.add_user(name, team, admin=admin)
         try:
-            write_token_file(path, secret)
+            path = write_token_file(path, secret)
         except ServiceError:
             db.remove_user(name)  # a token nobody holds is no user
             raise
@@ -466,12 +462,21 @@ def user_token(
     try:
         path = token_file or default_user_token_path(db.url if db.path is None else str(db.path), name)
         secret = db.rotate_token(name)
-        write_token_file(path, secret)
+        path = write_token_file(path, secret)
     finally:
         db.close()
     console.print(f"user {name}: new token in {path} (mode 0600); the old one no longer works", highlight=False,
                   soft_wrap=True)
 
 
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``submit``, ``jobs``, ``logs``, ``cancel``, ``policy``, ``whoami`` and ``user`` to the
+    ``gpualloc`` command."""
+    app.command("serve")(serve)
+    app.command("submit")(submit)
+    app.command("jobs")(jobs)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.command("policy")(policy)
     app.command("whoami")(whoami)
     app.add_typer(user_app, name="user")

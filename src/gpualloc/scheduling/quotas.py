@@ -22,27 +22,37 @@ teams and GPU-type preferences: every quota rule, written once for the simulator
      restart penalty whichever job goes. A team is taken only while it is above its quota. So a team
      entitled to GPUs gets them at the first decision point after they are needed (its job's arrival,
      or a completion), plus the preempted jobs' restart penalty; no round has to pass.
-  4. **Fair share of what is borrowed: weighted max-min per GPU type.** The inner policy's borrowing
-     starts are accepted by progressive filling: the team with the least borrowed GPUs of the type
-     per unit of weight (``(u - q)+ / weight``) goes next, each team's starts in the inner policy's
-     order, while free GPUs remain (work-conserving: capacity never idles for fairness). Weighted
-     max-min rather than DRF because the resources are GPU types of one kind, a job asks for GPUs of
-     exactly one type, and types are not complements: per type, DRF's dominant share is that type's
-     share, so DRF reduces to max-min per type anyway, and max-min per type keeps a team's borrowing
-     of V100s from counting against its T4s. Fair share orders who borrows first; it preempts nobody
-     (only a team's quota is worth a preemption).
+  4. **Fair share of what is borrowed: weighted max-min per GPU type.** Borrowing starts are
+     accepted by progressive filling: the team with the fewest borrowed GPUs of the type per unit of
+     weight (``(u - q)+ / weight``) goes next, while free GPUs remain (work-conserving: capacity never
+     idles for fairness). Each team offers the inner policy's borrowing starts in the inner policy's
+     order; when two or more teams want to borrow, each also offers its other queued jobs (queue
+     order), so across teams fair share decides and within a team the inner policy does (with one
+     team borrowing, the inner policy's decision stands unchanged). Weighted max-min rather than DRF
+     because the resources are GPU types of one kind, a job asks for GPUs of exactly one type, and
+     types are not complements: per type, DRF's dominant share is that type's share, so DRF reduces
+     to max-min per type anyway, and max-min per type keeps a team's borrowing of V100s from counting
+     against its T4s. Fair share orders who borrows first; it preempts nobody (only a team's quota is
+     worth a preemption).
 
-  **GPU-type preferences.** A job whose ``gpu_types`` lists several types runs only on those
-  (speed 0 elsewhere) and starts on the first type in its list that has room *for it* -- free GPUs
-  within its team's quota or, with borrowing, free GPUs to borrow -- and on a later one only when the
-  earlier have none. The wrapper moves each of the inner policy's starts of such a job to the first
-  listed type with room (a different type than the inner policy chose, where needed); a job without
-  a list keeps the inner policy's type. A reclaim (rule 3) happens only when no listed type has free
-  room, on the first listed type where preempting makes room.
+  **GPU-type preferences (spill-over).** A job whose ``gpu_types`` lists types runs only on those
+  (speed 0 elsewhere) and starts on the first listed type with room *within its team's quota*;
+  only when no listed type has quota room does it borrow, again on the first listed type with free
+  GPUs (guaranteed GPUs before borrowed ones, which any decision may take back: Kueue's
+  ``whenCanBorrow: TryNextFlavor``). A fallback is taken only when the types before it have no
+  room. The wrapper moves each of the inner policy's starts of such a job to that type (a different
+  one than the inner policy chose, where needed), and keeps a running job with a list where it runs
+  when the inner policy would move it and no type it prefers more has room. A job without a list
+  keeps the inner policy's type. A reclaim (rule 3) happens only when no listed type has free room
+  within quota, on the first listed type where preempting makes room.
 
-  The inner policy's preemptions are kept when they stop a reclaimable job, or a job of a team that
-  the same decision starts a job for (an SRTF or Tiresias swap inside a team); others are dropped, so
-  an inner policy never takes a team's guaranteed GPUs for another team.
+  **The inner policy's preemptions** are kept when they stop a reclaimable job, or a job of a team
+  for which a start within quota uses the GPUs it frees (an SRTF or Tiresias swap inside a team); a
+  preemption whose GPUs no start uses is not made; others are dropped, so an inner policy never
+  takes a team's guaranteed GPUs for another team, and a team never trades a guaranteed job for a
+  borrowing one. Jobs the inner policy did not start are not placed on GPUs it preempted for another
+  job (it would preempt again at the next round). Without preemption (``simulate(preemption=False)``)
+  nothing is reclaimed: an entitled job then waits for borrowers to finish.
 
 * :func:`entitlement_violations`: the reclaim guarantee as a check of a state (the simulator's check
   mode and the tests); :func:`team_usage` the ``u`` matrix.

@@ -64,6 +64,7 @@ from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.policies import POLICIES
+from gpualloc.scheduling.quotas import Quotas
 from gpualloc.service.auth import check_store_files, default_token_path, load_or_create_token, token_matches
 from gpualloc.service.backends import Backend, host_device_indices, make_backend
 from gpualloc.service.jobusers import JobUsers
@@ -174,8 +175,12 @@ class Service:
         self._lock_fd: int | None = None
         self._telemetry_lock = threading.Lock()
         self.recovery: dict[str, list[int]] = {}
-        self.quotas = None  # gpualloc.scheduling.quotas.Quotas of config.quotas
+        self.quotas: Quotas | None = None
         self.quota_teams: frozenset[str] | None = None
+        if config.quotas is not None:  # before open(): a bad file is one line, and nothing is made
+            self.quotas = Quotas.from_file(config.quotas)
+            self.quotas.check(self.cluster)
+            self.quota_teams = frozenset(t.name for t in self.quotas.teams)
 
     def open(self) -> Service:
         cfg = self.config
@@ -186,6 +191,9 @@ class Service:
                 self._lock(path)
             self.token, self.token_created = load_or_create_token(self.token_path)
             self.store = Store(cfg.store, max_queued=cfg.max_queued, synchronous=cfg.synchronous)
+            # what `gpualloc user add` checks a new user's team against
+            self.store.set_meta("quota_teams", json.dumps(
+                {"file": cfg.quotas, "teams": None if self.quota_teams is None else sorted(self.quota_teams)}))
             base = path if path is not None else Path(self.token_path)
             runs = Path(cfg.runs_dir) if cfg.runs_dir else base.with_name(base.name + ".runs")
             if cfg.backend == "ray":
@@ -214,7 +222,7 @@ class Service:
             popts = self.checked_policy_options(popts)
             self.scheduler = Scheduler(self.store, self.backend, self.cluster, policy=name, policy_options=popts,
                                        tick_s=cfg.tick_s, on_lost=cfg.on_lost, max_attempts=cfg.max_attempts,
-                                       preemption=cfg.preemption)
+                                       preemption=cfg.preemption, quotas=self.quotas)
             self.recovery = self.scheduler.start()
             self._open_telemetry()
         except BaseException:
@@ -267,6 +275,23 @@ class Service:
         if self.quota_teams is not None and user.team != NO_TEAM and user.team not in self.quota_teams:
             raise Forbidden(f"team {user.team!r} has no quota in {self.config.quotas} (teams: "
                             f"{', '.join(sorted(self.quota_teams)) or 'none'}); ask an admin to add it")
+
+    def check_quota_fit(self, user: User, spec: dict[str, Any]) -> None:
+        """With borrowing off, refuse a job larger than its team's quota of every type it may use (it
+        could never start).
+
+        Raises:
+            InvalidJob: naming the team, the GPUs asked and the quotas.
+        """
+        if self.quotas is None or self.quotas.borrowing:
+            return
+        names, q, _ = self.quotas.matrix(self.types.names)
+        k = names.index(user.team) if user.team in names else 0
+        allowed = spec["gpu_types"] or list(self.types.names)
+        if not any(spec["num_gpus"] <= q[k, self.types.names.index(t)] for t in allowed):
+            have = ", ".join(f"{t} {int(q[k, self.types.names.index(t)])}" for t in allowed)
+            raise InvalidJob(f"num_gpus: {spec['num_gpus']} GPUs is more than team {user.team or '(none)'!r} may "
+                             f"hold ({have}) and {self.config.quotas} turns borrowing off")
 
     def job_for(self, user: User, job_id: int) -> JobRecord:
         """Job ``job_id`` if ``user`` may see it.
@@ -669,6 +694,7 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
         user = current_user(request)
         service.check_team(user)
         norm = normalise_spec(spec, service.cluster, service.types)
+        service.check_quota_fit(user, norm)
         rec, created = await asyncio.wrap_future(store().submit_future(norm, idempotency_key, user=user.name,
                                                                        team=user.team))
         if created:

@@ -173,6 +173,10 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{int(job_id)}/cancel")
 
+    def me(self) -> dict[str, Any]:
+        """Who the token belongs to: ``{"user", "team", "admin"}``."""
+        return self._call("GET", "/me")
+
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/cluster")
 
@@ -186,10 +190,6 @@ class Client:
         """Poll ``/health`` until it answers ``ok``.
 
         Raises:
-    def me(self) -> dict[str, Any]:
-        """Who the token belongs to: ``{"user", "team", "admin"}``."""
-        return self._call("GET", "/me")
-
             ClientError: not healthy within ``timeout_s``.
         """
         deadline = time.monotonic() + timeout_s

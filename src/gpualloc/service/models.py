@@ -71,7 +71,9 @@ class JobSpec(BaseModel):
                                     description="Run only on this device type (catalog name or alias, "
                                                 "e.g. V100, T4, MI50). Shorthand for gpu_types=[...].")
     gpu_types: list[str] = Field(default_factory=list, max_length=16,
-                                 description="Device types the job may run on; empty: any.")
+                                 description="Device types the job may run on, preferred first: under team "
+                                             "quotas it starts on the first with room and spills over to the "
+                                             "next only when that has none; empty: any.")
     job_type: JobType = Field(JobType.ML_TRAINING, description="The job category the speed model uses.")
     work_s: float = Field(3600.0, gt=0, le=1e9,
                           description="Estimated run time on num_gpus reference (V100) GPUs, seconds; "
@@ -214,11 +216,13 @@ class JobRecord:
         return int(self.spec["num_gpus"])
 
     def to_job(self, epoch: float) -> Job:
-        """The simulator's :class:`Job` for this record (arrival relative to ``epoch``)."""
+        """The simulator's :class:`Job` for this record (arrival relative to ``epoch``; team from the
+        record, ``""`` for a job of no team; ``gpu_types`` in the submitted order, preferred first)."""
         s = self.spec
         return Job(id=str(self.id), arrival_s=max(0.0, self.submitted_at - epoch), job_type=JobType(s["job_type"]),
                    work_s=float(s["work_s"]), num_gpus=int(s["num_gpus"]), model=s.get("model", ""),
-                   priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]), single_node=bool(s["single_node"]))
+                   priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]), single_node=bool(s["single_node"]),
+                   team=self.team or "")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as JSON values (internal: holds env values and the idempotency key)."""

@@ -36,8 +36,10 @@ import numpy as np
 
 from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec
-from gpualloc.scheduling.base import DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable, Policy
+from gpualloc.scheduling.base import (DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable, Policy,
+                                      preference_ranks)
 from gpualloc.scheduling.policies import POLICIES, make_policy
+from gpualloc.scheduling.quotas import DEFAULT_TEAM, QuotaPolicy, Quotas
 from gpualloc.scheduling.rules import InvalidDecision, check_preempt, check_start, unplaceable_reason
 from gpualloc.service.backends import Backend, RunRef, RunRequest, RunState, RunStatus, ray_resource_name
 from gpualloc.service.errors import BackendError, Conflict, InvalidJob, NotFound
@@ -127,10 +129,15 @@ class LiveTable:
     Rows are added as jobs arrive and retired (status ``DONE``) when they end; when the table is full
     it is rebuilt without its retired rows, twice as large (policies then see a new table and reset
     their per-job state, as for a new simulation).
+
+    Each row's team code indexes ``table.team_names``, which grows as new teams' jobs arrive (code 0 is
+    the default team ``""``); each row's ``pref_rank`` is its ``gpu_types`` order over ``type_names``.
     """
 
-    def __init__(self, n_types: int, capacity: int = 256) -> None:
+    def __init__(self, n_types: int, capacity: int = 256, type_names: tuple[str, ...] = ()) -> None:
         self.n_types = n_types
+        self.column = {name: i for i, name in enumerate(type_names)}
+        self.team_code: dict[str, int] = {DEFAULT_TEAM: 0}
         self.job_of_row = np.full(capacity, -1, dtype=np.int64)
         self.table = self._empty(capacity)
         self.used = 0
@@ -144,7 +151,15 @@ class LiveTable:
                      priority=np.zeros(n, dtype=np.int64), type_code=np.zeros(n, dtype=np.int64),
                      single_node=np.zeros(n, dtype=bool), speed=np.zeros((n, self.n_types)))
         t.status[:] = DONE
+        t.team_names = tuple(self.team_code)
         return t
+
+    def _team(self, team: str) -> int:
+        code = self.team_code.get(team)
+        if code is None:
+            code = self.team_code[team] = len(self.team_code)
+            self.table.team_names = tuple(self.team_code)
+        return code
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -161,6 +176,8 @@ class LiveTable:
             t.arrival_s[r], t.work_s[r], t.num_gpus[r] = job.arrival_s, job.work_s, job.num_gpus
             t.priority[r], t.type_code[r], t.single_node[r] = job.priority, code[job.job_type], job.single_node
             t.speed[r] = sp
+            t.team[r] = self._team(job.team)
+            t.pref_rank[r] = preference_ranks(job.gpu_types, self.column, self.n_types) if self.column else 0
             t.remaining_s[r], t.attained_gpu_s[r], t.run_type[r] = job.work_s, 0.0, -1
             t.start_s[r] = t.finish_s[r] = t.queued_since_s[r] = t.expected_finish_s[r] = np.nan
             t.preemptions[r] = 0
@@ -185,9 +202,10 @@ class LiveTable:
         n = len(keep)
         for name in ("arrival_s", "work_s", "num_gpus", "priority", "type_code", "single_node", "status",
                      "remaining_s", "attained_gpu_s", "run_type", "start_s", "finish_s", "queued_since_s",
-                     "preemptions", "expected_finish_s"):
+                     "preemptions", "expected_finish_s", "team"):
             getattr(new, name)[:n] = getattr(old, name)[keep]
         new.speed[:n] = old.speed[keep]
+        new.pref_rank[:n] = old.pref_rank[keep]
         run_start, attained = np.full(capacity, np.nan), np.zeros(capacity)
         run_start[:n], attained[:n] = self.run_start_s[keep], self.attained_before[keep]
         self.table, self.run_start_s, self.attained_before = new, run_start, attained
@@ -233,6 +251,37 @@ def _registered_policy(name: str, options: dict[str, Any]) -> Policy:
         raise SchedulingError(f"policy {name}: bad options: {err}") from err
 
 
+class _NoPreemption:
+    """``inner`` with its preemptions turned off: under quotas the view allows preemption (a reclaim
+    needs it) even where the service does not let the policy itself preempt (no ``--preemption``)."""
+
+    preemptive = False
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self.round_s = getattr(inner, "round_s", None)
+
+    def decide(self, view: ClusterView) -> Decision:
+        return self.inner.decide(view)  # QuotaPolicy shows a non-preemptive policy a view without preemption
+
+
+def live_policy(name: str, options: dict[str, Any], quotas: Quotas | None, preemption: bool) -> Policy:
+    """The policy the service decides with: the registry's ``name``, wrapped in
+    :class:`~gpualloc.scheduling.quotas.QuotaPolicy` when there are ``quotas`` (a preemptive policy
+    preempting only with ``preemption``; a reclaim of borrowed GPUs preempts whatever ``preemption``).
+
+    Raises:
+        SchedulingError: unknown name or bad options.
+    """
+    policy = _registered_policy(name, options)
+    if quotas is None:
+        return policy
+    if getattr(policy, "preemptive", False) and not preemption:
+        policy = _NoPreemption(policy)
+    return QuotaPolicy(policy, quotas)
+
+
 class Scheduler:
     """Decides with a registry policy, records before acting, and runs on a backend.
 
@@ -248,13 +297,17 @@ class Scheduler:
         max_attempts: attempts after which a lost job fails instead of being re-queued.
         preemption: let preemptive policies stop running jobs (they restart from scratch: the
             service does not checkpoint them).
+        quotas: team quotas (:mod:`gpualloc.scheduling.quotas`): the policy is wrapped in
+            :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, as the simulator's ``quotas`` does; a
+            job's team is its record's. Borrowed GPUs are reclaimed by preemption (the job restarts
+            from scratch) whether or not ``preemption`` is on.
         clock: Unix time.
     """
 
     def __init__(self, store: Store, backend: Backend, cluster: ClusterSpec, *, policy: str = "fcfs",
                  policy_options: dict[str, Any] | None = None, tick_s: float = 0.5, poll_s: float = 0.25,
                  on_lost: str = "requeue", max_attempts: int = 3, preemption: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 quotas: Quotas | None = None, clock: Callable[[], float] = time.time) -> None:
         if on_lost not in ON_LOST:
             raise SchedulingError(f"on_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}")
         self.store, self.backend, self.cluster = store, backend, cluster
@@ -266,7 +319,7 @@ class Scheduler:
         self.gpu_type, self.gpu_node = cluster.gpu_type, cluster.gpu_node
         self.gpu_local = np.array([d.local_index for d in cluster.devices], dtype=np.int64)
         self.gpu_job = np.full(len(cluster.devices), GPU_FREE, dtype=np.int64)
-        self.live = LiveTable(len(self.types.names))
+        self.live = LiveTable(len(self.types.names), type_names=self.types.names)
         self.queue: dict[int, None] = {}  # rows, in the order they entered the queue
         self.running: dict[int, _Run] = {}  # row -> run
         self.records: dict[int, JobRecord] = {}  # row -> record, of jobs holding GPUs
@@ -280,9 +333,12 @@ class Scheduler:
         self._last_round: float | None = None
         self.decisions = 0
         self.last_error: str | None = None
+        self.quotas = quotas
+        if quotas is not None:
+            quotas.check(cluster)
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
-        self.policy: Policy = _registered_policy(policy, self.policy_options)
+        self.policy: Policy = live_policy(policy, self.policy_options, quotas, self.preemption)
 
     # -------------------------------------------------------------------------------- control
     def now_s(self) -> float:
@@ -323,7 +379,7 @@ class Scheduler:
         Raises:
             SchedulingError: unknown name or bad options.
         """
-        policy = _registered_policy(name, options or {})
+        policy = live_policy(name, options or {}, self.quotas, self.preemption)
         with self._lock:
             self.policy, self.policy_name, self.policy_options = policy, name, dict(options or {})
             self._dirty = True
@@ -576,8 +632,13 @@ class Scheduler:
         round_due = bool(round_s) and (self._last_round is None or now - self._last_round >= round_s)
         if not (self._dirty or round_due):
             return False
-        may_preempt = self.preemption and policy.preemptive
+        may_preempt = self._may_preempt(policy)
         return bool((self.gpu_job == GPU_FREE).any()) or (may_preempt and bool(self.running))
+
+    def _may_preempt(self, policy: Policy) -> bool:
+        """Whether ``policy`` may stop running jobs: a preemptive policy with ``preemption``, or under
+        quotas (:func:`live_policy` has turned the inner policy's own preemptions off without it)."""
+        return bool(policy.preemptive) and (self.preemption or self.quotas is not None)
 
     def view(self) -> ClusterView:
         """The view a policy sees now (running jobs' progress brought up to date)."""
@@ -592,7 +653,7 @@ class Scheduler:
             t.attained_gpu_s[rows] = self.live.attained_before[rows] + elapsed * t.num_gpus[rows]
             t.expected_finish_s[rows] = now + t.remaining_s[rows] / speed
         with self._lock:
-            preemptive = self.preemption and self.policy.preemptive
+            preemptive = self._may_preempt(self.policy)
         return ClusterView(now_s=now, cluster=self.cluster, type_names=self.types.names, gpu_type=self.gpu_type,
                            gpu_node=self.gpu_node, gpu_job=self.gpu_job.copy(), jobs=t, queue=list(self.queue),
                            running=list(self.running), preemption=preemptive, restart_penalty_s=0.0)

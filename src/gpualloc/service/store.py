@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from sqlalchemy import (Boolean, Column, bindparam, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text,
                         create_engine, delete, event, func, insert, inspect, select, update)
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from gpualloc.service.errors import Conflict, NotFound, QueueFull, ServiceError
 from gpualloc.service.models import ACTIVE, HOLDING, JobRecord, JobState
@@ -187,9 +187,7 @@ class Store:
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         try:
             self.engine = self._engine(synchronous.upper())
-            metadata.create_all(self.engine)
-            self._add_columns()
-            self.uid, self.epoch = self._init_meta()
+            self.uid, self.epoch = self._create_schema()
             with self.engine.connect() as conn:
                 self._queued = int(conn.execute(select(func.count()).select_from(jobs_t)
                                                 .where(jobs_t.c.state == JobState.QUEUED.value)).scalar_one())
@@ -226,6 +224,22 @@ class Store:
             conn.exec_driver_sql("BEGIN")
 
         return engine
+
+    def _create_schema(self, tries: int = 3) -> tuple[str, float]:
+        """Make the tables, add missing columns, read or make the store's id and epoch. Another process
+        making the same new store at the same moment (``gpualloc user add`` beside a starting
+        ``gpualloc serve``) makes one of the two fail on a table or row the other just made: that one
+        tries again and finds them."""
+        for attempt in range(tries):
+            try:
+                metadata.create_all(self.engine)
+                self._add_columns()
+                return self._init_meta()
+            except (OperationalError, IntegrityError):
+                if attempt == tries - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _add_columns(self) -> None:
         """Add :data:`JOB_COLUMNS_ADDED` to a ``jobs`` table made before them."""
