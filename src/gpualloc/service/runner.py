@@ -150,78 +150,88 @@ class Execution:
         private_dir(self.log_dir)
         return open_private(self.log_dir / LOG_FILES["stdout"]), open_private(self.log_dir / LOG_FILES["stderr"])
 
+    def _as_user(self, user: str, env: dict[str, str], cwd: str | None) -> tuple[dict[str, Any], str | None]:
+        """The ``Popen`` arguments that run the program as ``user`` and its working directory; sets the
+        user's ``HOME``, ``USER`` and ``LOGNAME`` in ``env``.
+
+        Raises:
+            OSError: one line: no such user, or a working directory the user may not enter.
+        """
+        pw = _as_user(user)
+        env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+        if not cwd:
+            cwd = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
+        # Popen changes folder before it changes user, so it would not notice (a missing folder is
+        # reported by the caller as such).
+        if os.path.isdir(cwd) and not _may_enter(cwd, pw):
+            raise OSError(f"working directory not accessible to user {pw.pw_name}: {cwd} (it needs search "
+                          "permission, x, on the folder and every folder above it)")
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "umask": JOB_UMASK}, cwd
+
+    def _callable_child(self) -> tuple[list[str], Any, tuple[int, ...]]:
+        """argv, standard input and the descriptor to pass of a child that runs the callable (as the
+        job's user: never in this process, the service's user). It reads its call from an unlinked file
+        and writes its outcome to another."""
+        call = {k: self.target[k] for k in ("callable", "args", "kwargs") if k in self.target}
+        if self.log_dir is not None:
+            private_dir(self.log_dir)
+        stdin = tempfile.TemporaryFile(dir=self.log_dir)
+        stdin.write(json.dumps(call).encode())
+        stdin.seek(0)
+        self._result_file = tempfile.TemporaryFile(dir=self.log_dir)
+        fd = self._result_file.fileno()
+        return [sys.executable, "-m", "gpualloc.service.runner", "--call", str(fd)], stdin, (fd,)
+
     def start(self) -> int:
         """Start the target; returns the program's pid (0 for a callable run in this process)."""
         env = {**job_base_env(), **self.target.get("env", {})}
         cwd = self.target.get("cwd")
         user = self.target.get("user")
         as_user: dict[str, Any] = {}
-        stdin: Any = subprocess.DEVNULL
-        pass_fds: tuple[int, ...] = ()
         if user:
             try:
-                pw = _as_user(str(user))
+                as_user, cwd = self._as_user(str(user), env, cwd)
             except OSError as exc:
-                self.outcome = {"exit_code": 126, "error": f"cannot run as {user}: {exc}", "result": None}
+                error = str(exc) if str(exc).startswith("working directory") else f"cannot run as {user}: {exc}"
+                self.outcome = {"exit_code": 126, "error": error, "result": None}
                 return 0
-            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
-            if not cwd:
-                cwd = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
-            as_user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "umask": JOB_UMASK}
         if cwd and not os.path.isdir(cwd):
             # Popen raises the same FileNotFoundError for a missing cwd as for a missing program.
             self.outcome = _no_cwd(cwd)
             return 0
-        if user and cwd and not _may_enter(cwd, pw):
-            # Popen changes folder before it changes user, so it would not notice.
-            self.outcome = {"exit_code": 126, "error": f"working directory not accessible to user {pw.pw_name}: "
-                                                      f"{cwd} (it needs search permission, x, on the folder and "
-                                                      "every folder above it)", "result": None}
-            return 0
+        stdin: Any = subprocess.DEVNULL
+        pass_fds: tuple[int, ...] = ()
         if user and "callable" in self.target:
-            # The callable must not run in this process (the service's user): a child runs it as the user,
-            # reading its call from an unlinked file and writing its outcome to another.
-            call = {k: self.target[k] for k in ("callable", "args", "kwargs") if k in self.target}
-            if self.log_dir is not None:
-                private_dir(self.log_dir)
-            stdin = tempfile.TemporaryFile(dir=self.log_dir)
-            stdin.write(json.dumps(call).encode())
-            stdin.seek(0)
-            self._result_file = tempfile.TemporaryFile(dir=self.log_dir)
-            pass_fds = (self._result_file.fileno(),)
-            argv = [sys.executable, "-m", "gpualloc.service.runner", "--call", str(self._result_file.fileno())]
+            argv, stdin, pass_fds = self._callable_child()
         elif "argv" in self.target:
             argv = [str(a) for a in self.target["argv"]]
         else:
-            argv = []
-        if argv:
-            out, err = self._streams()
-            parent = os.getpid()
-            try:
-                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin,
-                                             stdout=out, stderr=err, close_fds=True, pass_fds=pass_fds,
-                                             start_new_session=True,
-                                             preexec_fn=(lambda: _die_with_parent(parent))
-                                             if sys.platform == "linux" else None, **as_user)
-            except FileNotFoundError:
-                if cwd and not os.path.isdir(cwd):  # removed between the check above and the start
-                    self.outcome = _no_cwd(cwd)
-                else:
-                    self.outcome = {"exit_code": 127, "error": f"command not found: {argv[0]}", "result": None}
-            except PermissionError:
-                whom = f" (to user {user})" if user else ""
-                self.outcome = {"exit_code": 126, "error": f"permission denied{whom}: {argv[0]}", "result": None}
-            except OSError as exc:
-                self.outcome = {"exit_code": 126, "error": f"cannot start {argv[0]}: {exc}", "result": None}
-            finally:
-                for stream in (out, err, stdin):
-                    if hasattr(stream, "close"):
-                        stream.close()
-            return 0 if self.proc is None else self.proc.pid
-        if self.in_thread and self.outcome is None:
-            self.thread = threading.Thread(target=self._call, name="gpualloc-job", daemon=True)
-            self.thread.start()
-        return 0
+            if self.in_thread:
+                self.thread = threading.Thread(target=self._call, name="gpualloc-job", daemon=True)
+                self.thread.start()
+            return 0
+        out, err = self._streams()
+        parent = os.getpid()
+        try:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=err, close_fds=True,
+                                         pass_fds=pass_fds, start_new_session=True,
+                                         preexec_fn=(lambda: _die_with_parent(parent))
+                                         if sys.platform == "linux" else None, **as_user)
+        except FileNotFoundError:
+            if cwd and not os.path.isdir(cwd):  # removed between the check above and the start
+                self.outcome = _no_cwd(cwd)
+            else:
+                self.outcome = {"exit_code": 127, "error": f"command not found: {argv[0]}", "result": None}
+        except PermissionError:
+            whom = f" (to user {user})" if user else ""
+            self.outcome = {"exit_code": 126, "error": f"permission denied{whom}: {argv[0]}", "result": None}
+        except OSError as exc:
+            self.outcome = {"exit_code": 126, "error": f"cannot start {argv[0]}: {exc}", "result": None}
+        finally:
+            for stream in (out, err, stdin):
+                if hasattr(stream, "close"):
+                    stream.close()
+        return 0 if self.proc is None else self.proc.pid
 
     def _call(self) -> None:
         t = self.target
