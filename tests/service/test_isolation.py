@@ -425,6 +425,23 @@ def test_the_ready_file_appears_only_once_health_answers(tmp_path):
     assert not ready.exists()  # removed when the service stops
 
 
+@pytest.mark.skipif(not (ROOT and _has_user("nobody")), reason="needs root to plant a file as nobody")
+def test_a_ready_file_another_user_planted_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # sticky, like /tmp: allowed for a ready file, but not a planted one
+    planted = shared / "ready.json"
+    planted.write_text('{"url": "http://127.0.0.1:1", "pid": 1, "token_file": "/dev/null"}')
+    os.chown(planted, pwd.getpwnam("nobody").pw_uid, -1)
+    res = subprocess.run([*GPUALLOC, "serve", "--port", "0", "--store", str(tmp_path / "s" / "state.db"),
+                          "--telemetry", "none", "--ready-file", str(planted)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res
+    (line,) = res.stderr.strip().splitlines()
+    assert "--ready-file" in line and "not a file of yours" in line
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_client_started_with_the_service_waits_for_it(tmp_path):
     """`gpualloc serve ... &` and at once a client call: the client retries a refused connection."""
     store = tmp_path / "s" / "state.db"

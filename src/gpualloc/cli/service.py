@@ -81,7 +81,7 @@ def serve(
 ) -> None:
     """Run the scheduler service: a REST API over a policy deciding on live state."""
     from gpualloc.service.app import Service, ServiceConfig, listen_socket
-    from gpualloc.service.auth import check_private_folder, default_store
+    from gpualloc.service.auth import check_own_or_missing, check_private_folder, default_store
     from gpualloc.service.jobusers import plan_job_users
 
     # First, before printing anything or making a token: a port in use is one line and exit 2.
@@ -93,6 +93,7 @@ def serve(
             ready_file = ready_file.absolute()
             # a ready file another user could replace would send clients (and their token) elsewhere
             check_private_folder(ready_file.parent)
+            check_own_or_missing(ready_file, "--ready-file")
             ready_file.unlink(missing_ok=True)
         port = sock.getsockname()[1]
         if host not in ("127.0.0.1", "::1", "localhost"):

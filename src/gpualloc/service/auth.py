@@ -158,6 +158,24 @@ def token_matches(expected: str, authorization: str | None) -> bool:
                                expected.encode("utf-8"))
 
 
+def check_own_or_missing(path: str | Path, what: str) -> None:
+    """Refuse ``path`` if it exists and is not this user's own regular file (another user planted it).
+
+    Raises:
+        ServiceError: naming ``what``, the path and its owner.
+    """
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise ServiceError(f"{what} {path}: cannot read it: {err.strerror}") from err
+    if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+        raise ServiceError(f"{what} {path}: exists and is not a file of yours (uid {st.st_uid}); another user may "
+                           "have planted it: remove it or choose another path")
+
+
 # ----------------------------------------------------------------------------------------- the store
 STORE_SUFFIXES = ("", "-wal", "-shm", "-journal", ".lock")
 """The files of a SQLite store ``state.db``: the database, SQLite's WAL, shared-memory index and
