@@ -827,7 +827,11 @@ class _Engine:
             self.queue.remove(int(starts[0][0]))
         else:  # valid starts name distinct jobs
             started = {int(j) for j, _ in starts}
-            self.queue[:] = [q for q in self.queue if q not in started]
+            queue, k = self.queue, len(started)
+            if all(q in started for q in queue[:k]):  # the head of the queue (FCFS, backfill's front): no scan
+                del queue[:k]
+            else:
+                queue[:] = [q for q in queue if q not in started]
 
     def _check_state(self) -> None:
         """Every GPU holds at most one job and the kept counts match a recount (check mode)."""
