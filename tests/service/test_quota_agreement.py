@@ -148,7 +148,8 @@ def service_decision(case: QuotaCase, tmp_path: Path) -> tuple[dict[str, str], l
 
 def _request(rec, device_type: str, gpus: list[int]) -> RunRequest:
     return RunRequest(job_id=rec.id, attempt=rec.attempts, name=rec.name, target=rec.spec["target"],
-                      device_type=device_type, vendor="nvidia", resource="", gpus=tuple(gpus), groups=((0, tuple(gpus)),))
+                      device_type=device_type, vendor="nvidia", resource="", gpus=tuple(gpus),
+                      groups=((0, tuple(gpus)),))
 
 
 def simulator_decision(case: QuotaCase) -> tuple[dict[str, str], list[str]]:

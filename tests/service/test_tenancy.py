@@ -10,6 +10,7 @@ import os
 import sqlite3
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from gpualloc.service.errors import Conflict, NotFound, ServiceError
 from gpualloc.service.store import Store
 from gpualloc.service.users import BOOTSTRAP_USER, token_digest
 
-from tests.service.conftest import BASE_URL, GPUALLOC, TestClient, wait_state
+from tests.service.conftest import BASE_URL, TestClient, wait_state
 
 
 def _as(svc, token: str) -> TestClient:
@@ -155,7 +156,7 @@ def test_tokens_never_appear_in_answers_logs_or_the_store(teams, caplog):
     job = _job(c["alice"], "t")
     wait_state(c["alice"], job["id"], {"finished"})
     answers = []
-    for name, client in c.items():
+    for client in c.values():
         for method, path in (("GET", "/me"), ("GET", "/jobs"), ("GET", f"/jobs/{job['id']}"),
                              ("GET", f"/jobs/{job['id']}/events"), ("GET", f"/jobs/{job['id']}/logs"),
                              ("GET", "/cluster"), ("GET", "/policy"), ("PUT", "/policy"), ("GET", "/openapi.json")):
@@ -213,8 +214,35 @@ def test_a_store_made_before_users_gains_the_columns_and_hides_old_jobs(tmp_path
     assert [j["name"] for j in svc.client.get("/jobs").json()] == ["old"]
 
 
-def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*GPUALLOC, *args], capture_output=True, text=True, timeout=120, **kw)
+def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``gpualloc ARGS`` run in this process through the CLI's own entry point (``main``: one line and
+    exit status 2 on bad input), stdout and stderr captured (a subprocess would spend a second on imports)."""
+    import contextlib
+    import io
+
+    from gpualloc.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    code = 0
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv = ["gpualloc", *args]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def test_user_commands_write_the_token_to_a_private_file_and_never_print_it(tmp_path):

@@ -584,7 +584,8 @@ class _TooLarge(Exception):
     pass
 
 
-_STATUS = ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422), (InvalidRequest, 422),
+_STATUS = ((NotFound, 404), (Forbidden, 403), (Conflict, 409), (QueueFull, 429), (InvalidJob, 422),
+           (InvalidRequest, 422),
            (SchedulingError, 422), (AgentError, 422))
 
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec
-from gpualloc.scheduling.base import (DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable, Policy,
-                                      preference_ranks)
+from gpualloc.scheduling.base import (DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable,
+                                      Policy, preference_ranks)
 from gpualloc.scheduling.policies import POLICIES, make_policy
 from gpualloc.scheduling.quotas import DEFAULT_TEAM, QuotaPolicy, Quotas
 from gpualloc.scheduling.rules import InvalidDecision, check_preempt, check_start, unplaceable_reason
