@@ -347,6 +347,9 @@ class QuotaPolicy:
         self.preemptive = self._inner_preemptive or reclaims
         self._key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._map = np.zeros(1, dtype=np.int64)
+        self._stamp: np.ndarray | None = None
+        self._orders: dict[int, list[int]] = {}
+        self._has_pref = np.zeros(0, dtype=bool)
 
     def _setup(self, view: ClusterView) -> None:
         key = (tuple(view.jobs.team_names), tuple(view.type_names))
@@ -354,6 +357,16 @@ class QuotaPolicy:
             self._key = key
             self.team_names, self.q, self.w = self.quotas.matrix(view.type_names)
             self._map = team_index(view.jobs.team_names, self.team_names)
+
+    def _static(self, jobs: JobTable) -> tuple[dict[int, list[int]], np.ndarray]:
+        """Per-table caches of the jobs' type orders and whether they have a list; rebuilt when the
+        table's cached type order is (a live table drops it when rows change)."""
+        stamp = jobs.type_order()
+        if self._stamp is not stamp:
+            rank = np.asarray(jobs.pref_rank)
+            self._stamp, self._orders = stamp, {}
+            self._has_pref = rank.min(axis=1) != rank.max(axis=1) if rank.size else np.zeros(len(jobs), bool)
+        return self._orders, self._has_pref
 
     def decide(self, view: ClusterView) -> Decision:
         self._setup(view)
@@ -378,6 +391,7 @@ class _Plan:
         self.q, self.w = policy.q, policy.w
         self.borrowing = policy.quotas.borrowing
         self.team_of = policy._map[np.asarray(self.jobs.team)]
+        self.orders, self.has_pref = policy._static(self.jobs)
         self.u = team_usage(view, self.team_of, len(self.q))
         self.free = view.free_gpus()
         self.type_l = view.type_node_lists()[0]
@@ -390,6 +404,16 @@ class _Plan:
         self.inner_stops: list[int] = []
 
     # ---- helpers
+
+    def _order(self, j: int) -> list[int]:
+        """:func:`job_types_in_order`, once per job and table (static columns)."""
+        got = self.orders.get(j)
+        if got is None:
+            got = self.orders[j] = job_types_in_order(self.jobs, j)
+        return got
+
+    def _pref(self, j: int) -> bool:
+        return bool(self.has_pref[j])
 
     def _team(self, j: int) -> int:
         return int(self.team_of[j])
@@ -418,7 +442,7 @@ class _Plan:
         type it prefers more has room (a move would only lose the restart penalty, or its preference)."""
         cur = int(self.jobs.run_type[j])
         rank = self.jobs.pref_rank[j]
-        better = [t for t in job_types_in_order(self.jobs, j) if rank[t] < rank[cur]]
+        better = [t for t in self._order(j) if rank[t] < rank[cur]]
         if any(self.free.find(j, t) is not None and (self.borrowing or self._within(j, t)) for t in better):
             return False
         return self._unstop(j, force=True)
@@ -471,6 +495,10 @@ class _Plan:
         pool = self.free.copy()
         pool.take(freed)
         return pool.find(j, t)
+
+    def _head_type(self, offer: tuple[int, tuple[int, ...] | None]) -> int:
+        j, gl = offer
+        return self.type_l[gl[0]] if gl else self._order(j)[0]
 
     def _borrowed(self, k: int, t: int) -> float:
         return max(0, int(self.u[k, t] - self.q[k, t])) / self.w[k]
@@ -531,7 +559,7 @@ class _Plan:
             if got is _DROP:
                 continue
             j, gl, t_inner = got
-            if not has_preference(self.jobs, j):
+            if not self._pref(j):
                 gpus = self._place(j, t_inner, gl)
                 if gpus is not None and self._within(j, t_inner):
                     self._start(j, gpus, t_inner)
@@ -541,7 +569,7 @@ class _Plan:
             if j in self.stopped and self._keep_preferred(j):
                 continue  # a move away from its preferred type: it keeps running where it is
             # a list: its first type with room within the team's quota, else (phase C) with room to borrow
-            placed = next(((t, g) for t in job_types_in_order(self.jobs, j)
+            placed = next(((t, g) for t in self._order(j)
                            if self._within(j, t) and (g := self._place(j, t, gl if t == t_inner else None))), None)
             if placed is not None:
                 self._start(j, placed[1], placed[0])
@@ -571,7 +599,7 @@ class _Plan:
             for j in list(cand):
                 if j in self.started:
                     continue
-                order = job_types_in_order(jobs, j)
+                order = self._order(j)
                 types = [t for t in order if self._within(j, t)]
                 if not types:
                     continue
@@ -640,20 +668,16 @@ class _Plan:
                 for k, items in extra.items():
                     offers.setdefault(k, []).extend(items)
         while offers and self.free.total > 0:
-            def key(k: int) -> tuple[float, int]:
-                j, gl = offers[k][0]
-                t = self.type_l[gl[0]] if gl else job_types_in_order(jobs, j)[0]
-                return self._borrowed(k, t), k
-            k = min(offers, key=key)
+            k = min(offers, key=lambda k: (self._borrowed(k, self._head_type(offers[k][0])), k))
             j, gl = offers[k].pop(0)
             if not offers[k]:
                 del offers[k]
             if j in self.started:
                 continue
-            if gl is not None and not has_preference(jobs, j):
+            if gl is not None and not self._pref(j):
                 types = [self.type_l[gl[0]]]
             else:
-                types = job_types_in_order(jobs, j)
+                types = self._order(j)
             for t in types:
                 if not (self.borrowing or self._within(j, t)):
                     continue
