@@ -152,14 +152,13 @@ def test_no_service_running_is_one_line_saying_so(tmp_path):
 
 # ------------------------------------------------------------------------------ two teams with quotas
 TEAMS_WALKTHROUGH = """\
-gpualloc user add ana --team vision --token-file ana.token --quotas examples/quotas.toml  # 0600 file, never printed
-gpualloc user add ned --team nlp --token-file ned.token --quotas examples/quotas.toml
-gpualloc serve --backend local --cluster 4xV100+2xT4 --quotas examples/quotas.toml &
+gpualloc user add ana --team vision --token-file ana.token   # a 0600 file: tokens are never printed
+gpualloc user add ned --team nlp --token-file ned.token
+gpualloc serve --cluster 4xV100+2xT4 --quotas examples/quotas.toml &   # state in ~/.local/state/gpualloc
 printf 'import time\\nprint("hello from a job")\\ntime.sleep(20)\\n' > train.py
-gpualloc submit --name borrow --gpus 4 --gpu-type V100 --command "python train.py" --token-file ned.token
-gpualloc submit --name mine --gpus 2 --gpu-type V100 --command "python train.py" --token-file ana.token
-gpualloc jobs --token-file ned.token   # nlp's jobs only; ana's took back vision's V100s from them
-gpualloc whoami --token-file ana.token
+gpualloc submit --name big --gpus 4 --gpu-type V100 --command "python train.py" --token-file ned.token  # borrows
+gpualloc submit --name mine --gpus 2 --gpu-type V100 --command "python train.py" --token-file ana.token  # reclaims
+gpualloc jobs --token-file ned.token   # nlp's jobs only: big is back in the queue
 """
 """The README's two-team walkthrough, until the README's service block holds it (then that is run)."""
 
@@ -214,9 +213,9 @@ def test_two_teams_with_quotas_walkthrough(tmp_path):
         tokens = {n: (work / f"{n}.token").read_text().strip() for n in ("ana", "ned")}
         for tok in tokens.values():
             assert tok not in run.stdout + run.stderr
-        assert "borrow" in run.stdout and "ana (team vision)" in run.stdout
+        assert "big" in run.stdout and "mine" not in run.stdout.split("job 2 queued: mine")[-1]
         with Client(url, tokens["ned"]) as ned, Client(url, tokens["ana"]) as ana:
-            assert [j["name"] for j in ned.jobs()] == ["borrow"]
+            assert [j["name"] for j in ned.jobs()] == ["big"]
             assert [j["name"] for j in ana.jobs()] == ["mine"]
             mine = ana.jobs()[0]
             assert (mine["user"], mine["team"]) == ("ana", "vision")
@@ -232,7 +231,7 @@ def test_two_teams_with_quotas_walkthrough(tmp_path):
                 assert err.status == 404
         admin_token = (state / "service.db.token").read_text().strip()
         with Client(url, admin_token) as admin:
-            assert sorted(j["name"] for j in admin.jobs()) == ["borrow", "mine"]
+            assert sorted(j["name"] for j in admin.jobs()) == ["big", "mine"]
     finally:
         pid_file = work / "serve.pid"
         if pid_file.exists() and pid_file.read_text().strip():
