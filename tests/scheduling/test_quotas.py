@@ -330,3 +330,23 @@ def test_simulate_compare_with_quotas_json_and_table():
         assert teams["vision"]["by_type"][V100]["quota"] == 3
     table = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "per team" in table.stdout and "vision" in table.stdout
+
+
+def test_job_table_teams_and_preferences():
+    from gpualloc.scheduling.base import PREF_NONE, JobTable
+    from gpualloc.scheduling.quotas import job_types_in_order
+
+    jobs = [Job("a", 0, ML, 1, team="nlp", gpu_types=(T4, V100)), Job("b", 1, ML, 1),
+            Job("c", 2, ML, 1, team="vision", gpu_types=(V100,))]
+    speed = np.array([[1.0, 0.5], [1.0, 0.5], [1.0, 0.0]])
+    table = JobTable.from_trace(Trace.of(jobs), speed, (V100, T4))
+    assert table.team_names == ("", "nlp", "vision") and table.team.tolist() == [1, 0, 2]
+    assert table.pref_rank.tolist() == [[1, 0], [0, 0], [0, PREF_NONE]]
+    assert [job_types_in_order(table, j) for j in range(3)] == [[1, 0], [0, 1], [0]]
+    fresh = table.fresh()
+    assert fresh.team is table.team and fresh.pref_rank is table.pref_rank
+    # a table built by hand (the service's live table) defaults to no team and no preference
+    bare = JobTable(arrival_s=np.zeros(2), work_s=np.ones(2), num_gpus=np.ones(2, dtype=np.int64),
+                    priority=np.zeros(2, dtype=np.int64), type_code=np.zeros(2, dtype=np.int64),
+                    single_node=np.zeros(2, dtype=bool), speed=np.ones((2, 2)))
+    assert bare.team.tolist() == [0, 0] and bare.team_names == ("",) and not bare.pref_rank.any()

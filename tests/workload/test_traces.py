@@ -314,6 +314,7 @@ JOBS = st.builds(
     gpu_types=st.lists(st.sampled_from(NAMES), max_size=3).map(tuple),
     single_node=st.booleans(),
     batch_size=st.integers(0, 10**6),
+    team=TEXT,
 )
 
 
@@ -333,6 +334,21 @@ def test_native_defaults_and_aliases(tmp_path):
     assert a.gpu_types == ("V100-16GB", "T4", "G9") and a.job_type is JobType.SIMULATION
     assert (a.num_gpus, a.gpu_milli, a.priority, a.single_node, a.model) == (1, 1000, 0, False, "")
     assert [j.id for j in t] == ["b", "a"]
+
+
+def test_native_team_column(tmp_path):
+    """Issue 35: the submitting team, for quotas; absent or empty = the default team."""
+    t = read_native(write(tmp_path, "n.csv", "id,arrival_s,job_type,work_s,gpu_types,team\n"
+                                             "a,0,ml-training,10,V100|T4, vision \nb,1,ml-training,2,,\n"))
+    assert [(j.id, j.team, j.gpu_types) for j in t] == [("a", "vision", ("V100-16GB", "T4")), ("b", "", ())]
+    assert read_native(write(tmp_path, "m.csv", "id,arrival_s,job_type,work_s\nc,0,simulation,1\n")).jobs[0].team == ""
+
+
+def test_philly_virtual_cluster_is_the_team(tmp_path):
+    t = read_philly(write(tmp_path, "p.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
+                                             "2017-10-09 07:01:55,66.0,1,66.0,11cb48\n"
+                                             "2017-10-09 07:02:55,10.0,2,20.0,6214e9\n"))
+    assert [j.team for j in t] == ["11cb48", "6214e9"]
 
 
 def test_write_native_rejects_unknown_extension(tmp_path):
