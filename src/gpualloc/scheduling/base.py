@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -95,13 +96,17 @@ class JobTable:
         speed = np.asarray(speed, dtype=float)
         if speed.shape[0] != len(jobs):
             raise ValueError(f"speed matrix has {speed.shape[0]} rows for {len(jobs)} jobs")
-        team_names, team = team_codes([j.team for j in jobs])
+        team_names, team = team_codes(list(map(attrgetter("team"), jobs)))
         pref = np.zeros(speed.shape, dtype=np.int64)
         if type_names:
             column = {name: i for i, name in enumerate(type_names)}
-            for i, j in enumerate(jobs):
-                if j.gpu_types:
-                    pref[i] = preference_ranks(j.gpu_types, column, len(type_names))
+            rows: dict[tuple[str, ...], np.ndarray] = {}
+            for i, types in enumerate(map(attrgetter("gpu_types"), jobs)):
+                if types:
+                    row = rows.get(types)
+                    if row is None:
+                        row = rows[types] = preference_ranks(types, column, len(type_names))
+                    pref[i] = row
         return cls(
             arrival_s=np.fromiter((j.arrival_s for j in jobs), float, len(jobs)),
             work_s=np.fromiter((j.work_s for j in jobs), float, len(jobs)),
@@ -140,9 +145,12 @@ PREF_NONE = 1 << 20
 def team_codes(teams: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
     """``(team_names, code per job)``: the default team ``""`` is always code 0, the others follow
     sorted by name."""
-    names = ("", *sorted(set(teams) - {""}))
+    present = set(teams)
+    names = ("", *sorted(present - {""}))
+    if len(names) == 1:  # no team named (most traces): all the default team
+        return names, np.zeros(len(teams), dtype=np.int64)
     index = {name: i for i, name in enumerate(names)}
-    return names, np.fromiter((index[t] for t in teams), np.int64, len(teams))
+    return names, np.fromiter(map(index.__getitem__, teams), np.int64, len(teams))
 
 
 def preference_ranks(gpu_types: Sequence[str], column: dict[str, int], n_types: int) -> np.ndarray:
