@@ -30,6 +30,13 @@ MAX_STEPS = 100_000_000
 MAX_INPUT_ELEMENTS = 1 << 28
 """Elements of the example inputs made from ``graph capture --input-shape`` (batch included): 1 GiB of fp32."""
 
+MAX_NODE_FLOPS = 1e21
+"""Forward FLOPs of one graph node: ~500x a whole forward pass of a 1-trillion-parameter model over a million
+tokens (2e18); a node beyond it is a unit error, and would take longer than a year on any device."""
+
+MAX_NODE_BYTES = float(1 << 60)
+"""Bytes a graph node or edge reads, writes, holds or sends (1 EiB)."""
+
 MAX_SEED = 2**32 - 1
 """Largest seed (numpy and torch both accept 0..2**32-1)."""
 
@@ -45,6 +52,9 @@ MAX_TRACE_S = 10 * YEAR_S
 MAX_WORK_S = 10 * YEAR_S
 """A job's work: ten years alone on its GPUs (the longest real trace job, in Philly, ran 54 days; a 16,384-GPU
 job of this length is 5e12 GPU-seconds, so sums over a million jobs stay far from overflow)."""
+
+MAX_OP_TIME_MS = MAX_WORK_S * 1e3
+"""A measured op time in a graph (``time_ms``): ten years (as a job's work), in milliseconds."""
 
 MAX_CPU_CORES = 1 << 20
 """CPU cores one job asks for."""

@@ -45,8 +45,7 @@ def capture_cmd(
 ) -> None:
     """Trace a PyTorch model (torch.export) into an operator graph with per-op FLOPs and bytes.
 
-    A factory's inputs come from, in order: --input-shape, the model's example_inputs(batch) method, its
-    module's example_inputs(batch) function.
+    A factory's inputs: --input-shape, else the model's example_inputs(batch) method, else its module's.
     """
     from gpualloc.graph.capture import capture, shaped_inputs
     from gpualloc.graph.ir import summarize

@@ -6,14 +6,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from gpualloc.cost.model import CostModel, training_memory_bytes
+from gpualloc.cost.model import CostModel, peak_ceiling_tflops, training_memory_bytes
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType
 
 
 @dataclass(frozen=True)
 class DeviceEstimate:
-    """One training step (forward + backward, ops one after another) of a graph on one device."""
+    """One training step (forward + backward, ops one after another) of a graph on one device.
+
+    ``fp32_utilisation`` is ``achieved_tflops`` over the fastest FP32 math the device has
+    (:func:`~gpualloc.cost.model.peak_ceiling_tflops`: TF32 tensor cores where present), in [0, 1].
+    """
 
     device: str
     step_time_s: float
@@ -49,6 +53,9 @@ def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None)
                                    > graph.bytes_accessed / (device.mem_bandwidth_bytes_per_s * eff.memory)))
     power = float(model.power_w(device, 1.0))
     achieved = work / step / TERA if step > 0 else 0.0
+    # Against the fastest FP32 math the device has (TF32 tensor cores included), never above 100%: the roofline
+    # cannot exceed it, and a measured time (time_ms) faster than it means the FLOP count is overstated.
+    ceiling = peak_ceiling_tflops(device, "fp32")
     return DeviceEstimate(
         device=device.name,
         step_time_s=step,
@@ -56,7 +63,7 @@ def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None)
         bwd_time_s=float(bwd.sum()),
         samples_per_s=graph.batch_size / step if graph.batch_size and step > 0 else None,
         achieved_tflops=achieved,
-        fp32_utilisation=achieved / device.fp32_tflops if device.fp32_tflops else None,
+        fp32_utilisation=min(1.0, achieved / ceiling) if ceiling else None,
         memory_bytes=mem,
         device_mem_bytes=device.mem_bytes,
         fits=mem <= device.mem_bytes,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import GraphError, read_json, write_text
-from gpualloc.limits import MAX_BATCH
+from gpualloc.limits import MAX_BATCH, MAX_NODE_BYTES, MAX_NODE_FLOPS, MAX_OP_TIME_MS
 
 FORMAT = "gpualloc-graph"
 VERSION = 1
@@ -78,6 +78,15 @@ class OpEdge:
 
 
 _NODE_SIZES = ("flops", "bytes_read", "bytes_written", "param_bytes", "output_bytes")
+_NODE_BOUNDS = {"flops": (MAX_NODE_FLOPS, "about 500 forward passes of a 1e12-parameter model over 1e6 tokens"),
+                "time_ms": (MAX_OP_TIME_MS, "ten years"),
+                **{b: (MAX_NODE_BYTES, "1 EiB") for b in (*_NODE_SIZES[1:], "bytes")}}
+
+
+def _check_bound(value: float, bound: tuple[float, str], where: str) -> None:
+    """Absurd sizes (a node of 1e30 FLOPs) are refused in one line: the cost model would report years."""
+    if value > bound[0]:
+        raise GraphError(f"{where}: {value:g} is above the limit of {bound[0]:g} ({bound[1]})")
 
 
 class OpGraph:
@@ -121,12 +130,16 @@ class OpGraph:
                 value = getattr(node, attr)
                 if not np.isfinite(value) or value < 0:
                     raise GraphError(f"{where}: node {node.id!r}: {attr} must be >= 0, got {value!r}")
+                _check_bound(value, _NODE_BOUNDS[attr], f"{where}: node {node.id!r}: {attr}")
             for dev, t in node.time_ms.items():
                 for label, value in (("fwd", t.fwd_ms), ("bwd", t.bwd_ms)):
                     if value is not None and (not np.isfinite(value) or value < 0):
                         raise GraphError(
                             f"{where}: node {node.id!r}: time_ms[{dev!r}].{label} must be >= 0, got {value!r}"
                         )
+                    if value is not None:
+                        _check_bound(value, _NODE_BOUNDS["time_ms"],
+                                     f"{where}: node {node.id!r}: time_ms[{dev!r}].{label}")
         for edge in self.edges:
             for end in (edge.src, edge.dst):
                 if end not in self.index:
@@ -135,6 +148,7 @@ class OpGraph:
                 raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r} is a self loop")
             if not np.isfinite(edge.bytes) or edge.bytes < 0:
                 raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes must be >= 0, got {edge.bytes!r}")
+            _check_bound(edge.bytes, _NODE_BOUNDS["bytes"], f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes")
         _ = self.topo_order  # computing the (cached) order raises GraphError on a cycle
 
     def _validate_header(self, where: str) -> None:

@@ -382,7 +382,8 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
         if not ty.tensor_tflops or step <= 0:
             mfu.append(None)
         else:
-            mfu.append(float(3.0 * flops_dev[j] / step / (ty.tensor_tflops * 1e12)))
+            # at most 1: the roofline never beats the peak; only measured times with overstated FLOPs could
+            mfu.append(min(1.0, float(3.0 * flops_dev[j] / step / (ty.tensor_tflops * 1e12))))
     memory = _device_memory(problem, a, peak_inflight)
     peak_mem = np.array([m.peak for m in memory])
     excess = np.maximum(peak_mem - problem.mem_cap_bytes, 0.0)

@@ -33,7 +33,9 @@ def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_fr
         )
     fastest = min(r.step_time_s for r in rows)
     relative = Text("relative step time: " + ", ".join(f"{r.device} {r.step_time_s / fastest:.2f}x" for r in rows))
-    return Group(table, relative)
+    note = Text("FP32 util: achieved TFLOP/s over the device's fastest FP32 math (TF32 tensor cores where it has "
+                "them: PyTorch runs FP32 convolutions there by default)", style="dim")
+    return Group(table, relative, note)
 
 
 def calibration_view(cal) -> Group:

@@ -1,4 +1,5 @@
-"""Results tables as Markdown, and their bar charts. Formatting only: the numbers come computed."""
+"""Results tables as Markdown and their bar charts, and ``Table``, the Rich table of every report (it never cuts
+a value). Formatting only: the numbers come computed."""
 
 from __future__ import annotations
 
@@ -223,7 +224,7 @@ class Table(_RichTable):
         """Borders and padding of ``n`` columns (as :meth:`rich.table.Table._extra_width` and its padding)."""
         edges = 2 if (self.box and self.show_edge) else 0
         rules = (n - 1) if self.box else 0
-        top, right, bottom, left = self.padding
+        _, right, _, left = self.padding
         pads = n * (left + right) - (0 if self.pad_edge else left + right)
         return edges + rules + pads
 
