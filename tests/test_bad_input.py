@@ -160,6 +160,8 @@ def test_unwritable_output_folder_is_refused_before_the_work(cli, graph_file):
     """/proc takes no new file, even for root: refused when the options are parsed, naming the option."""
     line = one_line_error(cli, "place", graph_file, "-c", "2xA100", "-o", "/proc/plan.json", names="/proc/plan.json")
     assert line.startswith("error: --output /proc/plan.json: cannot write in /proc: "), line
+    line = one_line_error(cli, "graph", "capture", "resnet50", "-o", "/proc/g.json", names="/proc/g.json")
+    assert line.startswith("error: --output /proc/g.json: cannot write in /proc: "), line  # before tracing
     line = one_line_error(cli, "simulate", "compare", "-c", "adlro16", "--generate", "5", "--policies", "fcfs",
                           "--plots", "/proc/gpualloc-plots", names="--plots /proc/gpualloc-plots")
     assert "cannot create the folder" in line, line
