@@ -81,7 +81,6 @@ from gpualloc.scheduling.base import (
     RUNNING,
     ClusterView,
     Decision,
-    FreeGpus,
     JobTable,
     Policy,
 )
@@ -195,36 +194,12 @@ class Quotas:
         catalog = default_catalog()
         teams, seen = [], set()
         for name, body in items:
-            at = f"{where}: teams.{name}"
             if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > 64:
                 raise QuotaError(f"{where}: teams: team name {name!r} must be 1 to 64 printable characters")
             if name in seen:
-                raise QuotaError(f"{at}: team {name!r} is given twice")
+                raise QuotaError(f"{where}: teams.{name}: team {name!r} is given twice")
             seen.add(name)
-            if not isinstance(body, Mapping):
-                raise QuotaError(f"{at}: expected a table (weight, quota), got {type(body).__name__}")
-            extra = sorted(set(body) - {"weight", "quota"})
-            if extra:
-                raise QuotaError(f"{at}: unknown field {extra[0]!r} (expected weight, quota)")
-            weight = body.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= MAX_WEIGHT:
-                raise QuotaError(f"{at}.weight: expected a number in (0, {MAX_WEIGHT:g}], got {weight!r}")
-            quota_in = body.get("quota", {})
-            if not isinstance(quota_in, Mapping):
-                raise QuotaError(f"{at}.quota: expected a table of device type = GPUs, got {quota_in!r}")
-            quota: dict[str, int] = {}
-            for type_name, n in quota_in.items():
-                try:
-                    canonical = catalog.device(str(type_name)).name
-                except CatalogError:
-                    raise QuotaError(f"{at}.quota.{type_name}: unknown device type {type_name!r}") from None
-                if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_QUOTA:
-                    raise QuotaError(f"{at}.quota.{type_name}: expected a whole number of GPUs in "
-                                     f"0..{MAX_QUOTA:,}, got {n!r}")
-                if canonical in quota:
-                    raise QuotaError(f"{at}.quota.{type_name}: device type {canonical} is given twice")
-                quota[canonical] = n
-            teams.append(Team(name, float(weight), quota))
+            teams.append(_team(name, body, f"{where}: teams.{name}", catalog))
         return cls(tuple(teams), borrowing, where)
 
     # ---- against a cluster
@@ -271,12 +246,12 @@ class Quotas:
         """
         names, q, _ = self.matrix(type_names)
         known = set(names)
+        codes = np.asarray(jobs.team)
         for code, team in enumerate(jobs.team_names):
-            if team not in known:
-                j = int(np.flatnonzero(np.asarray(jobs.team) == code)[0]) if (np.asarray(jobs.team) == code).any() else -1
-                if j >= 0:
-                    raise QuotaError(f"job {job_ids[j]}: team {team!r} is not in {self.source} "
-                                     f"(teams: {', '.join(names[1:]) or 'none'})")
+            holders = np.flatnonzero(codes == code)
+            if team not in known and holders.size:
+                raise QuotaError(f"job {job_ids[int(holders[0])]}: team {team!r} is not in {self.source} "
+                                 f"(teams: {', '.join(names[1:]) or 'none'})")
         if self.borrowing:
             return
         k = team_index(jobs.team_names, names)[np.asarray(jobs.team)]
@@ -286,6 +261,34 @@ class Quotas:
             raise QuotaError(f"job {job_ids[j]}: needs {int(jobs.num_gpus[j])} GPUs, more than team "
                              f"{jobs.team_names[int(jobs.team[j])] or '(default)'!r} may hold of any type it may use, "
                              f"and {self.source} turns borrowing off")
+
+
+def _team(name: str, body: Any, at: str, catalog: Any) -> Team:
+    """One team's table, checked field by field (messages start with ``at``)."""
+    if not isinstance(body, Mapping):
+        raise QuotaError(f"{at}: expected a table (weight, quota), got {type(body).__name__}")
+    extra = sorted(set(body) - {"weight", "quota"})
+    if extra:
+        raise QuotaError(f"{at}: unknown field {extra[0]!r} (expected weight, quota)")
+    weight = body.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= MAX_WEIGHT:
+        raise QuotaError(f"{at}.weight: expected a number in (0, {MAX_WEIGHT:g}], got {weight!r}")
+    quota_in = body.get("quota", {})
+    if not isinstance(quota_in, Mapping):
+        raise QuotaError(f"{at}.quota: expected a table of device type = GPUs, got {quota_in!r}")
+    quota: dict[str, int] = {}
+    for type_name, n in quota_in.items():
+        try:
+            canonical = catalog.device(str(type_name)).name
+        except CatalogError:
+            raise QuotaError(f"{at}.quota.{type_name}: unknown device type {type_name!r}") from None
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_QUOTA:
+            raise QuotaError(f"{at}.quota.{type_name}: expected a whole number of GPUs in "
+                             f"0..{MAX_QUOTA:,}, got {n!r}")
+        if canonical in quota:
+            raise QuotaError(f"{at}.quota.{type_name}: device type {canonical} is given twice")
+        quota[canonical] = n
+    return Team(name, float(weight), quota)
 
 
 def team_index(table_names: Sequence[str], quota_names: Sequence[str]) -> np.ndarray:
@@ -653,7 +656,6 @@ class _Plan:
         least borrowed GPUs per unit of weight goes next. Each team offers the inner policy's
         borrowing starts in its order; when two or more teams want to borrow, also its other queued
         jobs (queue order): across teams fair share decides, within a team the inner policy."""
-        jobs = self.jobs
         offers: dict[int, list[tuple[int, tuple[int, ...] | None]]] = {}
         for j, gl in deferred:
             offers.setdefault(self._team(j), []).append((j, gl))
