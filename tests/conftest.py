@@ -12,6 +12,21 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _gpualloc_cache(tmp_path_factory):
+    """The CLI's cache (traced zoo graphs, gate verdicts) in a folder of this session, not the user's: the
+    suite neither reads a stale entry from nor writes to ~/.cache, and traces each zoo model once."""
+    import os
+
+    before = os.environ.get("GPUALLOC_CACHE_DIR")
+    os.environ["GPUALLOC_CACHE_DIR"] = str(tmp_path_factory.mktemp("gpualloc-cache"))
+    yield
+    if before is None:
+        os.environ.pop("GPUALLOC_CACHE_DIR", None)
+    else:
+        os.environ["GPUALLOC_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

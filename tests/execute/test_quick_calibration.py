@@ -89,9 +89,10 @@ def test_no_calibrate_warns_in_one_line_and_uses_the_shipped_guess(tmp_path, pri
                                  "--threads", "2", "--no-calibrate", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["calibration"] == {"path": None, "source": "shipped"}
-    warning = [line for line in result.stderr.splitlines() if line.strip()]
+    # (a slow run also prints progress lines, "...elapsed...", every 10 s: stderr is not a terminal here)
+    warning = [line for line in result.stderr.splitlines() if line.strip() and " elapsed" not in line]
     assert len(warning) == 1 and "uncalibrated" in warning[0]
-    assert not private_cache.exists()
+    assert not list(private_cache.glob("cpu-*.json"))  # (the folder may hold the traced graph: graphs/)
 
 
 def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
@@ -102,7 +103,7 @@ def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
                                  "--threads", "2", "--calibration", str(cal), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["calibration"] == {"path": str(cal), "source": "given"}
-    assert not private_cache.exists()
+    assert not list(private_cache.glob("cpu-*.json"))
 
 
 def test_the_quick_calibration_predicts_far_closer_than_the_shipped_guess(private_cache):

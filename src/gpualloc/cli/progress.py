@@ -36,7 +36,7 @@ class LoggedProgress(Progress):
         self.log_every_s = log_every_s
         self._last_line = self.get_time()
         self.lines = 0
-        self._printed: dict[int, str] = {}  # task id -> its last line
+        self._done: set = set()  # tasks whose last line said done: nothing more to say about them
         self._quit = threading.Event()
         self._timer: threading.Thread | None = None
 
@@ -79,11 +79,11 @@ class LoggedProgress(Progress):
             return
         self._last_line = now
         for task in self.tasks:
-            line = self.line(task)
-            if task.visible and not (force and self._printed.get(task.id) == line):
-                self.console.print(Text(line), highlight=False, soft_wrap=True)
-                self._printed[task.id] = line
+            if task.visible and task.id not in self._done:
+                self.console.print(Text(self.line(task)), highlight=False, soft_wrap=True)
                 self.lines += 1
+                if task.finished:
+                    self._done.add(task.id)
 
     def line(self, task) -> str:
         """One task's progress as a plain line; the time left is from the average rate since it started."""
