@@ -350,3 +350,17 @@ def test_job_table_teams_and_preferences():
                     priority=np.zeros(2, dtype=np.int64), type_code=np.zeros(2, dtype=np.int64),
                     single_node=np.zeros(2, dtype=bool), speed=np.ones((2, 2)))
     assert bare.team.tolist() == [0, 0] and bare.team_names == ("",) and not bare.pref_rank.any()
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "srtf", "gavel"])
+def test_quotas_with_failures(policy):
+    """GPUs that fail and come back: quotas still hold and every job finishes (check mode)."""
+    from gpualloc.scheduling.simulator import random_failures
+    from gpualloc.workload.traces import read_native
+
+    root = __import__("pathlib").Path(__file__).parents[2] / "examples"
+    trace, cluster = read_native(root / "teams_trace.csv").head(20), load_cluster(CLUSTER)
+    failures = random_failures(cluster, 200_000, 50_000, 3600, seed=1)
+    r = simulate(trace, cluster, make_policy(policy), quotas=Quotas.from_file(root / "quotas.toml"),
+                 failures=failures, checkpoint_interval_s=600, check=True)
+    assert r.completed.all() and r.failure_restarts.sum() > 0
