@@ -19,7 +19,8 @@ def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_fr
         rows: :class:`~gpualloc.cost.estimate.DeviceEstimate` per device.
         fitted_from: where each device's efficiency comes from (``CostModel.efficiency(d).fitted_from``).
     """
-    table = Table(title=f"{graph_name} (batch {batch}): one training step on one device")
+    table = Table(title=f"{graph_name} (batch {batch}): one training step on one device", more="--json",
+                  drop_first=("efficiency from", "J/step", "fwd", "bwd", "samples/s", "memory"))
     for col in ("device", "step", "fwd", "bwd", "samples/s", "TFLOP/s", "FP32 util", "memory", "fits",
                 "J/step", "efficiency from"):
         table.add_column(col, justify="left" if col in ("device", "efficiency from") else "right")

@@ -26,7 +26,8 @@ def links_table(links: Iterable) -> Table:
 
 def devices_view(devices: Iterable) -> Group:
     """Device types with their dense peaks, memory, power and link, then where the numbers come from."""
-    table = Table(title="Device types (dense peaks)")
+    table = Table(title="Device types (dense peaks)", more="--json",
+                  drop_first=("idle W", "link", "arch", "vendor", "FP64 TF", "TDP W", "GB/s"))
     for col, justify in (("name", "left"), ("vendor", "left"), ("arch", "left"), ("FP16/BF16 TF", "right"),
                          ("FP32 TF", "right"), ("FP64 TF", "right"), ("memory", "right"), ("GB/s", "right"),
                          ("TDP W", "right"), ("idle W", "right"), ("link", "left")):

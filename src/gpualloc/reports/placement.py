@@ -24,7 +24,8 @@ def outcomes_table(outcomes: Sequence, gains: Sequence[dict[str, float]], fills:
         fills: :func:`~gpualloc.placement.run.memory_fill` of each outcome.
         title: the table's title.
     """
-    table = Table(title=title)
+    table = Table(title=title, more="--json", drop_first=("partition time", "vs round-robin", "comm", "max mem",
+                                                          "comm share", "samples/s", "vs static"))
     for col in COLUMNS:
         table.add_column(col, justify="left" if col == "method" else "right")
     rows = sorted(zip(outcomes, gains, fills, strict=True),
