@@ -46,6 +46,7 @@ from gpualloc.hardware.slurm import SINFO_FORMAT, gres_device_type, parse_sinfo,
 from gpualloc.service.backends import (RunRef, RunRequest, RunState, RunStatus, rank_target, read_exit,
                                        visible_devices_env)
 from gpualloc.service.errors import BackendError
+from gpualloc.service.models import NAME_PATTERN
 from gpualloc.service.runner import EXIT_FILE, LOG_FILES, SPEC_FILE, private_dir, write_json_atomic
 from gpualloc.workload.jobs import Job, JobType
 
@@ -462,7 +463,7 @@ class AdviceRequest(BaseModel):
     duration_s: float | None = Field(None, gt=0, le=1e9, description="Expected run time (the time limit).")
     single_node: bool = Field(True, description="All GPUs on one node.")
     job_type: JobType = Field(JobType.ML_TRAINING, description="The job category the speed model uses.")
-    name: str = Field("slurm-job", min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")
+    name: str = Field("slurm-job", min_length=1, max_length=128, pattern=NAME_PATTERN)  # a job's name rule
 
 
 def advise(scheduler, backend, request: AdviceRequest) -> dict[str, Any]:
