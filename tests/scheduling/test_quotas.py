@@ -364,3 +364,30 @@ def test_quotas_with_failures(policy):
     r = simulate(trace, cluster, make_policy(policy), quotas=Quotas.from_file(root / "quotas.toml"),
                  failures=failures, checkpoint_interval_s=600, check=True)
     assert r.completed.all() and r.failure_restarts.sum() > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(free=st.integers(1, 4), order=st.lists(st.sampled_from(["vision", "nlp"]), max_size=10),
+       wv=st.integers(1, 3), wn=st.integers(1, 3), policy=st.sampled_from(["fcfs", "sjf", "srtf"]))
+def test_borrowing_is_weighted_max_min(free, order, wv, wn, policy):
+    """Teams borrowing free V100s (no V100 quota) get them by weighted max-min: work-conserving, and a
+    team left wanting never has fewer borrowed GPUs per weight than another team has minus one GPU."""
+    from tests.scheduling.quota_cases import QuotaCase, Queued, Running
+
+    running = (Running("d0", "", 4 - free, "V100"),) if free < 4 else ()
+    queued = tuple(Queued(f"{team[0]}{i}", team, 1, ("V100",)) for i, team in enumerate(order))
+    case = QuotaCase("fair", "", running, queued, starts={}, policy=policy,
+                     quotas={"teams": {"vision": {"weight": wv, "quota": {"T4": 1}},
+                                       "nlp": {"weight": wn, "quota": {"T4": 1}}}})
+    view, quotas, names = build_view(case)
+    decision = QuotaPolicy(make_policy(policy), quotas).decide(view)
+    got = {"vision": 0, "nlp": 0}
+    for j, _ in decision.starts:
+        got[case.queued[j - len(running)].team] += 1
+    want = {"vision": order.count("vision"), "nlp": order.count("nlp")}
+    assert sum(got.values()) == min(free, len(order)) and not decision.preempt
+    weight = {"vision": wv, "nlp": wn}
+    for a in got:
+        for b in got:
+            if a != b and got[a] < want[a]:  # a left wanting
+                assert (got[b] - 1) / weight[b] <= got[a] / weight[a] + 1e-9, (got, want, weight)
