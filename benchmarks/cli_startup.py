@@ -87,19 +87,20 @@ def main(argv: list[str] | None = None) -> int:
             serve += ["--job-user", "root"]
         service = subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        evaluate = ["place", "evaluate", "resnet50", "--cluster", "hetero8", "--plan", plan]
         # (name, argv, expected exit status, warm-up run or None, runs)
         cases = [
             ("help", [g, "--help"], 0, None, args.runs),
             ("version", [g, "--version"], 0, None, args.runs),
             ("jobs", [g, "jobs", "--server", server, "--token-file", f"{store}.token"], 0, None, args.runs),
             ("jobs-refused", [g, "jobs", "--server", refused], 2, None, args.runs),
-            ("place-evaluate", [g, "place", "evaluate", "resnet50", "--cluster", "hetero8", "--plan", plan], 0,
+            ("place-evaluate", [g, *evaluate], 0,
              [g, "place", "resnet50", "--cluster", "hetero8", "--method", "ddp", "-o", plan], args.runs),
             ("simulate-dqn", [g, "simulate", "--generate", "8", "--policy", "dqn", "--json"], 0,
              [g, "simulate", "--generate", "8", "--policy", "dqn", "--json"], args.runs),
         ]
         if not args.quick:
-            cases.append(("place-evaluate-no-cache", [g, "--no-cache", *cases[3][1][1:]], 0, None, 1))
+            cases.append(("place-evaluate-no-cache", [g, "--no-cache", *evaluate], 0, None, 1))
         rows = []
         try:
             with Client(server) as client:
