@@ -81,3 +81,13 @@ def test_without_a_cache_nothing_is_written(agent_file, tmp_path, loads):
     _policy(agent_file, None)
     _policy(agent_file, None)
     assert loads == [str(agent_file)] * 2
+
+
+def test_the_scheduling_table_reads_verdicts_from_the_cache(tmp_path, loads):
+    from gpualloc.experiments.scheduling_table import _make, agent_notes
+
+    cache_dir = str(tmp_path / "cache")
+    assert agent_notes(["dqn"], None, cache_dir) == agent_notes(["dqn"])  # the note does not depend on it
+    calls = len(loads)
+    policy = _make("dqn", None, cache_dir)
+    assert len(loads) == calls and policy.fallback  # the verdict came from the cache

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import console, output_folder, print_json, progress_bar
+from gpualloc.cli.common import console, disk_cache, output_folder, print_json, progress_bar
 from gpualloc.errors import write_text
 from gpualloc.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_STEPS
 
@@ -135,7 +135,9 @@ def scheduling_cmd(
     with progress_bar(TextColumn("{task.description:<32}"), BarColumn(), unit="runs") as bar, \
             make_executor(use_ray, ray_address, workers) as executor:
         task = bar.add_task("scheduling table", total=total_runs(spec, root is not None))
+        cache = disk_cache()
         result = run_table(spec, root, agent=agent, executor=executor,
+                           cache_dir=None if cache is None else cache.folder,
                            progress=lambda what: bar.update(task, advance=1, description=what))
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "") \

@@ -147,6 +147,7 @@ class SchedRun:
     path: str | None = None
     fmt: str | None = None
     agent: str | None = None
+    cache_dir: str | None = None  # the dqn gate verdicts' cache (gpualloc.cache), or None
 
 
 @lru_cache(maxsize=4)
@@ -162,30 +163,36 @@ def _workload(cluster: str, load: float, jobs: int, trace_seed: int | None, path
     return prepare(trace, spec)
 
 
-def _make(policy: str, agent: str | None):
+def _make(policy: str, agent: str | None, cache_dir: str | None = None):
     """The table's policy ``policy`` (a variant with its bundled agent); our warnings (an agent's
-    fallback) are not repeated for every run: :func:`agent_notes` reports each once."""
+    fallback) are not repeated for every run: :func:`agent_notes` reports each once. With ``cache_dir``,
+    a learned policy reads its gate verdict from that cache (a failed gate: no checkpoint loaded)."""
     name = policy
     if name in VARIANTS:
         from gpualloc.rl.sched_policy import bundled_agent_path
 
         name, agent = VARIANTS[name][0], str(bundled_agent_path(VARIANTS[name][1]))
-    takes_agent = "agent" in REGISTRY.entry(name).options
+    options = REGISTRY.entry(name).options
+    more = {"agent": agent} if "agent" in options and agent else {}
+    if "cache" in options and cache_dir is not None:
+        from gpualloc.cache import DiskCache
+
+        more["cache"] = DiskCache(cache_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GpuallocWarning)
-        return make_policy(name, **({"agent": agent} if takes_agent and agent else {}))
+        return make_policy(name, **more)
 
 
-def agent_notes(policies: Sequence[str], agent: str | None = None) -> dict[str, str]:
+def agent_notes(policies: Sequence[str], agent: str | None = None, cache_dir: str | None = None) -> dict[str, str]:
     """Which policy each learned row runs, one line per learned policy (e.g. a failed gate's fallback)."""
-    notes = {name: getattr(_make(name, agent), "note", None) for name in policies}
+    notes = {name: getattr(_make(name, agent, cache_dir), "note", None) for name in policies}
     return {name: note for name, note in notes.items() if note}
 
 
 def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
     work = _workload(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
-    policy = _make(run.policy, run.agent)
+    policy = _make(run.policy, run.agent, run.cache_dir)
     result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
     return summary(result), oracle_summary(result)
 
@@ -212,7 +219,7 @@ def require_real_traces(data_root: str | Path) -> list[tuple[str, Path, str]]:
 
 
 def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
-                  agent: str | None) -> list[tuple[str, SchedRun]]:
+                  agent: str | None, cache_dir: str | None = None) -> list[tuple[str, SchedRun]]:
     """Every simulation, labelled: synthetic (cluster, load, seed, policy), then real (cluster, trace, policy).
 
     The real-trace windows run on every cluster of the table, the unseen one included: how a policy
@@ -225,13 +232,13 @@ def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
                 for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
                     runs.append((f"{where[cluster]}load {load} seed {seed} {name}",
                                  SchedRun(cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
-                                          agent=agent)))
+                                          agent=agent, cache_dir=cache_dir)))
     for cluster in spec.clusters:
         for label, path, fmt in real:
             for name in spec.policies:
                 runs.append((f"{where[cluster]}{label} {name}",
                              SchedRun(cluster, name, 0, spec.real_load, spec.real_jobs, path=str(path), fmt=fmt,
-                                      agent=agent)))
+                                      agent=agent, cache_dir=cache_dir)))
     return runs
 
 
@@ -310,15 +317,18 @@ def _best_name(key: str) -> str:
 
 
 def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agent: str | Path | None = None,
-              progress: Callable[[str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
+              progress: Callable[[str], None] | None = None, executor: Executor | None = None,
+              cache_dir: str | Path | None = None) -> dict[str, Any]:
     """Run part 1 (and part 2 when ``data_root`` holds the traces); returns rows as plain dicts.
 
     Every (trace, seed, policy) simulation is one item for ``executor`` (default: in this process);
-    the rows do not depend on which executor ran them.
+    the rows do not depend on which executor ran them. ``cache_dir``: a :class:`~gpualloc.cache.DiskCache`
+    folder for the learned policies' gate verdicts (a failed gate's agent is then not loaded per run).
     """
     start = time.perf_counter()
     real = _real_traces(data_root)
-    runs = _planned_runs(spec, real, None if agent is None else str(agent))
+    cache_dir = None if cache_dir is None else str(cache_dir)
+    runs = _planned_runs(spec, real, None if agent is None else str(agent), cache_dir)
 
     def done(i: int, _result: object) -> None:
         if progress is not None:
@@ -334,7 +344,7 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
     return {"spec": {"cluster": spec.cluster, "unseen_cluster": spec.unseen_cluster,
                      "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
                      "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
-            "agents": agent_notes(spec.policies, None if agent is None else str(agent)),
+            "agents": agent_notes(spec.policies, None if agent is None else str(agent), cache_dir),
             "rows": rows, "wall_s": time.perf_counter() - start}
 
 
