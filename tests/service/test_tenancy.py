@@ -311,6 +311,9 @@ def test_whoami_and_jobs_with_a_user_token(server, tmp_path):
     theirs = _cli("jobs", "--json", "--token-file", tokens["bob"], env=env)
     assert [j["name"] for j in json.loads(mine.stdout)] == ["mine"]
     assert json.loads(theirs.stdout) == []
+    table = _cli("jobs", "--token-file", str(srv.tmp / "state.db.token"), env=env)  # the bootstrap admin
+    row = next(line for line in table.stdout.splitlines() if "mine" in line)
+    assert "vision" in row and "alice" in row, table.stdout
     nope = _cli("cancel", "1", "--token-file", tokens["bob"], env=env)
     assert nope.returncode == 2 and "no job 1" in nope.stderr
     pol = _cli("policy", "sjf", "--token-file", tokens["bob"], env=env)
