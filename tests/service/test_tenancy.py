@@ -321,3 +321,15 @@ def test_whoami_and_jobs_with_a_user_token(server, tmp_path):
     log = srv.log.read_text()
     for path in tokens.values():
         assert Path(path).read_text().strip() not in log
+
+
+def test_user_commands_check_the_store_as_serve_does(tmp_path):
+    store = tmp_path / "new" / "state.db"
+    assert _cli("user", "add", "alice", "--team", "vision", "--store", str(store)).returncode == 0
+    assert stat.S_IMODE(store.parent.stat().st_mode) == 0o700  # made private, as serve makes it
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: another user could have made the store there first
+    res = _cli("user", "add", "bob", "--team", "nlp", "--store", str(shared / "state.db"))
+    assert res.returncode == 2 and "others may write" in res.stderr, res.stderr
+    assert not (shared / "state.db").exists()

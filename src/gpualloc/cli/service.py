@@ -335,9 +335,15 @@ def _default_store() -> str:
 
 
 def _open_store(store: str | None):
-    from gpualloc.service.store import Store
+    """The store, checked as ``serve`` checks it (folder made 0700, no planted or foreign store file)."""
+    from gpualloc.service.auth import check_store_files
+    from gpualloc.service.store import Store, sqlite_path
 
-    return Store(store or _default_store())
+    store = store or _default_store()
+    path = sqlite_path(store)
+    if path is not None:
+        check_store_files(path)
+    return Store(store)
 
 
 def default_user_token_path(store: str, name: str) -> Path:
