@@ -445,7 +445,8 @@ def test_bad_quota_files(cli, tmp_path, text, field):
     quotas = tmp_path / "q.toml"
     quotas.write_text(text)
     for command in (("simulate",), ("simulate", "compare", "--policies", "fcfs")):
-        line = one_line_error(cli, *command, "-c", "4xV100+2xT4", "-t", Path(__file__).parents[1] / "examples" / "teams_trace.csv",
+        trace = Path(__file__).parents[1] / "examples" / "teams_trace.csv"
+        line = one_line_error(cli, *command, "-c", "4xV100+2xT4", "-t", trace,
                               "--quotas", quotas, "--json", names=str(quotas))
         assert field in line, line
     quotas.write_bytes(BINARY)

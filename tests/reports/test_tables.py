@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rich.console import Console
 
 from gpualloc.reports.scheduling import COLUMNS, DROP_FIRST, policies_table
 from gpualloc.reports.tables import Table

@@ -20,8 +20,8 @@ from gpualloc.reports.costs import estimates_view
 
 
 def huge(flops: float = MAX_NODE_FLOPS) -> OpGraph:
-    return OpGraph("huge", [OpNode("a", "a", "op", flops=flops, bytes_read=1e6, bytes_written=1e6, output_bytes=1e6)], [],
-                   batch_size=1)
+    node = OpNode("a", "a", "op", flops=flops, bytes_read=1e6, bytes_written=1e6, output_bytes=1e6)
+    return OpGraph("huge", [node], [], batch_size=1)
 
 
 def test_a_huge_node_on_every_device_stays_at_or_under_100_percent():
@@ -52,8 +52,7 @@ def test_placement_mfu_in_bf16_stays_under_100_percent():
     from gpualloc.placement.problem import PlacementProblem
     from gpualloc.placement.run import place
 
-    graph = OpGraph("huge", [OpNode("a", "a", "op", flops=1e15, bytes_read=1e6, bytes_written=1e6, output_bytes=1e6)], [],
-                    batch_size=1)
+    graph = huge(1e15)
     problem = PlacementProblem(graph, load_cluster("1xA100"), rules=MemoryRules(precision="bf16"))
     mfu = place(problem, "static").result.mfu
     assert all(m is None or 0 < m <= 1.0 for m in mfu) and any(m for m in mfu), mfu
