@@ -153,3 +153,19 @@ def test_shaped_inputs():
     assert a.shape == (2, 3, 4) and a.dtype == torch.bfloat16 and b.shape == (2, 2) and not b.any()
     with pytest.raises(CaptureError, match="elements at batch"):
         shaped_inputs(["4096,4096"])(1 << 10)
+
+
+def test_the_readme_example_factory_captures_both_ways(tmp_path, monkeypatch, cli):
+    """``examples/mymodel.py``, the README's factory: its method gives the inputs, and its plain network
+    captures with ``--input-shape 64``, from the checkout's root as the README runs it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    for args in (["examples.mymodel:build"], ["examples.mymodel:build_plain", "--input-shape", "64"]):
+        out = tmp_path / "m.json"
+        code, _, err = cli("graph", "capture", *args, "--batch", "4", "-o", out)
+        assert code == 0, err
+        graph = json.loads(out.read_text())
+        assert graph["batch_size"] == 4 and len(graph["nodes"]) == 3
