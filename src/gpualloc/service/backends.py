@@ -267,7 +267,7 @@ class LocalBackend:
             if user is not None:
                 target["user"] = user
             # spec.json for the record: the env's names, not its values (they may be secrets)
-            write_json_atomic(d / SPEC_FILE, {**target, "env": sorted(target["env"])})
+            write_json_atomic(d / SPEC_FILE, {**target, "env": sorted(target["env"])}, durable=False)
             with open_private(d / "runner.log") as runner_log, tempfile.TemporaryFile(dir=d) as spec_in:
                 spec_in.write(json.dumps(target).encode())
                 spec_in.seek(0)
@@ -278,7 +278,8 @@ class LocalBackend:
             raise BackendError(f"local: cannot start job {req.job_id}: {err}") from err
         self._procs[handle] = proc
         start = _proc_start_time(proc.pid)
-        write_json_atomic(d / PID_FILE, {"pid": proc.pid, "start": None if start is None else start[1]})
+        write_json_atomic(d / PID_FILE, {"pid": proc.pid, "start": None if start is None else start[1]},
+                          durable=False)
         return handle
 
     def _runner_pid(self, handle: str) -> int | None:

@@ -16,14 +16,12 @@ Standard library only: this module is imported by every run.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import pwd
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -172,6 +170,8 @@ class Execution:
         """argv, standard input and the descriptor to pass of a child that runs the callable (as the
         job's user: never in this process, the service's user). It reads its call from an unlinked file
         and writes its outcome to another."""
+        import tempfile  # here, not at the top: every job's runner imports this module (start-up CPU)
+
         call = {k: self.target[k] for k in ("callable", "args", "kwargs") if k in self.target}
         if self.log_dir is not None:
             private_dir(self.log_dir)
@@ -237,6 +237,8 @@ class Execution:
         t = self.target
         try:
             module, _, name = str(t["callable"]).partition(":")
+            import importlib
+
             fn = getattr(importlib.import_module(module), name)
             for k, v in t.get("env", {}).items():
                 os.environ[k] = v
@@ -304,13 +306,18 @@ class Execution:
                 continue
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` so readers see the old file or the whole new one."""
+def write_json_atomic(path: Path, data: Any, *, durable: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` so readers see the old file or the whole new one.
+
+    ``durable=False`` skips the fsync, for files that only matter while their processes live (pid
+    files: after a machine crash no run is left, and a lost or empty pid file reads as a run gone);
+    an fsync waits for the disk, and the local backend writes two of them per job it starts."""
     tmp = path.with_name(path.name + ".tmp")
     with open_private(tmp, append=False) as fh:
         fh.write(json.dumps(data).encode())
-        fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
@@ -334,7 +341,7 @@ def run_folder(run_dir: Path, spec: dict[str, Any] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_term)
     pid = execution.start()
     if pid:
-        write_json_atomic(run_dir / PROGRAM_PID_FILE, {"pid": pid})
+        write_json_atomic(run_dir / PROGRAM_PID_FILE, {"pid": pid}, durable=False)
     outcome = execution.wait()
     write_json_atomic(run_dir / EXIT_FILE, {**outcome, "ended_at": time.time()})
     return 0
