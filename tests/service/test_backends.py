@@ -82,6 +82,32 @@ def test_local_backend_runs_stops_and_is_found_again_by_a_new_instance(tmp_path)
         kill_runs(runs)
 
 
+def test_local_backend_forks_runners_from_one_server_and_starts_a_new_one_if_it_died(tmp_path):
+    runs = tmp_path / "runs"
+    b = LocalBackend(runs, stop_grace_s=1.0)
+
+    def runner(ref: RunRef) -> tuple[int, int]:  # (pid, parent pid) of the run's runner
+        pid = int(__import__("json").loads((runs / ref.handle / "runner.pid").read_text())["pid"])
+        return pid, int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+    try:
+        first = RunRef(1, 1, b.launch(request(1, {"argv": ["sleep", "30"]})))
+        server = b._forks
+        assert runner(first)[1] == server.pid  # forked by the server, not a fresh interpreter per job
+        server.kill()
+        server.wait()
+        second = RunRef(2, 1, b.launch(request(2, {"argv": [sys.executable, "-c", "print('y')"]})))
+        assert b._forks.pid != server.pid and runner(second)[1] == b._forks.pid
+        assert wait_ended(b, second).exit_code == 0
+        assert (runs / second.handle / "stdout.log").read_text() == "y\n"
+        assert b.poll([first])[first.key].status is RunStatus.RUNNING  # a runner outlives its server
+        assert b.launch(request(1, {"argv": ["sleep", "30"]})) == first.handle  # and is never started twice
+        b.close()
+        assert server.poll() is not None and b._forks is None
+    finally:
+        kill_runs(runs)
+
+
 # -------------------------------------------------------------------------------------------- ray
 @pytest.fixture(scope="module")
 def ray_cluster():

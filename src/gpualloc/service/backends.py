@@ -2,9 +2,11 @@
 
 One interface (:class:`Backend`), two backends, by name in :data:`BACKENDS`:
 
-* ``local``: a subprocess on this host per attempt (``python -m gpualloc.service.runner``, which
-  runs the job's argv without a shell). Runs outlive the service; their folder holds the exit status,
-  so a restarted service finds what ended while it was down.
+* ``local``: a runner process on this host per attempt (:mod:`gpualloc.service.runner`, which runs
+  the job's argv without a shell), forked by one ``python -m gpualloc.service.runner --fork-server``
+  the backend starts on first use (a fresh interpreter per job cost ~50 ms of CPU each). Runs outlive
+  the service; their folder holds the exit status, so a restarted service finds what ended while it
+  was down.
 * ``ray``: detached, named Ray actors (one per node of the allocation) holding custom resources per
   device type (``{"gpu_V100": 2}``), in a placement group that reserves the whole gang at once.
   Ray is started locally with the cluster's device types as virtual resources, or joined at
@@ -27,6 +29,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +41,7 @@ from gpualloc.registry import Registry
 from gpualloc.service.errors import BackendError
 from gpualloc.service.jobusers import JobUsers
 from gpualloc.service.runner import (EXIT_FILE, LOG_FILES, PID_FILE, PROGRAM_PID_FILE, SPEC_FILE, Execution,
-                                     open_private, private_dir, write_json_atomic)
+                                     private_dir, proc_start_time, write_json_atomic)
 
 log = logging.getLogger(__name__)
 """Best-effort Ray clean-ups that fail are logged here, not raised: the run is over either way."""
@@ -185,16 +188,6 @@ def rank_target(req: RunRequest, rank: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ local
-def _proc_start_time(pid: int) -> tuple[str, int] | None:
-    """``(state, start time in clock ticks)`` of a live process from /proc, or None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[19])
-
-
 def read_exit(run_dir: Path) -> dict[str, Any] | None:
     """The outcome the job runner wrote in ``run_dir`` (``exit.json``), or None while it has not."""
     try:
@@ -239,7 +232,8 @@ class LocalBackend:
         self.stop_grace_s = float(stop_grace_s)
         self.host_indices = None if host_indices is None else tuple(int(i) for i in host_indices)
         self.job_users = job_users or JobUsers()
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._forks: subprocess.Popen | None = None  # the fork server (runner.fork_server), started on first use
+        self._forks_lock = threading.Lock()
 
     def handle(self, job_id: int, attempt: int, n_groups: int = 1) -> str:
         return f"{job_id}-{attempt}"
@@ -268,31 +262,61 @@ class LocalBackend:
                 target["user"] = user
             # spec.json for the record: the env's names, not its values (they may be secrets)
             write_json_atomic(d / SPEC_FILE, {**target, "env": sorted(target["env"])}, durable=False)
-            with open_private(d / "runner.log") as runner_log, tempfile.TemporaryFile(dir=d) as spec_in:
-                spec_in.write(json.dumps(target).encode())
-                spec_in.seek(0)
-                proc = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", str(d), "--stdin"],
-                                        stdin=spec_in, stdout=runner_log, stderr=runner_log, close_fds=True,
-                                        start_new_session=True)
+            # The target, with the job's secret env values, goes through the fork server's pipe, never a file.
+            self._fork_runner(d, target)
         except OSError as err:
             raise BackendError(f"local: cannot start job {req.job_id}: {err}") from err
-        self._procs[handle] = proc
-        start = _proc_start_time(proc.pid)
-        write_json_atomic(d / PID_FILE, {"pid": proc.pid, "start": None if start is None else start[1]},
-                          durable=False)
         return handle
+
+    def _fork_runner(self, d: Path, target: dict[str, Any]) -> None:
+        """Have the fork server start the runner of run folder ``d`` (it writes ``runner.pid``). A fork
+        server that went away is started again, once; a runner it started before is not started twice."""
+        line = json.dumps({"run_dir": str(d), "target": target}).encode() + b"\n"
+        with self._forks_lock:
+            for again in (False, True):
+                if again and (d / PID_FILE).exists():
+                    return
+                if self._forks is None or self._forks.poll() is not None:
+                    self._forks = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", "--fork-server"],
+                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                                   start_new_session=True)
+                try:
+                    self._forks.stdin.write(line)
+                    self._forks.stdin.flush()
+                    answer = self._forks.stdout.readline()
+                except OSError:
+                    answer = b""
+                if answer:
+                    break
+                self._close_forks()
+            else:
+                raise OSError("the fork server of the runners ended")
+        reply = json.loads(answer)
+        if "error" in reply:
+            raise OSError(reply["error"])
+
+    def _close_forks(self) -> None:
+        forks, self._forks = self._forks, None
+        if forks is not None:
+            for pipe in (forks.stdin, forks.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            try:
+                forks.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                forks.kill()
+                forks.wait()
 
     def _runner_pid(self, handle: str) -> int | None:
         """The pid of the run's runner while it lives, else None."""
-        proc = self._procs.get(handle)
-        if proc is not None:
-            return proc.pid if proc.poll() is None else None
         d = self.run_dir(handle)
         try:
             info = json.loads((d / PID_FILE).read_text())
         except (OSError, ValueError):
             return self._find_runner(d)
-        st = _proc_start_time(int(info["pid"]))
+        st = proc_start_time(int(info["pid"]))
         if st is None or st[0] in ("Z", "X") or (info.get("start") is not None and st[1] != info["start"]):
             return None
         return int(info["pid"])
@@ -307,7 +331,7 @@ class LocalBackend:
             except OSError:
                 continue
             if b"gpualloc.service.runner" in cmd and needle in cmd:
-                st = _proc_start_time(int(entry.name))
+                st = proc_start_time(int(entry.name))
                 if st is not None and st[0] not in ("Z", "X"):
                     return int(entry.name)
         return None
@@ -355,12 +379,7 @@ class LocalBackend:
         self.release(run)
 
     def release(self, run: RunRef) -> None:
-        proc = self._procs.pop(run.handle, None)
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                self._procs[run.handle] = proc  # still alive: keep it to reap later
+        pass  # the runners are the fork server's children, reaped by the kernel
 
     def cleanup(self, keep: Sequence[RunRef]) -> list[str]:
         return []  # a local run never outlives its record: it ends, is stopped, or is found gone
@@ -375,8 +394,9 @@ class LocalBackend:
         return {"name": self.name, "runs_dir": str(self.runs_dir), "job_users": self.job_users.describe()}
 
     def close(self) -> None:
-        """Forget the runners; they keep running (a restarted service adopts them)."""
-        self._procs.clear()
+        """Stop the fork server; the runners keep running (a restarted service adopts them)."""
+        with self._forks_lock:
+            self._close_forks()
 
 
 # -------------------------------------------------------------------------------------------- ray

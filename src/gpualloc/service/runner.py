@@ -321,6 +321,77 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = True) -> None:
     os.replace(tmp, path)
 
 
+def proc_start_time(pid: int) -> tuple[str, int] | None:
+    """``(state, start time in clock ticks)`` of a live process from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
+
+
+def fork_server() -> int:
+    """``--fork-server``: start runners by forking this process, which is past Python's start-up and this
+    module's imports. A fresh ``python -m gpualloc.service.runner`` costs about 50 ms of CPU; a fork, about
+    1 ms. On a small host the first jobs of a busy service, all starting at once, took that CPU from the
+    service and its clients.
+
+    One JSON request per line on standard input, ``{"run_dir", "target"}``; one answer per line on standard
+    output, ``{"pid": N}`` (the runner's ``runner.pid`` is written by then) or ``{"error": "..."}``. Each
+    runner is a session leader writing to ``run_dir/runner.log``, as one started alone. At the end of its
+    input (the service went away) the server exits; its runners go on.
+    """
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runners: no zombies
+    for line in sys.stdin.buffer:
+        try:
+            req = json.loads(line)
+            answer = {"pid": _fork_runner(Path(req["run_dir"]), req["target"])}
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        sys.stdout.buffer.write(json.dumps(answer).encode() + b"\n")
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _fork_runner(run_dir: Path, target: dict[str, Any]) -> int:
+    """Fork a runner of ``target`` in ``run_dir`` and write its ``runner.pid``; returns its pid."""
+    log_fd = os.open(run_dir / "runner.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the runner, until it exits
+            code = 1
+            try:
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
+                os.close(null)
+                os.close(log_fd)
+                code = run_folder(run_dir, target)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:
+                        pass
+                os._exit(code)
+    finally:
+        os.close(log_fd)
+    start = proc_start_time(pid)
+    write_json_atomic(run_dir / PID_FILE, {"pid": pid, "start": None if start is None else start[1]}, durable=False)
+    return pid
+
+
 def run_folder(run_dir: Path, spec: dict[str, Any] | None = None) -> int:
     """Run ``spec`` (default: the target described in ``run_dir/spec.json``) and record its outcome in
     ``exit.json``."""
@@ -362,6 +433,8 @@ def call_from_stdin(result_fd: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--fork-server"]:
+        return fork_server()
     if len(args) == 2 and args[0] == "--call" and args[1].isdigit():
         return call_from_stdin(int(args[1]))
     if len(args) == 2 and args[1] == "--stdin":
