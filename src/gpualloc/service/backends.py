@@ -232,8 +232,13 @@ class LocalBackend:
         self.stop_grace_s = float(stop_grace_s)
         self.host_indices = None if host_indices is None else tuple(int(i) for i in host_indices)
         self.job_users = job_users or JobUsers()
-        self._forks: subprocess.Popen | None = None  # the fork server (runner.fork_server), started on first use
+        self._forks: subprocess.Popen | None = None  # the fork server (runner.fork_server)
         self._forks_lock = threading.Lock()
+        try:
+            with self._forks_lock:  # now, not at the first job's start: it costs a Python start-up
+                self._fork_server()
+        except OSError as err:
+            raise BackendError(f"local: cannot start the runners' fork server: {err}") from err
 
     def handle(self, job_id: int, attempt: int, n_groups: int = 1) -> str:
         return f"{job_id}-{attempt}"
@@ -276,10 +281,7 @@ class LocalBackend:
             for again in (False, True):
                 if again and (d / PID_FILE).exists():
                     return
-                if self._forks is None or self._forks.poll() is not None:
-                    self._forks = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", "--fork-server"],
-                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-                                                   start_new_session=True)
+                self._fork_server()
                 try:
                     self._forks.stdin.write(line)
                     self._forks.stdin.flush()
@@ -294,6 +296,14 @@ class LocalBackend:
         reply = json.loads(answer)
         if "error" in reply:
             raise OSError(reply["error"])
+
+    def _fork_server(self) -> subprocess.Popen:
+        """The fork server, started (again) unless it runs."""
+        if self._forks is None or self._forks.poll() is not None:
+            self._forks = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", "--fork-server"],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                           start_new_session=True)
+        return self._forks
 
     def _close_forks(self) -> None:
         forks, self._forks = self._forks, None

@@ -682,77 +682,53 @@ class Scheduler:
                 log.info("policy %s: preemption ignored: %s", self.policy_name, err)
                 continue
             self._preempt(row)
-        # Checked one by one against the GPUs this decision has given so far, then started together.
-        owners, starts = self.gpu_job.copy(), []
         for item in decision.starts:
             try:
-                row, gpus, _ = check_start(item, self.live.table, owners, self.gpu_type, self.gpu_node,
+                row, gpus, _ = check_start(item, self.live.table, self.gpu_job, self.gpu_type, self.gpu_node,
                                            self.types.names, label)
-                if any(row == r for r, _ in starts):
-                    raise InvalidDecision(row, "started, but it is not queued", f"job {label(row)}")
             except InvalidDecision as err:
                 self.last_error = f"policy {self.policy_name}: invalid start ignored: {err}"
                 log.warning(self.last_error)
                 continue
-            owners[list(gpus)] = row
-            starts.append((row, gpus))
-        if starts:
-            self._start(starts)
+            self._start(row, gpus)
 
     def _job_label(self, row: int) -> str:
         return str(int(self.live.job_of_row[row]))
 
-    def _start(self, starts: list[tuple[int, tuple[int, ...]]]) -> None:
-        """Allocate, launch and record ``(row, gpus)`` starts. The store's writes of all of them go
-        together (one commit for the allocations, one for the starts), not two commits per job in
-        turn: while the first jobs start, the API's submissions share the store's writer."""
-        allocs = []
-        for row, gpus in starts:
-            ti = int(self.gpu_type[gpus[0]])
-            allocs.append((row, gpus, ti, self.store.allocate_future(int(self.live.job_of_row[row]),
-                                                                     self.types.names[ti], gpus)))
-        launched = []
-        for row, gpus, ti, fut in allocs:
-            job_id = int(self.live.job_of_row[row])
+    def _start(self, row: int, gpus: tuple[int, ...]) -> None:
+        rec = self.store.get(int(self.live.job_of_row[row]))
+        if rec.state is not JobState.QUEUED:  # cancelled since it was queued
+            self._finish(row)
+            return
+        ti = int(self.gpu_type[gpus[0]])
+        try:
+            rec = self.store.allocate(rec.id, self.types.names[ti], gpus)
+        except Conflict as err:
             try:
-                rec = fut.result()
-            except Conflict as err:  # cancelled since it was queued, or a GPU is taken
-                try:
-                    fresh = self.store.get(job_id)
-                except NotFound:
-                    fresh = None
-                log.info("allocation of job %d refused: %s", job_id, err)
-                if fresh is None or fresh.state is not JobState.QUEUED:
-                    self._finish(row)
-                continue
-            except Exception as err:  # the store failed: nothing was committed, the job stays queued
-                self.last_error = f"allocation of job {job_id} failed: {type(err).__name__}: {err}"
-                log.warning(self.last_error)
-                continue
-            self._occupy(row, rec, None, ti, gpus)
-            req = RunRequest(job_id=rec.id, attempt=rec.attempts, name=rec.name, target=rec.spec["target"],
-                             device_type=self.types.names[ti], vendor=self.types.vendors[ti],
-                             resource=self.types.resources[ti], gpus=gpus, groups=self._groups(gpus),
-                             team=getattr(rec, "team", None))
-            try:
-                handle = self.backend.launch(req)
-            except Exception as err:  # BackendError, or anything the backend let through
-                reason = str(err) if isinstance(err, BackendError) else f"{type(err).__name__}: {err}"
-                self.last_error = f"launch of job {rec.id} failed: {reason}"
-                log.warning(self.last_error)
-                new = self.store.requeue(rec.id, rec.attempts, f"launch failed: {reason}",
-                                         max_attempts=self.max_attempts)
-                self._requeue_or_finish(row, new)
-                continue
-            launched.append((row, rec, handle, self.store.mark_started_future(rec.id, rec.attempts, handle)))
-        for row, rec, handle, fut in launched:
-            # The run is followed whether or not ``started`` was recorded (recovery reconciles it).
-            self.running[row].ref = RunRef(rec.id, rec.attempts, handle)
-            try:
-                self.records[row] = fut.result()
-            except Exception as err:
-                self.last_error = f"recording the start of job {rec.id} failed: {type(err).__name__}: {err}"
-                log.warning(self.last_error)
+                fresh = self.store.get(rec.id)
+            except NotFound:
+                fresh = None
+            log.info("allocation of job %d refused: %s", rec.id, err)
+            if fresh is None or fresh.state is not JobState.QUEUED:
+                self._finish(row)
+            return
+        self._occupy(row, rec, None, ti, gpus)
+        req = RunRequest(job_id=rec.id, attempt=rec.attempts, name=rec.name, target=rec.spec["target"],
+                         device_type=self.types.names[ti], vendor=self.types.vendors[ti],
+                         resource=self.types.resources[ti], gpus=gpus, groups=self._groups(gpus),
+                         team=getattr(rec, "team", None))
+        try:
+            handle = self.backend.launch(req)
+        except Exception as err:  # BackendError, or anything the backend let through
+            reason = str(err) if isinstance(err, BackendError) else f"{type(err).__name__}: {err}"
+            self.last_error = f"launch of job {rec.id} failed: {reason}"
+            log.warning(self.last_error)
+            new = self.store.requeue(rec.id, rec.attempts, f"launch failed: {reason}", max_attempts=self.max_attempts)
+            self._requeue_or_finish(row, new)
+            return
+        rec = self.store.mark_started(rec.id, rec.attempts, handle)
+        self.records[row] = rec
+        self.running[row].ref = RunRef(rec.id, rec.attempts, handle)
 
     def _preempt(self, row: int) -> None:
         run = self.running.get(row)

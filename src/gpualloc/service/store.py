@@ -605,10 +605,6 @@ class Store:
         Raises:
             Conflict: the job is no longer queued (cancelled meanwhile), or a GPU is taken.
         """
-        return self.allocate_future(job_id, device_type, gpus).result()
-
-    def allocate_future(self, job_id: int, device_type: str, gpus: Sequence[int]) -> Future[JobRecord]:
-        """:meth:`allocate`, queued: allocations asked together share one commit."""
         gpus = tuple(int(g) for g in gpus)
 
         def op(tx: _Tx) -> JobRecord:
@@ -627,14 +623,10 @@ class Store:
             _event(tx, job_id, "allocated", attempt=attempt, device_type=device_type, gpus=list(gpus))
             return _fetch(tx, job_id)
 
-        return self.write_future(op)
+        return self.write(op)
 
     def mark_started(self, job_id: int, attempt: int, handle: str) -> JobRecord:
         """The backend runs attempt ``attempt`` of the job as ``handle``."""
-        return self.mark_started_future(job_id, attempt, handle).result()
-
-    def mark_started_future(self, job_id: int, attempt: int, handle: str) -> Future[JobRecord]:
-        """:meth:`mark_started`, queued: starts recorded together share one commit."""
 
         def op(tx: _Tx) -> JobRecord:
             rec = _holding(tx, job_id, attempt)
@@ -644,7 +636,7 @@ class Store:
             _event(tx, job_id, "started", attempt=attempt, handle=handle)
             return _fetch(tx, job_id)
 
-        return self.write_future(op)
+        return self.write(op)
 
     def mark_ended(self, job_id: int, attempt: int, *, exit_code: int | None, error: str | None = None,
                    result: Any = None, cancelled: bool = False) -> JobRecord:
