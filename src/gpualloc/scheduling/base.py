@@ -238,6 +238,11 @@ class ClusterView:
             lists = self.__dict__["_type_node_lists"] = (self.gpu_type.tolist(), self.gpu_node.tolist())
         return lists
 
+    def free_index(self) -> FreeIndex | None:
+        """A :class:`FreeIndex` of the free GPUs that the view's owner keeps current (the simulator's
+        view), for :class:`FreeGpus` to place from; ``None`` here."""
+        return None
+
     def gpus_of(self, job: int) -> tuple[int, ...]:
         """The GPUs running ``job`` (empty when it is not running)."""
         return tuple(int(g) for g in np.flatnonzero(self.gpu_job == job))
@@ -347,6 +352,103 @@ def best_fit(need: int, single_node: bool, free_on_node: np.ndarray, node_gpus: 
     return None
 
 
+class FreeIndex:
+    """The free GPUs of each device type by node, kept so that the one-node case of :func:`best_fit`
+    costs O(GPUs per node) instead of a pass over the nodes.
+
+    Per (type, node) a bitmask of its free GPUs (bit ``i``: the node's ``i``-th GPU of the type, by
+    ascending index); per type, for each count ``c``, a bitmask of the nodes with exactly ``c`` free
+    GPUs of it. The fullest node with room for ``need`` GPUs, lowest index on ties, is then the lowest
+    set bit of the first nonzero bucket from ``need`` up, and its lowest free GPUs are its mask's
+    lowest bits: the GPUs :func:`best_fit` picks. The simulator moves GPUs in and out as they change
+    hands (:meth:`take`, :meth:`give`); :class:`FreeGpus` reads it until its plan changes a GPU.
+
+    Args:
+        node_gpus: ``[type][node]``: the type's GPU indices on each node, ascending
+            (:meth:`ClusterView.gpus_by_type_node`).
+        free: free mask over all GPUs.
+
+    Attributes:
+        total: free GPUs in all.
+    """
+
+    def __init__(self, node_gpus: Sequence[Sequence[np.ndarray]], free: np.ndarray) -> None:
+        n_nodes = len(node_gpus[0]) if len(node_gpus) else 0
+        n_gpus = len(free)
+        self._n_nodes = n_nodes
+        self._gpus: list[list[int]] = []  # by key = type * n_nodes + node
+        self._key = [0] * n_gpus
+        self._bit = [0] * n_gpus
+        self._mask: list[int] = []
+        self._buckets: list[list[int]] = []
+        free_l = np.asarray(free, dtype=bool).tolist()
+        for t, by_node in enumerate(node_gpus):
+            cap = max((len(g) for g in by_node), default=0)
+            buckets = [0] * (cap + 1)
+            for node, gpus in enumerate(by_node):
+                gl = [int(g) for g in gpus]
+                key = t * n_nodes + node
+                mask = 0
+                for i, g in enumerate(gl):
+                    self._key[g], self._bit[g] = key, 1 << i
+                    if free_l[g]:
+                        mask |= 1 << i
+                self._gpus.append(gl)
+                self._mask.append(mask)
+                buckets[mask.bit_count()] |= 1 << node
+            self._buckets.append(buckets)
+        self.total = int(sum(free_l))
+
+    def take(self, gpus: Sequence[int]) -> None:
+        """``gpus`` (free ones) are no longer free."""
+        key_of, bit_of, masks, buckets, n_nodes = self._key, self._bit, self._mask, self._buckets, self._n_nodes
+        for g in gpus:
+            key = key_of[g]
+            m = masks[key]
+            c = m.bit_count()
+            masks[key] = m ^ bit_of[g]
+            b = buckets[key // n_nodes]
+            node = 1 << (key % n_nodes)
+            b[c] ^= node
+            b[c - 1] |= node
+        self.total -= len(gpus)
+
+    def give(self, gpus: Sequence[int]) -> None:
+        """``gpus`` (not free ones) are free again."""
+        key_of, bit_of, masks, buckets, n_nodes = self._key, self._bit, self._mask, self._buckets, self._n_nodes
+        for g in gpus:
+            key = key_of[g]
+            m = masks[key]
+            c = m.bit_count()
+            masks[key] = m | bit_of[g]
+            b = buckets[key // n_nodes]
+            node = 1 << (key % n_nodes)
+            b[c] ^= node
+            b[c + 1] |= node
+        self.total += len(gpus)
+
+    def one_node(self, type_index: int, need: int) -> tuple[int, ...] | None:
+        """The GPUs :func:`best_fit` gives ``need`` GPUs of ``type_index`` when one node has room for
+        them; ``None`` when none has (then only a gang over several nodes could fit)."""
+        buckets = self._buckets[type_index]
+        for c in range(max(need, 1), len(buckets)):
+            nodes = buckets[c]
+            if nodes:
+                key = type_index * self._n_nodes + (nodes & -nodes).bit_length() - 1
+                free, gl = self._mask[key], self._gpus[key]
+                picked = []
+                for _ in range(need):
+                    low = free & -free
+                    picked.append(gl[low.bit_length() - 1])
+                    free ^= low
+                return tuple(picked)
+        return None
+
+    def state(self) -> tuple[list[int], list[list[int]]]:
+        """``(masks by type * nodes + node, buckets by type)``, copies (to compare with a rebuilt index)."""
+        return list(self._mask), [list(b) for b in self._buckets]
+
+
 class FreeGpus:
     """A policy's working copy of the free GPUs while it plans a decision.
 
@@ -367,7 +469,9 @@ class FreeGpus:
     def __init__(self, view: ClusterView) -> None:
         self.view = view
         self.free, self.count, self.by_type, self._shared = view.free_state()
-        self.total = sum(self.by_type.tolist())
+        # the view owner's index answers one-node fits while the plan has changed nothing
+        self._index = view.free_index() if self._shared else None
+        self.total = self._index.total if self._index is not None else sum(self.by_type.tolist())
         self._node_gpus = view.gpus_by_type_node()
         self._type_node = view.type_node_lists()
 
@@ -377,6 +481,10 @@ class FreeGpus:
         need = int(jobs.num_gpus[job])
         if self.by_type[type_index] < need:
             return None
+        if self._index is not None:
+            gpus = self._index.one_node(type_index, need)
+            if gpus is not None:
+                return gpus
         return best_fit(need, bool(jobs.single_node[job]), self.count[type_index],
                         self._node_gpus[type_index], self.free)
 
@@ -401,7 +509,7 @@ class FreeGpus:
         other = FreeGpus.__new__(FreeGpus)
         other.__dict__.update(self.__dict__)
         other.free, other.count, other.by_type = self.free.copy(), self.count.copy(), self.by_type.copy()
-        other._shared = False
+        other._shared, other._index = False, None
         return other
 
     def take(self, gpus: Sequence[int]) -> None:
@@ -423,7 +531,7 @@ class FreeGpus:
     def _move(self, gpus: Sequence[int], to_free: bool, step: int) -> None:
         if self._shared:
             self.free, self.count, self.by_type = self.free.copy(), self.count.copy(), self.by_type.copy()
-            self._shared = False
+            self._shared, self._index = False, None
         gpu_type, gpu_node = self._type_node
         free, count, by_type = self.free, self.count, self.by_type
         for g in gpus:

@@ -128,12 +128,12 @@ def check_start(item: object, jobs: JobTable, gpu_job: np.ndarray, gpu_type: np.
     Raises:
         InvalidDecision: the first rule broken, naming the job.
     """
-    name, n = label or str, len(jobs)
+    n = len(jobs)
     try:
         j, gpus = item  # type: ignore[misc]
     except (TypeError, ValueError):
         raise InvalidDecision(None, f"start {item!r} is not (job, gpus)") from None
-    if not _is_index(j) or not 0 <= j < n:
+    if not (type(j) is int or _is_index(j)) or not 0 <= j < n:  # the type test first: the common case, cheaply
         raise _invalid(j, "started, but there is no such job", n, label)
     j = int(j)
     if jobs.status[j] != QUEUED:
@@ -149,11 +149,12 @@ def check_start(item: object, jobs: JobTable, gpu_job: np.ndarray, gpu_type: np.
     for g in gl:
         if not 0 <= g < n_gpus:
             raise _invalid(j, f"GPU {g} is not in the cluster", n, label)
-        owner = int(gpu_job[g])
+        owner = gpu_job[g]
         if owner != GPU_FREE:
-            what = "down" if owner == GPU_DOWN else f"running job {name(owner)}"
+            owner = int(owner)
+            what = "down" if owner == GPU_DOWN else f"running job {(label or str)(owner)}"
             raise _invalid(j, f"GPU {g} is not free ({what})", n, label)
-    if len(set(gl)) != need:
+    if need > 1 and len(set(gl)) != need:
         raise _invalid(j, f"GPUs {gl} repeat a GPU", n, label)
     t = int(gpu_type[gl[0]])
     if need > 1 and any(gpu_type[g] != t for g in gl):

@@ -49,6 +49,7 @@ from gpualloc.scheduling.base import (
     RUNNING,
     ClusterView,
     Decision,
+    FreeIndex,
     JobTable,
     Policy,
 )
@@ -62,6 +63,7 @@ COMPLETION, REPAIR, FAILURE, ARRIVAL, ROUND = 0, 1, 2, 3, 4
 _PREEMPT = 5  # reason for stopping a job (not an event)
 _SLOT_FIELDS = ("seg_start", "prog_start", "rem_base", "att_base", "run_speed", "num_gpus")
 _INF = math.inf
+_NAN = math.nan
 
 
 @dataclass(frozen=True)
@@ -267,8 +269,10 @@ class _LiveView(ClusterView):
         self._free = free
         self._free_tn = free_tn
         self._free_type = free_type
-        self._shared = tuple(_read_only(a) for a in (free, free_tn, free_type))  # views: always current
+        self._state = (*(_read_only(a) for a in (free, free_tn, free_type)), True)  # views: always current
         self._job_gpus = job_gpus
+        self._index = FreeIndex(self.gpus_by_type_node(), free)  # the simulator keeps it current
+        self.type_node_lists()  # computed once, before the first decision
         self.rng = rng  # for policies that randomise; seeded from simulate(seed=...)
 
     def free_mask(self) -> np.ndarray:
@@ -281,7 +285,10 @@ class _LiveView(ClusterView):
         return self._free_tn.copy()
 
     def free_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        return *self._shared, True
+        return self._state
+
+    def free_index(self) -> FreeIndex:
+        return self._index
 
     def gpus_of(self, job: int) -> tuple[int, ...]:
         return self._job_gpus[job] or ()
@@ -482,8 +489,9 @@ class _Progress:
         self.next_report = self.step
 
     def update(self, now: float, finished: int) -> None:
-        if self.progress is not None and finished >= self.next_report:
-            self.progress(now, finished, self.n_expected)
+        if finished >= self.next_report:
+            if self.progress is not None:
+                self.progress(now, finished, self.n_expected)
             self.next_report = (finished // self.step + 1) * self.step
 
     def close(self, now: float, finished: int) -> None:
@@ -526,6 +534,10 @@ class _Engine:
         # a policy class that never reads running jobs' remaining_s / attained_gpu_s may say so (FCFS
         # does); only the class itself: a subclass (or wrapper) may read them, so it inherits nothing
         self.refresh = bool(type(policy).__dict__.get("reads_running_progress", True))
+        # likewise a policy class whose decision that does nothing stays so until a GPU comes free (FCFS:
+        # its head does not fit, and arrivals join behind it) is not asked again until then
+        self.blocked_skip = bool(type(policy).__dict__.get("idle_until_gpus_free", False))
+        self.freed = 0  # times GPUs came free (a run stopped, a repair): the blocked policy's clock
         seed = opts.seed
         self.seed = seed if isinstance(seed, int) or seed is None else None
 
@@ -578,8 +590,8 @@ class _Engine:
         self.lost_s = [0.0] * n  # lists while running (scalar updates), arrays in the result
         self.lost_work_s = [0.0] * n
         self.done_work = [0.0] * n
-        self.failure_restarts = np.zeros(n, dtype=np.int64)
-        self.last_type = np.full(n, -1, dtype=np.int64)  # run_type is cleared when a job stops
+        self.failure_restarts = [0] * n
+        self.last_type = [-1] * n  # run_type is cleared when a job stops; this is not (and a list is cheaper)
         self.epoch = [0] * n
         self.started = [False] * n
         self.job_gpus: list[tuple[int, ...] | None] = [None] * n
@@ -597,6 +609,7 @@ class _Engine:
             running=self.run_list, preemption=self.allow_preempt, restart_penalty_s=self.penalty,
             free=self.gpu_free, free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
             rng=np.random.default_rng(seed))
+        self.index = self.view.free_index()  # moved with every GPU that changes hands, like free_tn
 
         # events
         self.heap: list = []
@@ -657,12 +670,14 @@ class _Engine:
         tb.expected_finish_s[j] = fin
         ep = self.epoch[j] + 1
         self.epoch[j] = ep
-        self._push(fin, COMPLETION, (j, ep))
+        self.seq += 1
+        heapq.heappush(self.heap, (fin, COMPLETION, self.seq, COMPLETION, (j, ep)))  # self._push, inline
         gpu_job, free, free_tn, node = self.gpu_job, self.gpu_free, self.free_tn, self.gpu_node_l
         for g in gpus:
             gpu_job[g] = j
             free[g] = False
             free_tn[t, node[g]] -= 1
+        self.index.take(gpus)
         k = len(gpus)
         self.free_type[t] -= k
         self.n_free -= k
@@ -678,7 +693,7 @@ class _Engine:
         """End ``j``'s current run: account its progress, free its GPUs."""
         tb = self.table
         gpus = self.job_gpus[j]
-        t = int(tb.run_type[j])
+        t = self.last_type[j]  # tb.run_type[j], as a Python int
         s = self.run_speed[j]
         el = now - self.seg_start[j]
         prog_t = now - self.prog_start[j]
@@ -708,11 +723,13 @@ class _Engine:
             gpu_job[g] = GPU_FREE
             free[g] = True
             free_tn[t, node[g]] += 1
+        self.index.give(gpus)
         self.free_type[t] += k
         self.n_free += k
+        self.freed += 1
         self.job_gpus[j] = None
         tb.run_type[j] = -1
-        tb.expected_finish_s[j] = np.nan
+        tb.expected_finish_s[j] = _NAN
         self.epoch[j] += 1
         # swap-remove from the running list and its array twin
         p = self.run_pos[j]
@@ -753,6 +770,7 @@ class _Engine:
                 self._enqueue(j, now)
             gpu_job[g] = GPU_DOWN
             self.gpu_free[g] = False
+            self.index.take((g,))
             t = t_of[g]
             self.free_tn[t, node[g]] -= 1
             self.free_type[t] -= 1
@@ -765,12 +783,14 @@ class _Engine:
         f = self.failures[k]
         t_of, node = self.gpu_type_l, self.gpu_node_l
         self.n_pending_fr -= 1
+        self.freed += 1
         for g in f.gpus:
             self.down[g] -= 1
             if self.down[g]:
                 continue
             self.gpu_job[g] = GPU_FREE
             self.gpu_free[g] = True
+            self.index.give((g,))
             t = t_of[g]
             self.free_tn[t, node[g]] += 1
             self.free_type[t] += 1
@@ -854,6 +874,8 @@ class _Engine:
         if not np.array_equal(recount, self.free_tn) or self.n_free != int(free.sum()) \
                 or self.n_down != int((self.gpu_job == GPU_DOWN).sum()):
             raise AssertionError("free GPU counts drifted from the GPU table")
+        if self.index.state() != FreeIndex(self.view.gpus_by_type_node(), free).state() or self.index.total != self.n_free:
+            raise AssertionError("the free GPU index drifted from the GPU table")
         if set(self.queue) & set(self.run_list) or len(set(self.queue)) != len(self.queue):
             raise AssertionError("a job is queued twice or queued while running")
         if self.quotas is not None:
@@ -883,50 +905,73 @@ class _Engine:
         ``send``; returns the :class:`SimResult` (as ``StopIteration.value``) when every job is done.
         While it runs, ``jobs_area_s`` and ``idle_area_gpu_s`` integrate the jobs in the system
         (queued or running) and the free GPUs over time, from the first arrival.
+
+        The per-step work (next event time, the areas, arrivals, whether to ask, the timeline) is
+        written out here rather than in helpers: it runs twice per job, and on all of Philly the
+        calls alone were a tenth of the run.
         """
-        n, view = self.n, self.view
+        n, view, heap = self.n, self.view, self.heap
+        queue, run_list, arrivals, is_rejected = self.queue, self.run_list, self.arrivals, self.is_rejected_l
         n_expected = n - len(self.rejected)
         report = _Progress(self.progress, n_expected)
+        allow, refresh, record, check = self.allow_preempt, self.refresh, self.record, self.check
+        rounds = self.round_s is not None
+        times, busy_t, queue_t = self.times, self.busy_t, self.queue_t
+        # a policy that says so (FCFS) is not asked again after a decision that did nothing until a GPU
+        # comes free: its answer cannot change (see _blocks_until_freed)
+        skip_blocked = self.blocked_skip
+        blocked_at = -1  # self.freed when the policy last did nothing; -1: it acted (or was never asked)
+        no_op = Decision()
         ptr = 0
-        last = self.arrivals[0] if n else 0.0
+        last = arrivals[0] if n else 0.0
         while self.n_finished < n_expected:
-            now = self._next_time(ptr)
+            now = arrivals[ptr] if ptr < n else _INF  # the next event: an arrival or the heap's top
+            if heap and heap[0][0] < now:
+                now = heap[0][0]
             if now == _INF:
                 break
             view.now_s = now
-            if now > last:
-                self._integrate(now - last)
+            if now > last:  # the areas under the step functions, over now - last more seconds
+                dt = now - last
+                self.jobs_area_s += dt * (len(queue) + len(run_list))
+                self.idle_area_gpu_s += dt * self.n_free
                 last = now
             events0 = self.events
-            tick = self._handle_events(now)
-            ptr = self._admit_arrivals(ptr, now)
+            tick = self._handle_events(now) if heap and heap[0][0] == now else False
+            while ptr < n and arrivals[ptr] == now:  # the trace's jobs arriving now, in order
+                if not is_rejected[ptr]:
+                    self._enqueue(ptr, now)
+                    self.events += 1
+                ptr += 1
             if self.events == events0:
                 continue  # only completions of stopped runs: nothing changed
-            if self._wants_decision(tick):
-                if self.refresh:
+            # ask when a job waits and a GPU is free (or the policy may preempt), or on a round tick
+            # of a preemptive policy while jobs run
+            if queue and (self.n_free > 0 or allow) or (tick and allow and run_list):
+                if refresh:
                     self._refresh(now)
                 self.decisions += 1
                 self.next_arrival = ptr
-                decision = yield view
-                self._apply(self._checked(decision), now)
-            self._after_step(now, ptr)
-            report.update(now, self.n_finished)
+                if blocked_at >= 0 and blocked_at == self.freed:
+                    decision = no_op  # the same answer as last time: nothing came free since
+                else:
+                    decision = yield view
+                    self._apply(self._checked(decision), now)
+                    if skip_blocked:
+                        blocked_at = self.freed if not (decision.starts or decision.preempt) else -1
+            if check:
+                self._check_state()
+            if rounds:
+                self._next_round(now, ptr)
+            if record:
+                times.append(now)
+                busy_t.append(self.G - self.n_free - self.n_down)
+                queue_t.append(len(queue))
+            if self.n_finished >= report.next_report:
+                report.update(now, self.n_finished)
         report.close(view.now_s, self.n_finished)
         self._check_end(n_expected)
         return self._result()
-
-    def _next_time(self, ptr: int) -> float:
-        """When the next event happens: the next arrival (``ptr``) or the heap's top, ``inf`` if none."""
-        heap = self.heap
-        now = self.arrivals[ptr] if ptr < self.n else _INF
-        if heap and heap[0][0] < now:
-            now = heap[0][0]
-        return now
-
-    def _integrate(self, dt: float) -> None:
-        """Sum of JCTs and idle GPU time, as areas under the step functions, over ``dt`` more seconds."""
-        self.jobs_area_s += dt * (len(self.queue) + len(self.run_list))
-        self.idle_area_gpu_s += dt * self.n_free
 
     def _handle_events(self, now: float) -> bool:
         """Handle every heap event at ``now``; whether a round tick asks for a decision."""
@@ -951,41 +996,17 @@ class _Engine:
             self.events += 1
         return tick
 
-    def _admit_arrivals(self, ptr: int, now: float) -> int:
-        """Queue the trace's jobs arriving at ``now`` from index ``ptr``; the next index to come."""
-        arrivals, n, is_rejected = self.arrivals, self.n, self.is_rejected_l
-        while ptr < n and arrivals[ptr] == now:
-            if not is_rejected[ptr]:
-                self._enqueue(ptr, now)
-                self.events += 1
-            ptr += 1
-        return ptr
-
-    def _wants_decision(self, tick: bool) -> bool:
-        """Whether the policy is asked: a job waits and a GPU is free (or it may preempt), or a round
-        tick of a preemptive policy while jobs run."""
-        allow = self.allow_preempt
-        return bool(self.queue and (self.n_free > 0 or allow) or (tick and allow and self.run_list))
-
     def _checked(self, decision: object) -> Decision:
         if not isinstance(decision, Decision):
             raise SchedulingError(f"policy {self.name}: decide() returned "
                                   f"{type(decision).__name__}, not a Decision")
         return decision
 
-    def _after_step(self, now: float, ptr: int) -> None:
-        """After a time step: check the state (check mode), schedule the next round tick, record the timeline."""
-        if self.check:
-            self._check_state()
-        queue, run_list, rs = self.queue, self.run_list, self.round_s
-        if rs is not None and not self.tick_pending and (
-                run_list or (queue and (ptr < self.n or self.n_pending_fr > 0))):
-            self._push((math.floor(now / rs) + 1) * rs, ROUND, None)
+    def _next_round(self, now: float, ptr: int) -> None:
+        """Schedule the next round tick after a time step, while jobs run or wait for something to come."""
+        if not self.tick_pending and (self.run_list or (self.queue and (ptr < self.n or self.n_pending_fr > 0))):
+            self._push((math.floor(now / self.round_s) + 1) * self.round_s, ROUND, None)
             self.tick_pending = True
-        if self.record:
-            self.times.append(now)
-            self.busy_t.append(self.G - self.n_free - self.n_down)
-            self.queue_t.append(len(queue))
 
     def _check_end(self, n_expected: int) -> None:
         """Raise if jobs are left that no event can start; in check mode, that exactly the admitted jobs finished."""
@@ -1027,8 +1048,8 @@ class _Engine:
             job_ids=tuple(self.ids), arrival_s=tb.arrival_s.copy(), start_s=tb.start_s.copy(),
             finish_s=tb.finish_s.copy(), num_gpus=tb.num_gpus.copy(), work_s=tb.work_s.copy(),
             type_code=tb.type_code.copy(), best_time_s=self.best_time_s,
-            run_type=self.last_type, preemptions=tb.preemptions.copy(),
-            failure_restarts=self.failure_restarts, lost_s=np.array(self.lost_s),
+            run_type=np.array(self.last_type, dtype=np.int64), preemptions=tb.preemptions.copy(),
+            failure_restarts=np.array(self.failure_restarts, dtype=np.int64), lost_s=np.array(self.lost_s),
             lost_work_s=np.array(self.lost_work_s),
             gpu_type=self.gpu_type.copy(), gpu_busy_s=busy, gpu_effective_s=np.array(self.eff),
             gpu_down_s=down, times_s=times, busy_gpus=busy_t, queue_len=queue_t,

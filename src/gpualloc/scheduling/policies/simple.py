@@ -37,6 +37,9 @@ class FCFS:
     preemptive = False
     round_s: float | None = None
     reads_running_progress = False  # the simulator may skip bringing running jobs' progress up to date
+    # when the head does not fit, it will not until a GPU comes free (arrivals queue behind it; a
+    # job that does not fit cannot fit in fewer free GPUs): the simulator need not ask again until then
+    idle_until_gpus_free = True
 
     def decide(self, view: ClusterView) -> Decision:
         return Decision(start_in_order(view, view.queue)[0] if view.queue else [])
