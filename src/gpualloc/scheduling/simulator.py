@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from array import array
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -292,6 +293,11 @@ class _LiveView(ClusterView):
 
     def gpus_of(self, job: int) -> tuple[int, ...]:
         return self._job_gpus[job] or ()
+
+
+def _zeros(n: int) -> array:
+    """``n`` zeros as a typed array of doubles."""
+    return array("d", bytes(8 * n))
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -557,7 +563,9 @@ class _Engine:
         self.busy = [0.0] * G
         self.eff = [0.0] * G
         self.n_types = len(self.type_names)
-        self.held = [0.0] * (len(jobs) * self.n_types)  # GPU-seconds per (job, type), flat
+        # per-job sums live in typed arrays (array.array): as fast to update as lists, and their values
+        # sit in one buffer, so the result reads them at once instead of chasing 82,000 float objects
+        self.held = _zeros(len(jobs) * self.n_types)  # GPU-seconds per (job, type), flat
 
         # placeability and the per-job lower bound
         ids = [j.id for j in jobs]
@@ -587,9 +595,9 @@ class _Engine:
         self.rem_base = [0.0] * n
         self.att_base = [0.0] * n
         self.run_speed = [0.0] * n
-        self.lost_s = [0.0] * n  # lists while running (scalar updates), arrays in the result
-        self.lost_work_s = [0.0] * n
-        self.done_work = [0.0] * n
+        self.lost_s = _zeros(n)
+        self.lost_work_s = _zeros(n)
+        self.done_work = _zeros(n)  # check mode only
         self.failure_restarts = [0] * n
         self.last_type = [-1] * n  # run_type is cleared when a job stops; this is not (and a list is cheaper)
         self.epoch = [0] * n
@@ -628,9 +636,9 @@ class _Engine:
         self.idle_area_gpu_s = 0.0
         self.next_arrival = 0
         self.tick_pending = False  # a round tick is on the heap
-        self.times: list[float] = []
-        self.busy_t: list[int] = []
-        self.queue_t: list[int] = []
+        self.times = array("d")
+        self.busy_t = array("q")
+        self.queue_t = array("q")
 
     # ----------------------------------------------------------------------------- helpers
 
@@ -711,9 +719,13 @@ class _Engine:
         k = len(gpus)
         tb.attained_gpu_s[j] = self.att_base[j] + el * k
         self.held[j * self.n_types + t] += el * k
-        self.lost_s[j] += (el - prog_t) + lost_work / s
-        self.lost_work_s[j] += lost_work
-        self.done_work[j] += progress
+        lost = (el - prog_t) + lost_work / s
+        if lost:  # adding 0.0 changes nothing: skip it (most runs lose nothing)
+            self.lost_s[j] += lost
+        if lost_work:
+            self.lost_work_s[j] += lost_work
+        if self.check:
+            self.done_work[j] += progress
         useful = (progress - lost_work) / self.best_l[j]
         busy, eff, gpu_job, free, free_tn = self.busy, self.eff, self.gpu_job, self.gpu_free, self.free_tn
         node = self.gpu_node_l
@@ -1039,7 +1051,7 @@ class _Engine:
         idle = np.maximum(makespan - busy - down, 0.0)
         energy = float((busy * p_busy + idle * p_idle).sum())
         if self.record:
-            times, busy_t, queue_t = (np.array(self.times), np.array(self.busy_t, dtype=np.int64),
+            times, busy_t, queue_t = (np.array(self.times, dtype=float), np.array(self.busy_t, dtype=np.int64),
                                       np.array(self.queue_t, dtype=np.int64))
         else:
             times, busy_t, queue_t = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -1049,8 +1061,8 @@ class _Engine:
             finish_s=tb.finish_s.copy(), num_gpus=tb.num_gpus.copy(), work_s=tb.work_s.copy(),
             type_code=tb.type_code.copy(), best_time_s=self.best_time_s,
             run_type=np.array(self.last_type, dtype=np.int64), preemptions=tb.preemptions.copy(),
-            failure_restarts=np.array(self.failure_restarts, dtype=np.int64), lost_s=np.array(self.lost_s),
-            lost_work_s=np.array(self.lost_work_s),
+            failure_restarts=np.array(self.failure_restarts, dtype=np.int64), lost_s=np.array(self.lost_s, dtype=float),
+            lost_work_s=np.array(self.lost_work_s, dtype=float),
             gpu_type=self.gpu_type.copy(), gpu_busy_s=busy, gpu_effective_s=np.array(self.eff),
             gpu_down_s=down, times_s=times, busy_gpus=busy_t, queue_len=queue_t,
             start_s_window=t0, end_s=t1, makespan_s=makespan, energy_j=energy,
@@ -1058,4 +1070,4 @@ class _Engine:
             sim_wall_s=time.perf_counter() - self.wall0, events=self.events, decisions=self.decisions,
             seed=self.seed, restart_penalty_s=self.penalty, team_names=tuple(tb.team_names),
             team_code=np.asarray(tb.team).copy(),
-            gpu_s_by_type=np.array(self.held).reshape(self.n, self.n_types), quotas=self.quotas)
+            gpu_s_by_type=np.array(self.held, dtype=float).reshape(self.n, self.n_types), quotas=self.quotas)
