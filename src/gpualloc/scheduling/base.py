@@ -380,12 +380,15 @@ class FreeIndex:
         node_gpus: ``[type][node]``: the type's GPU indices on each node, ascending
             (:meth:`ClusterView.gpus_by_type_node`).
         free: free mask over all GPUs.
+        live: ``(free mask, types x nodes free counts, free counts by type)``: arrays that :meth:`take`
+            and :meth:`give` keep in step (the simulator's own), in the same pass over the GPUs.
 
     Attributes:
         total: free GPUs in all.
     """
 
-    def __init__(self, node_gpus: Sequence[Sequence[np.ndarray]], free: np.ndarray) -> None:
+    def __init__(self, node_gpus: Sequence[Sequence[np.ndarray]], free: np.ndarray,
+                 live: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         n_nodes = len(node_gpus[0]) if len(node_gpus) else 0
         n_gpus = len(free)
         self._n_nodes = n_nodes
@@ -411,33 +414,51 @@ class FreeIndex:
                 buckets[mask.bit_count()] |= 1 << node
             self._buckets.append(buckets)
         self.total = int(sum(free_l))
+        # the live arrays, the counts flat (type * nodes + node, the key): one index instead of two
+        self._live = None if live is None else (live[0], live[1].reshape(-1), live[2])
+        if live is not None and not np.shares_memory(self._live[1], live[1]):
+            raise ValueError("FreeIndex: the free counts must be a contiguous types x nodes array")
 
     def take(self, gpus: Sequence[int]) -> None:
         """``gpus`` (free ones) are no longer free."""
         key_of, bit_of, masks, buckets, n_nodes = self._key, self._bit, self._mask, self._buckets, self._n_nodes
+        live = self._live
         for g in gpus:
             key = key_of[g]
             m = masks[key]
             c = m.bit_count()
             masks[key] = m ^ bit_of[g]
-            b = buckets[key // n_nodes]
+            t = key // n_nodes
+            b = buckets[t]
             node = 1 << (key % n_nodes)
             b[c] ^= node
             b[c - 1] |= node
+            if live is not None:
+                free, count, by_type = live
+                free[g] = False
+                count[key] -= 1
+                by_type[t] -= 1
         self.total -= len(gpus)
 
     def give(self, gpus: Sequence[int]) -> None:
         """``gpus`` (not free ones) are free again."""
         key_of, bit_of, masks, buckets, n_nodes = self._key, self._bit, self._mask, self._buckets, self._n_nodes
+        live = self._live
         for g in gpus:
             key = key_of[g]
             m = masks[key]
             c = m.bit_count()
             masks[key] = m | bit_of[g]
-            b = buckets[key // n_nodes]
+            t = key // n_nodes
+            b = buckets[t]
             node = 1 << (key % n_nodes)
             b[c] ^= node
             b[c + 1] |= node
+            if live is not None:
+                free, count, by_type = live
+                free[g] = True
+                count[key] += 1
+                by_type[t] += 1
         self.total += len(gpus)
 
     def one_node(self, type_index: int, need: int) -> tuple[int, ...] | None:

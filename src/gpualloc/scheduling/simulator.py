@@ -272,7 +272,8 @@ class _LiveView(ClusterView):
         self._free_type = free_type
         self._state = (*(_read_only(a) for a in (free, free_tn, free_type)), True)  # views: always current
         self._job_gpus = job_gpus
-        self._index = FreeIndex(self.gpus_by_type_node(), free)  # the simulator keeps it current
+        # the simulator moves GPUs through it, and it keeps the three arrays above in step
+        self._index = FreeIndex(self.gpus_by_type_node(), free, (free, free_tn, free_type))
         self.type_node_lists()  # computed once, before the first decision
         self.rng = rng  # for policies that randomise; seeded from simulate(seed=...)
 
@@ -617,7 +618,7 @@ class _Engine:
             running=self.run_list, preemption=self.allow_preempt, restart_penalty_s=self.penalty,
             free=self.gpu_free, free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
             rng=np.random.default_rng(seed))
-        self.index = self.view.free_index()  # moved with every GPU that changes hands, like free_tn
+        self.index = self.view.free_index()  # every GPU that changes hands goes through it (free, free_tn, free_type)
 
         # events
         self.heap: list = []
@@ -660,8 +661,10 @@ class _Engine:
     def _start(self, j: int, gpus: tuple[int, ...], t: int, now: float) -> None:
         tb = self.table
         s = float(tb.speed[j, t])
-        pen = self.penalty if self.started[j] else 0.0
-        if not self.started[j]:
+        if self.started[j]:
+            pen = self.penalty
+        else:
+            pen = 0.0
             self.started[j] = True
             tb.start_s[j] = now
         tb.status[j] = RUNNING
@@ -680,14 +683,11 @@ class _Engine:
         self.epoch[j] = ep
         self.seq += 1
         heapq.heappush(self.heap, (fin, COMPLETION, self.seq, COMPLETION, (j, ep)))  # self._push, inline
-        gpu_job, free, free_tn, node = self.gpu_job, self.gpu_free, self.free_tn, self.gpu_node_l
+        gpu_job = self.gpu_job
         for g in gpus:
             gpu_job[g] = j
-            free[g] = False
-            free_tn[t, node[g]] -= 1
-        self.index.take(gpus)
+        self.index.take(gpus)  # and the free mask and counts
         k = len(gpus)
-        self.free_type[t] -= k
         self.n_free -= k
         self.job_gpus[j] = gpus
         slot = len(self.run_list)
@@ -727,16 +727,12 @@ class _Engine:
         if self.check:
             self.done_work[j] += progress
         useful = (progress - lost_work) / self.best_l[j]
-        busy, eff, gpu_job, free, free_tn = self.busy, self.eff, self.gpu_job, self.gpu_free, self.free_tn
-        node = self.gpu_node_l
+        busy, eff, gpu_job = self.busy, self.eff, self.gpu_job
         for g in gpus:
             busy[g] += el
             eff[g] += useful
             gpu_job[g] = GPU_FREE
-            free[g] = True
-            free_tn[t, node[g]] += 1
-        self.index.give(gpus)
-        self.free_type[t] += k
+        self.index.give(gpus)  # and the free mask and counts
         self.n_free += k
         self.freed += 1
         self.job_gpus[j] = None
@@ -770,7 +766,7 @@ class _Engine:
 
     def _fail(self, k: int, now: float) -> None:
         f = self.failures[k]
-        gpu_job, t_of, node = self.gpu_job, self.gpu_type_l, self.gpu_node_l
+        gpu_job = self.gpu_job
         for g in f.gpus:
             self.down[g] += 1
             if self.down[g] > 1:
@@ -781,11 +777,7 @@ class _Engine:
                 self.failure_restarts[j] += 1
                 self._enqueue(j, now)
             gpu_job[g] = GPU_DOWN
-            self.gpu_free[g] = False
             self.index.take((g,))
-            t = t_of[g]
-            self.free_tn[t, node[g]] -= 1
-            self.free_type[t] -= 1
             self.n_free -= 1
             self.n_down += 1
             self.down_since[g] = now
@@ -793,7 +785,6 @@ class _Engine:
 
     def _repair(self, k: int, now: float) -> None:
         f = self.failures[k]
-        t_of, node = self.gpu_type_l, self.gpu_node_l
         self.n_pending_fr -= 1
         self.freed += 1
         for g in f.gpus:
@@ -801,11 +792,7 @@ class _Engine:
             if self.down[g]:
                 continue
             self.gpu_job[g] = GPU_FREE
-            self.gpu_free[g] = True
             self.index.give((g,))
-            t = t_of[g]
-            self.free_tn[t, node[g]] += 1
-            self.free_type[t] += 1
             self.n_free += 1
             self.n_down -= 1
             self.down_intervals.append((g, self.down_since[g], now))
@@ -886,7 +873,8 @@ class _Engine:
         if not np.array_equal(recount, self.free_tn) or self.n_free != int(free.sum()) \
                 or self.n_down != int((self.gpu_job == GPU_DOWN).sum()):
             raise AssertionError("free GPU counts drifted from the GPU table")
-        if self.index.state() != FreeIndex(self.view.gpus_by_type_node(), free).state() or self.index.total != self.n_free:
+        rebuilt = FreeIndex(self.view.gpus_by_type_node(), free)
+        if self.index.state() != rebuilt.state() or self.index.total != self.n_free:
             raise AssertionError("the free GPU index drifted from the GPU table")
         if set(self.queue) & set(self.run_list) or len(set(self.queue)) != len(self.queue):
             raise AssertionError("a job is queued twice or queued while running")
@@ -926,8 +914,8 @@ class _Engine:
         queue, run_list, arrivals, is_rejected = self.queue, self.run_list, self.arrivals, self.is_rejected_l
         n_expected = n - len(self.rejected)
         report = _Progress(self.progress, n_expected)
-        allow, refresh, record, check = self.allow_preempt, self.refresh, self.record, self.check
-        rounds = self.round_s is not None
+        allow, refresh, record = self.allow_preempt, self.refresh, self.record
+        after = self.check or self.round_s is not None  # _after_step has work to do
         times, busy_t, queue_t = self.times, self.busy_t, self.queue_t
         # a policy that says so (FCFS) is not asked again after a decision that did nothing until a GPU
         # comes free: its answer cannot change (see _blocks_until_freed)
@@ -971,10 +959,8 @@ class _Engine:
                     self._apply(self._checked(decision), now)
                     if skip_blocked:
                         blocked_at = self.freed if not (decision.starts or decision.preempt) else -1
-            if check:
-                self._check_state()
-            if rounds:
-                self._next_round(now, ptr)
+            if after:
+                self._after_step(now, ptr)
             if record:
                 times.append(now)
                 busy_t.append(self.G - self.n_free - self.n_down)
@@ -1014,9 +1000,13 @@ class _Engine:
                                   f"{type(decision).__name__}, not a Decision")
         return decision
 
-    def _next_round(self, now: float, ptr: int) -> None:
-        """Schedule the next round tick after a time step, while jobs run or wait for something to come."""
-        if not self.tick_pending and (self.run_list or (self.queue and (ptr < self.n or self.n_pending_fr > 0))):
+    def _after_step(self, now: float, ptr: int) -> None:
+        """After a time step: check the state (check mode); schedule the next round tick, while jobs run
+        or wait for something to come."""
+        if self.check:
+            self._check_state()
+        if self.round_s is not None and not self.tick_pending and (
+                self.run_list or (self.queue and (ptr < self.n or self.n_pending_fr > 0))):
             self._push((math.floor(now / self.round_s) + 1) * self.round_s, ROUND, None)
             self.tick_pending = True
 
