@@ -82,6 +82,22 @@ def test_local_backend_runs_stops_and_is_found_again_by_a_new_instance(tmp_path)
         kill_runs(runs)
 
 
+def _memory(pid: int) -> bytes:
+    """Every readable, writable mapping of process ``pid`` (its heap and stacks)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if perms.startswith("rw"):
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                try:
+                    mem.seek(lo)
+                    out.append(mem.read(hi - lo))
+                except (OSError, ValueError, OverflowError):
+                    pass
+    return b"".join(out)
+
+
 def test_local_backend_forks_runners_from_one_server_and_starts_a_new_one_if_it_died(tmp_path):
     runs = tmp_path / "runs"
     b = LocalBackend(runs, stop_grace_s=1.0)
@@ -101,6 +117,11 @@ def test_local_backend_forks_runners_from_one_server_and_starts_a_new_one_if_it_
         assert wait_ended(b, second).exit_code == 0
         assert (runs / second.handle / "stdout.log").read_text() == "y\n"
         assert b.poll([first])[first.key].status is RunStatus.RUNNING  # a runner outlives its server
+        secret = f"s3cret-{os.getpid()}-{time.time_ns()}"
+        third = RunRef(3, 1, b.launch(request(3, {"argv": ["sh", "-c", 'test "$TOKEN" = "$0"', secret],
+                                                  "env": {"TOKEN": secret}})))
+        assert wait_ended(b, third).exit_code == 0
+        assert secret.encode() not in _memory(b._forks.pid)  # the target's file reached the runner unread
         assert b.launch(request(1, {"argv": ["sleep", "30"]})) == first.handle  # and is never started twice
         b.close()
         assert server.poll() is not None and b._forks is None

@@ -3,8 +3,8 @@
 One interface (:class:`Backend`), two backends, by name in :data:`BACKENDS`:
 
 * ``local``: a runner process on this host per attempt (:mod:`gpualloc.service.runner`, which runs
-  the job's argv without a shell), forked by one ``python -m gpualloc.service.runner --fork-server``
-  the backend starts on first use (a fresh interpreter per job cost ~50 ms of CPU each). Runs outlive
+  the job's argv without a shell), forked by one ``python -m gpualloc.service.runner --fork-server FD``
+  started with the backend (a fresh interpreter per job cost ~50 ms of CPU each). Runs outlive
   the service; their folder holds the exit status, so a restarted service finds what ended while it
   was down.
 * ``ray``: detached, named Ray actors (one per node of the allocation) holding custom resources per
@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -232,7 +233,8 @@ class LocalBackend:
         self.stop_grace_s = float(stop_grace_s)
         self.host_indices = None if host_indices is None else tuple(int(i) for i in host_indices)
         self.job_users = job_users or JobUsers()
-        self._forks: subprocess.Popen | None = None  # the fork server (runner.fork_server)
+        self._forks: subprocess.Popen | None = None  # the fork server (runner.fork_server) and its socket
+        self._forks_sock: socket.socket | None = None
         self._forks_lock = threading.Lock()
         try:
             with self._forks_lock:  # now, not at the first job's start: it costs a Python start-up
@@ -267,25 +269,28 @@ class LocalBackend:
                 target["user"] = user
             # spec.json for the record: the env's names, not its values (they may be secrets)
             write_json_atomic(d / SPEC_FILE, {**target, "env": sorted(target["env"])}, durable=False)
-            # The target, with the job's secret env values, goes through the fork server's pipe, never a file.
             self._fork_runner(d, target)
         except OSError as err:
             raise BackendError(f"local: cannot start job {req.job_id}: {err}") from err
         return handle
 
     def _fork_runner(self, d: Path, target: dict[str, Any]) -> None:
-        """Have the fork server start the runner of run folder ``d`` (it writes ``runner.pid``). A fork
-        server that went away is started again, once; a runner it started before is not started twice."""
-        line = json.dumps({"run_dir": str(d), "target": target}).encode() + b"\n"
-        with self._forks_lock:
+        """Have the fork server start the runner of run folder ``d`` (it writes ``runner.pid``). The target,
+        with the job's secret env values, goes in an unlinked file whose descriptor the server hands to
+        the runner unread. A fork server that went away is started again, once; a runner it started
+        before is not started twice."""
+        header = json.dumps({"run_dir": str(d)}).encode()
+        with tempfile.TemporaryFile(dir=d) as spec_in, self._forks_lock:
+            spec_in.write(json.dumps(target).encode())
+            spec_in.flush()
             for again in (False, True):
                 if again and (d / PID_FILE).exists():
                     return
-                self._fork_server()
                 try:
-                    self._forks.stdin.write(line)
-                    self._forks.stdin.flush()
-                    answer = self._forks.stdout.readline()
+                    sock = self._fork_server()
+                    spec_in.seek(0)
+                    socket.send_fds(sock, [header], [spec_in.fileno()])
+                    answer = sock.recv(65536)
                 except OSError:
                     answer = b""
                 if answer:
@@ -297,22 +302,29 @@ class LocalBackend:
         if "error" in reply:
             raise OSError(reply["error"])
 
-    def _fork_server(self) -> subprocess.Popen:
-        """The fork server, started (again) unless it runs."""
-        if self._forks is None or self._forks.poll() is not None:
-            self._forks = subprocess.Popen([self.python, "-m", "gpualloc.service.runner", "--fork-server"],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-                                           start_new_session=True)
-        return self._forks
+    def _fork_server(self) -> socket.socket:
+        """The socket of the fork server, started (again) unless it runs."""
+        if self._forks is None or self._forks.poll() is not None or self._forks_sock is None:
+            self._close_forks()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self._forks = subprocess.Popen(
+                    [self.python, "-m", "gpualloc.service.runner", "--fork-server", str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                    close_fds=True, start_new_session=True)
+            except OSError:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            self._forks_sock = ours
+        return self._forks_sock
 
     def _close_forks(self) -> None:
-        forks, self._forks = self._forks, None
+        forks, sock, self._forks, self._forks_sock = self._forks, self._forks_sock, None, None
+        if sock is not None:
+            sock.close()  # the server reads the end of its input and exits
         if forks is not None:
-            for pipe in (forks.stdin, forks.stdout):
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
             try:
                 forks.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -332,31 +332,42 @@ def proc_start_time(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
-def fork_server() -> int:
-    """``--fork-server``: start runners by forking this process, which is past Python's start-up and this
-    module's imports. A fresh ``python -m gpualloc.service.runner`` costs about 50 ms of CPU; a fork, about
-    1 ms. On a small host the first jobs of a busy service, all starting at once, took that CPU from the
-    service and its clients.
+def fork_server(fd: int) -> int:
+    """``--fork-server FD``: start runners by forking this process, which is past Python's start-up and
+    this module's imports. A fresh ``python -m gpualloc.service.runner`` costs about 50 ms of CPU; a fork,
+    about 1 ms. On a small host the first jobs of a busy service, all starting at once, took that CPU
+    from the service and its clients.
 
-    One JSON request per line on standard input, ``{"run_dir", "target"}``; one answer per line on standard
-    output, ``{"pid": N}`` (the runner's ``runner.pid`` is written by then) or ``{"error": "..."}``. Each
-    runner is a session leader writing to ``run_dir/runner.log``, as one started alone. At the end of its
-    input (the service went away) the server exits; its runners go on.
+    ``FD`` is a ``SOCK_SEQPACKET`` Unix socket. Each request is one message ``{"run_dir"}`` carrying one
+    descriptor, an unlinked file holding the target: the runner reads it, this process never does (no
+    job's secret env values pass through its memory, so a runner forked later holds none of them). Each
+    answer is one message, ``{"pid": N}`` (the runner's ``runner.pid`` is written by then) or ``{"error"}``.
+    Each runner is a session leader writing to ``run_dir/runner.log``, as one started alone. At the end
+    of its input (the service went away) the server exits; its runners go on.
     """
+    import socket
+
+    sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runners: no zombies
-    for line in sys.stdin.buffer:
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+        if not msg:
+            return 0
         try:
-            req = json.loads(line)
-            answer = {"pid": _fork_runner(Path(req["run_dir"]), req["target"])}
+            if len(fds) != 1:
+                raise ValueError("expected one descriptor, the target's file")
+            answer = {"pid": _fork_runner(Path(json.loads(msg)["run_dir"]), fds[0])}
         except (OSError, ValueError, KeyError, TypeError) as err:
             answer = {"error": f"{type(err).__name__}: {err}"}
-        sys.stdout.buffer.write(json.dumps(answer).encode() + b"\n")
-        sys.stdout.buffer.flush()
-    return 0
+        finally:
+            for f in fds:
+                os.close(f)
+        sock.sendall(json.dumps(answer).encode())
 
 
-def _fork_runner(run_dir: Path, target: dict[str, Any]) -> int:
-    """Fork a runner of ``target`` in ``run_dir`` and write its ``runner.pid``; returns its pid."""
+def _fork_runner(run_dir: Path, target_fd: int) -> int:
+    """Fork a runner of the target in file ``target_fd`` in ``run_dir`` and write its ``runner.pid``;
+    returns its pid."""
     log_fd = os.open(run_dir / "runner.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         pid = os.fork()
@@ -371,6 +382,8 @@ def _fork_runner(run_dir: Path, target: dict[str, Any]) -> int:
                 os.dup2(log_fd, 2)
                 os.close(null)
                 os.close(log_fd)
+                with os.fdopen(os.dup(target_fd), "rb") as fh:
+                    target = json.loads(fh.read())
                 code = run_folder(run_dir, target)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
@@ -433,8 +446,8 @@ def call_from_stdin(result_fd: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--fork-server"]:
-        return fork_server()
+    if len(args) == 2 and args[0] == "--fork-server" and args[1].isdigit():
+        return fork_server(int(args[1]))
     if len(args) == 2 and args[0] == "--call" and args[1].isdigit():
         return call_from_stdin(int(args[1]))
     if len(args) == 2 and args[1] == "--stdin":
