@@ -527,7 +527,7 @@ class FreeGpus:
         where ``job`` may run and its GPUs are free, or ``None``."""
         jobs = self.view.jobs
         row = jobs.speed[job]
-        for t in (jobs.type_order()[job] if types is None else types):
+        for t in (jobs.type_order()[job].tolist() if types is None else types):
             t = int(t)
             if row[t] <= 0:
                 if types is None:

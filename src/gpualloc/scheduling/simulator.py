@@ -913,6 +913,7 @@ class _Engine:
         n, view, heap = self.n, self.view, self.heap
         queue, run_list, arrivals, is_rejected = self.queue, self.run_list, self.arrivals, self.is_rejected_l
         n_expected = n - len(self.rejected)
+        status, queued_since = self.table.status, self.table.queued_since_s
         report = _Progress(self.progress, n_expected)
         allow, refresh, record = self.allow_preempt, self.refresh, self.record
         after = self.check or self.round_s is not None  # _after_step has work to do
@@ -939,8 +940,10 @@ class _Engine:
             events0 = self.events
             tick = self._handle_events(now) if heap and heap[0][0] == now else False
             while ptr < n and arrivals[ptr] == now:  # the trace's jobs arriving now, in order
-                if not is_rejected[ptr]:
-                    self._enqueue(ptr, now)
+                if not is_rejected[ptr]:  # self._enqueue(ptr, now), inline
+                    status[ptr] = QUEUED
+                    queued_since[ptr] = now
+                    queue.append(ptr)
                     self.events += 1
                 ptr += 1
             if self.events == events0:
