@@ -42,14 +42,19 @@ class FCFS:
     idle_until_gpus_free = True
 
     def decide(self, view: ClusterView) -> Decision:
-        return Decision(start_in_order(view, view.queue)[0] if view.queue else [])
+        return Decision(start_in_order(view, view.queue, keep_pool=False)[0] if view.queue else [])
 
 
-def start_in_order(view: ClusterView, queue: Sequence[int]) -> tuple[Starts, FreeGpus]:
+def start_in_order(view: ClusterView, queue: Sequence[int], keep_pool: bool = True) -> tuple[Starts, FreeGpus]:
     """Start ``queue``'s jobs in order, each on its fastest type with room, until one does not fit;
     returns the starts and the working copy of the free GPUs after them. When every job started, the
     last one's GPUs are not taken from it (nothing is left to plan; most decisions start one job, and
-    the working copy is then never copied)."""
+    the working copy is then never copied).
+
+    With ``keep_pool=False`` (the caller ignores the working copy) the last start's GPUs are not taken
+    either when the next job cannot fit for want of GPUs of any type it may use: the starts are the
+    same, and the copy is spared (on a busy cluster, most decisions start the head and stop at the next).
+    """
     pool = view.free_gpus()
     starts: Starts = []
     last = len(queue) - 1
@@ -61,8 +66,22 @@ def start_in_order(view: ClusterView, queue: Sequence[int]) -> tuple[Starts, Fre
             break
         starts.append((j, placed[1]))
         if i < last:
+            if not keep_pool and not _may_fit_after(view, pool, queue[i + 1], placed):
+                break
             pool.take(placed[1])
     return starts, pool
+
+
+def _may_fit_after(view: ClusterView, pool: FreeGpus, job: int, placed: tuple[int, tuple[int, ...]]) -> bool:
+    """Whether some type ``job`` may use keeps at least its GPU count free once ``placed`` is taken
+    (when not, :meth:`FreeGpus.place` would find nothing for it)."""
+    need = int(view.jobs.num_gpus[job])
+    t_placed, k = placed[0], len(placed[1])
+    by_type = pool.by_type
+    for t, s in enumerate(view.jobs.speed[job].tolist()):
+        if s > 0 and by_type[t] - (k if t == t_placed else 0) >= need:
+            return True
+    return False
 
 
 def default_affinity(view: ClusterView) -> dict[str, str]:
