@@ -88,6 +88,8 @@ def test_logs_endpoint_reads_from_an_offset(local_service):
     part = c.get(f"/jobs/{job['id']}/logs", params={"offset": 4, "limit": 3})
     assert part.content == b"456" and part.headers["X-Next-Offset"] == "7"
     assert c.get(f"/jobs/{job['id']}/logs", params={"offset": 50}).content == b""
+    far = c.get(f"/jobs/{job['id']}/logs", params={"offset": 2**62})  # beyond what a file system can seek to
+    assert far.status_code == 200 and far.content == b"" and far.headers["X-Next-Offset"] == str(2**62)
     assert c.get(f"/jobs/{job['id']}/logs", params={"stream": "stderr"}).content == b"err"
     assert c.get(f"/jobs/{job['id']}/logs", params={"stream": "spec"}).status_code == 422
     assert c.get("/jobs/999/logs").status_code == 404

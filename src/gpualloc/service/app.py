@@ -320,8 +320,9 @@ class Service:
             try:
                 with open(path, "rb") as fh:
                     size = os.fstat(fh.fileno()).st_size
-                    fh.seek(offset)
-                    data = fh.read(limit)
+                    if offset < size:  # past the end there is nothing (and a far offset is EINVAL to seek)
+                        fh.seek(offset)
+                        data = fh.read(limit)
             except FileNotFoundError:
                 pass
         return data, {"X-Next-Offset": str(offset + len(data)), "X-Log-Size": str(size),
