@@ -4,7 +4,7 @@ Every ``gpualloc ...`` line of the README's bash blocks runs in order, in a scra
 ``examples/`` and sees ``../shared`` (as a clean checkout does), so a command that reads an earlier
 command's output finds it. The service walkthrough (its ``serve ... &`` block) is measured by
 ``tests/service/test_walkthrough.py`` instead, and a command that needs a GPU is skipped on a machine
-without one. The README quotes these times; a line it marks ``# ~N min`` or ``# ~N s`` is checked
+without one. The README quotes these times; a line whose comment says ``~N min`` or ``~N s`` is checked
 against the measured time (``--check``).
 
     python benchmarks/readme_times.py                      # all lines (the two reproduce runs included)
@@ -31,7 +31,7 @@ from _args import Parser, output, positive
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GPU_WORDS = ("--backend nvml", "cuda:")
-QUOTED = re.compile(r"#\s*~\s*([\d.]+)\s*(s|min)\b")
+QUOTED = re.compile(r"~\s*([\d.]+)\s*(s|min)\b")
 
 
 def readme_lines(path: Path) -> list[tuple[str, float | None]]:
@@ -46,7 +46,7 @@ def readme_lines(path: Path) -> list[tuple[str, float | None]]:
             command = command.strip()
             if not command.startswith("gpualloc "):
                 continue
-            m = QUOTED.search("#" + comment)
+            m = QUOTED.search(comment)
             quoted = None if m is None else float(m.group(1)) * (60 if m.group(2) == "min" else 1)
             lines.append((command, quoted))
     return lines
