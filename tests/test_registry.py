@@ -54,7 +54,7 @@ def test_registries_of_the_package():
 
     assert "dqn" in PARTITIONERS and "dqn" not in PARTITIONERS.names("heuristic")
     assert set(PARTITIONERS.names("heuristic")) == set(PARTITIONERS) - {"dqn"}
-    assert PARTITIONERS.entry("dqn").options == {"agent"} and POLICIES.entry("dqn").options == {"agent"}
+    assert PARTITIONERS.entry("dqn").options == {"agent"} and POLICIES.entry("dqn").options == {"agent", "cache"}
     assert list(TELEMETRY) == ["nvml", "sim", "replay"] and list(SERVICE) == ["local", "ray", "slurm"]
     for reg in (PARTITIONERS, POLICIES, TELEMETRY, SERVICE):
         assert isinstance(reg, Registry)
