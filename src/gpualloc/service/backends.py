@@ -336,27 +336,12 @@ class LocalBackend:
         d = self.run_dir(handle)
         try:
             info = json.loads((d / PID_FILE).read_text())
-        except (OSError, ValueError):
-            return self._find_runner(d)
+        except (OSError, ValueError):  # the fork server writes it before it answers: no pid, no runner
+            return None
         st = proc_start_time(int(info["pid"]))
         if st is None or st[0] in ("Z", "X") or (info.get("start") is not None and st[1] != info["start"]):
             return None
         return int(info["pid"])
-
-    @staticmethod
-    def _find_runner(d: Path) -> int | None:
-        """A runner of ``d`` started just before a crash, before its pid was written."""
-        needle = str(d).encode()
-        for entry in Path("/proc").glob("[0-9]*"):
-            try:
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"gpualloc.service.runner" in cmd and needle in cmd:
-                st = proc_start_time(int(entry.name))
-                if st is not None and st[0] not in ("Z", "X"):
-                    return int(entry.name)
-        return None
 
     def _exit(self, handle: str) -> dict[str, Any] | None:
         return read_exit(self.run_dir(handle))
