@@ -60,6 +60,14 @@ class Job:
         batch_size: per-job batch size where the trace gives it (Pollux/Sia), else 0.
         team: the team that submitted the job (quotas and fair share,
             :mod:`gpualloc.scheduling.quotas`); ``""`` is the default team: no quota, borrows only.
+        user: who submitted the job, where the source says (the service's users), else ``""``.
+        qos: the source's quality-of-service class as written (Alibaba's ``LS``/``HP``/``BE``...; its
+            coarse rank is ``priority``), else ``""``.
+        submit_day_s: seconds after midnight when the job was submitted (Philly's timestamps), in
+            ``[0, 86400)``; -1 where the source gives no clock time.
+
+    ``user``, ``qos`` and ``submit_day_s``, with the fields above them, are what a duration predictor
+    may learn from (:mod:`gpualloc.scheduling.predict`): all known when the job is submitted.
     """
 
     id: str
@@ -76,6 +84,9 @@ class Job:
     single_node: bool = False
     batch_size: int = 0
     team: str = ""
+    user: str = ""
+    qos: str = ""
+    submit_day_s: float = -1.0
 
     def __post_init__(self) -> None:
         if not self.arrival_s >= 0:
@@ -86,6 +97,8 @@ class Job:
             raise TraceError(f"job {self.id}: num_gpus must be >= 1, got {self.num_gpus}")
         if not 0 < self.gpu_milli <= 1000:
             raise TraceError(f"job {self.id}: gpu_milli must be in (0, 1000], got {self.gpu_milli}")
+        if not (self.submit_day_s == -1.0 or 0.0 <= self.submit_day_s < 86400.0):
+            raise TraceError(f"job {self.id}: submit_day_s must be in [0, 86400) or -1, got {self.submit_day_s}")
 
     @property
     def gpu_seconds(self) -> float:

@@ -295,6 +295,9 @@ def read_native(path: str | Path) -> Trace:
     ``single_node``         true/false (also 1/0, yes/no)
     ``batch_size``          non-negative integer
     ``team``                text: the submitting team (quotas); empty = the default team
+    ``user``                text: who submitted the job; empty = not known
+    ``qos``                 text: the source's quality-of-service class; empty = none
+    ``submit_day_s``        seconds after midnight at submission, in [0, 86400); -1 = not known
     ======================  ==================================================================
 
     Errors name the CSV line, or ``row N`` (1-based) of a Parquet file.
@@ -321,6 +324,9 @@ def read_native(path: str | Path) -> Trace:
         single_node=_parse_bool(table, "single_node").tolist(),
         batch_size=table.number("batch_size", integer=True, minimum=0, default=0).tolist(),
         team=table.text("team").tolist(),
+        user=table.text("user").tolist(),
+        qos=table.text("qos").tolist(),
+        submit_day_s=table.number("submit_day_s", minimum=-1, default=-1.0).tolist(),
     )
     return Trace.of(jobs, source=str(path), format="native")
 
@@ -329,7 +335,7 @@ def write_native(trace: Trace, path: str | Path) -> Path:
     """Write ``trace`` in the native format: ``.csv`` or ``.parquet``/``.pq`` by extension.
 
     ``read_native(write_native(t, p)).jobs == t.jobs`` (floats are written exactly) for jobs whose
-    ``id``, ``model`` and ``team`` have no surrounding whitespace and whose ``gpu_types`` are canonical names:
+    ``id``, ``model``, ``team``, ``user`` and ``qos`` have no surrounding whitespace and whose ``gpu_types`` are canonical names:
     the reader strips text fields and turns aliases into canonical names.
     """
     path = Path(path)
@@ -355,6 +361,9 @@ def write_native(trace: Trace, path: str | Path) -> Path:
         "single_node": np.array([j.single_node for j in trace.jobs], dtype=bool),
         "batch_size": np.array([j.batch_size for j in trace.jobs], dtype=np.int64),
         "team": pd.Series([j.team for j in trace.jobs], dtype=object),
+        "user": pd.Series([j.user for j in trace.jobs], dtype=object),
+        "qos": pd.Series([j.qos for j in trace.jobs], dtype=object),
+        "submit_day_s": np.array([j.submit_day_s for j in trace.jobs], dtype=np.float64),
     }, columns=list(NATIVE_COLUMNS))
     with atomic_output(path, TraceError) as tmp:
         if suffix == ".csv":
@@ -429,7 +438,8 @@ def read_philly(path: str | Path) -> Trace:
 
     Column mapping (``timestamp,duration,num_gpus,gpu_time,cluster``):
 
-    - ``timestamp`` (``YYYY-MM-DD HH:MM:SS``) -> ``arrival_s``, seconds after the earliest timestamp.
+    - ``timestamp`` (``YYYY-MM-DD HH:MM:SS``) -> ``arrival_s``, seconds after the earliest timestamp,
+      and ``submit_day_s``, its clock time (seconds after midnight, as written: the trace's time zone).
     - ``duration`` (s, > 0) -> ``work_s``. ASSUMPTION: Philly ran on a mix of GPUs of the V100 era and
       records wall time, not the GPU; durations are taken as reference-device (V100-16GB) time.
     - ``num_gpus`` -> ``num_gpus``; ``job_type`` = ml-training; ``model`` unknown (``""``).
@@ -453,8 +463,9 @@ def read_philly(path: str | Path) -> Trace:
     gpus = table.number("num_gpus", integer=True, minimum=0, exclusive=True)
     vc = table.text("cluster")
     clusters = int(pd.Series(vc).nunique()) if "cluster" in table.frame.columns else 0
+    day = (seconds % 86400).astype(np.float64)
     jobs = _make_jobs(table, id=[str(i) for i in range(n)], arrival_s=arrival.tolist(), job_type=_ml(n),
-                      work_s=duration.tolist(), num_gpus=gpus.tolist(), team=vc.tolist())
+                      work_s=duration.tolist(), num_gpus=gpus.tolist(), team=vc.tolist(), submit_day_s=day.tolist())
     return Trace.of(jobs, source=str(path), format="philly", virtual_clusters=clusters)
 
 
@@ -583,7 +594,7 @@ def read_alibaba(path: str | Path) -> Trace:
       :data:`ALIBABA_GPU_MODELS` and the catalog; unknown models (``G2``, ``G3``) stay as written,
       so such a job may be constrained to types that no cluster of catalog devices has.
     - ``qos`` -> ``priority`` (:data:`ALIBABA_QOS_PRIORITY`; empty = best-effort, an unknown class
-      is an error).
+      is an error), and as written -> ``qos``.
     - ``job_type`` = ml-training: the cluster serves machine-learning pods and no column tells
       training from inference or processing. ``single_node`` = true: a pod runs on one node.
     - Skipped and counted in ``meta``: CPU-only pods (``num_gpu == 0``,
@@ -638,6 +649,7 @@ def read_alibaba(path: str | Path) -> Trace:
         cpu_cores=(cpu_milli[keep] / 1000.0).tolist(),
         mem_bytes=(memory_mib[keep] * 2 ** 20).tolist(),
         priority=priority[keep].tolist(),
+        qos=qos[keep].tolist(),
         gpu_types=_split_types(table.text("gpu_spec")[keep], default_catalog(), ALIBABA_GPU_MODELS),
         single_node=repeat(True, m),
     )
