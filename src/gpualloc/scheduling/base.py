@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from gpualloc.hardware.cluster import ClusterSpec
-from gpualloc.workload.jobs import JOB_TYPES, Trace
+from gpualloc.workload.jobs import JOB_TYPES, SubmitFeatures, Trace
 
 # Job status codes in JobTable.status
 PENDING, QUEUED, RUNNING, DONE = 0, 1, 2, 3
@@ -120,7 +120,7 @@ class JobTable:
                         row = rows[types] = preference_ranks(types, column, len(type_names))
                     pref[i] = row
         n = len(jobs)
-        return cls(
+        table = cls(
             arrival_s=np.fromiter(columns[0], float, n),
             work_s=np.fromiter(columns[1], float, n),
             num_gpus=np.fromiter(columns[2], np.int64, n),
@@ -129,13 +129,40 @@ class JobTable:
             single_node=np.fromiter(columns[5], bool, n),
             speed=speed, team=team, team_names=team_names, pref_rank=pref,
         )
+        table.__dict__["_source_jobs"] = jobs  # for submit_features(), built when first asked
+        return table
 
     def fresh(self) -> JobTable:
         """A table of the same jobs, as before any simulation: the static columns are shared (treat
         them as read-only), the dynamic state is new."""
-        return JobTable(arrival_s=self.arrival_s, work_s=self.work_s, num_gpus=self.num_gpus, priority=self.priority,
-                        type_code=self.type_code, single_node=self.single_node, speed=self.speed,
-                        team=self.team, team_names=self.team_names, pref_rank=self.pref_rank)
+        table = JobTable(arrival_s=self.arrival_s, work_s=self.work_s, num_gpus=self.num_gpus,
+                         priority=self.priority, type_code=self.type_code, single_node=self.single_node,
+                         speed=self.speed, team=self.team, team_names=self.team_names, pref_rank=self.pref_rank)
+        for key in ("_source_jobs", "_submit_features"):
+            if key in self.__dict__:
+                table.__dict__[key] = self.__dict__[key]
+        return table
+
+    def submit_features(self) -> SubmitFeatures:
+        """Each job's submit-time fields (what a duration predictor learns from), computed once: from the
+        trace's jobs for a table built by :meth:`from_trace`, else from the table's own columns (type,
+        GPUs, priority, team; the other fields not known)."""
+        feats = self.__dict__.get("_submit_features")
+        if feats is None:
+            jobs = self.__dict__.get("_source_jobs")
+            if jobs is not None:
+                feats = SubmitFeatures.of(jobs)
+            else:
+                n = len(self)
+                zeros, codes, none = np.zeros(n), np.zeros(n, dtype=np.int64), ("",)
+                feats = SubmitFeatures(
+                    type_code=self.type_code.astype(float), num_gpus=self.num_gpus.astype(float),
+                    priority=self.priority.astype(float), gpu_milli=np.full(n, 1000.0), cpu_cores=zeros,
+                    mem_bytes=zeros, batch_size=zeros, submit_day_s=np.full(n, -1.0), model=codes, model_names=none,
+                    team=np.asarray(self.team, dtype=np.int64), team_names=tuple(self.team_names), user=codes,
+                    user_names=none, qos=codes, qos_names=none, gpu_spec=codes, gpu_spec_names=none)
+            self.__dict__["_submit_features"] = feats
+        return feats
 
     def best_speed(self) -> np.ndarray:
         """Each job's speed on its fastest allowed device type."""

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 from gpualloc.errors import TraceError
 
 REFERENCE_DEVICE = "V100-16GB"
@@ -165,3 +167,73 @@ def type_counts(jobs: Sequence[Job]) -> dict[str, int]:
     for j in jobs:
         out[j.job_type.value] += 1
     return out
+
+
+@dataclass(frozen=True)
+class SubmitFeatures:
+    """What is known of each job when it is submitted, as columns (row ``i``: the ``i``-th job).
+
+    The fields a duration predictor may learn from (:mod:`gpualloc.scheduling.predict`); nothing here
+    depends on how long a job runs. Text fields are integer codes into their ``*_names`` (sorted, ``""``
+    included: not known); numbers are float.
+
+    Attributes:
+        type_code: index in ``JOB_TYPES``.
+        num_gpus, priority, gpu_milli, cpu_cores, mem_bytes, batch_size: as on :class:`Job`.
+        submit_day_s: seconds after midnight at submission, -1 where not known.
+        model, team, user, qos, gpu_spec: codes; ``gpu_spec`` is the job's ``gpu_types`` joined by ``|``.
+    """
+
+    type_code: np.ndarray
+    num_gpus: np.ndarray
+    priority: np.ndarray
+    gpu_milli: np.ndarray
+    cpu_cores: np.ndarray
+    mem_bytes: np.ndarray
+    batch_size: np.ndarray
+    submit_day_s: np.ndarray
+    model: np.ndarray
+    model_names: tuple[str, ...]
+    team: np.ndarray
+    team_names: tuple[str, ...]
+    user: np.ndarray
+    user_names: tuple[str, ...]
+    qos: np.ndarray
+    qos_names: tuple[str, ...]
+    gpu_spec: np.ndarray
+    gpu_spec_names: tuple[str, ...]
+
+    NUMERIC = ("type_code", "num_gpus", "priority", "gpu_milli", "cpu_cores", "mem_bytes", "batch_size",
+               "submit_day_s")
+    """Columns that are numbers (``type_code`` is a category with an order of no meaning, see ``CATEGORICAL``)."""
+    CATEGORICAL = ("type_code", "model", "team", "user", "qos", "gpu_spec")
+    """Columns that are categories."""
+
+    def __len__(self) -> int:
+        return len(self.num_gpus)
+
+    @classmethod
+    def of(cls, jobs: Sequence[Job]) -> SubmitFeatures:
+        """The columns of ``jobs``, in one pass over them."""
+        n = len(jobs)
+        code = {t: i for i, t in enumerate(JOB_TYPES)}
+        num = [np.fromiter(map(code.__getitem__, (j.job_type for j in jobs)), float, n)]
+        num += [np.fromiter((getattr(j, name) for j in jobs), float, n) for name in cls.NUMERIC[1:]]
+        texts: dict[str, Any] = {}
+        for name in cls.CATEGORICAL[1:]:
+            values = ["|".join(j.gpu_types) for j in jobs] if name == "gpu_spec" else [getattr(j, name) for j in jobs]
+            texts[f"{name}_names"], texts[name] = _codes(values)
+        return cls(*num, **texts)
+
+    def take(self, idx: np.ndarray) -> SubmitFeatures:
+        """The rows ``idx`` (the same code tables)."""
+        return SubmitFeatures(**{f: (v if f.endswith("_names") else v[idx])
+                                 for f, v in ((f, getattr(self, f)) for f in self.__dataclass_fields__)})
+
+
+def _codes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """``(sorted distinct values with "" first, code of each value)``."""
+    names = tuple(sorted(set(values) | {""}))
+    index = {v: i for i, v in enumerate(names)}
+    return names, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+

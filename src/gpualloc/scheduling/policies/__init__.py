@@ -22,6 +22,10 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
                        ("gavel-srtf", "hetero:GavelShortestFirst")):
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
 POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent", "cache"))
+for _name, _target in (("srtf-pred", "srtf_pred"), ("sjf-pred", "sjf_pred"), ("gavel-srtf-pred", "gavel_srtf_pred")):
+    # the inner policy ranks by the duration predictor's remaining work (issue 36): needs no durations
+    POLICIES.register(_name, f"gpualloc.scheduling.policies.predicted:{_target}", tags=("learned",),
+                      options=("seed", "predictor", "quantile"))
 
 
 _PROTOCOL = ("name", "preemptive", "round_s", "decide")  # what the simulator reads of a policy

@@ -1,0 +1,144 @@
+"""Prediction-driven policies: SRTF, SJF and ``gavel-srtf`` deciding on predicted durations (issue 36).
+
+:class:`PredictionDriven` wraps a policy that ranks jobs by their work (``work_s``) or remaining work
+(``remaining_s``). At each decision it brings a :class:`~gpualloc.scheduling.predict.DurationPredictor`
+up to date with the jobs finished so far (the predictor's own refit schedule), predicts the remaining
+work of every queued and running job given the work it has done, and hands the inner policy a view
+whose ``remaining_s`` is that prediction (the median, or another quantile) and whose ``work_s`` is
+work done plus it. Every other column is the policy's own view's, so under ``--knowledge blind`` the
+inner policy reads no duration but the predictor's: a read of ``expected_finish_s`` still fails.
+
+The predictor starts empty at each run (a new job table), so nothing learnt in one simulation leaks
+into the next.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from gpualloc.errors import SchedulingError
+from gpualloc.scheduling.base import DONE, ClusterView, Decision, Policy
+from gpualloc.scheduling.predict import DurationPredictor, done_work_s
+
+_SHARED = ("arrival_s", "num_gpus", "priority", "type_code", "single_node", "speed", "team", "team_names",
+           "pref_rank", "status", "attained_gpu_s", "run_type", "start_s", "finish_s", "queued_since_s",
+           "preemptions", "best_speed", "type_order", "submit_features")
+"""What the inner policy reads of its own view's jobs unchanged (looked up once per run, not per access)."""
+
+
+class PredictedJobs:
+    """A policy's jobs with ``work_s`` and ``remaining_s`` replaced by predictions.
+
+    One per job table, so that a policy keeping state per table (Gavel's) sees the same object at
+    every decision; the two columns are written in place, for the jobs asked about, at each decision.
+    Other attributes are the wrapped jobs' (read once, or forwarded).
+    """
+
+    def __init__(self, jobs: Any) -> None:
+        self._jobs = jobs
+        n = len(jobs)
+        self.work_s = np.zeros(n)
+        self.remaining_s = np.zeros(n)
+        for name in _SHARED:
+            try:
+                setattr(self, name, getattr(jobs, name))
+            except AttributeError:
+                pass
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __getattr__(self, name: str) -> Any:  # only for what __init__ did not copy
+        return getattr(self._jobs, name)
+
+
+class PredictionDriven:
+    """``inner`` deciding on predicted remaining work (see the module docstring).
+
+    Args:
+        inner: the policy (reads ``work_s`` / ``remaining_s`` only for ranking).
+        predictor: the predictor (default: a new :class:`DurationPredictor` with ``seed``); it is
+            reset at the start of each run.
+        seed: the default predictor's seed.
+        quantile: which quantile of the predicted remaining work the inner policy ranks by (0.5: the median).
+        name: registry name (default: the inner policy's name with ``-pred``).
+
+    Attributes:
+        learned: ``True``: the decisions come from a learned model.
+    """
+
+    learned = True
+
+    def __init__(self, inner: Policy, predictor: DurationPredictor | None = None, *, seed: int = 0,
+                 quantile: float = 0.5, name: str | None = None) -> None:
+        if not 0.0 < float(quantile) < 1.0:
+            raise SchedulingError(f"{name or inner.name}-pred: quantile must be in (0, 1), got {quantile!r}")
+        self.inner = inner
+        self.predictor = predictor if predictor is not None else DurationPredictor(seed=seed)
+        self.quantile = float(quantile)
+        self.name = name or f"{inner.name}-pred"
+        self.preemptive = bool(inner.preemptive)
+        self.round_s = inner.round_s
+        self._source: Any = None
+        self._jobs: PredictedJobs | None = None
+        self._watch = np.zeros(0, dtype=np.int64)  # jobs that may have finished since the last decision
+        self._n_done = 0
+
+    def __repr__(self) -> str:
+        return f"PredictionDriven({self.inner!r}, quantile={self.quantile})"
+
+    def decide(self, view: ClusterView) -> Decision:
+        jobs = view.jobs
+        if jobs is not self._source:  # a new run: nothing learnt before it counts
+            self._source, self._jobs = jobs, PredictedJobs(jobs)
+            self._watch = np.zeros(0, dtype=np.int64)
+            self._n_done = int(np.count_nonzero(np.asarray(jobs.status) == DONE))
+            self.predictor.reset()
+        proxy = self._jobs
+        assert proxy is not None
+        # a job finishes only while running: it ran at the last decision, or that decision started it
+        if self._watch.size:
+            self._n_done += int(np.count_nonzero(jobs.status[self._watch] == DONE))
+        self.predictor.update(jobs, view.now_s, n_finished=self._n_done)
+        active = np.fromiter(view.queue, dtype=np.int64, count=len(view.queue))
+        running = np.fromiter(view.running, dtype=np.int64, count=len(view.running))
+        active = np.concatenate([active, running])
+        if active.size:
+            rem = self.predictor.quantiles(active, jobs, (self.quantile,))[0]
+            proxy.remaining_s[active] = rem
+            proxy.work_s[active] = done_work_s(jobs, active) + rem
+        inner_view = copy.copy(view)
+        inner_view.jobs = proxy
+        decision = self.inner.decide(inner_view)
+        started = np.fromiter((j for j, _ in decision.starts), dtype=np.int64, count=len(decision.starts))
+        stopped = set(decision.preempt)
+        keep = running if not stopped else np.array([j for j in running.tolist() if j not in stopped], dtype=np.int64)
+        self._watch = np.concatenate([keep, started])
+        return decision
+
+
+def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5) -> PredictionDriven:
+    """SRTF on predicted remaining work (``srtf-pred``)."""
+    from gpualloc.scheduling.policies.simple import SRTF
+
+    return PredictionDriven(SRTF(), predictor, seed=seed, quantile=quantile, name="srtf-pred")
+
+
+def sjf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5) -> PredictionDriven:
+    """SJF on predicted work (``sjf-pred``): done work plus the predicted remaining work."""
+    from gpualloc.scheduling.policies.simple import SJF
+
+    return PredictionDriven(SJF(), predictor, seed=seed, quantile=quantile, name="sjf-pred")
+
+
+def gavel_srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
+                    **options: Any) -> PredictionDriven:
+    """``gavel-srtf`` on predicted remaining work (``gavel-srtf-pred``); ``options`` go to
+    :class:`~gpualloc.scheduling.policies.hetero.GavelShortestFirst` (``round_s``, ``idle_weight``, ...)."""
+    from gpualloc.scheduling.policies.hetero import GavelShortestFirst
+
+    return PredictionDriven(GavelShortestFirst(**options), predictor, seed=seed, quantile=quantile,
+                            name="gavel-srtf-pred")
