@@ -54,6 +54,7 @@ from gpualloc.scheduling.base import (
     JobTable,
     Policy,
 )
+from gpualloc.scheduling.knowledge import DEFAULT_KNOWLEDGE, JobsView, check_knowledge
 from gpualloc.scheduling.quotas import QuotaPolicy, Quotas, entitlement_violations, quota_breaches
 from gpualloc.scheduling.rules import InvalidDecision, check_start, fits_types, unplaceable_reason, validate_decision
 from gpualloc.workload.jobs import Trace
@@ -150,6 +151,7 @@ class SimResult:
         gpu_s_by_type: jobs x device types, GPU-seconds each job held GPUs of each type (restart
             penalties and redone work included: what its team received).
         quotas: the :class:`~gpualloc.scheduling.quotas.Quotas` the run obeyed, or ``None``.
+        knowledge: the information level the policy decided at (:mod:`gpualloc.scheduling.knowledge`).
     """
 
     policy: str
@@ -189,6 +191,7 @@ class SimResult:
     team_code: np.ndarray | None = None
     gpu_s_by_type: np.ndarray | None = None
     quotas: Quotas | None = None
+    knowledge: str = DEFAULT_KNOWLEDGE
 
     @property
     def n_gpus(self) -> int:
@@ -317,7 +320,8 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
              round_s: float | None = None, drop_unplaceable: bool = False,
              seed: int | np.random.Generator | None = 0,
              progress: Callable[[float, int, int], None] | None = None,
-             timeline: bool = True, check: bool = False, quotas: Quotas | None = None) -> SimResult:
+             timeline: bool = True, check: bool = False, quotas: Quotas | None = None,
+             knowledge: str = DEFAULT_KNOWLEDGE, estimate_s: np.ndarray | None = None) -> SimResult:
     """Replay ``trace`` on ``cluster`` under ``policy``.
 
     Args:
@@ -342,6 +346,11 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
         quotas: team quotas per device type: ``policy`` runs wrapped in
             :class:`~gpualloc.scheduling.quotas.QuotaPolicy` (borrowing, reclaim, fair share, type
             preferences); checked against ``cluster`` and the jobs' teams first.
+        knowledge: what the policy may know of durations (:mod:`gpualloc.scheduling.knowledge`):
+            ``view.jobs`` is a :class:`~gpualloc.scheduling.knowledge.JobsView` at this level; the
+            simulator itself always runs on the truth.
+        estimate_s: under ``estimate``, each job's estimated work in reference seconds; default
+            :func:`gpualloc.workload.estimates.user_estimates` of the trace, drawn with ``seed``.
 
     Raises:
         SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
@@ -350,7 +359,7 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
     options = SimOptions(speed=speed, preemption=preemption, restart_penalty_s=restart_penalty_s, failures=failures,
                          checkpoint_interval_s=checkpoint_interval_s, round_s=round_s,
                          drop_unplaceable=drop_unplaceable, seed=seed, progress=progress, timeline=timeline,
-                         check=check, quotas=quotas)
+                         check=check, quotas=quotas, knowledge=knowledge, estimate_s=estimate_s)
     return _Engine(trace, cluster, policy, options).run()
 
 
@@ -370,6 +379,8 @@ class SimOptions:
     timeline: bool = True
     check: bool = False
     quotas: Quotas | None = None
+    knowledge: str = DEFAULT_KNOWLEDGE
+    estimate_s: np.ndarray | None = None
 
 
 class _Caller:
@@ -612,9 +623,10 @@ class _Engine:
         # contiguous slices instead of gathering per job
         self.slots = np.zeros((len(_SLOT_FIELDS), G))
         self.run_pos = [0] * n
+        self.knowledge = check_knowledge(opts.knowledge)
         self.view = _LiveView(
             now_s=0.0, cluster=cluster, type_names=self.type_names, gpu_type=self.gpu_type,
-            gpu_node=self.gpu_node, gpu_job=self.gpu_job, jobs=table, queue=self.queue,
+            gpu_node=self.gpu_node, gpu_job=self.gpu_job, jobs=self._jobs_view(work, opts), queue=self.queue,
             running=self.run_list, preemption=self.allow_preempt, restart_penalty_s=self.penalty,
             free=self.gpu_free, free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
             rng=np.random.default_rng(seed))
@@ -642,6 +654,18 @@ class _Engine:
         self.queue_t = array("q")
 
     # ----------------------------------------------------------------------------- helpers
+
+    def _jobs_view(self, work: Workload, opts: SimOptions) -> JobsView:
+        """The job table as the policy may see it (the engine keeps ``self.table``, the truth)."""
+        est = None
+        if self.knowledge == "estimate":
+            est = opts.estimate_s
+            if est is None:
+                from gpualloc.workload.estimates import user_estimates
+
+                est = user_estimates(work.trace.jobs, seed=self.seed if self.seed is not None else 0,
+                                     work_s=self.table.work_s)
+        return JobsView(self.table, self.knowledge, est)
 
     def _push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
@@ -1063,4 +1087,5 @@ class _Engine:
             sim_wall_s=time.perf_counter() - self.wall0, events=self.events, decisions=self.decisions,
             seed=self.seed, restart_penalty_s=self.penalty, team_names=tuple(tb.team_names),
             team_code=np.asarray(tb.team).copy(),
-            gpu_s_by_type=np.array(self.held, dtype=float).reshape(self.n, self.n_types), quotas=self.quotas)
+            gpu_s_by_type=np.array(self.held, dtype=float).reshape(self.n, self.n_types), quotas=self.quotas,
+            knowledge=self.knowledge)

@@ -67,6 +67,9 @@ class Job:
             coarse rank is ``priority``), else ``""``.
         submit_day_s: seconds after midnight when the job was submitted (Philly's timestamps), in
             ``[0, 86400)``; -1 where the source gives no clock time.
+        time_limit_s: the time limit the user wrote, in seconds on the reference device type, where
+            the source records one; ``None`` where it does not (:mod:`gpualloc.workload.estimates`
+            then draws one). Only the ``estimate`` information level shows it, as the job's work.
 
     ``user``, ``qos`` and ``submit_day_s``, with the fields above them, are what a duration predictor
     may learn from (:mod:`gpualloc.scheduling.predict`): all known when the job is submitted.
@@ -89,6 +92,7 @@ class Job:
     user: str = ""
     qos: str = ""
     submit_day_s: float = -1.0
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.arrival_s >= 0:
@@ -101,6 +105,8 @@ class Job:
             raise TraceError(f"job {self.id}: gpu_milli must be in (0, 1000], got {self.gpu_milli}")
         if not (self.submit_day_s == -1.0 or 0.0 <= self.submit_day_s < 86400.0):
             raise TraceError(f"job {self.id}: submit_day_s must be in [0, 86400) or -1, got {self.submit_day_s}")
+        if self.time_limit_s is not None and not 0.0 < self.time_limit_s < float("inf"):
+            raise TraceError(f"job {self.id}: time_limit_s must be finite and > 0, got {self.time_limit_s}")
 
     @property
     def gpu_seconds(self) -> float:
