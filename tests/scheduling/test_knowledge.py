@@ -191,3 +191,24 @@ def test_a_policy_cannot_write_a_derived_column(trace):
     assert sim.view.jobs.remaining_s.shape == (len(trace),)
     assert len(np.asarray(sim.view.jobs.expected_finish_s)) == len(trace)
     sim.decide(Decision())
+
+
+def test_registry_says_which_policies_need_durations():
+    from gpualloc.scheduling.policies import POLICIES, is_learned, needs_durations
+
+    assert set(POLICIES.names("needs_durations")) == {"sjf", "srtf", "easy-backfill", "gavel-srtf"}
+    assert not needs_durations("fcfs") and not needs_durations("tiresias") and not needs_durations("my.mod:f")
+    assert is_learned("dqn") and not is_learned("srtf")
+
+
+@pytest.mark.parametrize("name", ["sjf", "srtf", "easy-backfill", "gavel-srtf"])
+def test_blind_refuses_a_policy_that_needs_durations_up_front(name):
+    from gpualloc.scheduling.policies import POLICIES, require_knowledge
+
+    with pytest.raises(SchedulingError, match=rf"policy '{name}' needs job durations.*blind hides") as err:
+        require_knowledge(name, "blind")
+    if f"{name}-pred" in POLICIES:
+        assert f"use {name}-pred" in str(err.value)
+    for level in ("oracle", "estimate"):
+        require_knowledge(name, level)  # runs on the truth or on estimates
+    require_knowledge("fcfs", "blind")

@@ -16,11 +16,17 @@ from gpualloc.scheduling.base import Policy
 POLICIES: Registry[Any] = Registry("policy", SchedulingError)
 """Policy factories by name; an entry's ``options`` are the keyword options callers may forward."""
 
+NEEDS_DURATIONS = "needs_durations"
+"""The tag of a policy that reads job durations (``work_s``, ``remaining_s``, ``expected_finish_s``): it runs
+on the truth under ``--knowledge oracle``, on users' estimates under ``estimate``, and is refused under
+``blind`` (:func:`require_knowledge`)."""
+
 for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:StaticAffinity"), ("sjf", "simple:SJF"),
                        ("srtf", "simple:SRTF"), ("easy-backfill", "simple:EasyBackfill"),
                        ("tiresias", "las:Tiresias"), ("gavel", "hetero:Gavel"),
                        ("gavel-srtf", "hetero:GavelShortestFirst")):
-    POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
+    _tags = ("heuristic", NEEDS_DURATIONS) if _name in ("sjf", "srtf", "easy-backfill", "gavel-srtf") else ("heuristic",)
+    POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=_tags)
 POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent", "cache"))
 for _name, _target in (("srtf-pred", "srtf_pred"), ("sjf-pred", "sjf_pred"), ("gavel-srtf-pred", "gavel_srtf_pred")):
     # the inner policy ranks by the duration predictor's remaining work (issue 36): needs no durations
@@ -58,6 +64,33 @@ def make_policy(name: str, **options: Any) -> Policy:
         raise SchedulingError(f"policy {name!r}: {type(policy).__name__} lacks {', '.join(missing) or 'decide()'}; "
                               f"a policy has name, preemptive, round_s and decide(view) -> Decision")
     return policy
+
+
+def needs_durations(name: str) -> bool:
+    """Whether policy ``name`` reads job durations (tag ``needs_durations``; False for a policy of one's
+    own, which the information level checks as it runs)."""
+    return name in POLICIES and NEEDS_DURATIONS in POLICIES.entry(name).tags
+
+
+def is_learned(name: str) -> bool:
+    """Whether policy ``name`` uses a learned model (tag ``learned``: ``dqn``, the prediction-driven ones)."""
+    return name in POLICIES and "learned" in POLICIES.entry(name).tags
+
+
+def require_knowledge(name: str, knowledge: str) -> None:
+    """Refuse up front a policy that needs durations at the ``blind`` level, naming what runs there.
+
+    Raises:
+        SchedulingError: ``name`` is tagged ``needs_durations`` and ``knowledge`` is ``"blind"``.
+    """
+    if knowledge != "blind" or not needs_durations(name):
+        return
+    pred = f"{name}-pred"
+    blind_ok = [n for n in POLICIES.names() if not needs_durations(n) and n != "dqn" and not n.endswith("-pred")]
+    instead = (f"use {pred} (the same policy on a duration predictor learned from finished jobs)"
+               if pred in POLICIES else "use a prediction-driven policy (" + ", ".join(POLICIES.names("learned")) + ")")
+    raise SchedulingError(f"policy {name!r} needs job durations, which --knowledge blind hides: {instead}, "
+                          f"or one that needs none ({', '.join(blind_ok)})")
 
 
 def policy_options(name: str) -> frozenset[str]:
