@@ -335,8 +335,8 @@ def write_native(trace: Trace, path: str | Path) -> Path:
     """Write ``trace`` in the native format: ``.csv`` or ``.parquet``/``.pq`` by extension.
 
     ``read_native(write_native(t, p)).jobs == t.jobs`` (floats are written exactly) for jobs whose
-    ``id``, ``model``, ``team``, ``user`` and ``qos`` have no surrounding whitespace and whose ``gpu_types`` are canonical names:
-    the reader strips text fields and turns aliases into canonical names.
+    ``id``, ``model``, ``team``, ``user`` and ``qos`` have no surrounding whitespace and whose ``gpu_types``
+    are canonical names: the reader strips text fields and turns aliases into canonical names.
     """
     path = Path(path)
     suffix = path.suffix.lower()
