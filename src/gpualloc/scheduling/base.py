@@ -546,8 +546,15 @@ class FreeGpus:
             gpus = self._index.one_node(type_index, need)
             if gpus is not None:
                 return gpus
-        return best_fit(need, bool(jobs.single_node[job]), self.count[type_index],
-                        self._node_gpus[type_index], self.free)
+        single = bool(jobs.single_node[job])
+        gpus = best_fit(need, single, self.count[type_index], self._node_gpus[type_index], self.free)
+        if gpus is None and single:
+            # enough free GPUs of the type, but split across nodes: tell the view's owner (the
+            # simulator migrates jobs to make room, :mod:`gpualloc.scheduling.consolidate`)
+            misses = getattr(self.view, "fragment_misses", None)
+            if misses is not None:
+                misses.append((job, type_index))
+        return gpus
 
     def place(self, job: int, types: Sequence[int] | None = None) -> tuple[int, tuple[int, ...]] | None:
         """``(type index, GPUs)`` on the fastest of ``types`` (default: every type, fastest first)

@@ -167,8 +167,12 @@ def check_start(item: object, jobs: JobTable, gpu_job: np.ndarray, gpu_type: np.
 
 
 def validate_decision(decision: Decision, view: ClusterView,
-                      label: Callable[[int], str] | None = None) -> list[InvalidDecision]:
+                      label: Callable[[int], str] | None = None, *,
+                      preemption: bool | None = None) -> list[InvalidDecision]:
     """Every rule ``decision`` breaks on ``view``, in the decision's order; empty when it is valid.
+
+    ``preemption`` overrides ``view.preemption`` (the simulator's migrations preempt and restart jobs
+    under any policy, :mod:`gpualloc.scheduling.consolidate`).
 
     The decision is played on a scratch copy of the state, as it would be applied: preemptions first
     (their GPUs come free and their jobs are queued again), then starts in order (each takes its
@@ -184,7 +188,8 @@ def validate_decision(decision: Decision, view: ClusterView,
     scratch = _Scratch(jobs, status)
     for j in decision.preempt:
         try:
-            j = check_preempt(j, scratch, preemption=view.preemption, label=label)
+            j = check_preempt(j, scratch, preemption=view.preemption if preemption is None else preemption,
+                              label=label)
         except InvalidDecision as err:
             problems.append(err)
             continue

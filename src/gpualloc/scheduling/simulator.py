@@ -55,6 +55,8 @@ from gpualloc.scheduling.base import (
     Policy,
 )
 from gpualloc.scheduling.knowledge import DEFAULT_KNOWLEDGE, JobsView, check_knowledge
+from gpualloc.scheduling.consolidate import MigrationRule, ResidualEstimate, candidates, plan_migration
+from gpualloc.scheduling.consolidate import fragmentation_blocked
 from gpualloc.scheduling.quotas import QuotaPolicy, Quotas, entitlement_violations, quota_breaches
 from gpualloc.scheduling.rules import InvalidDecision, check_start, fits_types, unplaceable_reason, validate_decision
 from gpualloc.workload.jobs import Trace
@@ -152,6 +154,12 @@ class SimResult:
             penalties and redone work included: what its team received).
         quotas: the :class:`~gpualloc.scheduling.quotas.Quotas` the run obeyed, or ``None``.
         knowledge: the information level the policy decided at (:mod:`gpualloc.scheduling.knowledge`).
+        migrations: times each job was moved to make room for a single-node gang (``migrate``; its
+            restarts, not counted in ``preemptions``), or ``None`` when the run did not migrate.
+        fragmentation_wait_gpu_s, fragmentation_wait_s: GPU-seconds and job-seconds that queued
+            single-node gangs spent blocked by fragmentation (enough free GPUs of a type they may use,
+            but on no one node; :func:`~gpualloc.scheduling.consolidate.fragmentation_blocked`);
+            ``None`` unless measured (``fragmentation``).
     """
 
     policy: str
@@ -192,6 +200,9 @@ class SimResult:
     gpu_s_by_type: np.ndarray | None = None
     quotas: Quotas | None = None
     knowledge: str = DEFAULT_KNOWLEDGE
+    migrations: np.ndarray | None = None
+    fragmentation_wait_gpu_s: float | None = None
+    fragmentation_wait_s: float | None = None
 
     @property
     def n_gpus(self) -> int:
@@ -321,7 +332,8 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
              seed: int | np.random.Generator | None = 0,
              progress: Callable[[float, int, int], None] | None = None,
              timeline: bool = True, check: bool = False, quotas: Quotas | None = None,
-             knowledge: str = DEFAULT_KNOWLEDGE, estimate_s: np.ndarray | None = None) -> SimResult:
+             knowledge: str = DEFAULT_KNOWLEDGE, estimate_s: np.ndarray | None = None,
+             migrate: MigrationRule | bool | None = None, fragmentation: bool = False) -> SimResult:
     """Replay ``trace`` on ``cluster`` under ``policy``.
 
     Args:
@@ -351,6 +363,11 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
             simulator itself always runs on the truth.
         estimate_s: under ``estimate``, each job's estimated work in reference seconds; default
             :func:`gpualloc.workload.estimates.user_estimates` of the trace, drawn with ``seed``.
+        migrate: after each decision, move running jobs to other nodes to make room for single-node
+            gangs blocked by fragmentation, when it pays (:mod:`gpualloc.scheduling.consolidate`;
+            ``True``: the default :class:`~gpualloc.scheduling.consolidate.MigrationRule`). Not with
+            ``quotas``.
+        fragmentation: measure ``SimResult.fragmentation_wait_gpu_s`` (a pass over the queue per step).
 
     Raises:
         SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
@@ -359,7 +376,8 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
     options = SimOptions(speed=speed, preemption=preemption, restart_penalty_s=restart_penalty_s, failures=failures,
                          checkpoint_interval_s=checkpoint_interval_s, round_s=round_s,
                          drop_unplaceable=drop_unplaceable, seed=seed, progress=progress, timeline=timeline,
-                         check=check, quotas=quotas, knowledge=knowledge, estimate_s=estimate_s)
+                         check=check, quotas=quotas, knowledge=knowledge, estimate_s=estimate_s,
+                         migrate=migrate, fragmentation=fragmentation)
     return _Engine(trace, cluster, policy, options).run()
 
 
@@ -381,6 +399,8 @@ class SimOptions:
     quotas: Quotas | None = None
     knowledge: str = DEFAULT_KNOWLEDGE
     estimate_s: np.ndarray | None = None
+    migrate: MigrationRule | bool | None = None
+    fragmentation: bool = False
 
 
 class _Caller:
@@ -631,6 +651,7 @@ class _Engine:
             free=self.gpu_free, free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
             rng=np.random.default_rng(seed))
         self.index = self.view.free_index()  # every GPU that changes hands goes through it (free, free_tn, free_type)
+        self._init_node_level(opts)
 
         # events
         self.heap: list = []
@@ -909,6 +930,74 @@ class _Engine:
             if bad:
                 raise AssertionError(f"at {self.view.now_s} s: {bad[0]}")
 
+    # ------------------------------------------------------------------------- node level
+
+    def _init_node_level(self, opts: SimOptions) -> None:
+        """Migration (``opts.migrate``) and the fragmentation measure (``opts.fragmentation``)."""
+        rule = opts.migrate
+        if rule is True:
+            rule = MigrationRule()
+        elif rule is False:
+            rule = None
+        if rule is not None and not isinstance(rule, MigrationRule):
+            raise SchedulingError(f"migrate must be a MigrationRule or a bool, got {type(rule).__name__}")
+        if rule is not None and self.quotas is not None:
+            raise SchedulingError("migration is not supported with quotas (a move could start a gang over "
+                                  "its team's quota); run without one of them")
+        self.migrate = rule
+        self.migrations = [0] * self.n
+        self.residual = ResidualEstimate()
+        if rule is not None:
+            self.view.fragment_misses = []  # FreeGpus.find records gangs it could not place for fragmentation
+        self.frag_on = bool(opts.fragmentation)
+        self.frag_gpus = self.frag_jobs = 0
+        self.frag_area_gpu_s = self.frag_area_s = 0.0
+
+    def _defragment(self, now: float) -> None:
+        """After the policy's decision: make room for the gangs it could not place for fragmentation
+        (then the queue's head), each by one :class:`~gpualloc.scheduling.consolidate.Migration`
+        checked by the decision rules (preemption allowed for the move) and applied."""
+        view, rule, tb = self.view, self.migrate, self.table
+        misses = view.fragment_misses
+        gangs = candidates(view, misses, rule)
+        misses.clear()
+        if not gangs:
+            return
+        ng, att, seg = self.ng, tb.attained_gpu_s, self.seg_start
+        for m in self.run_list:  # attained service up to now (a policy that reads none leaves it stale)
+            att[m] = self.att_base[m] + (now - seg[m]) * ng[m]
+        label = self.ids.__getitem__
+        made = 0
+        for j in gangs:
+            move = plan_migration(view, j, rule, self.residual)
+            if move is None:
+                continue
+            decision = move.decision()
+            problems = validate_decision(decision, view, label, preemption=True)
+            if problems:  # the plan breaks a rule: a bug here, not the policy's
+                raise AssertionError(f"migration for job {self.ids[j]}: {problems[0]}")
+            for m, _ in move.moved:
+                self._stop(m, now, _PREEMPT)
+                self.migrations[m] += 1
+            t_of = self.gpu_type_l
+            for m, gpus in decision.starts:
+                self._start(m, gpus, t_of[gpus[0]], now)
+            self.queue.remove(j)
+            made += 1
+            if made >= rule.max_gangs or not self.queue:
+                break
+
+    def _measure_fragmentation(self) -> None:
+        """The GPUs and jobs of the queued single-node gangs that fragmentation blocks now."""
+        if not self.queue or self.n_free == 0:
+            self.frag_gpus = self.frag_jobs = 0
+            return
+        q = np.fromiter(self.queue, np.int64, len(self.queue))
+        q = q[self.table.single_node[q] & (self.table.num_gpus[q] > 1)]
+        blocked = q[fragmentation_blocked(self.view, q, self.free_tn)] if q.size else q
+        self.frag_jobs = int(blocked.size)
+        self.frag_gpus = int(self.table.num_gpus[blocked].sum())
+
     # ---------------------------------------------------------------------------------- loop
 
     def run(self) -> SimResult:
@@ -940,7 +1029,8 @@ class _Engine:
         status, queued_since = self.table.status, self.table.queued_since_s
         report = _Progress(self.progress, n_expected)
         allow, refresh, record = self.allow_preempt, self.refresh, self.record
-        after = self.check or self.round_s is not None  # _after_step has work to do
+        after = self.check or self.round_s is not None or self.frag_on  # _after_step has work to do
+        migrating, frag_on = self.migrate is not None, self.frag_on
         times, busy_t, queue_t = self.times, self.busy_t, self.queue_t
         # a policy that says so (FCFS) is not asked again after a decision that did nothing until a GPU
         # comes free: its answer cannot change (see _blocks_until_freed)
@@ -960,6 +1050,9 @@ class _Engine:
                 dt = now - last
                 self.jobs_area_s += dt * (len(queue) + len(run_list))
                 self.idle_area_gpu_s += dt * self.n_free
+                if frag_on:
+                    self.frag_area_gpu_s += dt * self.frag_gpus
+                    self.frag_area_s += dt * self.frag_jobs
                 last = now
             events0 = self.events
             tick = self._handle_events(now) if heap and heap[0][0] == now else False
@@ -984,6 +1077,8 @@ class _Engine:
                 else:
                     decision = yield view
                     self._apply(self._checked(decision), now)
+                    if migrating and queue:
+                        self._defragment(now)
                     if skip_blocked:
                         blocked_at = self.freed if not (decision.starts or decision.preempt) else -1
             if after:
@@ -1032,6 +1127,8 @@ class _Engine:
         or wait for something to come."""
         if self.check:
             self._check_state()
+        if self.frag_on:
+            self._measure_fragmentation()
         if self.round_s is not None and not self.tick_pending and (
                 self.run_list or (self.queue and (ptr < self.n or self.n_pending_fr > 0))):
             self._push((math.floor(now / self.round_s) + 1) * self.round_s, ROUND, None)
@@ -1088,4 +1185,7 @@ class _Engine:
             seed=self.seed, restart_penalty_s=self.penalty, team_names=tuple(tb.team_names),
             team_code=np.asarray(tb.team).copy(),
             gpu_s_by_type=np.array(self.held, dtype=float).reshape(self.n, self.n_types), quotas=self.quotas,
-            knowledge=self.knowledge)
+            knowledge=self.knowledge,
+            migrations=None if self.migrate is None else np.array(self.migrations, dtype=np.int64),
+            fragmentation_wait_gpu_s=self.frag_area_gpu_s if self.frag_on else None,
+            fragmentation_wait_s=self.frag_area_s if self.frag_on else None)
