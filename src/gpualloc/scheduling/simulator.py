@@ -951,7 +951,7 @@ class _Engine:
             self.view.fragment_misses = []  # FreeGpus.find records gangs it could not place for fragmentation
         self.frag_on = bool(opts.fragmentation)
         self.frag_gpus = self.frag_jobs = 0
-        self.frag_area_gpu_s = self.frag_area_s = 0.0
+        self.frag_area_gpu_s = self.frag_area_s = self.frag_last = 0.0
 
     def _defragment(self, now: float) -> None:
         """After the policy's decision: make room for the gangs it could not place for fragmentation
@@ -987,8 +987,18 @@ class _Engine:
             if made >= rule.max_gangs or not self.queue:
                 break
 
-    def _measure_fragmentation(self) -> None:
-        """The GPUs and jobs of the queued single-node gangs that fragmentation blocks now."""
+    def _apply_and_defragment(self, decision: Decision, now: float) -> None:
+        self._apply(decision, now)
+        if self.queue:
+            self._defragment(now)
+
+    def _measure_fragmentation(self, now: float) -> None:
+        """Add the blocked GPU-seconds since the last step, then count the GPUs and jobs of the queued
+        single-node gangs that fragmentation blocks from now on."""
+        dt = now - self.frag_last
+        self.frag_area_gpu_s += dt * self.frag_gpus
+        self.frag_area_s += dt * self.frag_jobs
+        self.frag_last = now
         if not self.queue or self.n_free == 0:
             self.frag_gpus = self.frag_jobs = 0
             return
@@ -1030,7 +1040,7 @@ class _Engine:
         report = _Progress(self.progress, n_expected)
         allow, refresh, record = self.allow_preempt, self.refresh, self.record
         after = self.check or self.round_s is not None or self.frag_on  # _after_step has work to do
-        migrating, frag_on = self.migrate is not None, self.frag_on
+        apply = self._apply if self.migrate is None else self._apply_and_defragment
         times, busy_t, queue_t = self.times, self.busy_t, self.queue_t
         # a policy that says so (FCFS) is not asked again after a decision that did nothing until a GPU
         # comes free: its answer cannot change (see _blocks_until_freed)
@@ -1050,9 +1060,6 @@ class _Engine:
                 dt = now - last
                 self.jobs_area_s += dt * (len(queue) + len(run_list))
                 self.idle_area_gpu_s += dt * self.n_free
-                if frag_on:
-                    self.frag_area_gpu_s += dt * self.frag_gpus
-                    self.frag_area_s += dt * self.frag_jobs
                 last = now
             events0 = self.events
             tick = self._handle_events(now) if heap and heap[0][0] == now else False
@@ -1076,9 +1083,7 @@ class _Engine:
                     decision = no_op  # the same answer as last time: nothing came free since
                 else:
                     decision = yield view
-                    self._apply(self._checked(decision), now)
-                    if migrating and queue:
-                        self._defragment(now)
+                    apply(self._checked(decision), now)
                     if skip_blocked:
                         blocked_at = self.freed if not (decision.starts or decision.preempt) else -1
             if after:
@@ -1128,7 +1133,7 @@ class _Engine:
         if self.check:
             self._check_state()
         if self.frag_on:
-            self._measure_fragmentation()
+            self._measure_fragmentation(now)
         if self.round_s is not None and not self.tick_pending and (
                 self.run_list or (self.queue and (ptr < self.n or self.n_pending_fr > 0))):
             self._push((math.floor(now / self.round_s) + 1) * self.round_s, ROUND, None)
