@@ -27,6 +27,8 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
                        ("gavel-srtf", "hetero:GavelShortestFirst")):
     _tags = ("heuristic", NEEDS_DURATIONS) if _name in ("sjf", "srtf", "easy-backfill", "gavel-srtf") else ("heuristic",)
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=_tags)
+for _name, _target in (("las", "las:LAS"), ("tiresias-gittins", "las:TiresiasGittins")):  # non-clairvoyant (issue 36)
+    POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
 POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learned",), options=("agent", "cache"))
 for _name, _target in (("srtf-pred", "srtf_pred"), ("sjf-pred", "sjf_pred"), ("gavel-srtf-pred", "gavel_srtf_pred")):
     # the inner policy ranks by the duration predictor's remaining work (issue 36): needs no durations

@@ -56,9 +56,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpualloc.errors import SchedulingError
-from gpualloc.scheduling.base import ClusterView, Decision, FreeGpus, JobTable, Starts
+from gpualloc.scheduling.base import DONE, ClusterView, Decision, FreeGpus, JobTable, Starts
+from gpualloc.scheduling.policies.gittins import DEFAULT_BINS_PER_DECADE, GittinsTable
 
-__all__ = ["DEFAULT_QUEUE_THRESHOLDS_GPU_S", "DEFAULT_ROUND_S", "Tiresias"]
+__all__ = ["DEFAULT_QUEUE_THRESHOLDS_GPU_S", "DEFAULT_ROUND_S", "LAS", "Tiresias", "TiresiasGittins"]
 
 DEFAULT_QUEUE_THRESHOLDS_GPU_S: tuple[float, ...] = (3600.0,)
 """Two queues split at 3,600 GPU-seconds (the authors' simulator, ``simulator/jobs.py``)."""
@@ -83,6 +84,7 @@ class Tiresias:
     """
 
     name = "tiresias"
+    same_queue_preempts = False  # running jobs go first within their queue: no preemption inside a queue
 
     def __init__(self, *, queue_thresholds_gpu_s: Sequence[float] = DEFAULT_QUEUE_THRESHOLDS_GPU_S,
                  starvation_factor: float | None = None, round_s: float | None = DEFAULT_ROUND_S,
@@ -153,36 +155,19 @@ class Tiresias:
             if everyone is not None:
                 return everyone
 
-        # Conservative prefilter: a queued job can only start if, on some type it may use, the free
-        # GPUs plus the GPUs of the running jobs it outranks (those of lower queues: running jobs
-        # go first within their queue) reach its gang size.
-        n_levels = self.num_queues
-        below = np.zeros((n_levels, n_types), dtype=np.int64)  # GPUs running in queues > level
-        if preempt_on:
-            level_r = self.queue_of(jobs, r)
-            rt = jobs.run_type[r]
-            ok = rt >= 0
-            per_level = np.zeros((n_levels, n_types), dtype=np.int64)
-            np.add.at(per_level, (level_r[ok], rt[ok]), jobs.num_gpus[r][ok])
-            below[:-1] = np.cumsum(per_level[::-1], axis=0)[::-1][1:]
-        fits = ((jobs.speed[q] > 0) & (g_q[:, None] <= free_t[None, :] + below[level_q])).any(axis=1)
-        if not fits.any():
+        picked = self._candidates(view, q, level_q, r, free_t, preempt_on)
+        if picked is None:
             return Decision()
-        cand = q[fits]
+        cand, level_c, contest = picked
 
-        # One global order over candidates and the running jobs they might outrank: queue level,
-        # then running before waiting, then first start (never started last), then arrival.
-        if preempt_on:
-            lowest = int(level_q[fits].min())
-            contest = r[(level_r > lowest) & ok]
-        else:
-            contest = np.zeros(0, dtype=np.int64)
+        # One global order over candidates and the running jobs they might outrank (:meth:`_order`):
+        # queue level, then running before waiting, then first start (never started last), then arrival.
         both = np.concatenate([cand, contest])
-        level_b = np.concatenate([level_q[fits], self.queue_of(jobs, contest)])
+        level_b = np.concatenate([level_c, self.queue_of(jobs, contest)])
         start_b = jobs.start_s[both]
         start_b = np.where(np.isnan(start_b), np.inf, start_b)
         start_b[cand.size:] = -np.inf
-        order = np.lexsort((both, jobs.arrival_s[both], start_b, level_b))
+        order = self._order(view, both, level_b, start_b, cand.size)
         rank = np.empty(both.size, dtype=np.int64)
         rank[order] = np.arange(both.size)
         cand_rank = rank[:cand.size]
@@ -214,11 +199,69 @@ class Tiresias:
                     break
         return Decision(starts=starts, preempt=preempt)
 
-    @staticmethod
-    def _start_all(view: ClusterView, q: np.ndarray, level_q: np.ndarray,
+    def _candidates(self, view: ClusterView, q: np.ndarray, level_q: np.ndarray, r: np.ndarray,
+                    free_t: np.ndarray, preempt_on: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(candidates, their levels, running jobs they may outrank)``, or ``None`` when no queued job can start."""
+        jobs = view.jobs
+        n_types = len(view.type_names)
+        # Conservative prefilter: a queued job can only start if, on some type it may use, the free
+        # GPUs plus the GPUs of the running jobs it may outrank (those of lower queues: running jobs
+        # go first within their queue; of its own queue too where the order inside a queue can put
+        # a waiting job first, ``same_queue_preempts``) reach its gang size.
+        n_levels = self.num_queues
+        below = np.zeros((n_levels, n_types), dtype=np.int64)  # GPUs running in queues > level (>=)
+        same = self.same_queue_preempts
+        if preempt_on:
+            level_r = self.queue_of(jobs, r)
+            rt = jobs.run_type[r]
+            ok = rt >= 0
+            per_level = np.zeros((n_levels, n_types), dtype=np.int64)
+            np.add.at(per_level, (level_r[ok], rt[ok]), jobs.num_gpus[r][ok])
+            at_or_below = np.cumsum(per_level[::-1], axis=0)[::-1]
+            if same:
+                below = at_or_below
+            else:
+                below[:-1] = at_or_below[1:]
+        fits = ((jobs.speed[q] > 0) & (jobs.num_gpus[q][:, None] <= free_t[None, :] + below[level_q])).any(axis=1)
+        if not fits.any():
+            return None
+        cand, level_c = q[fits], level_q[fits]
+        if not preempt_on:
+            contest = np.zeros(0, dtype=np.int64)
+        elif same:  # the exact prefilter on the order's leading key (:meth:`_primary`)
+            key_c = self._primary(view, cand, level_c, running=False)
+            r_ok = r[ok]
+            key_r = self._primary(view, r_ok, level_r[ok], running=True)
+            if key_r.size and key_c.min() < key_r.max():
+                outranked = _outranked_gpus(key_c, key_r, rt[ok], jobs.num_gpus[r_ok], n_types)
+            else:  # nobody outranks a running job: free GPUs only
+                outranked = np.zeros((1, n_types), dtype=np.int64)
+            keep = ((jobs.speed[cand] > 0) & (jobs.num_gpus[cand][:, None] <= free_t[None, :] + outranked)).any(axis=1)
+            if not keep.any():
+                return None
+            cand, level_c = cand[keep], level_c[keep]
+            contest = r_ok[key_r > key_c[keep].min()]
+        else:
+            contest = r[(level_r > int(level_c.min())) & ok]
+        return cand, level_c, contest
+
+    def _order(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, start: np.ndarray,
+               n_waiting: int) -> np.ndarray:
+        """Priority order (an argsort) of jobs ``idx``, the first ``n_waiting`` waiting and the others running:
+        queue level, then ``start`` (first start; -inf for running jobs, +inf for never started), then
+        arrival, then index. Subclasses order inside a queue differently."""
+        return np.lexsort((idx, view.jobs.arrival_s[idx], start, level))
+
+    def _primary(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, *, running: bool) -> np.ndarray:
+        """The leading sort key of :meth:`_order` as one number per job, for a class whose order inside a
+        queue may put a waiting job ahead of a running one (``same_queue_preempts``): a waiting job can
+        outrank a running job only if its key is strictly less (on equal keys running jobs go first)."""
+        return level.astype(float)
+
+    def _start_all(self, view: ClusterView, q: np.ndarray, level_q: np.ndarray,
                    start_q: np.ndarray) -> Decision | None:
         """Start every queued job, in priority order, on free GPUs; ``None`` if one does not fit."""
-        order = np.lexsort((q, view.jobs.arrival_s[q], np.where(np.isnan(start_q), np.inf, start_q), level_q))
+        order = self._order(view, q, level_q, np.where(np.isnan(start_q), np.inf, start_q), q.size)
         working = view.free_gpus()
         starts: Starts = []
         for j in q[order].tolist():
@@ -271,6 +314,20 @@ class Tiresias:
             else:  # its GPUs were not needed after all: it keeps running (and leaves the pool)
                 working.take(victim_gpus)
         return gpus
+
+
+def _outranked_gpus(key_c: np.ndarray, key_r: np.ndarray, type_r: np.ndarray, gpus_r: np.ndarray,
+                    n_types: int) -> np.ndarray:
+    """Candidates x types: GPUs of the running jobs (of type ``type_r``) whose key exceeds each candidate's."""
+    out = np.zeros((key_c.size, n_types), dtype=np.int64)
+    for t in range(n_types):
+        sel = type_r == t
+        if sel.any():
+            order = np.argsort(key_r[sel], kind="stable")
+            keys = key_r[sel][order]
+            csum = np.concatenate([[0], np.cumsum(gpus_r[sel][order])])
+            out[:, t] = csum[-1] - csum[np.searchsorted(keys, key_c, side="right")]
+    return out
 
 
 def _chunked(jobs: JobTable, cand: np.ndarray, rank: np.ndarray, size: int = 64):
@@ -331,3 +388,201 @@ class _RunningPools:
         self.hi[t] -= 1
         job = int(self.jobs[t][self.hi[t]])
         return job, tuple(self._view.gpus_of(job))
+
+
+# ------------------------------------------------------------------------------------------ LAS
+DEFAULT_LAS_QUANTUM_GPU_S = 600.0
+"""LAS hysteresis, absolute part: a running job keeps its GPUs for this much service past a waiting job's."""
+
+DEFAULT_LAS_RATIO = 2.0
+"""LAS hysteresis, relative part: a waiting job displaces a running one only once the running job has
+received this many times its service (plus the quantum)."""
+
+
+class LAS(Tiresias):
+    """Least attained service (foreground-background), preemptive and non-clairvoyant.
+
+    Jobs are served in increasing attained GPU-service (:attr:`JobTable.attained_gpu_s`, wall time x
+    GPUs, Tiresias' two dimensions), ties by arrival; each is placed if it fits (fit-first), on its
+    fastest type with room. A waiting job with service ``a_w`` takes the GPUs of a running job with
+    service ``a_r`` only when ``a_r > ratio * a_w + quantum_gpu_s``: the hysteresis keeps two jobs of
+    nearly equal service from swapping at every tick, each swap costing a restart (checkpoint reload).
+    Continuous LAS shares the server equally among the jobs of least service (processor sharing);
+    with gangs and restart penalties it cannot, and Tiresias (§3.3) discretises it into queues for
+    that reason. Here the running job keeps its GPUs until it has received ``ratio`` times the
+    waiting job's service: between two long jobs the GPUs change hands at service levels growing
+    geometrically (as in a multi-level feedback queue with thresholds growing by ``ratio``), so a
+    job is preempted O(log(size)) times, not once per tick. Defaults picked on training windows
+    (``docs/policies-advanced.md``); ``ratio=1, quantum_gpu_s=0`` is LAS without hysteresis.
+
+    Reads no duration field: attained service, arrival, gang size and speeds only.
+
+    Args:
+        quantum_gpu_s: absolute hysteresis (GPU-seconds), >= 0.
+        ratio: relative hysteresis, >= 1.
+        round_s: tick asking for a decision every so many seconds (as Tiresias; ``None``: events only).
+        preemptive: may stop running jobs.
+
+    References:
+        Rai, Urvoy-Keller & Biersack (2003), "Analysis of LAS scheduling for job size distributions
+        with high variance", SIGMETRICS; Nuyens & Wierman (2008), "The Foreground-Background queue: a
+        survey", Performance Evaluation 65; Gu et al. (2019), Tiresias, NSDI (§3.3, why continuous
+        LAS is discretised).
+    """
+
+    name = "las"
+    same_queue_preempts = True  # one queue: the order inside it decides preemption
+
+    def __init__(self, *, quantum_gpu_s: float = DEFAULT_LAS_QUANTUM_GPU_S, ratio: float = DEFAULT_LAS_RATIO,
+                 round_s: float | None = DEFAULT_ROUND_S, preemptive: bool = True) -> None:
+        if not (math.isfinite(quantum_gpu_s) and quantum_gpu_s >= 0):
+            raise SchedulingError(f"las: quantum_gpu_s must be >= 0 and finite, got {quantum_gpu_s}")
+        if not (math.isfinite(ratio) and ratio >= 1):
+            raise SchedulingError(f"las: ratio must be >= 1 and finite, got {ratio}")
+        super().__init__(queue_thresholds_gpu_s=(), starvation_factor=None, round_s=round_s, preemptive=preemptive)
+        self.quantum_gpu_s = float(quantum_gpu_s)
+        self.ratio = float(ratio)
+
+    def __repr__(self) -> str:
+        return (f"LAS(quantum_gpu_s={self.quantum_gpu_s}, ratio={self.ratio}, round_s={self.round_s}, "
+                f"preemptive={self.preemptive})")
+
+    def priority_gpu_s(self, jobs: JobTable, idx: np.ndarray, running: np.ndarray) -> np.ndarray:
+        """The sort key of jobs ``idx``: attained service, and for running jobs (``running`` mask)
+        ``(service - quantum) / ratio``, the service a waiting job must stay under to displace them."""
+        key = np.asarray(jobs.attained_gpu_s[idx], dtype=float).copy()
+        key[running] = (key[running] - self.quantum_gpu_s) / self.ratio
+        return key
+
+    def _primary(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, *, running: bool) -> np.ndarray:
+        return self.priority_gpu_s(view.jobs, idx, np.full(idx.size, running))
+
+    def _order(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, start: np.ndarray,
+               n_waiting: int) -> np.ndarray:
+        running = np.zeros(idx.size, dtype=bool)
+        running[n_waiting:] = True
+        key = self.priority_gpu_s(view.jobs, idx, running)
+        # ties: running first (no swap on equal keys), then arrival, then index
+        return np.lexsort((idx, view.jobs.arrival_s[idx], ~running, key))
+
+
+# ------------------------------------------------------------------------------- 2D-Gittins
+DEFAULT_MIN_HISTORY = 10
+"""Finished jobs (plus prior samples) needed before the Gittins index is used; until then every job
+has the same index and the policy is Tiresias' 2D-LAS."""
+
+DEFAULT_REFRESH = 0.02
+"""The index table is rebuilt when the finished jobs grew by this fraction (and at each of the first
+``1 / DEFAULT_REFRESH`` completions)."""
+
+
+class TiresiasGittins(Tiresias):
+    """Tiresias' discretised 2D-Gittins index (Tiresias-G): the size distribution learned from finished jobs.
+
+    The queues are 2D-LAS's (:class:`Tiresias`: thresholds on attained GPU-service, demotion,
+    optional starvation promotion, ticks). Inside a queue jobs are ordered by the Gittins index of
+    their service (:class:`~gpualloc.scheduling.policies.gittins.GittinsTable`), highest first, so a
+    waiting job may displace a running job of its own queue whose index is lower; ties (jobs between
+    the same atoms of the distribution) keep 2D-LAS's order: running first, then first start, then
+    arrival.
+
+    The distribution is that of the *finished* jobs' total GPU-service (``attained_gpu_s`` of the
+    jobs whose status is done, at the decision: never a job still running), plus the optional
+    ``prior_gpu_s`` samples — the authors' simulator reads the GPU-time of an earlier trace
+    (``yarn-gput1000.csv``), their paper the previous jobs' distribution. With fewer than
+    ``min_history`` samples every job has the same index and the policy is exactly 2D-LAS. The table
+    is rebuilt as jobs finish (:data:`DEFAULT_REFRESH`); the sizes are moved up onto a geometric grid
+    of ``bins_per_decade`` points per factor of 10 (:func:`~gpualloc.scheduling.policies.gittins.compress`),
+    so a job's index changes at most once per grid step.
+
+    Following the authors' simulator (``dlas_sim_jobs`` with ``dlas-gpu-gittins``): the index is looked
+    up by the service since the job's last promotion; a job past every atom has index 0. Differences:
+    ``delta_gpu_s=None`` (default) takes the supremum over ``Δ`` of the paper's Eq. (1), where the
+    simulator fixes ``Δ`` (``gittins_delta = 3250``; pass ``delta_gpu_s=3250.0`` for it); the expected
+    cost is ``E[min(S - a, Δ)]`` as in the paper, where the simulator's ``cal_r_gittins_index`` sums
+    whole sizes ``S`` of the jobs finishing within ``Δ``; ties inside a queue go to running jobs (the
+    simulator sorts by index then submission), for the reason :class:`Tiresias` gives.
+
+    Reads no duration field: attained service, status, arrival, gang size and speeds only.
+
+    Args:
+        queue_thresholds_gpu_s, starvation_factor, round_s, preemptive: as :class:`Tiresias`.
+        delta_gpu_s: fixed quantum ``Δ`` (GPU-seconds), or ``None`` for the supremum.
+        min_history: samples needed before the index is used.
+        prior_gpu_s: GPU-service samples of earlier jobs, counted with the finished ones.
+        bins_per_decade: the grid of the distribution (``None``: the samples themselves).
+    """
+
+    name = "tiresias-gittins"
+    same_queue_preempts = True  # a higher index displaces a running job of the same queue
+
+    def __init__(self, *, queue_thresholds_gpu_s: Sequence[float] = DEFAULT_QUEUE_THRESHOLDS_GPU_S,
+                 delta_gpu_s: float | None = None, min_history: int = DEFAULT_MIN_HISTORY,
+                 prior_gpu_s: Sequence[float] = (), bins_per_decade: float | None = DEFAULT_BINS_PER_DECADE,
+                 starvation_factor: float | None = None, round_s: float | None = DEFAULT_ROUND_S,
+                 preemptive: bool = True) -> None:
+        super().__init__(queue_thresholds_gpu_s=queue_thresholds_gpu_s, starvation_factor=starvation_factor,
+                         round_s=round_s, preemptive=preemptive)
+        if delta_gpu_s is not None and not (math.isfinite(delta_gpu_s) and delta_gpu_s > 0):
+            raise SchedulingError(f"tiresias-gittins: delta_gpu_s must be > 0 or None, got {delta_gpu_s}")
+        if int(min_history) < 1:
+            raise SchedulingError(f"tiresias-gittins: min_history must be >= 1, got {min_history}")
+        if bins_per_decade is not None and not (math.isfinite(bins_per_decade) and bins_per_decade > 0):
+            raise SchedulingError(f"tiresias-gittins: bins_per_decade must be > 0 or None, got {bins_per_decade}")
+        prior = np.asarray(prior_gpu_s, dtype=float).reshape(-1)
+        if prior.size and not (np.isfinite(prior).all() and (prior > 0).all()):
+            raise SchedulingError("tiresias-gittins: prior_gpu_s must be finite and > 0")
+        self.delta_gpu_s = None if delta_gpu_s is None else float(delta_gpu_s)
+        self.min_history = int(min_history)
+        self.bins_per_decade = None if bins_per_decade is None else float(bins_per_decade)
+        self.prior_gpu_s = prior
+        self.table: GittinsTable | None = None
+        self._history_n = -1
+        self.rebuilds = 0
+
+    def __repr__(self) -> str:
+        return (f"TiresiasGittins(queue_thresholds_gpu_s={self.queue_thresholds_gpu_s}, "
+                f"delta_gpu_s={self.delta_gpu_s}, min_history={self.min_history}, "
+                f"prior_gpu_s=<{self.prior_gpu_s.size} samples>, bins_per_decade={self.bins_per_decade}, "
+                f"starvation_factor={self.starvation_factor}, round_s={self.round_s}, preemptive={self.preemptive})")
+
+    def _sync(self, jobs: JobTable) -> None:
+        if self._table is not jobs or len(self._offset) != len(jobs):
+            self.table, self._history_n, self.rebuilds = None, -1, 0
+        super()._sync(jobs)
+
+    def _refresh_table(self, jobs: JobTable) -> None:
+        """Rebuild the index table from the finished jobs when enough more have finished."""
+        done = np.flatnonzero(jobs.status == DONE)
+        n = done.size
+        last = self._history_n
+        if last >= 0 and (n == last or (last * DEFAULT_REFRESH >= 1 and n < last * (1 + DEFAULT_REFRESH))):
+            return
+        self._history_n = n
+        sizes = np.concatenate([self.prior_gpu_s, np.asarray(jobs.attained_gpu_s[done], dtype=float)])
+        sizes = sizes[sizes > 0]
+        if sizes.size < self.min_history:
+            self.table = None
+            return
+        self.table = GittinsTable(sizes, delta=self.delta_gpu_s, bins_per_decade=self.bins_per_decade)
+        self.rebuilds += 1
+
+    def index_of(self, jobs: JobTable, idx: np.ndarray) -> np.ndarray:
+        """Gittins index of jobs ``idx`` at their service since the last promotion (0 for all while the
+        history is too short)."""
+        self._sync(jobs)
+        self._refresh_table(jobs)
+        if self.table is None:
+            return np.zeros(len(idx))
+        return self.table.lookup(self.service_gpu_s(jobs, idx))
+
+    def _primary(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, *, running: bool) -> np.ndarray:
+        # (queue level, -index) as one number: the index lies in [0, top]
+        g = self.index_of(view.jobs, idx)
+        top = float(self.table.values.max()) if self.table is not None and len(self.table) else 0.0
+        return level * (top + 1.0) + (top - g)
+
+    def _order(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, start: np.ndarray,
+               n_waiting: int) -> np.ndarray:
+        g = self.index_of(view.jobs, idx)
+        return np.lexsort((idx, view.jobs.arrival_s[idx], start, -g, level))
