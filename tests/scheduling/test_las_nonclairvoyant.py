@@ -250,3 +250,17 @@ def test_duration_readers_fail_under_the_guard():
     trace = Trace.of([Job("A", 0.0, ML, 10.0), Job("B", 1.0, ML, 5.0)])
     with pytest.raises(AssertionError, match="remaining_s|work_s"):
         simulate(trace, load_cluster("1xV100"), Blind(make_policy("srtf")), speed=np.ones((2, 1)))
+
+
+@pytest.mark.parametrize("name", NON_CLAIRVOYANT)
+def test_blind_knowledge_runs_and_changes_nothing(name):
+    """Under the simulator's own information model (``knowledge="blind"``: reading a duration raises
+    InformationError) each non-clairvoyant policy runs, with the same schedule as with the oracle view."""
+    cluster = load_cluster("4xV100+4xT4+2xMI50")
+    rng = np.random.default_rng(5)
+    trace = _random_trace(rng, 40)
+    speed = rng.uniform(0.3, 2.0, size=(len(trace), 3))
+    oracle = simulate(trace, cluster, make_policy(name), speed=speed)
+    blind = simulate(trace, cluster, make_policy(name), speed=speed, knowledge="blind", check=True)
+    assert blind.knowledge == "blind"
+    np.testing.assert_array_equal(oracle.finish_s, blind.finish_s)
