@@ -4,38 +4,41 @@ A real cluster does not know how long a job will run; it knows what was submitte
 (:class:`~gpualloc.workload.jobs.SubmitFeatures`: GPUs, job type, model or application, team, user,
 QoS class, GPU spec, CPU and memory, clock time) and how much work each job has done so far
 (``done_s``, reference seconds). :class:`DurationPredictor` learns, from the jobs that have finished
-by ``now``, a distribution of each job's total work given those fields, and answers the *remaining*
-work of a job given what it has done: the median and a central interval (80% by default).
+by ``now`` (and the work done so far by those that have not), a distribution of each job's total work
+given those fields, and answers the *remaining* work of a job given what it has done: the median and
+a central interval (80% by default).
 
 The model (chosen for being cheap, calibrated by construction, and exact about conditioning):
 
 * **Location**: gradient-boosted trees (scikit-learn's ``HistGradientBoostingRegressor``, squared
   error on ``log(work)``, categorical fields as categories) predict each job's log-work ``mu``.
-* **Spread**: the residuals ``log(work) - mu`` of the most recently finished jobs, which the trees
-  were *not* fitted on (split conformal, forward in time: the trees learn from the older finished jobs,
-  the newest ``calib_fraction`` of them calibrate), kept sorted per bin of ``mu`` (the spread of short
-  and long jobs differs). A job's total work is then distributed as ``exp(mu + r)``, ``r`` drawn from
-  its bin's residuals.
+* **Spread**: the residuals ``log(work) - mu`` of a random share (``calib_fraction``) of the finished
+  jobs, which the trees were *not* fitted on (split conformal), per bin of ``mu`` (short and long jobs
+  spread differently). A job's total work is distributed as ``exp(mu + r)``, ``r`` from its bin.
+  History is biased towards short jobs (a long job that arrived recently has not finished yet), so
+  the jobs still running count too, as lower bounds: the residuals' distribution is the Kaplan-Meier
+  estimate over both (:func:`kaplan_meier`).
 * **Conditioning on work done**: a job that has done ``d`` has total work ``> d``, so its remaining
-  work is ``exp(mu + r) - d`` over the residuals with ``exp(mu + r) > d`` only (the empirical
-  distribution truncated at ``d``); its quantiles are read off the sorted residuals by binary search,
-  vectorised over jobs. A job that has already run longer than every residual allows gets a Pareto
-  tail of index 1 (Lindy: it is as likely to run as long again as not): remaining quantile ``p`` is
-  ``d * p / (1 - p)``.
+  work is ``exp(mu + r) - d`` under the distribution truncated at ``d``; its quantiles are read off
+  the sorted residuals by binary search, vectorised over jobs (:class:`EmpiricalBins`). A job that has
+  already run longer than every residual allows gets a Pareto tail of index 1 (Lindy: it is as likely
+  to run as long again as not): remaining quantile ``p`` is ``d * p / (1 - p)``.
 
-Until ``min_model_jobs`` jobs have finished there is no model: ``mu = 0`` and the residuals are the
-log-work of every finished job (the global empirical distribution), and before ``min_history`` jobs a
+Until ``min_model_jobs`` jobs have finished there are no trees: ``mu = 0`` and the distribution is
+that of every job's log-work (finished, and running as lower bounds), and before ``min_history`` jobs a
 log-normal prior (median ``prior_median_s``, log-spread ``prior_sigma``; 3600 s is the service's
-default time limit). The model is refitted when the number of finished jobs has grown by
-``refit_growth`` times since the last fit, or by ``refit_every`` jobs, whichever comes first (a
-simulation of all of Philly's 82,000 jobs refits about 50 times), on the ``max_train_jobs`` most
-recently finished jobs. Everything is deterministic given ``seed``.
+default time limit). The trees are refitted when the number of finished jobs has grown by
+``refit_growth`` times since the last fit, or by ``refit_every`` jobs, whichever comes first (a replay
+of all of Philly's 82,247 jobs fits 47 times), on the ``max_train_jobs`` most recently finished
+jobs. The clock time of submission is left out by default: on Philly it made every score worse
+(``docs/prediction.md``). Everything is deterministic given ``seed``; the trees run on one thread.
 
 References:
     Q. Hu et al., "Characterization and prediction of deep learning workloads in large-scale GPU
     datacenters" (Helios), SC'21: durations predicted from submit-time fields and history.
-    V. Vovk et al., *Algorithmic Learning in a Random World* (2005); J. Lei et al., "Distribution-free
-    predictive inference for regression", JASA 113(523), 2018 (split conformal residuals).
+    J. Lei et al., "Distribution-free predictive inference for regression", JASA 113(523), 2018
+    (split conformal residuals).
+    E. L. Kaplan and P. Meier, "Nonparametric estimation from incomplete observations", JASA 53(282), 1958.
 """
 
 from __future__ import annotations
@@ -102,7 +105,11 @@ class PredictorConfig:
         refit_growth: refit when the finished jobs have grown by this factor since the last fit ...
         refit_every: ... or by this many jobs, whichever comes first.
         max_train_jobs: fit on at most this many of the most recently finished jobs.
-        calib_fraction: the newest share of those that calibrates the spread (the trees fit the rest).
+        calib_fraction: the share of those that calibrates the spread (the trees fit the rest) ...
+        calib_split: ... drawn at random from the seed (``"random"``) or the newest finished
+            (``"newest"``: they are biased towards short jobs; it was worse on every training trace).
+        loss: the trees' loss on log-work: ``"squared_error"`` or ``"absolute_error"``.
+        exclude: :class:`SubmitFeatures` columns the trees leave out, comma-separated.
         residual_bins: most bins of ``mu`` with their own residuals ...
         min_bin_jobs: ... each with at least this many residuals.
         prior_median_s, prior_sigma: the log-normal prior before ``min_history`` jobs have finished.
@@ -117,10 +124,13 @@ class PredictorConfig:
     refit_every: int = 2000
     max_train_jobs: int = 20_000
     calib_fraction: float = 0.25
+    calib_split: str = "random"
     residual_bins: int = 4
     min_bin_jobs: int = 50
     prior_median_s: float = 3600.0
     prior_sigma: float = 1.5
+    loss: str = "squared_error"
+    exclude: str = "submit_day_s"
     max_iter: int = 100
     learning_rate: float = 0.1
     max_leaf_nodes: int = 15
@@ -137,10 +147,14 @@ class PredictorConfig:
             ("refit_every", self.refit_every >= 1, ">= 1"),
             ("max_train_jobs", self.max_train_jobs >= self.min_model_jobs, ">= min_model_jobs"),
             ("calib_fraction", 0.0 < self.calib_fraction < 1.0, "in (0, 1)"),
+            ("calib_split", self.calib_split in ("random", "newest"), "'random' or 'newest'"),
             ("residual_bins", self.residual_bins >= 1, ">= 1"),
             ("min_bin_jobs", self.min_bin_jobs >= 1, ">= 1"),
             ("prior_median_s", self.prior_median_s > 0 and math.isfinite(self.prior_median_s), "> 0"),
             ("prior_sigma", self.prior_sigma > 0 and math.isfinite(self.prior_sigma), "> 0"),
+            ("loss", self.loss in ("squared_error", "absolute_error"), "'squared_error' or 'absolute_error'"),
+            ("exclude", all(x in SubmitFeatures.NUMERIC + SubmitFeatures.CATEGORICAL
+                            for x in self.exclude.split(",") if x), "comma-separated SubmitFeatures columns"),
             ("max_iter", self.max_iter >= 1, ">= 1"),
             ("learning_rate", self.learning_rate > 0, "> 0"),
             ("max_leaf_nodes", self.max_leaf_nodes >= 2, ">= 2"),
@@ -192,22 +206,24 @@ class DurationPredictor:
         self._columns: list[str] = []
         self._maps: dict[str, np.ndarray] = {}
         self._edges = np.zeros(0)
-        self._set_residuals([self._prior_residuals()])
+        self._bins = EmpiricalBins([self._prior_residuals()])
         self._mu_feats: SubmitFeatures | None = None
         self._mu = np.zeros(0)
         self._mu_version = np.zeros(0, dtype=np.int64)  # per block of _BLOCK rows: the fit its mu is from
 
     # ------------------------------------------------------------------------------- learning
+    def next_refit(self) -> int:
+        """The number of finished jobs at which the schedule refits next: every new one before the
+        trees (the empirical stage sorts a few hundred numbers), then growth by ``refit_growth`` times
+        or by ``refit_every`` jobs, whichever comes first."""
+        c, last = self.config, self.n_history
+        if last + 1 <= c.min_model_jobs:
+            return last + 1
+        return min(math.ceil(last * c.refit_growth), last + c.refit_every)
+
     def due(self, n_finished: int) -> bool:
         """Whether the schedule refits once ``n_finished`` jobs have finished."""
-        c, last = self.config, self.n_history
-        if n_finished <= last:
-            return False
-        if n_finished < c.min_model_jobs:
-            return True  # the empirical stage: every new finished job (a sort of a few hundred numbers)
-        if last < c.min_model_jobs:
-            return True
-        return n_finished >= last * c.refit_growth or n_finished - last >= c.refit_every
+        return n_finished >= self.next_refit()
 
     def update(self, jobs: Any, now_s: float, n_finished: int | None = None) -> bool:
         """Refit on the jobs finished by ``now_s`` if the schedule says so (:meth:`due`); ``True`` if it did.
@@ -226,21 +242,42 @@ class DurationPredictor:
         return True
 
     def fit(self, jobs: Any, now_s: float) -> None:
-        """Learn from every job finished by ``now_s`` (``status`` DONE and ``finish_s <= now_s``) and
-        nothing else: a job still running or queued, or one that finishes later, is never read."""
-        idx = np.flatnonzero(_finished_mask(jobs, now_s))
+        """Learn from the jobs finished by ``now_s`` (``status`` DONE and ``finish_s <= now_s``: their
+        work), and from the jobs not finished that have done some work (a lower bound on theirs, what
+        the cluster knows now): never from the work of a job that finishes later."""
+        finished = _finished_mask(jobs, now_s)
+        idx = np.flatnonzero(finished)
         idx = idx[np.argsort(np.asarray(jobs.finish_s)[idx], kind="stable")]  # oldest finish first
         work = _finished_work(jobs, idx)
-        self.fit_arrays(jobs.submit_features().take(idx), work)
+        feats = jobs.submit_features()
+        others = np.flatnonzero(~finished & (np.asarray(jobs.status) != DONE))
+        done = done_work_s(jobs, others)
+        started = done > 0
+        self.fit_arrays(feats.take(idx), work, feats.take(others[started]), done[started])
 
-    def fit_arrays(self, features: SubmitFeatures, work_s: np.ndarray) -> None:
-        """Learn from finished jobs given directly: their submit-time ``features`` and total work
-        (reference seconds), ordered by when they finished, oldest first (the newest calibrate)."""
+    def fit_arrays(self, features: SubmitFeatures, work_s: np.ndarray, censored: SubmitFeatures | None = None,
+                   censored_done_s: np.ndarray | None = None) -> None:
+        """Learn from jobs given directly: finished ones (their submit-time ``features`` and total work,
+        reference seconds, ordered by when they finished, oldest first) and, optionally, unfinished ones
+        (``censored``, with the work they have done: their work is known to be larger).
+
+        The unfinished jobs correct the history's bias towards short jobs (a long job that arrived
+        recently has not finished yet): the spread is a Kaplan-Meier estimate over both (each
+        unfinished job's share goes to the finished ones longer than it). The trees learn from the
+        finished jobs only.
+        """
         work = np.asarray(work_s, dtype=float)
         if work.shape != (len(features),):
             raise SchedulingError(f"duration predictor: {len(features)} jobs' features but work of shape {work.shape}")
         if work.size and not (np.isfinite(work).all() and (work > 0).all()):
             raise SchedulingError("duration predictor: a finished job's work must be finite and > 0")
+        if censored is None:
+            cens_y = np.zeros(0)
+        else:
+            done = np.asarray(censored_done_s, dtype=float)
+            if done.shape != (len(censored),) or not (np.isfinite(done).all() and (done > 0).all()):
+                raise SchedulingError("duration predictor: each unfinished job needs its work done, finite and > 0")
+            cens_y = np.log(done)
         c = self.config
         n = len(work)
         self.n_history = n
@@ -249,36 +286,47 @@ class DurationPredictor:
         self._edges = np.zeros(0)
         if n < c.min_history:
             self.stage = "prior"
-            self._set_residuals([self._prior_residuals()])
+            self._bins = EmpiricalBins([self._prior_residuals()])
             return
         y = np.log(work)
         if n < c.min_model_jobs:
             self.stage = "empirical"
-            self._set_residuals([np.sort(y)])
+            self._bins = EmpiricalBins([y], [cens_y])
             return
         keep = slice(max(0, n - c.max_train_jobs), n)
         feats, y = features.take(np.arange(n)[keep]), y[keep]
         m = len(y)
         n_cal = max(int(round(c.calib_fraction * m)), min(c.min_bin_jobs, m // 2))
-        n_fit = m - n_cal
-        self._choose_columns(feats, n_fit)
-        x = self._matrix(feats)
+        if c.calib_split == "newest":
+            cal = np.arange(m - n_cal, m)
+        else:  # a random share, drawn from the seed and the history's size (deterministic)
+            cal = np.sort(np.random.default_rng([self.seed, m]).permutation(m)[:n_cal])
+        fit = np.setdiff1d(np.arange(m), cal, assume_unique=True)
+        feats_fit = feats.take(fit)
+        self._choose_columns(feats_fit, len(fit))
         model = self._new_model()
         with _one_thread():
-            model.fit(x[:n_fit], y[:n_fit])
-            mu_cal = model.predict(x[n_fit:])
+            model.fit(self._matrix(feats_fit), y[fit])
+            mu_cal = model.predict(self._matrix(feats.take(cal)))
+            # the unfinished jobs' residual lower bounds, the same share of them as of the finished
+            k = len(cens_y)
+            pick = np.sort(np.random.default_rng([self.seed, m, k]).permutation(k)[:int(round(k * n_cal / m))])
+            mu_cens = model.predict(self._matrix(censored.take(pick))) if pick.size else np.zeros(0)
+        cens_resid = cens_y[pick] - mu_cens
         self._model = model
         self.fits += 1
         self.stage = "model"
-        resid = y[n_fit:] - mu_cal
+        resid = y[cal] - mu_cal
         bins = max(1, min(c.residual_bins, len(resid) // c.min_bin_jobs))
         if bins > 1:
             edges = np.unique(np.quantile(mu_cal, np.arange(1, bins) / bins))
         else:
             edges = np.zeros(0)
         which = np.searchsorted(edges, mu_cal, side="right")
+        which_c = np.searchsorted(edges, mu_cens, side="right")
         self._edges = edges
-        self._set_residuals([np.sort(resid[which == b]) for b in range(len(edges) + 1)])
+        self._bins = EmpiricalBins([resid[which == b] for b in range(len(edges) + 1)],
+                                   [cens_resid[which_c == b] for b in range(len(edges) + 1)])
 
     def _prior_residuals(self) -> np.ndarray:
         from scipy.special import ndtri
@@ -287,29 +335,15 @@ class DurationPredictor:
         k = 199
         return math.log(c.prior_median_s) + c.prior_sigma * ndtri((np.arange(k) + 0.5) / k)
 
-    def _set_residuals(self, per_bin: list[np.ndarray]) -> None:
-        """Keep each bin's sorted residuals in one array, bin ``b`` shifted by ``b * _BIN_OFFSET`` (so
-        the whole is sorted and one binary search serves every job); an empty bin borrows all residuals."""
-        every = np.sort(np.concatenate(per_bin)) if per_bin else np.zeros(0)
-        parts, starts, ends = [], [], []
-        pos = 0
-        for b, r in enumerate(per_bin):
-            r = r if r.size else every
-            r = np.clip(r, -_RESIDUAL_CLIP, _RESIDUAL_CLIP)
-            parts.append(r + b * _BIN_OFFSET)
-            starts.append(pos)
-            pos += r.size
-            ends.append(pos)
-        self._flat = np.concatenate(parts)
-        self._starts = np.asarray(starts, dtype=np.int64)
-        self._ends = np.asarray(ends, dtype=np.int64)
-
     # ------------------------------------------------------------------------------- features
     def _choose_columns(self, feats: SubmitFeatures, n_fit: int) -> None:
         """The columns that vary among the jobs the trees fit on, and each categorical column's codes
         mapped to at most ``_MAX_CATEGORIES`` (the most frequent; the rest share one, unseen ones are missing)."""
         self._columns, self._maps = [], {}
+        skip = set(self.config.exclude.split(","))
         for name in SubmitFeatures.NUMERIC + SubmitFeatures.CATEGORICAL[1:]:
+            if name in skip:
+                continue
             col = np.asarray(getattr(feats, name))[:n_fit]
             if col.size == 0 or np.all(col == col[0]):
                 continue
@@ -344,14 +378,15 @@ class DurationPredictor:
 
         c = self.config
         return HistGradientBoostingRegressor(
-            loss="squared_error", max_iter=c.max_iter, learning_rate=c.learning_rate,
+            loss=c.loss, max_iter=c.max_iter, learning_rate=c.learning_rate,
             max_leaf_nodes=c.max_leaf_nodes, min_samples_leaf=c.min_samples_leaf,
             l2_regularization=c.l2_regularization, early_stopping=False, random_state=self.seed,
             categorical_features=np.array([name in self._maps for name in self._columns], dtype=bool))
 
-    def _location(self, feats: SubmitFeatures, idx: np.ndarray | None = None) -> np.ndarray:
-        """``mu`` of the rows ``idx`` of ``feats`` (every row when ``None``); for a table's features, every
-        row's is computed once per fit and kept."""
+    def location(self, feats: SubmitFeatures, idx: np.ndarray | None = None) -> np.ndarray:
+        """The log-work location ``mu`` of the rows ``idx`` of ``feats`` (every row when ``None``): the
+        trees' prediction, 0 before there are trees. With ``idx``, rows are computed in blocks, once per
+        fit, and kept for the same ``feats`` object (a table's)."""
         if self._model is None:
             return np.zeros(len(feats) if idx is None else len(idx))
         if idx is None:
@@ -391,46 +426,130 @@ class DurationPredictor:
             jobs = jobs.jobs
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         feats = jobs.submit_features()
-        return self.remaining_quantiles(self._location(feats, idx), done_work_s(jobs, idx), probs)
+        return self.remaining_quantiles(self.location(feats, idx), done_work_s(jobs, idx), probs)
 
-    def predict_features(self, features: SubmitFeatures, done_s: Any) -> Prediction:
-        """:meth:`predict` for jobs given by their features (every row) and work done (the service's)."""
+    def predict_features(self, features: SubmitFeatures, done_s: Any, idx: Any = None) -> Prediction:
+        """:meth:`predict` for jobs given by their features (the rows ``idx``, default every row) and
+        the work they have done (broadcast): for a caller without a job table (the service)."""
         c = self.config
-        done = np.broadcast_to(np.asarray(done_s, dtype=float), (len(features),))
+        if idx is not None:
+            idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        done = np.broadcast_to(np.asarray(done_s, dtype=float), (len(features) if idx is None else idx.size,))
         lo, hi = (1.0 - c.interval) / 2.0, (1.0 + c.interval) / 2.0
-        q = self.remaining_quantiles(self._location(features), done, (0.5, lo, hi))
+        q = self.remaining_quantiles(self.location(features, idx), done, (0.5, lo, hi))
         return Prediction(q[0], q[1], q[2], c.interval)
 
     def remaining_quantiles(self, mu: np.ndarray, done_s: np.ndarray, probs: Any) -> np.ndarray:
-        """Quantiles ``probs`` of ``exp(mu + r) - done`` over the residuals ``r`` of each job's bin with
-        ``exp(mu + r) > done`` (the Pareto tail where none is), floored at ``min_remaining_s``."""
+        """Quantiles ``probs`` (rows) of the remaining work of jobs with location ``mu`` that have done
+        ``done_s`` (columns): :meth:`EmpiricalBins.remaining` over the residuals of each job's bin of ``mu``."""
+        mu = np.asarray(mu, dtype=float)
+        b = np.searchsorted(self._edges, mu, side="right") if self._edges.size else np.zeros(mu.shape, np.int64)
+        return self._bins.remaining(b, mu, done_s, probs, self.config.min_remaining_s)
+
+
+class EmpiricalBins:
+    """Distributions of log-work in bins, and the quantiles of remaining work they imply given work done.
+
+    A job in bin ``b`` with location ``mu`` has total work ``exp(mu + r)``, ``r`` drawn from bin
+    ``b``'s distribution: the Kaplan-Meier estimate from its samples (finished jobs) and lower bounds
+    (unfinished jobs: ``r`` is known to be larger); without lower bounds, each sample equally likely.
+    Given that the job has done ``d``, only ``exp(mu + r) > d`` remains possible, so its remaining work
+    is ``exp(mu + r) - d`` under the distribution truncated there; where nothing is left, a Pareto tail
+    of index 1: quantile ``p`` is ``d * p / (1 - p)``. Quantiles interpolate between samples (each at
+    the middle of its probability mass). The predictor's bins hold residuals (``mu`` from its trees);
+    with ``mu = 0`` they hold log-work itself (its prior and empirical stages, and a per-group baseline).
+
+    Args:
+        per_bin: each bin's samples (any order).
+        censored: each bin's lower bounds (default: none).
+        A bin with neither borrows every bin's.
+    """
+
+    def __init__(self, per_bin: list[np.ndarray], censored: list[np.ndarray] | None = None) -> None:
+        events = [np.asarray(r, dtype=float).reshape(-1) for r in per_bin]
+        cens = [np.asarray(r, dtype=float).reshape(-1) for r in (censored or [np.zeros(0)] * len(events))]
+        if len(cens) != len(events):
+            raise SchedulingError(f"duration predictor: {len(events)} bins of samples, {len(cens)} of lower bounds")
+        all_e = np.concatenate(events) if events else np.zeros(0)
+        all_c = np.concatenate(cens) if cens else np.zeros(0)
+        if not all_e.size and not all_c.size:
+            raise SchedulingError("duration predictor: no samples to learn a distribution from")
+        values, weights, bins = [], [], []
+        for b, (e, c) in enumerate(zip(events, cens, strict=True)):
+            if not e.size and not c.size:
+                e, c = all_e, all_c
+            lim = _RESIDUAL_CLIP
+            v, w = kaplan_meier(np.clip(e, -lim, lim), np.clip(c, -lim, lim))
+            # bin b stored as r + b * offset, so that one sorted array holds every bin and one binary
+            # search serves every job (|r| is clipped well below the offset)
+            values.append(v + b * _BIN_OFFSET)
+            weights.append(w)
+            bins.append(np.full(v.size, b, dtype=np.int64))
+        self._flat = np.concatenate(values)
+        sizes = np.array([v.size for v in values], dtype=np.int64)
+        self._ends = np.cumsum(sizes)
+        self._starts = self._ends - sizes
+        self._below = np.concatenate([np.cumsum(w) - w for w in weights])  # mass of the bin's smaller samples
+        mid = self._below + np.concatenate(weights) / 2.0
+        self._mid_key = mid + 2.0 * np.concatenate(bins)  # mid in [0, 1]: sorted over all bins too
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def remaining(self, bins: np.ndarray, mu: np.ndarray, done_s: Any, probs: Any,
+                  floor_s: float = 1.0) -> np.ndarray:
+        """Quantiles ``probs`` (rows) of the remaining work of jobs in ``bins`` with locations ``mu`` that
+        have done ``done_s`` (columns; broadcast), reference seconds, at least ``floor_s``."""
         probs = np.atleast_1d(np.asarray(probs, dtype=float))
         if np.any((probs <= 0) | (probs >= 1)):
             raise SchedulingError(f"duration predictor: quantiles must be in (0, 1), got {probs.tolist()}")
-        mu = np.asarray(mu, dtype=float)
-        done = np.maximum(np.asarray(done_s, dtype=float), 0.0)
-        b = np.searchsorted(self._edges, mu, side="right") if self._edges.size else np.zeros(mu.shape, np.int64)
+        b = np.asarray(bins, dtype=np.int64)
+        mu = np.broadcast_to(np.asarray(mu, dtype=float), b.shape)
+        done = np.maximum(np.broadcast_to(np.asarray(done_s, dtype=float), b.shape), 0.0)
         shift = b * _BIN_OFFSET
         with np.errstate(divide="ignore"):
             t = np.where(done > 0, np.log(np.where(done > 0, done, 1.0)) - mu, -np.inf)
         t = np.clip(t, -_RESIDUAL_CLIP - 1, _RESIDUAL_CLIP + 1)
-        k = np.searchsorted(self._flat, t + shift, side="right")
         start, end = self._starts[b], self._ends[b]
-        k = np.maximum(k, start)
-        left = end - k  # residuals above the work done
-        out = np.empty((len(probs), mu.size))
-        has = left > 0
-        last = np.maximum(end - 1, 0)
+        k = np.clip(np.searchsorted(self._flat, t + shift, side="right"), start, end)  # first sample above d
+        has = k < end
+        last = end - 1
+        below = np.where(has, self._below[np.minimum(k, last)], 1.0)
+        flat, mid_key = self._flat, self._mid_key
+        out = np.empty((len(probs), b.size))
         for row, p in enumerate(probs.tolist()):
-            pos = k + p * np.maximum(left - 1, 0)
-            i0 = np.minimum(np.floor(pos).astype(np.int64), last)
-            i1 = np.minimum(i0 + 1, np.maximum(k + left - 1, i0))
-            frac = pos - np.floor(pos)
-            r = self._flat[i0] * (1 - frac) + self._flat[i1] * frac - shift
-            total = np.exp(mu + r)
-            rem = np.where(has, total - done, done * p / (1.0 - p))
-            out[row] = np.maximum(rem, self.config.min_remaining_s)
+            m = below + p * (1.0 - below)  # the quantile's cumulative mass, within what remains
+            j = np.clip(np.searchsorted(mid_key, m + 2.0 * b, side="right"), np.minimum(k + 1, last), last)
+            i = np.minimum(np.maximum(j - 1, k), last)  # (where nothing is left, any valid index: unused)
+            x0, x1 = mid_key[i] - 2.0 * b, mid_key[j] - 2.0 * b
+            frac = np.clip(np.divide(m - x0, x1 - x0, out=np.zeros(b.size), where=x1 > x0), 0.0, 1.0)
+            r = flat[i] + frac * (flat[j] - flat[i]) - shift
+            with np.errstate(over="ignore"):
+                rem = np.where(has, np.exp(mu + r) - done, done * p / (1.0 - p))
+            out[row] = np.maximum(rem, floor_s)
         return out
+
+
+def kaplan_meier(events: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Kaplan-Meier distribution of values observed exactly (``events``) or known only to be larger
+    (``censored``): ``(values, probabilities)``, values ascending. Each censored value's share goes to
+    the values larger than it; a share left past the largest value (it was censored) sits on it.
+
+    References:
+        E. L. Kaplan and P. Meier, "Nonparametric estimation from incomplete observations", JASA 53(282), 1958.
+    """
+    v = np.concatenate([events, censored])
+    is_event = np.concatenate([np.ones(events.size, bool), np.zeros(censored.size, bool)])
+    order = np.lexsort((~is_event, v))  # by value; at a tie the event first (it was at risk)
+    v, is_event = v[order], is_event[order]
+    at_risk = v.size - np.arange(v.size)
+    surv = np.cumprod(np.where(is_event, 1.0 - 1.0 / at_risk, 1.0))
+    before = np.concatenate([[1.0], surv[:-1]])
+    values, weights = v[is_event], (before / at_risk)[is_event]
+    left = float(surv[-1]) if v.size else 0.0
+    if left > 1e-12:
+        values, weights = np.append(values, v[-1]), np.append(weights, left)
+    return values, weights / weights.sum()
 
 
 def _finished_mask(jobs: Any, now_s: float) -> np.ndarray:
