@@ -1,4 +1,4 @@
-"""Tiresias: discretised two-dimensional least-attained-service scheduling (Discretized 2D-LAS).
+"""Least-attained-service policies: Tiresias' discretised 2D-LAS and 2D-Gittins, and LAS.
 
 A job's priority is its *attained service* in GPU-seconds (wall time x GPUs held, the "two
 dimensions" of Tiresias), discretised into ``K`` queues by ``K - 1`` thresholds: every job starts in
@@ -10,10 +10,12 @@ running jobs of lower queues.
 
 What follows the paper and the authors' simulator (``SymbioticLab/Tiresias``, ``simulator/``):
 
-* ``K = 2`` queues with one threshold of 3,600 GPU-seconds by default — the value the authors'
-  simulator ships (``jobs.py``: ``num_queue = 2``, ``queue_limit = [3600, ...]``) and its README's
-  two-queue example. The paper treats ``K`` and the thresholds as operator knobs (its sensitivity
-  study varies both).
+* ``K = 2`` queues with one threshold of 3,600 GPU-seconds by default — the authors' simulator
+  README's two-queue example and its ``jobs.py`` ``g_job`` class (``num_queue = 2``,
+  ``queue_limit = [3600, ...]``, used by ``multi-dlas-gpu`` only); the ``_TFJobs`` class behind its
+  ``dlas-gpu`` and ``dlas-gpu-gittins`` ships three queues split at 3,250 and 7,200 GPU-seconds
+  (``queue_thresholds_gpu_s=(3250, 7200)``). The paper treats ``K`` and the thresholds as operator
+  knobs (its sensitivity study varies both).
 * Service counts wall time x GPUs (the simulator's ``dlas-gpu`` scheme, the paper's ``W_J t_J``):
   :attr:`JobTable.attained_gpu_s`, whatever the device type.
 * Inside a queue, running jobs before waiting ones: the authors' simulator moves waiting jobs behind
@@ -25,6 +27,10 @@ What follows the paper and the authors' simulator (``SymbioticLab/Tiresias``, ``
   least ``starvation_factor`` x its executed wall time (since its last promotion) goes back to the
   top queue with its executed time reset. Off by default, as in the authors' ``dlas-gpu`` runs; their
   script also runs knob values 0.5 to 1000.
+
+Subclasses change the order inside a queue (:meth:`Tiresias._order`, :meth:`Tiresias._primary`):
+:class:`LAS` (one queue, ordered by attained service with a hysteresis) and :class:`TiresiasGittins`
+(the 2D-Gittins index of the finished jobs' size distribution).
 
 What we add or simplify (see ``docs/policies-advanced.md``):
 
