@@ -3,6 +3,8 @@ known distribution, conditioned on work done; the prediction-driven policies und
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -242,3 +244,22 @@ def test_running_jobs_correct_the_bias_towards_short_finished_ones():
     assert alone.predict_features(new, 0.0).hi_s[0] < 150  # every finished job was shorter
     assert both.predict_features(new, 0.0).hi_s[0] == pytest.approx(1000)  # 40% run past 1000 s (a bound)
     assert both.predict_features(new, 0.0).median_s[0] < 150  # but most do not
+
+
+def test_history_known_before_the_run_warms_the_predictor_and_survives_reset():
+    from gpualloc.scheduling.predict import replay_history
+
+    jobs, mu = lognormal_jobs(1200, seed=13)
+    jobs = [replace(j, arrival_s=j.arrival_s * 3600.0) for j in jobs]  # most finish before the next few arrive
+    # the past of a window starting at job 1000: only the jobs that finished by its first arrival
+    feats, work = replay_history(jobs[:1000], jobs[1000].arrival_s)
+    finish = np.array([j.arrival_s + j.work_s for j in jobs[:1000]])
+    assert len(work) == int(np.sum(finish <= jobs[1000].arrival_s)) and np.all(np.diff(np.sort(finish)) >= 0)
+    p = DurationPredictor(seed=0, history=(feats, work), **FAST)
+    assert p.stage == "model" and p.n_history == 0  # the run's own finished jobs: none yet
+    window = SubmitFeatures.of(jobs[1000:])
+    warm = p.predict_features(window, 0.0)
+    assert np.corrcoef(np.log(warm.median_s), mu[1000:])[0, 1] > 0.9  # its codes are the window's own
+    p.reset()
+    np.testing.assert_array_equal(p.predict_features(window, 0.0).median_s, warm.median_s)
+    assert not p.due(0) and p.due(p.next_refit())

@@ -44,6 +44,7 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -51,7 +52,7 @@ import numpy as np
 
 from gpualloc.errors import SchedulingError
 from gpualloc.scheduling.base import DONE, ClusterView
-from gpualloc.workload.jobs import SubmitFeatures
+from gpualloc.workload.jobs import JOB_TYPES, Job, SubmitFeatures
 
 STAGES = ("prior", "empirical", "model")
 """What a :class:`DurationPredictor` predicts from: its prior, the finished jobs' empirical
@@ -181,7 +182,8 @@ class DurationPredictor:
         fits: model fits so far (trees, not the prior or empirical stages).
     """
 
-    def __init__(self, seed: int = 0, config: PredictorConfig | None = None, **overrides: Any) -> None:
+    def __init__(self, seed: int = 0, config: PredictorConfig | None = None, *,
+                 history: tuple[SubmitFeatures, np.ndarray] | None = None, **overrides: Any) -> None:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise SchedulingError(f"duration predictor: seed must be an integer, got {seed!r}")
         known = {f.name for f in fields(PredictorConfig)}
@@ -191,35 +193,48 @@ class DurationPredictor:
                                   f"(known: {', '.join(sorted(known))})")
         self.seed = int(seed)
         self.config = replace(config or PredictorConfig(), **overrides)
+        self.history: tuple[SubmitFeatures, np.ndarray] | None = None
+        if history is not None:
+            feats, work = history
+            work = np.asarray(work, dtype=float)
+            if work.shape != (len(feats),) or not (np.isfinite(work).all() and (work > 0).all()):
+                raise SchedulingError(f"duration predictor: history of {len(feats)} jobs needs as many works, "
+                                      f"finite and > 0")
+            self.history = (feats, work) if len(feats) else None
         self.reset()
 
     def __repr__(self) -> str:
         return f"DurationPredictor(seed={self.seed}, stage={self.stage!r}, n_history={self.n_history})"
 
     def reset(self) -> None:
-        """Forget every finished job (a new run)."""
+        """Forget every finished job of the run (a new run); learn from ``history`` again, if any."""
         self.stage = "prior"
         self.n_history = 0
         self.version = 0
         self.fits = 0
         self._model: Any = None
         self._columns: list[str] = []
-        self._maps: dict[str, np.ndarray] = {}
+        self._maps: dict[str, dict[Any, float]] = {}
         self._edges = np.zeros(0)
         self._bins = EmpiricalBins([self._prior_residuals()])
         self._mu_feats: SubmitFeatures | None = None
         self._mu = np.zeros(0)
         self._mu_version = np.zeros(0, dtype=np.int64)  # per block of _BLOCK rows: the fit its mu is from
+        if self.history is not None:
+            self.fit_arrays(*self.history)
+            self.n_history = 0  # the run's own finished jobs
 
     # ------------------------------------------------------------------------------- learning
     def next_refit(self) -> int:
         """The number of finished jobs at which the schedule refits next: every new one before the
         trees (the empirical stage sorts a few hundred numbers), then growth by ``refit_growth`` times
         or by ``refit_every`` jobs, whichever comes first."""
-        c, last = self.config, self.n_history
+        c = self.config
+        base = len(self.history[1]) if self.history is not None else 0
+        last = base + self.n_history  # the schedule counts history's jobs too
         if last + 1 <= c.min_model_jobs:
-            return last + 1
-        return min(math.ceil(last * c.refit_growth), last + c.refit_every)
+            return last + 1 - base
+        return min(math.ceil(last * c.refit_growth), last + c.refit_every) - base
 
     def due(self, n_finished: int) -> bool:
         """Whether the schedule refits once ``n_finished`` jobs have finished."""
@@ -244,7 +259,8 @@ class DurationPredictor:
     def fit(self, jobs: Any, now_s: float) -> None:
         """Learn from the jobs finished by ``now_s`` (``status`` DONE and ``finish_s <= now_s``: their
         work), and from the jobs not finished that have done some work (a lower bound on theirs, what
-        the cluster knows now): never from the work of a job that finishes later."""
+        the cluster knows now): never from the work of a job that finishes later. ``history``, when
+        given, comes first (as if it finished before any of them)."""
         finished = _finished_mask(jobs, now_s)
         idx = np.flatnonzero(finished)
         idx = idx[np.argsort(np.asarray(jobs.finish_s)[idx], kind="stable")]  # oldest finish first
@@ -253,7 +269,13 @@ class DurationPredictor:
         others = np.flatnonzero(~finished & (np.asarray(jobs.status) != DONE))
         done = done_work_s(jobs, others)
         started = done > 0
-        self.fit_arrays(feats.take(idx), work, feats.take(others[started]), done[started])
+        mine = feats.take(idx)
+        if self.history is None:
+            self.fit_arrays(mine, work, feats.take(others[started]), done[started])
+            return
+        self.fit_arrays(SubmitFeatures.concat([self.history[0], mine]), np.concatenate([self.history[1], work]),
+                        feats.take(others[started]), done[started])
+        self.n_history = idx.size
 
     def fit_arrays(self, features: SubmitFeatures, work_s: np.ndarray, censored: SubmitFeatures | None = None,
                    censored_done_s: np.ndarray | None = None) -> None:
@@ -349,19 +371,20 @@ class DurationPredictor:
                 continue
             self._columns.append(name)
             if name in SubmitFeatures.CATEGORICAL:
+                # by the category's name, not its code: another table (the run's own, history's) codes differently
                 codes, counts = np.unique(col.astype(np.int64), return_counts=True)
-                size = len(getattr(feats, f"{name}_names")) if name != "type_code" else int(codes.max()) + 1
-                mapping = np.full(max(size, int(codes.max()) + 1), np.nan)
+                keys = _category_keys(feats, name)
                 rank = np.lexsort((codes, -counts))  # most frequent first, then by code
-                mapping[codes[rank]] = np.minimum(np.arange(len(codes)), _MAX_CATEGORIES - 1)
-                self._maps[name] = mapping
+                self._maps[name] = {keys[c]: float(min(i, _MAX_CATEGORIES - 1))
+                                    for i, c in enumerate(codes[rank].tolist())}
 
     def _matrix(self, feats: SubmitFeatures) -> np.ndarray:
         out = np.empty((len(feats), len(self._columns)))
         for k, name in enumerate(self._columns):
             col = np.asarray(getattr(feats, name), dtype=float)
             if name in self._maps:
-                mapping = self._maps[name]
+                by_name = self._maps[name]
+                mapping = np.array([by_name.get(key, np.nan) for key in _category_keys(feats, name)])
                 codes = col.astype(np.int64)
                 inside = (codes >= 0) & (codes < len(mapping))
                 out[:, k] = np.where(inside, mapping[np.where(inside, codes, 0)], np.nan)
@@ -552,6 +575,14 @@ def kaplan_meier(events: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, 
     return values, weights / weights.sum()
 
 
+def _category_keys(feats: SubmitFeatures, name: str) -> list[Any]:
+    """What each code of categorical column ``name`` stands for: its name (``type_code``: the code,
+    an index in ``JOB_TYPES`` for every table)."""
+    if name == "type_code":
+        return list(range(len(JOB_TYPES)))
+    return list(getattr(feats, f"{name}_names"))
+
+
 def _finished_mask(jobs: Any, now_s: float) -> np.ndarray:
     status = np.asarray(jobs.status)
     finish = np.asarray(jobs.finish_s)
@@ -576,3 +607,15 @@ def done_work_s(jobs: Any, idx: np.ndarray) -> np.ndarray:
     if done is not None:
         return np.asarray(done[idx], dtype=float)
     return np.asarray(jobs.work_s[idx], dtype=float) - np.asarray(jobs.remaining_s[idx], dtype=float)
+
+
+def replay_history(jobs: Sequence[Job], until_s: float) -> tuple[SubmitFeatures, np.ndarray]:
+    """The jobs of a trace that had finished by ``until_s`` had each run from its arrival (no queueing),
+    as a predictor's ``history``, oldest finish first: what was known of a trace's past when a window
+    of it starts at ``until_s`` (its jobs after that are never read)."""
+    arrival = np.array([j.arrival_s for j in jobs], dtype=float)
+    work = np.array([j.work_s for j in jobs], dtype=float)
+    finish = arrival + work
+    idx = np.flatnonzero(finish <= until_s)
+    idx = idx[np.argsort(finish[idx], kind="stable")]
+    return SubmitFeatures.of([jobs[i] for i in idx.tolist()]), work[idx]

@@ -236,6 +236,22 @@ class SubmitFeatures:
         return SubmitFeatures(**{f: (v if f.endswith("_names") else v[idx])
                                  for f, v in ((f, getattr(self, f)) for f in self.__dataclass_fields__)})
 
+    @classmethod
+    def concat(cls, parts: Sequence[SubmitFeatures]) -> SubmitFeatures:
+        """The rows of ``parts`` one after another; each text column's codes are recoded into the union
+        of their names (sorted, ``""`` first)."""
+        if not parts:
+            return cls.of([])
+        out: dict[str, Any] = {name: np.concatenate([getattr(p, name) for p in parts]) for name in cls.NUMERIC}
+        for name in cls.CATEGORICAL[1:]:
+            names = tuple(sorted(set().union(*(getattr(p, f"{name}_names") for p in parts)) | {""}))
+            index = {v: i for i, v in enumerate(names)}
+            out[f"{name}_names"] = names
+            out[name] = np.concatenate([
+                np.array([index[v] for v in getattr(p, f"{name}_names")], dtype=np.int64)[getattr(p, name)]
+                if len(p) else np.zeros(0, dtype=np.int64) for p in parts])
+        return cls(**out)
+
 
 def _codes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
     """``(sorted distinct values with "" first, code of each value)``."""

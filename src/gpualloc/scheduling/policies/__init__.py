@@ -33,7 +33,7 @@ POLICIES.register("dqn", "gpualloc.rl.sched_policy:learned_policy", tags=("learn
 for _name, _target in (("srtf-pred", "srtf_pred"), ("sjf-pred", "sjf_pred"), ("gavel-srtf-pred", "gavel_srtf_pred")):
     # the inner policy ranks by the duration predictor's remaining work (issue 36): needs no durations
     POLICIES.register(_name, f"gpualloc.scheduling.policies.predicted:{_target}", tags=("learned",),
-                      options=("seed", "predictor", "quantile"))
+                      options=("seed", "predictor", "quantile", "history"))
 
 
 _PROTOCOL = ("name", "preemptive", "round_s", "decide")  # what the simulator reads of a policy

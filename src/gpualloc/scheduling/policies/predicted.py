@@ -22,6 +22,7 @@ import numpy as np
 from gpualloc.errors import SchedulingError
 from gpualloc.scheduling.base import DONE, ClusterView, Decision, Policy
 from gpualloc.scheduling.predict import DurationPredictor, done_work_s
+from gpualloc.workload.jobs import SubmitFeatures
 
 _SHARED = ("arrival_s", "num_gpus", "priority", "type_code", "single_node", "speed", "team", "team_names",
            "pref_rank", "status", "attained_gpu_s", "run_type", "start_s", "finish_s", "queued_since_s",
@@ -61,7 +62,7 @@ class PredictionDriven:
     Args:
         inner: the policy (reads ``work_s`` / ``remaining_s`` only for ranking).
         predictor: the predictor (default: a new :class:`DurationPredictor` with ``seed``); it is
-            reset at the start of each run.
+            reset at the start of each run (keeping its ``history``, the jobs known before any run).
         seed: the default predictor's seed.
         quantile: which quantile of the predicted remaining work the inner policy ranks by (0.5: the median).
         name: registry name (default: the inner policy's name with ``-pred``).
@@ -120,25 +121,36 @@ class PredictionDriven:
         return decision
 
 
-def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5) -> PredictionDriven:
-    """SRTF on predicted remaining work (``srtf-pred``)."""
+def _predictor(seed: int, predictor: DurationPredictor | None, history: Any) -> DurationPredictor:
+    if predictor is not None:
+        if history is not None:
+            raise SchedulingError("give a predictor or a history, not both (the predictor holds its own)")
+        return predictor
+    return DurationPredictor(seed=seed, history=history)
+
+
+def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
+              history: tuple[SubmitFeatures, np.ndarray] | None = None) -> PredictionDriven:
+    """SRTF on predicted remaining work (``srtf-pred``). ``history``: finished jobs known before the
+    run, ``(features, work)`` (:func:`~gpualloc.scheduling.predict.replay_history`)."""
     from gpualloc.scheduling.policies.simple import SRTF
 
-    return PredictionDriven(SRTF(), predictor, seed=seed, quantile=quantile, name="srtf-pred")
+    return PredictionDriven(SRTF(), _predictor(seed, predictor, history), quantile=quantile, name="srtf-pred")
 
 
-def sjf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5) -> PredictionDriven:
+def sjf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
+             history: tuple[SubmitFeatures, np.ndarray] | None = None) -> PredictionDriven:
     """SJF on predicted work (``sjf-pred``): done work plus the predicted remaining work."""
     from gpualloc.scheduling.policies.simple import SJF
 
-    return PredictionDriven(SJF(), predictor, seed=seed, quantile=quantile, name="sjf-pred")
+    return PredictionDriven(SJF(), _predictor(seed, predictor, history), quantile=quantile, name="sjf-pred")
 
 
 def gavel_srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
-                    **options: Any) -> PredictionDriven:
+                    history: tuple[SubmitFeatures, np.ndarray] | None = None, **options: Any) -> PredictionDriven:
     """``gavel-srtf`` on predicted remaining work (``gavel-srtf-pred``); ``options`` go to
     :class:`~gpualloc.scheduling.policies.hetero.GavelShortestFirst` (``round_s``, ``idle_weight``, ...)."""
     from gpualloc.scheduling.policies.hetero import GavelShortestFirst
 
-    return PredictionDriven(GavelShortestFirst(**options), predictor, seed=seed, quantile=quantile,
+    return PredictionDriven(GavelShortestFirst(**options), _predictor(seed, predictor, history), quantile=quantile,
                             name="gavel-srtf-pred")
