@@ -31,7 +31,12 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--json", "--data", str(shared_data),
                             "--workers", "2", "--out", str(tmp_path)).stdout)
     rows = doc["rows"]
-    synthetic = [r for r in rows if r["trace"] == "synthetic"]
+    for r in rows:  # the interface scripts rely on (issue 36)
+        assert {"knowledge", "policy", "avg_jct_s", "trace", "load", "cluster", "needs_durations", "learned"} <= set(r)
+        assert isinstance(r["needs_durations"], bool) and isinstance(r["learned"], bool)
+    assert {r["knowledge"] for r in rows} == {"oracle", "estimate", "blind"}
+    assert {r["knowledge"] for r in rows if r["policy"] == "oracle-lb"} == {"oracle"}
+    synthetic = [r for r in rows if r["trace"] == "synthetic" and r["knowledge"] == "oracle"]
     assert {r["policy"] for r in synthetic} == {*SchedTableSpec.quick().policies, "oracle-lb"}
     assert {"dqn", "gavel", "srtf", "tiresias"} <= set(SchedTableSpec.quick().policies)
     for r in synthetic:

@@ -212,3 +212,45 @@ def test_blind_refuses_a_policy_that_needs_durations_up_front(name):
     for level in ("oracle", "estimate"):
         require_knowledge(name, level)  # runs on the truth or on estimates
     require_knowledge("fcfs", "blind")
+
+
+# ------------------------------------------------------------------------------- estimates
+def test_estimates_are_upper_bounds_from_round_values_and_deterministic_per_seed():
+    from gpualloc.workload.estimates import POPULAR_LIMITS_S, EstimateModel, model_estimates
+
+    rng = np.random.default_rng(0)
+    work = 10 ** rng.uniform(1, 6.5, 4000)  # 10 s to 37 days
+    a, b, c = model_estimates(work, seed=5), model_estimates(work, seed=5), model_estimates(work, seed=6)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert (a >= work).all()  # a limit is an upper bound: no job runs past a modelled limit
+    m = EstimateModel()
+    exact = a == work
+    day = 86400.0
+    round_value = np.isin(a, POPULAR_LIMITS_S) | ((work > m.max_limit_s) & (a % day == 0))
+    assert (exact | round_value).all()
+    assert abs(exact.mean() - m.p_at_limit) < 0.03
+    short = work < 3600  # a short job at the maximum asked for it whatever it needs
+    assert abs((a[short] == m.max_limit_s).mean() - m.p_max) < 0.04
+    acc = work[~exact & short] / a[~exact & short]
+    assert 0.05 < np.median(acc) < 0.6  # heavily inflated (accuracy uniform before rounding up)
+
+
+def test_a_traces_own_limit_is_used_as_written(tmp_path):
+    from gpualloc.workload.estimates import user_estimates
+    from gpualloc.workload.jobs import Job, JobType, Trace
+    from gpualloc.workload.traces import read_native, write_native
+
+    jobs = [Job("a", 0.0, JobType.ML_TRAINING, 100.0, time_limit_s=50.0),  # below the work: extended
+            Job("b", 1.0, JobType.ML_TRAINING, 100.0, time_limit_s=7200.0), Job("c", 2.0, JobType.ML_TRAINING, 100.0)]
+    back = read_native(write_native(Trace.of(jobs), tmp_path / "t.csv"))
+    assert [j.time_limit_s for j in back.jobs] == [50.0, 7200.0, None]
+    est = user_estimates(back.jobs, seed=1)
+    assert est[0] == 50.0 and est[1] == 7200.0 and est[2] >= 100.0
+    # past its limit a job runs on (it is extended, not killed), seen as about to end
+    trace = Trace.of(jobs)
+    probe = Probe()
+    result = simulate(trace, parse_shorthand("1xV100"), probe, knowledge="estimate", check=True)
+    assert result.finish_s[0] == pytest.approx(100.0)  # its whole work, not cut at 50 s
+    seen = [rem[list(run).index(0)] for _, run, rem, _, _ in probe.seen if 0 in run]
+    assert all(r >= kn.REMAINING_FLOOR_S for r in seen)

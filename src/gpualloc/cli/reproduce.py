@@ -111,11 +111,17 @@ def scheduling_cmd(
     loads: str = typer.Option(None, "--loads", hidden=True, help="Comma-separated loads (tests)."),
     jobs: int = typer.Option(None, "--jobs", max=MAX_JOBS, min=1,
                              help="Jobs per synthetic trace and per real-trace window (default 300; quick 120/60)."),
+    knowledge: str = typer.Option("all", "--knowledge", "-k",
+                                  help="Information levels, side by side (docs/knowledge.md): comma-separated "
+                                       "oracle, estimate, blind, or all."),
 ) -> None:
     """The scheduling table: every policy, the DQN agent and the lower bound, synthetic and real traces.
 
     adlro16 (and the unseen 16xV100+8xT4+8xA100) with synthetic simulation / ML / data-processing jobs at
     several loads, then real-trace windows scaled to each cluster."""
+    from gpualloc.scheduling.knowledge import KNOWLEDGE, parse_levels
+
+    levels = parse_levels(knowledge)  # before any slow import: a typo is one line at once
     from dataclasses import replace
 
     from gpualloc.parallel import make_executor
@@ -123,6 +129,7 @@ def scheduling_cmd(
     from gpualloc.reports.tables import plot_bars, scheduling_markdown, scheduling_summary_markdown
 
     spec = SchedTableSpec.quick() if quick else SchedTableSpec.full()
+    spec = replace(spec, knowledge=levels)
     if seeds:
         spec = replace(spec, seeds=seeds)
     if loads:
@@ -142,22 +149,27 @@ def scheduling_cmd(
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "") \
         + (f" --loads {loads}" if loads else "") + (f" --jobs {jobs}" if jobs else "") \
-        + ("" if with_real else " --no-real-traces")
+        + ("" if with_real else " --no-real-traces") + ("" if levels == KNOWLEDGE else f" --knowledge {','.join(levels)}")
     result["command"] = command
     result["real_traces"] = real_note
     write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
     table = scheduling_markdown(result["rows"])
     write_text(out / "table.md", f"<!-- {command} -->\n" + table)
     notes = "".join(f"- `{name}`: {note}\n" for name, note in result["agents"].items())
+    notes += "".join(f"- `{what}` not run: {why}\n" for what, why in result["not_run"].items())
     notes = "\n" + notes if notes else ""
     summary = scheduling_summary_markdown(result["rows"])
     if summary:
         write_text(out / "summary.md", f"<!-- {command} -->\n" + summary + notes)
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
+    if len(levels) > 1:  # one bar per policy and level
+        synthetic = [r | {"policy": f"{r['policy']} ({r['knowledge']})"} for r in synthetic]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
               scale=1 / 3600,
               title=f"{spec.cluster}: average JCT by load")
     real = [r for r in result["rows"] if r["part"] == "real"]
+    if len(levels) > 1:
+        real = [r | {"policy": f"{r['policy']} ({r['knowledge']})"} for r in real]
     if real:  # no real traces found: nothing to plot
         plot_bars(real, ("trace", "cluster"), "policy", "avg_jct_s", out / "real_traces.png",
                   ylabel="average JCT (h, log scale)", scale=1 / 3600, log=True,

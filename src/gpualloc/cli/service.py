@@ -74,6 +74,10 @@ def serve(
                                                       "CAP_SETUID); TEAM=USER for one team's jobs (repeatable). "
                                                       "Required when serve runs as root (--job-user root runs jobs "
                                                       "as root, with a warning)."),
+    knowledge: str = typer.Option("estimate", "--knowledge", "-k",
+                                  help="What the policy knows of job durations (docs/knowledge.md): estimate (the "
+                                       "work_s users submit, as a time limit), blind (submit-time fields and time "
+                                       "run so far only) or oracle (submitted work_s taken as exact)."),
     ready_file: Path | None = typer.Option(None, "--ready-file",
                                               help="Once the service accepts connections, write this file "
                                                    "(JSON: url, pid, token_file; mode 0600, atomically); removed "
@@ -84,6 +88,9 @@ def serve(
     from gpualloc.service.auth import check_own_or_missing, check_private_folder, default_store
     from gpualloc.service.jobusers import plan_job_users
 
+    from gpualloc.scheduling.knowledge import check_knowledge
+
+    check_knowledge(knowledge, "--knowledge")
     # First, before printing anything or making a token: a port in use is one line and exit 2.
     sock = listen_socket(host, port)
     try:
@@ -107,7 +114,7 @@ def serve(
                                preemption=preemption, telemetry=telemetry, tick_s=tick, host=host, port=port,
                                allowed_hosts=tuple(allow_host or ()), docs=docs,
                                agents_dir=None if agents_dir is None else str(agents_dir), job_users=users,
-                               quotas=None if quotas is None else str(quotas))
+                               quotas=None if quotas is None else str(quotas), knowledge=knowledge)
         service = Service(config).open()
         # Connections now wait in the queue instead of being refused: the token file exists already.
         sock.listen(2048)

@@ -30,6 +30,8 @@ _SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the generat
 _DROP = typer.Option(False, "--drop-unplaceable",
                      help="Reject jobs larger than any device type of the cluster instead of stopping.")
 _AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled one).")
+_KNOWLEDGE_HELP = ("What the policy knows of job durations (docs/knowledge.md): oracle (the truth), estimate (the "
+                   "users' time limits) or blind (submit-time fields and time run so far only).")
 _QUOTAS = typer.Option(None, "--quotas",
                        help="Team quotas per GPU type (TOML, docs/quotas.md): every policy runs under them, with "
                             "borrowing, reclaim, fair share and GPU-type preferences; adds per-team figures.")
@@ -59,12 +61,16 @@ def load_quotas(path: Path | None):
     return Quotas.from_file(path)
 
 
-def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None, quotas=None):
+def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None, quotas=None,
+               knowledge: str = "oracle"):
+    """Simulate one policy at information level ``knowledge`` (a policy that needs durations is refused
+    up front under ``blind``, :func:`~gpualloc.scheduling.policies.require_knowledge`)."""
     from rich.progress import BarColumn, TextColumn
 
-    from gpualloc.scheduling.policies import make_policy, policy_options
+    from gpualloc.scheduling.policies import make_policy, policy_options, require_knowledge
     from gpualloc.scheduling.simulator import simulate
 
+    require_knowledge(policy_name, knowledge)
     options = policy_options(policy_name)
     policy = make_policy(policy_name, **({"agent": agent} if "agent" in options and agent else {}),
                          **({"cache": disk_cache()} if "cache" in options else {}))
@@ -72,7 +78,7 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
         with progress_bar(TextColumn("{task.description:<16}"), BarColumn(), unit="jobs") as bar:
             task = bar.add_task(policy_name, total=len(trace))
             return simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop, quotas=quotas,
-                            progress=lambda now, done, total: bar.update(task, completed=done))
+                            knowledge=knowledge, progress=lambda now, done, total: bar.update(task, completed=done))
     except UnplaceableJobs as err:
         raise UnplaceableJobs(f"{err}; --drop-unplaceable rejects such jobs instead") from err
 
@@ -88,14 +94,17 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     out: Path = typer.Option(None, "-o", "--out", callback=output_file,
                              help="Write the metrics and every job's record here (JSON)."),
+    knowledge: str = typer.Option("oracle", "--knowledge", "-k", help=_KNOWLEDGE_HELP),
 ) -> None:
     """Run one policy and print its metrics, with the lower bound beside them."""
+    from gpualloc.scheduling.knowledge import check_knowledge, row_labels
     from gpualloc.scheduling.metrics import summary, team_summary, with_ratios
 
+    check_knowledge(knowledge, "--knowledge")
     team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    result = run_policy(jobs, spec, policy, seed, drop, agent, team_quotas)
-    row = summary(result)
+    result = run_policy(jobs, spec, policy, seed, drop, agent, team_quotas, knowledge)
+    row = summary(result) | row_labels(policy, knowledge) | _where(trace, load)
     if team_quotas is not None:
         row["teams"] = team_summary(result)
     if out is not None:
@@ -105,7 +114,8 @@ def run_cmd(
     if as_json:
         print_json(row)
         return
-    print_policies(with_ratios([row]), f"{policy} on {spec.name}: {_jobs(len(jobs), row)}")
+    print_policies(with_ratios([row]), f"{policy} on {spec.name}: {_jobs(len(jobs), row)}"
+                   + ("" if knowledge == "oracle" else f", knowledge {knowledge}"))
     print_teams([row])
 
 
@@ -114,44 +124,98 @@ def compare_cmd(
     cluster: str = _CLUSTER, trace: Path = _TRACE, fmt: str = _FORMAT, generate: int = _GENERATE,
     load: float = _LOAD, nodes: Path = _NODES, head: int = _HEAD, seed: int = _SEED, drop: bool = _DROP,
     agent: Path = _AGENT, quotas: Path = _QUOTAS,
-    policies: str = typer.Option(DEFAULT_POLICIES, "--policies",
-                                 help="Comma-separated policy names (package.module:factory for your own)."),
+    policies: str = typer.Option(None, "--policies", show_default=DEFAULT_POLICIES,
+                                 help="Comma-separated policy names (package.module:factory for your own). By "
+                                      "default under blind, those that need durations give way to their -pred "
+                                      "versions."),
     plots: Path = typer.Option(None, "--plots", callback=output_folder,
                                help="Folder for the JCT CDF, utilisation and queue plots."),
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),
+    knowledge: str = typer.Option("oracle", "--knowledge", "-k",
+                                  help=_KNOWLEDGE_HELP + " Several, comma-separated, or all: side by side."),
 ) -> None:
     """Run several policies on the same jobs and cluster, side by side with the lower bound (oracle-lb)."""
+    from gpualloc.scheduling.knowledge import parse_levels, policies_at
+    from gpualloc.scheduling.policies import require_knowledge
+
+    levels = parse_levels(knowledge)
+    default = [name.strip() for name in DEFAULT_POLICIES.split(",")]
+    names = None if policies is None else [name.strip() for name in policies.split(",") if name.strip()]
+    plan = {level: list(policies_at(level, default)) if names is None else names for level in levels}
+    for level, level_names in plan.items():  # refuse before any run
+        for name in level_names:
+            require_knowledge(name, level)
     team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    names = [name.strip() for name in policies.split(",") if name.strip()]
-    rows = compare_policies(jobs, spec, names, seed=seed, drop=drop, agent=agent, plots=plots, quotas=team_quotas)
+    rows = []
+    for level, level_names in plan.items():
+        level_rows = compare_policies(jobs, spec, level_names, seed=seed, drop=drop, agent=agent,
+                                      plots=plots if len(levels) == 1 else (plots and plots / level),
+                                      quotas=team_quotas, knowledge=level, trace_path=trace, load=load,
+                                      skip_unable=names is None)
+        rows += [r for r in level_rows if r["policy"] != "oracle-lb" or not rows]  # the bound once: it is oracle
     if as_json:
         print_json({"cluster": spec.name, "trace": str(trace) if trace else f"synthetic {generate} jobs load {load}",
-                    "seed": seed, "results": rows})
+                    "seed": seed, "knowledge": list(levels), "results": rows})
         return
-    print_policies(rows, f"{_jobs(len(jobs), rows[0])} on {spec.name} ({len(spec)} GPUs)")
+    for level in levels:
+        mine = [r for r in rows if r["knowledge"] == level or (r["policy"] == "oracle-lb" and len(levels) == 1)]
+        title = f"{_jobs(len(jobs), rows[0])} on {spec.name} ({len(spec)} GPUs)"
+        print_policies(mine, title if levels == ("oracle",) else f"{title}, knowledge {level}")
     print_teams(rows)
     if plots is not None:
         console.print(f"plots: {plots}/jct_cdf.png, utilization.png, queue.png")
 
 
 def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = False, agent: Path | None = None,
-                     plots: Path | None = None, quotas=None) -> list[dict]:
+                     plots: Path | None = None, quotas=None, knowledge: str = "oracle",
+                     trace_path: Path | None = None, load: float | None = None,
+                     skip_unable: bool = False) -> list[dict]:
     """Each policy's summary on the same jobs, then the oracle-lb row, with x bound and vs fcfs; the
     JCT CDF, utilisation and queue plots go to ``plots`` when given. Under ``quotas`` (a
     :class:`~gpualloc.scheduling.quotas.Quotas`) every policy runs wrapped in its quota rules and
-    each row gets ``teams``: :func:`~gpualloc.scheduling.metrics.team_summary`."""
+    each row gets ``teams``: :func:`~gpualloc.scheduling.metrics.team_summary`. Every row says what its
+    policy knew (:func:`~gpualloc.scheduling.knowledge.row_labels`: ``knowledge``, ``needs_durations``,
+    ``learned``; the oracle-lb row is ``oracle``) and what it ran on (``trace``: the file, or
+    ``synthetic``; ``load``: the synthetic load, null for a trace). With ``skip_unable`` (a default list,
+    not one the user wrote), a policy that reads what ``knowledge`` hides is left out with a warning
+    instead of stopping the comparison."""
+    from gpualloc.scheduling.knowledge import row_labels
     from gpualloc.scheduling.metrics import oracle_summary, summary, team_summary, with_ratios
     from gpualloc.scheduling.simulator import prepare
 
     work = prepare(jobs, spec)  # the speed matrix and job table, once for every policy
-    results = [run_policy(work, spec, name, seed, drop, agent, quotas) for name in names]
+    results = [r for r in (_run_or_skip(work, spec, name, seed, drop, agent, quotas, knowledge, skip_unable)
+                           for name in names) if r is not None]
     if plots is not None:
         from gpualloc.reports.sched_plots import plot_runs
 
         plot_runs(results, plots, title=f"({spec.name})")
     rows = [summary(r) | ({"teams": team_summary(r)} if quotas is not None else {}) for r in results]
-    return with_ratios(rows + [oracle_summary(results[0])])
+    rows = with_ratios(rows + [oracle_summary(results[0])])
+    where = _where(trace_path, load)
+    return [r | row_labels(r["policy"], knowledge) | where for r in rows]
+
+
+def _run_or_skip(work, spec, name: str, seed: int, drop: bool, agent, quotas, knowledge: str, skip: bool):
+    from gpualloc.scheduling.knowledge import InformationError
+
+    try:
+        return run_policy(work, spec, name, seed, drop, agent, quotas, knowledge)
+    except InformationError as err:
+        if not skip:
+            raise
+        import warnings
+
+        from gpualloc.errors import GpuallocWarning
+
+        warnings.warn(f"{name} left out at knowledge {knowledge}: {err}", GpuallocWarning, stacklevel=2)
+        return None
+
+
+def _where(trace: Path | None, load: float | None) -> dict:
+    """A row's ``trace`` (the file, or ``synthetic``) and ``load`` (the synthetic load; null for a trace)."""
+    return {"trace": str(trace), "load": None} if trace is not None else {"trace": "synthetic", "load": load}
 
 
 def _jobs(n: int, row: dict) -> str:

@@ -90,6 +90,26 @@ def _windows(data: Path | None, clusters: str) -> tuple[list, list]:
     return training_windows(data, names), training_windows(data, names, starts=VAL_WINDOWS)
 
 
+def _knowledge_option(knowledge: str, experts: bool) -> dict:
+    """``--knowledge`` as a training setting (``{"knowledge": level}``) for the training code that has one;
+    ``{}`` for ``oracle`` where it has none (what it always trained on); otherwise one line: training at
+    that level is not there."""
+    from dataclasses import fields
+
+    from gpualloc.rl.train_scheduler import ExpertTraining, SchedulerTraining
+    from gpualloc.scheduling.knowledge import check_knowledge
+
+    check_knowledge(knowledge, "--knowledge")
+    settings = ExpertTraining if experts else SchedulerTraining
+    if "knowledge" in {f.name for f in fields(settings)}:
+        return {"knowledge": knowledge}
+    if knowledge == "oracle":
+        return {}
+    from gpualloc.errors import AgentError
+
+    raise AgentError(f"--knowledge {knowledge}: this training reads true durations; it trains at oracle only")
+
+
 @app.command("scheduler")
 def scheduler_cmd(
     cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Cluster preset, shorthand or file."),
@@ -137,8 +157,13 @@ def scheduler_cmd(
                                      help="Expert choice: generated training traces (clusters in turn)."),
     guide: str = typer.Option("teacher", "--guide", help="Expert choice: clone the teacher everywhere "
                               "('teacher') or each training trace's best expert ('best')."),
+    knowledge: str = typer.Option("oracle", "--knowledge", "-k",
+                                  help="What the agent and its experts know of job durations while they train and "
+                                       "decide (docs/knowledge.md): oracle, estimate or blind; stored with the "
+                                       "agent."),
 ) -> None:
     """Train the DQN scheduler; evaluates on held-out seeds against FCFS, static affinity and SJF."""
+    level = _knowledge_option(knowledge, experts is not None)
     if experts:
         from gpualloc.rl.train_scheduler import train_expert_scheduler
 
@@ -157,7 +182,7 @@ def scheduler_cmd(
                 rollout_points=rollout_points, rollout_base=rollout_base,
                 rollout_horizon_s=rollout_horizon_h * 3600 or None, rollout_follow_s=rollout_follow_h * 3600,
                 guide=guide, bc_rounds=bc_rounds, train_traces=train_traces,
-                extra_problems=tuple(train_w), val_problems=tuple(val_w))
+                extra_problems=tuple(train_w), val_problems=tuple(val_w), **level)
         console.print(f"wrote {report.out_path} in {report.wall_s:.0f} s; {report.gate.note()}")
         return
     from gpualloc.parallel import make_executor
@@ -184,7 +209,7 @@ def scheduler_cmd(
                        f"{'-' if best is None else f'{best / 3600:.1f} h'}")
 
         report = train_scheduler(cluster, out, steps=steps, seed=seed, traces=traces, progress=progress,
-                                 executor=executor, actors=actors, round_steps=round_steps)
+                                 executor=executor, actors=actors, round_steps=round_steps, **level)
     console.print(f"wrote {report.out_path} and {report.plot_path} in {report.wall_s:.0f} s")
     for name in report.baselines:
         console.print(f"  best checkpoint vs {name}: {report.improvement(name):+.1%} avg JCT")

@@ -16,6 +16,14 @@ on GPUs never trained on). Each row carries ``vs_best``: its JCT reduction again
 (SRTF, Gavel, Tiresias, EASY, SJF and ``gavel-srtf``; ``vs_best_published`` without it) of the same
 cluster, trace and load, and the learned rows a paired 95% CI of it over seeds. ``dqn-hd`` is the
 ablation: the agent trained with the hyperdimensional features (``sched-experts-hd.pt``).
+
+Each information level of :attr:`SchedTableSpec.knowledge` (:mod:`gpualloc.scheduling.knowledge`)
+runs the table again, side by side: every row carries ``knowledge``, ``needs_durations`` and
+``learned``; ``vs_*`` compare rows of the same level only; under ``blind`` a policy that needs
+durations gives way to its ``-pred`` version (:func:`~gpualloc.scheduling.knowledge.policies_at`), and
+a learned policy that reads what the level hides is left out and named in ``not_run``. The oracle
+bound (``oracle-lb``) is one row per workload, labelled ``oracle``; ``vs_oracle_gavel_srtf`` is each
+row's gap to the oracle ``gavel-srtf`` where the oracle level ran.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from scipy import stats
 from gpualloc.errors import GpuallocWarning, TraceError
 from gpualloc.parallel import Executor, SerialExecutor
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
+from gpualloc.scheduling.knowledge import KNOWLEDGE, InformationError, policies_at, row_labels
+from gpualloc.scheduling.policies import is_learned, needs_durations
 from gpualloc.scheduling.metrics import oracle_summary, reduction, summary, x_bound
 from gpualloc.scheduling.policies import POLICIES as REGISTRY
 from gpualloc.scheduling.policies import make_policy
@@ -73,18 +83,20 @@ class SchedTableSpec:
     real_jobs: int = 300
     real_load: float = 0.8
     policies: tuple[str, ...] = POLICIES
+    knowledge: tuple[str, ...] = ("oracle",)
 
     @classmethod
     def full(cls) -> SchedTableSpec:
-        """What ``reproduce scheduling`` runs: the defaults plus :data:`UNSEEN_CLUSTER`."""
-        return cls(unseen_cluster=UNSEEN_CLUSTER)
+        """What ``reproduce scheduling`` runs: the defaults plus :data:`UNSEEN_CLUSTER`, at every
+        information level."""
+        return cls(unseen_cluster=UNSEEN_CLUSTER, knowledge=KNOWLEDGE)
 
     @classmethod
     def quick(cls) -> SchedTableSpec:
         """One load, 2 seeds, short real-trace windows, and no HD ablation: the expert-choice agents ask
         five experts at every round, which on a real trace's long jobs costs minutes per run."""
         return cls(loads=(0.8,), seeds=2, jobs=120, real_jobs=60, unseen_cluster=None,
-                   policies=tuple(p for p in POLICIES if p != "dqn-hd"))
+                   policies=tuple(p for p in POLICIES if p != "dqn-hd"), knowledge=KNOWLEDGE)
 
     @property
     def clusters(self) -> tuple[str, ...]:
@@ -148,6 +160,7 @@ class SchedRun:
     fmt: str | None = None
     agent: str | None = None
     cache_dir: str | None = None  # the dqn gate verdicts' cache (gpualloc.cache), or None
+    knowledge: str = "oracle"
 
 
 @lru_cache(maxsize=4)
@@ -189,11 +202,16 @@ def agent_notes(policies: Sequence[str], agent: str | None = None, cache_dir: st
     return {name: note for name, note in notes.items() if note}
 
 
-def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Simulate ``run``; returns its summary and the oracle lower bound of the same result."""
+def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Simulate ``run`` at its information level; returns its summary and the oracle lower bound of the
+    same result, or ``({"policy": ..., "not_run": why}, None)`` when the policy reads what the level hides."""
     work = _workload(run.cluster, run.load, run.jobs, run.trace_seed, run.path, run.fmt)
     policy = _make(run.policy, run.agent, run.cache_dir)
-    result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True)
+    try:
+        result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True,
+                          knowledge=run.knowledge)
+    except InformationError as err:
+        return {"policy": run.policy, "not_run": str(err)}, None
     return summary(result), oracle_summary(result)
 
 
@@ -242,11 +260,16 @@ def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
     return runs
 
 
-def _take(results: Iterator[tuple[dict[str, Any], dict[str, Any]]],
+def _take(results: Iterator[tuple[dict[str, Any], dict[str, Any] | None]],
           policies: Sequence[str]) -> tuple[dict[str, dict], dict]:
-    """One trace's runs in policy order; the oracle row comes from the last policy's result."""
+    """One trace's runs in policy order; the oracle row comes from the last policy that ran (every run
+    of a trace has the same bound). A policy that did not run (``not_run``) is left out."""
     out = {name: next(results) for name in policies}
-    return {name: s for name, (s, _) in out.items()}, out[policies[-1]][1]
+    oracle = next((o for _, o in reversed(list(out.values())) if o is not None), None)
+    if oracle is None:
+        raise InformationError("no policy of the table could run at this information level: "
+                               + "; ".join(s["not_run"] for s, _ in out.values()))
+    return {name: s for name, (s, o) in out.items() if o is not None}, oracle
 
 
 def _vs_baselines_ci(runs_p: Sequence[dict[str, Any]], per: dict[str, list]) -> dict[str, list[float] | None]:
@@ -260,14 +283,15 @@ def _vs_baselines_ci(runs_p: Sequence[dict[str, Any]], per: dict[str, list]) -> 
 def _synthetic_rows(spec: SchedTableSpec, cluster: str, load: float,
                     results: Iterator[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Part-1 rows of one load: every policy and the oracle bound, aggregated over seeds."""
-    policies = spec.policies
-    per: dict[str, list] = {p: [] for p in policies}
+    per: dict[str, list] = {p: [] for p in spec.policies}
     oracle = []
     for _seed in range(spec.seeds):
-        res, orc = _take(results, policies)
-        for p in policies:
-            per[p].append(res[p])
+        res, orc = _take(results, spec.policies)
+        for p in spec.policies:
+            per[p].append(res.get(p))
         oracle.append(orc)
+    per = {p: runs for p, runs in per.items() if None not in runs}  # a policy the level stops stops at every seed
+    policies = [p for p in spec.policies if p in per]
     rows = []
     for p in [*policies, "oracle-lb"]:
         runs_p = per[p] if p != "oracle-lb" else oracle
@@ -291,15 +315,23 @@ def _real_rows(spec: SchedTableSpec, cluster: str, label: str,
     res, orc = _take(results, spec.policies)
     return [{"part": "real", "cluster": cluster, "trace": label, "load": spec.real_load, "policy": p, "seeds": 1,
              **_aggregate([res[p] if p != "oracle-lb" else orc], [orc])}
-            for p in [*spec.policies, "oracle-lb"]]
+            for p in [*spec.policies, "oracle-lb"] if p in res or p == "oracle-lb"]
 
 
 def _add_vs_fcfs(rows: list[dict[str, Any]]) -> None:
     """Give each row its JCT reduction against FCFS, the best heuristic and the best published one
     (:data:`BASELINE_SETS`) on the same cluster, trace and load, where they ran."""
     for r in rows:
-        same = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]
-                and x["cluster"] == r["cluster"]]
+        where = [x for x in rows if x["trace"] == r["trace"] and x["load"] == r["load"]
+                 and x["cluster"] == r["cluster"]]
+        # compare within a level; the bound (oracle at every level, one row) with the first level's rows
+        level = r.get("knowledge") if r["policy"] != "oracle-lb" else next(
+            (x.get("knowledge") for x in where if x["policy"] != "oracle-lb"), r.get("knowledge"))
+        same = [x for x in where if x.get("knowledge") == level]
+        oracle_gs = next((x["avg_jct_s"] for x in where
+                          if x["policy"] == "gavel-srtf" and x.get("knowledge", "oracle") == "oracle"), None)
+        if oracle_gs is not None and r["policy"] != "oracle-lb":
+            r["vs_oracle_gavel_srtf"] = reduction(r["avg_jct_s"], oracle_gs)
         fcfs = next((x["avg_jct_s"] for x in same if x["policy"] == "fcfs"), None)
         if fcfs is not None:
             r["vs_fcfs"] = reduction(r["avg_jct_s"], fcfs)
@@ -328,29 +360,76 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
     start = time.perf_counter()
     real = _real_traces(data_root)
     cache_dir = None if cache_dir is None else str(cache_dir)
-    runs = _planned_runs(spec, real, None if agent is None else str(agent), cache_dir)
+    levels = [(level, replace(spec, policies=policies_at(level, spec.policies))) for level in spec.knowledge]
+    runs, slots = _unique_runs(spec, levels, real, None if agent is None else str(agent), cache_dir)
 
     def done(i: int, _result: object) -> None:
         if progress is not None:
             progress(runs[i][0])
 
     # results come back in the order of ``runs``; the row builders consume them in that order
-    results = iter((executor or SerialExecutor()).map(run_one, [r for _, r in runs], on_result=done))
-    rows = [row for cluster in spec.clusters for load in spec.loads
-            for row in _synthetic_rows(spec, cluster, load, results)]
-    rows += [row for cluster in spec.clusters for label, _path, _fmt in real
-             for row in _real_rows(spec, cluster, label, results)]
+    outcomes = list((executor or SerialExecutor()).map(run_one, [r for _, r in runs], on_result=done))
+    not_run = {f"{run.knowledge} {s['policy']}": s["not_run"] for (_, run), (s, o) in zip(runs, outcomes, strict=True)
+               if o is None}
+    rows: list[dict[str, Any]] = []
+    for i, (level, sub) in enumerate(levels):
+        results = iter([outcomes[k] for k in slots[i]])
+        level_rows = [row for cluster in sub.clusters for load in sub.loads
+                      for row in _synthetic_rows(sub, cluster, load, results)]
+        level_rows += [row for cluster in sub.clusters for label, _path, _fmt in real
+                       for row in _real_rows(sub, cluster, label, results)]
+        rows += [row | row_labels(row["policy"], level, VARIANTS.get(row["policy"], (row["policy"],))[0])
+                 for row in level_rows if row["policy"] != "oracle-lb" or i == 0]  # the bound once: it is oracle
     _add_vs_fcfs(rows)
     return {"spec": {"cluster": spec.cluster, "unseen_cluster": spec.unseen_cluster,
                      "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
-                     "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies)},
+                     "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies),
+                     "knowledge": list(spec.knowledge),
+                     "policies_by_knowledge": {level: list(sub.policies) for level, sub in levels}},
             "agents": agent_notes(spec.policies, None if agent is None else str(agent), cache_dir),
-            "rows": rows, "wall_s": time.perf_counter() - start}
+            "not_run": not_run, "rows": rows, "wall_s": time.perf_counter() - start}
+
+
+def _level_free(name: str) -> bool:
+    """Whether the table's policy ``name`` decides the same at every information level: registered, needs
+    no durations and uses no learned model (FCFS, Tiresias, Gavel, ...)."""
+    base = VARIANTS.get(name, (name,))[0]
+    return base in REGISTRY and not needs_durations(base) and not is_learned(base)
+
+
+def _run_level(name: str, level: str, levels: Sequence[str]) -> str:
+    """The level a policy's runs go at for the table's ``level`` rows: a policy that decides the same at
+    every level (:func:`_level_free`) runs once, at ``blind`` when the table has it, and its rows are
+    shared by the levels (a hidden read would have failed there, so its decisions cannot depend on the
+    level); every other policy runs at each level."""
+    return "blind" if "blind" in levels and _level_free(name) else level
+
+
+def _unique_runs(spec: SchedTableSpec, levels: Sequence[tuple[str, SchedTableSpec]], real, agent: str | None,
+                 cache_dir: str | None) -> tuple[list[tuple[str, SchedRun]], list[list[int]]]:
+    """The distinct simulations of the table, labelled, and for each level the indices of its runs in the
+    order its row builders consume them."""
+    names = [level for level, _ in levels]
+    runs: list[tuple[str, SchedRun]] = []
+    index: dict[SchedRun, int] = {}
+    slots: list[list[int]] = []
+    for level, sub in levels:
+        mine = []
+        for label, run in _planned_runs(sub, real, agent, cache_dir):
+            run = replace(run, knowledge=_run_level(run.policy, level, names))
+            if run not in index:
+                index[run] = len(runs)
+                runs.append((f"{run.knowledge} {label}" if len(levels) > 1 else label, run))
+            mine.append(index[run])
+        slots.append(mine)
+    return runs, slots
 
 
 def total_runs(spec: SchedTableSpec, with_real: bool) -> int:
-    return len(spec.policies) * len(spec.clusters) * (len(spec.loads) * spec.seeds
-                                                      + (len(REAL_TRACES) if with_real else 0))
+    per_policy = len(spec.clusters) * (len(spec.loads) * spec.seeds + (len(REAL_TRACES) if with_real else 0))
+    pairs = {(name, _run_level(name, level, spec.knowledge)) for level in spec.knowledge
+             for name in policies_at(level, spec.policies)}
+    return len(pairs) * per_policy
 
 
 TRAIN_WINDOWS = {"gavel-msr": (300, 600, 900), "philly": (1500, 3500, 7000, 30000, 60000),

@@ -113,20 +113,24 @@ def scheduling_summary_markdown(rows: Sequence[dict[str, Any]], learned: str = "
     """The learned policy against the best heuristic of each (cluster, trace, load), ours included
     and published only; empty where no row of ``learned`` ran."""
     groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+    levels = any("knowledge" in r for r in rows)  # a column for the information level when rows say it
     for r in rows:
-        groups.setdefault((r.get("cluster", "-"), r["trace"], r["load"]), {})[r["policy"]] = r
-    head = (f"| cluster | trace | load | best heuristic | its avg JCT (h) | best published | its avg JCT (h) | "
+        key = (r.get("cluster", "-"), r["trace"], r["load"]) + ((r.get("knowledge", "oracle"),) if levels else ())
+        groups.setdefault(key, {})[r["policy"]] = r
+    head = ("| cluster | trace | load | " + ("knowledge | " if levels else "") +
+            f"best heuristic | its avg JCT (h) | best published | its avg JCT (h) | "
             f"`{learned}` avg JCT (h) | `{learned}` vs best [95% CI] | `{learned}` vs best published [95% CI] | "
             f"`{learned}-hd` vs best | `{learned}` p99 JCT (h) | `{learned}` makespan (h) | "
             f"`{learned}` util. while jobs wait | best heuristic's util. while jobs wait |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for (cluster, trace, load), group in groups.items():
+    for (cluster, trace, load, *level), group in groups.items():
         mine = group.get(learned)
         if mine is None or "best_heuristic" not in mine:
             continue
         best, pub = group[mine["best_heuristic"]], group[mine.get("best_published", mine["best_heuristic"])]
         lines.append(
-            f"| {cluster} | {trace} | {load:g} | {best['policy']} | {_pm(best, 'avg_jct_s', '.2f', 1 / 3600)} | "
+            f"| {cluster} | {trace} | {load:g} | " + "".join(f"{k} | " for k in level) +
+            f"{best['policy']} | {_pm(best, 'avg_jct_s', '.2f', 1 / 3600)} | "
             f"{pub['policy']} | {_pm(pub, 'avg_jct_s', '.2f', 1 / 3600)} | {_pm(mine, 'avg_jct_s', '.2f', 1 / 3600)} | "
             f"{_vs(mine, 'best')} | {_vs(mine, 'best_published')} | {_vs(group.get(f'{learned}-hd', {}), 'best')} | "
             f"{mine['p99_jct_s'] / 3600:.1f} | {mine['makespan_s'] / 3600:.0f} | "
@@ -150,14 +154,17 @@ def scheduling_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """One Markdown table: a row per (cluster, trace, load, policy); ``vs best`` is the JCT reduction
     against the best heuristic of the same trace, ours included, and ``vs best published`` against
     the best published one (each with the paired 95% CI over seeds for learned rows)."""
-    head = ("| cluster | trace | load | policy | avg JCT (h) | 95% CI (h) | vs FCFS | vs best heuristic | "
+    levels = any("knowledge" in r for r in rows)  # a column for the information level when rows say it
+    head = ("| cluster | trace | load | " + ("knowledge | " if levels else "") +
+            "policy | avg JCT (h) | 95% CI (h) | vs FCFS | vs best heuristic | "
             "vs best published | x bound | jobs/h | utilisation | util. while jobs wait | p99 JCT (h) | "
             "makespan (h) | HyperScore |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         ci = r.get("avg_jct_s_ci95")
         lines.append(
-            f"| {r.get('cluster', '-')} | {r['trace']} | {r['load']:g} | {r['policy']} | "
+            f"| {r.get('cluster', '-')} | {r['trace']} | {r['load']:g} | "
+            + (f"{r.get('knowledge', 'oracle')} | " if levels else "") + f"{r['policy']} | "
             f"{_pm(r, 'avg_jct_s', '.2f', 1 / 3600)} | "
             f"{'-' if not ci else f'{ci[0] / 3600:.2f} – {ci[1] / 3600:.2f}'} | {r['vs_fcfs']:+.1%} | "
             f"{_vs(r, 'best')} | {_vs(r, 'best_published')} | "

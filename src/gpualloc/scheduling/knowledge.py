@@ -209,3 +209,54 @@ class JobsView:
         speed = np.where(running, tb.speed[idx, np.where(running, rt, 0)], 1.0)
         shift = (self._estimated_remaining(idx) - tb.remaining_s[idx]) / speed
         return np.where(running, tb.expected_finish_s[idx] + shift, np.nan)
+
+
+# ------------------------------------------------------------------------------------ result rows
+ORACLE_ROWS: frozenset[str] = frozenset({"oracle-lb"})
+"""Result rows computed from the true durations whatever the run's level (labelled ``oracle``)."""
+
+
+def parse_levels(text: str, where: str = "--knowledge") -> tuple[str, ...]:
+    """Comma-separated levels (``"all"``: every one of :data:`KNOWLEDGE`), in :data:`KNOWLEDGE` order, once each.
+
+    Raises:
+        SchedulingError: an unknown level, or none.
+    """
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if "all" in names:
+        return KNOWLEDGE
+    if not names:
+        raise SchedulingError(f"{where}: no information level given (expected {', '.join(KNOWLEDGE)} or all)")
+    for name in names:
+        check_knowledge(name, where)
+    return tuple(k for k in KNOWLEDGE if k in names)
+
+
+def policies_at(knowledge: str, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The policies of a default list that can run at ``knowledge``: under ``blind``, each one that needs
+    durations gives way to its prediction-driven sibling (``srtf`` -> ``srtf-pred``) where one is
+    registered, and is left out otherwise (``easy-backfill``). A list the user wrote is not rewritten:
+    it goes through :func:`~gpualloc.scheduling.policies.require_knowledge` instead."""
+    from gpualloc.scheduling.policies import POLICIES, needs_durations
+
+    if knowledge != "blind":
+        return tuple(names)
+    out: list[str] = []
+    for name in names:
+        alt = f"{name}-pred" if needs_durations(name) else name
+        if alt in POLICIES and alt not in out:
+            out.append(alt)
+    return tuple(out)
+
+
+def row_labels(policy: str, knowledge: str, base: str | None = None) -> dict[str, Any]:
+    """The fields every result row carries about what its policy knew: ``knowledge`` (``oracle`` for
+    the rows of :data:`ORACLE_ROWS` whatever the run's level), ``needs_durations`` and ``learned``
+    (from the registry tags of ``base``, the registered name behind a table variant such as ``dqn-hd``;
+    both false for a policy of one's own)."""
+    from gpualloc.scheduling.policies import is_learned, needs_durations
+
+    if policy in ORACLE_ROWS:
+        return {"knowledge": "oracle", "needs_durations": True, "learned": False}
+    name = base or policy
+    return {"knowledge": knowledge, "needs_durations": needs_durations(name), "learned": is_learned(name)}

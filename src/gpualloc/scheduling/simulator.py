@@ -54,7 +54,7 @@ from gpualloc.scheduling.base import (
     JobTable,
     Policy,
 )
-from gpualloc.scheduling.knowledge import DEFAULT_KNOWLEDGE, JobsView, check_knowledge
+from gpualloc.scheduling.knowledge import DEFAULT_KNOWLEDGE, InformationError, JobsView, check_knowledge
 from gpualloc.scheduling.consolidate import MigrationRule, ResidualEstimate, candidates, plan_migration
 from gpualloc.scheduling.consolidate import fragmentation_blocked
 from gpualloc.scheduling.quotas import QuotaPolicy, Quotas, entitlement_violations, quota_breaches
@@ -1020,6 +1020,8 @@ class _Engine:
                 view = steps.send(decide(view))
         except StopIteration as stop:
             return stop.value
+        except InformationError as err:  # name the policy that read what its level hides
+            raise InformationError(f"policy {self.name}: {err}") from err
 
     def steps(self) -> Generator[ClusterView, Decision, SimResult]:
         """The event loop, paused at every decision point.

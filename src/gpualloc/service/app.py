@@ -123,6 +123,9 @@ class ServiceConfig:
             None: the service's own user). When they switch users, the store's folder must be 0700.
         quotas: a team quota file (:meth:`gpualloc.scheduling.quotas.Quotas.from_file`): the policy
             is wrapped in :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, and only its teams submit.
+        knowledge: what the policy may know of durations (:mod:`gpualloc.scheduling.knowledge`):
+            ``estimate`` (the ``work_s`` a user submits is their time limit), ``blind`` (submit-time fields
+            and time run so far only) or ``oracle`` (the submitted ``work_s`` taken as exact).
     """
 
     store: str = "gpualloc-service.db"
@@ -149,6 +152,7 @@ class ServiceConfig:
     agents_dir: str | None = None
     quotas: str | None = None
     job_users: JobUsers | None = None
+    knowledge: str = "estimate"
 
 
 class Service:

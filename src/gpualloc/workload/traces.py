@@ -29,7 +29,7 @@ import pandas as pd
 from gpualloc.errors import CatalogError, TraceError, atomic_output, cannot_read, not_utf8
 from gpualloc.hardware.catalog import Catalog, default_catalog
 from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
-from gpualloc.limits import MAX_JOBS, check_seed, check_trace_fields
+from gpualloc.limits import MAX_JOBS, MAX_WORK_S, check_seed, check_trace_fields
 from gpualloc.workload.jobs import Job, JobType, Trace
 from gpualloc.workload.speed import (gavel_steps_per_s, load_measured_speeds, mean_speed,
                                      measured_models, speed_matrix)
@@ -298,6 +298,8 @@ def read_native(path: str | Path) -> Trace:
     ``user``                text: who submitted the job; empty = not known
     ``qos``                 text: the source's quality-of-service class; empty = none
     ``submit_day_s``        seconds after midnight at submission, in [0, 86400); -1 = not known
+    ``time_limit_s``        the user's time limit, reference seconds, > 0; empty = none (an
+                            estimate is drawn under ``--knowledge estimate``, docs/knowledge.md)
     ======================  ==================================================================
 
     Errors name the CSV line, or ``row N`` (1-based) of a Parquet file.
@@ -327,8 +329,24 @@ def read_native(path: str | Path) -> Trace:
         user=table.text("user").tolist(),
         qos=table.text("qos").tolist(),
         submit_day_s=table.number("submit_day_s", minimum=-1, default=-1.0).tolist(),
+        time_limit_s=_time_limits(table),
     )
     return Trace.of(jobs, source=str(path), format="native")
+
+
+def _time_limits(table: _Table) -> list[float | None]:
+    """The optional ``time_limit_s`` column: a positive number of seconds (at most ``limits.MAX_WORK_S``),
+    or an empty cell (``None``: no limit recorded)."""
+    if "time_limit_s" not in table.frame.columns:
+        return [None] * len(table)
+    given = table.text("time_limit_s") != ""
+    limits = table.number("time_limit_s", minimum=0, exclusive=True, default=1.0, check=given)
+    over = given & (limits > MAX_WORK_S)
+    if over.any():
+        i = int(np.argmax(over))
+        raise TraceError(f"{table.where(i)}: time_limit_s: {table.raw('time_limit_s', i)!r} is above the limit "
+                         f"of {MAX_WORK_S:,.0f} (10 years)")
+    return [float(v) if g else None for v, g in zip(limits.tolist(), given.tolist(), strict=True)]
 
 
 def write_native(trace: Trace, path: str | Path) -> Path:
@@ -364,6 +382,8 @@ def write_native(trace: Trace, path: str | Path) -> Path:
         "user": pd.Series([j.user for j in trace.jobs], dtype=object),
         "qos": pd.Series([j.qos for j in trace.jobs], dtype=object),
         "submit_day_s": np.array([j.submit_day_s for j in trace.jobs], dtype=np.float64),
+        "time_limit_s": np.array([np.nan if j.time_limit_s is None else j.time_limit_s for j in trace.jobs],
+                                 dtype=np.float64),
     }, columns=list(NATIVE_COLUMNS))
     with atomic_output(path, TraceError) as tmp:
         if suffix == ".csv":
