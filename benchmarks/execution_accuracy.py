@@ -105,7 +105,7 @@ def main() -> None:
                                progress=lambda s, d=torch_device, setup=setup:
                                print(f"[{setup}] calibrate {d}: {s}", flush=True))
             eff, report = efficiency_from(m, default_catalog().device(dt))
-            cal = merge_calibration(cal, dt, eff, record(m, eff, report))
+            cal = merge_calibration(cal, dt, eff, record(m, eff, report, default_catalog().device(dt)))
             measurements[dt] = m
         calibrate_s = time.perf_counter() - t0
         cal_path = args.out.with_name(f"execution_calibration_{cluster.name.replace(' ', '_')}.json")

@@ -25,7 +25,7 @@ ALL_READINGS = ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvm
 
 def test_reads_every_field_in_gpualloc_units():
     fake = fake_nvml.make()
-    with NvmlTelemetry(nvml=fake, pcie=True, clock=lambda: 1000.0) as tele:
+    with NvmlTelemetry(nvml=fake, pcie=True, energy=True, clock=lambda: 1000.0) as tele:
         assert isinstance(tele, DeviceTelemetry)
         info = tele.devices()
         assert [d.index for d in info] == [0, 1]
@@ -79,6 +79,14 @@ def test_pcie_is_not_read_unless_asked():
     assert all(r.pcie_tx_bytes_per_s is None and r.pcie_rx_bytes_per_s is None for r in records)
     assert fake.calls["nvmlDeviceGetPcieThroughput"] == 0  # NVML blocks ~20 ms per call
     tele.close()
+
+
+def test_energy_is_not_read_unless_asked():
+    fake = fake_nvml.make()
+    with NvmlTelemetry(nvml=fake) as tele:
+        records = tele.sample()
+    assert all(r.energy_j is None for r in records)
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0  # 3.1 ms a reading on an H100
 
 
 def test_old_binding_bytes_names_and_throttle_function():

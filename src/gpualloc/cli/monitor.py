@@ -43,6 +43,7 @@ _POLICY = typer.Option("fcfs", "--policy", "-p", help="sim: scheduling policy.")
 _SEED = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="sim: seed of the trace, the run and the noise.")
 _SIM_STEP = typer.Option(600.0, "--sim-step", min=1e-6, help="sim: simulated seconds per sample.")
 _PCIE = typer.Option(False, "--pcie", help="nvml: read PCIe throughput (NVML blocks ~20 ms per reading).")
+_ENERGY = typer.Option(False, "--energy", help="nvml: read the energy counter (3.1 ms a reading on an H100).")
 _INTERVAL = typer.Option(1.0, "--interval", "-i", min=0.0, help="Wall seconds between samples.")
 
 
@@ -51,7 +52,7 @@ def _options(backend: str, o: dict[str, Any]) -> dict[str, Any]:
     if backend == "replay" and o["file"] is None:
         raise TelemetryError("monitor: --backend replay needs --file PATH")
     per_backend = {
-        "nvml": {"pcie": o["pcie"]},
+        "nvml": {"pcie": o["pcie"], "energy": o["energy"]},
         "sim": {"cluster": o["cluster"], "trace": o["trace"], "jobs": o["jobs"], "policy": o["policy"],
                 "seed": o["seed"], "step_s": o["sim_step"]},
         "replay": {"path": o["file"], "loop": o["loop"]},
@@ -100,7 +101,7 @@ def _samples(source: DeviceTelemetry, count: int | None, interval_s: float):
 def run_cmd(
     backend: str = _BACKEND, fallback: str = _FALLBACK, file: Path = _FILE, loop: bool = _LOOP,
     cluster: str = _CLUSTER, trace: Path = _TRACE, jobs: int = _JOBS, policy: str = _POLICY, seed: int = _SEED,
-    sim_step: float = _SIM_STEP, pcie: bool = _PCIE, interval: float = _INTERVAL,
+    sim_step: float = _SIM_STEP, pcie: bool = _PCIE, energy: bool = _ENERGY, interval: float = _INTERVAL,
     count: int = typer.Option(None, "--count", "-n", max=MAX_STEPS, min=1,
                               help="Stop after this many samples (default: Ctrl-C)."),
     once: bool = typer.Option(False, "--once", help="One sample, then exit (same as --count 1)."),
@@ -112,7 +113,7 @@ def run_cmd(
 ) -> None:
     """Show the devices live (a table refreshed every --interval), print JSON, or export to Prometheus."""
     options = dict(file=file, loop=loop, cluster=cluster, trace=trace, jobs=jobs, policy=policy, seed=seed,
-                   sim_step=sim_step, pcie=pcie)
+                   sim_step=sim_step, pcie=pcie, energy=energy)
     name, source = _open(backend, fallback, options)
     exporter = None
     try:
@@ -173,13 +174,13 @@ def record_cmd(
     samples: int = typer.Option(60, "--samples", "-n", max=MAX_STEPS, min=1, help="Samples to record."),
     backend: str = _BACKEND, fallback: str = _FALLBACK, file: Path = _FILE, loop: bool = _LOOP,
     cluster: str = _CLUSTER, trace: Path = _TRACE, jobs: int = _JOBS, policy: str = _POLICY, seed: int = _SEED,
-    sim_step: float = _SIM_STEP, pcie: bool = _PCIE, interval: float = _INTERVAL,
+    sim_step: float = _SIM_STEP, pcie: bool = _PCIE, energy: bool = _ENERGY, interval: float = _INTERVAL,
 ) -> None:
     """Record samples from a backend to Parquet or CSV, for `monitor --backend replay --file FILE`."""
     from gpualloc.telemetry.replay import write_records
 
     options = dict(file=file, loop=loop, cluster=cluster, trace=trace, jobs=jobs, policy=policy, seed=seed,
-                   sim_step=sim_step, pcie=pcie)
+                   sim_step=sim_step, pcie=pcie, energy=energy)
     name, source = _open(backend, fallback, options)
     devices = len(source.devices())
     try:

@@ -61,6 +61,8 @@ __all__ = [
     "cached_cpu_calibration",
     "calibrate_device",
     "catalog_type_for",
+    "catalog_type_named",
+    "set_tf32",
     "fit_efficiency",
     "fit_launch",
     "host_cpu_model",
@@ -185,15 +187,45 @@ def time_call(fn: Callable[[], object], device: torch.device, *, repeats: int = 
 
 
 # ------------------------------------------------------------------------------------------ microbenchmarks
-def bench_matmul(device: torch.device, sizes: Sequence[int], dtypes: Sequence[torch.dtype]) -> list[MatmulPoint]:
+TF32 = "tf32"
+"""A matmul "dtype" of :func:`bench_matmul`: FP32 tensors with TF32 tensor cores allowed (CUDA only)."""
+
+PRECISION_PEAKS = {"float32": "fp32_tflops", TF32: "tf32_tflops", "bfloat16": "bf16_tflops",
+                   "float16": "tensor_tflops"}
+"""The catalog field holding each measured matmul precision's dense peak (:class:`DeviceType`)."""
+
+
+def bench_matmul(device: torch.device, sizes: Sequence[int],
+                 dtypes: Sequence[torch.dtype | str]) -> list[MatmulPoint]:
+    """Square matmuls of each size in each dtype; :data:`TF32` times FP32 tensors with TF32 allowed."""
     out = []
     for dtype in dtypes:
+        tf32 = dtype == TF32
         for n in sizes:
             gen = torch.Generator().manual_seed(n)
-            a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
-            b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
-            secs = time_call(lambda a=a, b=b: torch.mm(a, b), device)
-            out.append(MatmulPoint(n, str(dtype).removeprefix("torch."), secs, 2.0 * n**3 / secs / TERA))
+            real = torch.float32 if tf32 else dtype
+            a = torch.randn(n, n, generator=gen).to(device=device, dtype=real)
+            b = torch.randn(n, n, generator=gen).to(device=device, dtype=real)
+            before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32 or before
+            try:
+                secs = time_call(lambda a=a, b=b: torch.mm(a, b), device)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
+            name = TF32 if tf32 else str(dtype).removeprefix("torch.")
+            out.append(MatmulPoint(n, name, secs, 2.0 * n**3 / secs / TERA))
+    return out
+
+
+def precision_peaks(measurement: DeviceMeasurement, device_type: DeviceType) -> dict[str, dict[str, float | None]]:
+    """Per measured matmul precision: the best TFLOP/s, the catalog's dense peak and their ratio."""
+    out: dict[str, dict[str, float | None]] = {}
+    for p in measurement.matmul:
+        best = max(p.tflops, out.get(p.dtype, {}).get("measured_tflops") or 0.0)
+        field_name = PRECISION_PEAKS.get(p.dtype)
+        peak = getattr(device_type, field_name, None) if field_name else None
+        out[p.dtype] = {"measured_tflops": best, "catalog_tflops": peak,
+                        "fraction_of_catalog": best / peak if peak else None}
     return out
 
 
@@ -294,8 +326,10 @@ def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3
 
     graph = capture(model, batch=batch)
     module, args = build_model(model, batch, seed=seed)
-    gm = export_runnable(module, args, training=True, name=model).module.to(device)
-    args = tuple(a.to(device) for a in args)
+    # exported on the device itself: a tensor the forward makes (BERT's position ids) is traced with the
+    # device it was made on, and a graph exported on the CPU would keep making it there
+    module, args = module.to(device), tuple(a.to(device) for a in args)
+    gm = export_runnable(module, args, training=True, name=model).module
     own = owners(gm, graph)
 
     fwd_runs: list[dict[str, float]] = []
@@ -451,30 +485,53 @@ def fit_report(timings: Sequence[GraphTiming], device: DeviceType, eff: Efficien
 
 
 # ------------------------------------------------------------------------------------------ the whole thing
+_VENDOR_WORDS = frozenset({"NVIDIA", "AMD", "TESLA", "GEFORCE", "QUADRO", "RTX", "RADEON", "INSTINCT"})
+"""Words of a device name that name its maker or product line, not the device."""
+
+
+def _tokens(label: str) -> list[str]:
+    return [t for t in label.upper().replace(" ", "-").replace("_", "-").split("-") if t]
+
+
+def catalog_type_named(device_name: str, mem_gib: float, catalog: Catalog | None = None) -> DeviceType | None:
+    """The catalog type of a GPU that reports ``device_name`` (``torch.cuda.get_device_name``) and ``mem_gib``.
+
+    A label (a type's name or alias) matches when its model word (its first word that is not a vendor's:
+    "H100", "A100", "TITAN") is a whole word of the device's name; the longest label found whole in the name
+    wins ("A100-SXM4-80GB" -> A100-80GB), then the type whose memory is closest. None: no label matches.
+    """
+    cat = catalog or default_catalog()
+    words = _tokens(device_name)
+    name = "-".join(words)
+    best: tuple[int, float, DeviceType] | None = None
+    for dt in cat.devices.values():
+        for label in (dt.name, *dt.aliases):
+            key = _tokens(label)
+            model = next((t for t in key if t not in _VENDOR_WORDS), None)
+            if model is None or model not in words:
+                continue
+            whole = f"-{'-'.join(key)}-" in f"-{name}-"
+            score = (len("-".join(key)) if whole else len(model), -abs(dt.mem_bytes / 2**30 - mem_gib))
+            if best is None or score > best[:2]:
+                best = (*score, dt)
+    return None if best is None else best[2]
+
+
 def catalog_type_for(torch_device: str, catalog: Catalog | None = None) -> DeviceType:
-    """The catalog device type of a torch device: ``cpu`` for the CPU; for a GPU, the catalog type
-    whose name or alias appears in the device's name (the longest match: "A100-SXM4-80GB" -> A100-80GB)."""
+    """The catalog device type of a torch device: ``cpu`` for the CPU; for a GPU, by its name and memory
+    (:func:`catalog_type_named`)."""
     cat = catalog or default_catalog()
     device = torch.device(torch_device)
     if device.type == "cpu":
         return cat.device("cpu")
     if device.type != "cuda" or not torch.cuda.is_available():
         raise CostModelError(f"cannot calibrate {torch_device!r}: not the cpu and no CUDA device is available")
-    name = torch.cuda.get_device_name(device).upper().replace(" ", "-")
-    mem_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-    best: tuple[int, float, DeviceType] | None = None
-    for dt in cat.devices.values():
-        for label in (dt.name, *dt.aliases):
-            key = label.upper().replace(" ", "-")
-            base = key.split("-")[0]
-            if len(base) >= 2 and base in name:
-                score = (len(key) if key in name else len(base), -abs(dt.mem_bytes / 2**30 - mem_gib))
-                if best is None or score > best[:2]:
-                    best = (*score, dt)
-    if best is None:
-        raise CostModelError(f"{torch_device} is {torch.cuda.get_device_name(device)!r}, which the catalog does "
-                             "not know: name its type with --as TYPE")
-    return best[2]
+    name = torch.cuda.get_device_name(device)
+    found = catalog_type_named(name, torch.cuda.get_device_properties(device).total_memory / 2**30, cat)
+    if found is None:
+        raise CostModelError(f"{torch_device} is {name!r}, which the catalog does not know: "
+                             "name its type with --as TYPE")
+    return found
 
 
 def _neighbour(model: str, batch: int, threads: int, seed: int, ready: Any, stop: Any) -> None:
@@ -527,7 +584,7 @@ def neighbours(count: int, model: str, batch: int, threads: int, seed: int = 0) 
 def measure_device(torch_device: str, device_type: DeviceType, *, threads: int | None = None,
                    models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
                    matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None, seed: int = 0,
-                   concurrent: int = 1, matmul_dtypes: Sequence[torch.dtype] | None = None,
+                   concurrent: int = 1, matmul_dtypes: Sequence[torch.dtype | str] | None = None,
                    progress: Progress | None = None) -> DeviceMeasurement:
     """Run the microbenchmarks and time ``models`` (``(model, batch)`` pairs) on ``torch_device``.
 
@@ -539,7 +596,7 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
     if cuda:
         torch.cuda.set_device(device)
     sizes = matmul_sizes or ((1024, 2048, 4096, 8192) if cuda else (128, 256, 512, 1024))
-    default_dtypes = (torch.float32, torch.float16, torch.bfloat16) if cuda else (torch.float32, torch.bfloat16)
+    default_dtypes = (torch.float32, TF32, torch.float16, torch.bfloat16) if cuda else (torch.float32, torch.bfloat16)
     dtypes = matmul_dtypes or default_dtypes
     note = progress or (lambda _msg: None)
     with torch_threads(None if cuda else threads), _fp32_exact(cuda):
@@ -559,15 +616,25 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
                              tuple(mm), tuple(copies), overhead, tuple(graphs), concurrent if not cuda else 1)
 
 
+def set_tf32(allowed: bool) -> tuple[bool, bool]:
+    """Allow or forbid TF32 in CUDA matmuls and cuDNN convolutions; the flags before, to restore them.
+
+    FP32 means FP32 wherever gpualloc measures or trains: calibration, and the workers of ``gpualloc run``
+    (the check compares with a CPU reference, and the plans are scored in FP32). PyTorch's own default leaves
+    TF32 on for cuDNN alone: on an H100, a ResNet-50 step at batch 64 took 37.3 ms with it on against 80.6 ms
+    off (docs/execution.md)."""
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+    return before
+
+
 @contextmanager
 def _fp32_exact(cuda: bool) -> Iterator[None]:
     """FP32 ops without TF32 on a GPU (the cost model's peaks and the executed plans are FP32)."""
     if not cuda:
         yield
         return
-    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    before = set_tf32(False)
     try:
         yield
     finally:
@@ -586,7 +653,8 @@ def efficiency_from(measurement: DeviceMeasurement, device_type: DeviceType,
     return eff, {"graphs": {}}
 
 
-def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, Any]) -> dict[str, Any]:
+def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, Any],
+           device_type: DeviceType) -> dict[str, Any]:
     """The JSON record of a device calibration (kept in the calibration file's ``fit.measured``)."""
     return {
         "torch_device": measurement.torch_device,
@@ -607,6 +675,7 @@ def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, An
                                             for n, f, b in zip(t.graph.nodes, t.fwd_s, t.bwd_s, strict=True)}}
                      for t in measurement.graphs},
         "peak_fp32_tflops_measured": measurement.peak_tflops,
+        "precisions": precision_peaks(measurement, device_type),
         "copy_bandwidth_bytes_per_s_measured": measurement.copy_bandwidth_bytes_per_s,
         **report,
     }
@@ -627,7 +696,7 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
                      base: Calibration | None = None, device_type: str | None = None, chunks: int = 4,
                      catalog: Catalog | None = None, seed: int = 0, concurrent: int = 1,
                      matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None,
-                     matmul_dtypes: Sequence[torch.dtype] | None = None,
+                     matmul_dtypes: Sequence[torch.dtype | str] | None = None,
                      progress: Progress | None = None) -> tuple[Calibration, dict[str, Any]]:
     """Measure ``torch_device`` and return ``base`` (default: the shipped calibration) with its
     device type's efficiency fitted on the measurements, and the record of the fit.
@@ -654,7 +723,7 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
                                  matmul_sizes=matmul_sizes, copy_bytes=copy_bytes, concurrent=concurrent,
                                  matmul_dtypes=matmul_dtypes, progress=progress)
     eff, report = efficiency_from(measurement, dt, chunks)
-    rec = record(measurement, eff, report)
+    rec = record(measurement, eff, report, dt)
     return merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec), rec
 
 
@@ -738,7 +807,7 @@ def cached_cpu_calibration(folder: str | Path, *, threads: int, concurrent: int 
                        matmul_dtypes=(torch.float32,), progress=progress)
     eff, _ = efficiency_from(dataclasses.replace(m, graphs=()), dt)
     eff = fit_launch(m.graphs[0], dt, eff)
-    rec = record(m, eff, {"quick": True, **fit_report(m.graphs, dt, eff)})
+    rec = record(m, eff, {"quick": True, **fit_report(m.graphs, dt, eff)}, dt)
     cal = merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec)
     _write_private(path, json.dumps(cal.to_dict(), indent=1) + "\n")
     return cal, path, True

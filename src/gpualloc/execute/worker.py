@@ -42,6 +42,7 @@ with warnings.catch_warnings():  # its functional optimizers still use torch.jit
     # imported with the module, not after a worker's memory baseline (its first import is ~3 MB of Python)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from gpualloc.cost.microbench import set_tf32
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryProbe, MemoryReport, TaskClock, synchronize, tensor_bytes
 from gpualloc.execute.split import Stage
@@ -169,6 +170,9 @@ class WorkerLoop(ABC):
         self.outbox = outbox
         self.peers = peers
         self.device = torch.device(spec.torch_device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            set_tf32(False)  # every worker trains in FP32, as the plans are scored
         self.early: list[tuple[Any, ...]] = []
         self.probe = MemoryProbe(self.device)
         self._grads_bytes = 0
@@ -263,11 +267,6 @@ class _Worker(WorkerLoop):
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            # FP32 means FP32: the check compares with a CPU reference, and the cost model is FP32.
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
         params: dict[int, torch.nn.Parameter] = {}
         for table in self.spec.programs.values():
             for stage in table.stages.values():

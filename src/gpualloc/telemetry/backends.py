@@ -17,7 +17,7 @@ from gpualloc.telemetry.base import DeviceTelemetry, TelemetryError
 __all__ = ["BACKENDS", "open_backend"]
 
 BACKENDS: Registry[Any] = Registry("telemetry backend", TelemetryError)
-"""Backend factories by name. ``nvml``: ``pcie``, ``nvml``, ``clock``; ``sim``: ``cluster``,
+"""Backend factories by name. ``nvml``: ``pcie``, ``energy``, ``nvml``, ``clock``; ``sim``: ``cluster``,
 ``trace``, ``jobs``, ``load``, ``policy``, ``seed``, ``step_s``, ``noise``; ``replay``: ``path``,
 ``loop``."""
 BACKENDS.register("nvml", "gpualloc.telemetry.nvml:NvmlTelemetry")

@@ -47,6 +47,9 @@ class NvmlTelemetry:
             imported now.
         pcie: also read PCIe TX/RX throughput. Off by default: NVML measures it over a 20 ms window
             and blocks for it, twice per device per sample, which alone is 40x the 1 ms budget.
+        energy: also read the total-energy counter. Off by default: on an H100 (driver 580.159.04) one
+            reading took 3.1 ms, 38x the other queries together (80 us), and made a sample 3.3 ms
+            (``scripts/gpu_sampling.py``; docs/telemetry.md). ``energy_j`` is None without it.
         clock: the clock of ``DeviceRecord.time_s`` (default Unix time).
 
     Raises:
@@ -54,11 +57,12 @@ class NvmlTelemetry:
             insufficient permissions) or finds no device.
     """
 
-    def __init__(self, *, nvml: ModuleType | Any | None = None, pcie: bool = False,
+    def __init__(self, *, nvml: ModuleType | Any | None = None, pcie: bool = False, energy: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
         self._nvml = nv = nvml if nvml is not None else load_pynvml()
         self._error: type[Exception] = nv.NVMLError
         self._pcie = pcie
+        self._energy = energy
         self._clock = clock
         try:
             nv.nvmlInit()
@@ -117,7 +121,7 @@ class NvmlTelemetry:
         util = read(nv.nvmlDeviceGetUtilizationRates, handle)
         mem = read(nv.nvmlDeviceGetMemoryInfo, handle)
         power_mw = read(nv.nvmlDeviceGetPowerUsage, handle)
-        energy_mj = read(nv.nvmlDeviceGetTotalEnergyConsumption, handle)
+        energy_mj = read(nv.nvmlDeviceGetTotalEnergyConsumption, handle) if self._energy else None
         temp = read(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
         sm = read(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
         memclk = read(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_MEM)

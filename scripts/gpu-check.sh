@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (issue 39): the gpu-marked tests, calibration in four precisions, `gpualloc run`
+# of three models against prediction, and NVML telemetry beside nvidia-smi. Every result lands as a file under
+# one archive, $OUT/gpu-check.tgz (JSON and each step's log); scripts/gpu_report.py turns it into the docs' tables.
+#
+#   bash scripts/gpu-check.sh            # on the GPU machine: torch there, our deps from .whl/ (see below)
+#   GPU_CHECK_REHEARSE=1 OUT=/tmp/x bash scripts/gpu-check.sh   # here, on the CPU: same steps, tiny models
+#
+# The GPU machine has its own torch (2.11 + CUDA): the pinned 2.13 CPU wheel is not carried. Our package runs
+# from src/ on top of it; what that machine lacks travels as wheels in .whl/ (bash scripts/gpu-wheels.sh).
+# Each step has its own time limit; a failed step is recorded and the next one runs.
+set -u
+OUT=${OUT:-/tmp/gpu-check-out}  # the device tool brings back at most 8 files: everything goes to one archive there
+RES=$(mktemp -d /tmp/gpu-check.XXXXXX)
+mkdir -p "$OUT"
+pack() { tar czf "$OUT/gpu-check.tgz.tmp" -C "$RES" . && mv "$OUT/gpu-check.tgz.tmp" "$OUT/gpu-check.tgz"; }
+REHEARSE=${GPU_CHECK_REHEARSE:-0}
+T0=$(date +%s)
+export PYTHONUNBUFFERED=1 GPUALLOC_CACHE_DIR=/tmp/gpualloc-cache MPLBACKEND=Agg
+
+if [ "$REHEARSE" = 1 ]; then
+    PY=${PY:-.venv/bin/python}
+    DEV=cpu; AS=cpu; MODELS="resnet-tiny:4 bert-tiny:4 gpt-tiny:2"; CAL_MODELS="resnet-tiny:4"; REPEATS=1
+    CLUSTER1=1xcpu; CLUSTER2=2xcpu; DEVS2=cpu,cpu
+else
+    PY=${PY:-python3}
+    if [ -d .whl ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+            > "$RES/wheels.log" 2>&1 || echo "wheel install failed (see wheels.log)"
+        export PYTHONPATH=/tmp/site
+    fi
+    DEV=cuda:0; AS=${GPU_CHECK_AS:-H100-SXM}
+    MODELS="resnet50:64 bert-base:16 gpt2-small:8"; CAL_MODELS="resnet50:64,bert-base:16,gpt2-small:8"; REPEATS=5
+    CLUSTER1="1x$AS"; CLUSTER2="2x$AS"; DEVS2=cuda:0,cuda:0
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+GA=("$PY" -m gpualloc.cli.main)
+
+DEADLINE=${GPU_CHECK_DEADLINE:-330}  # seconds: a step that would start later is skipped (one call must end in time)
+
+# step NAME LIMIT_S CMD...: run with a time limit (cut to what is left before DEADLINE); stdout to $RES/NAME.out,
+# stderr to $RES/NAME.log, one line per step to $RES/steps.jsonl (rc 124: timed out; skipped: no time left)
+step() {
+    local name=$1 limit=$2; shift 2
+    local left=$(( DEADLINE - ($(date +%s) - T0) ))
+    if [ "$left" -lt 15 ]; then
+        echo "{\"step\": \"$name\", \"skipped\": true}" >> "$RES/steps.jsonl"; echo "$name: skipped"; return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    local s; s=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" > "$RES/$name.out" 2> "$RES/$name.log"
+    local rc=$?
+    echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $(( $(date +%s) - s )), \"limit_s\": $limit}" \
+        >> "$RES/steps.jsonl"
+    echo "[$(( $(date +%s) - T0 )) s] $name: rc=$rc"
+    pack  # after every step: a call cut short still brings back what was measured
+    return "$rc"
+}
+
+# 0. the machine and the environment
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader 2>&1 || true
+    "$PY" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())" 2>&1
+} > "$RES/env.txt"
+step import 60 "$PY" -c "import gpualloc.cli.main, gpualloc.execute.run, gpualloc.telemetry.nvml; print('ok')" \
+    || { cat "$RES/import.log"; exit 1; }  # nothing else can run: stop at once, so that a rerun has the time
+
+# 1. calibration: matmul peaks in FP32, TF32, FP16 and BF16, copies, and per-op times of the three models
+step calibrate 180 "${GA[@]}" calibrate --device "$DEV" --as "$AS" --models "$CAL_MODELS" --repeats "$REPEATS" \
+    -o "$RES/calibration.json" --json \
+|| step calibrate-small 90 "${GA[@]}" calibrate --device "$DEV" --as "$AS" --models "${CAL_MODELS%%,*}" \
+    --repeats "$REPEATS" -o "$RES/calibration.json" --json
+CAL=()
+[ -s "$RES/calibration.json" ] && CAL=(--calibration "$RES/calibration.json")
+
+# 2. the gpu-marked tests (the files by name: collecting whole folders would import the service's modules,
+# whose packages the GPU machine may lack)
+step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/execute/test_gpu.py tests/execute/test_memory.py \
+    tests/telemetry/test_nvml.py --junitxml="$RES/tests.xml"
+
+# 3. gpualloc run of each model on the GPU: a hybrid plan (DP=PP=TP=1 on one GPU), whose memory rule is the one
+# every planner uses; step time and peak memory against predicted
+for mb in $MODELS; do
+    m=${mb%%:*}; b=${mb##*:}
+    step "place-$m" 60 "${GA[@]}" place "$m" --cluster "$CLUSTER1" --batch "$b" --method hybrid "${CAL[@]}" \
+        -o "$RES/plan-$m.json" \
+    && step "run-$m" 90 "${GA[@]}" run "$m" --plan "$RES/plan-$m.json" --steps 10 --warmup 3 --devices "$DEV" \
+        "${CAL[@]}" --json
+done
+
+# 4. telemetry under load: gpu_sampling.py runs a matmul load, times NVML sampling and each NVML query, and reads
+# nvidia-smi beside it; meanwhile `gpualloc monitor --once --json`, nvidia-smi and the exporter are read too
+if [ "$REHEARSE" != 1 ]; then
+    "$PY" scripts/gpu_sampling.py --seconds 6 > "$RES/sampling.json" 2> "$RES/sampling.log" &
+    SAMPLER=$!
+    sleep 5
+    for i in 1 2; do
+        nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw,clocks.sm,temperature.gpu \
+            --format=csv,noheader,nounits >> "$RES/nvidia-smi.csv" 2>&1
+        "${GA[@]}" monitor --backend nvml --once --json >> "$RES/monitor.jsonl" 2>> "$RES/monitor.log"
+    done
+    step exporter 30 "$PY" scripts/gpu_sampling.py --exporter
+    wait "$SAMPLER"
+    echo "{\"step\": \"sampling\", \"rc\": $?}" >> "$RES/steps.jsonl"
+fi
+
+# 5. a two-process data-parallel plan on the one GPU (both ranks share it: a check that the multi-process runner
+# works on CUDA, not a timing); GPU_CHECK_SKIP_DP2=1 leaves it out
+if [ "${GPU_CHECK_SKIP_DP2:-0}" != 1 ]; then
+    m=${MODELS%%:*}; b=${MODELS%% *}; b=${b##*:}
+    step place-dp2 60 "${GA[@]}" place "$m" --cluster "$CLUSTER2" --batch "$b" --method ddp "${CAL[@]}" \
+        -o "$RES/plan-dp2.json" \
+    && step run-dp2 90 "${GA[@]}" run "$m" --plan "$RES/plan-dp2.json" --steps 5 --warmup 2 --devices "$DEVS2" \
+        "${CAL[@]}" --json
+fi
+pack
+echo "done in $(( $(date +%s) - T0 )) s; results in $OUT/gpu-check.tgz"

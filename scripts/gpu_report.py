@@ -1,0 +1,129 @@
+"""Turn the archives of scripts/gpu-check.sh into one JSON and the docs' tables (issue 39).
+
+    python scripts/gpu_report.py ARCHIVE [ARCHIVE ...] [--out benchmarks/results/gpu_check.json]
+
+Each archive is one device call (``call`` 1, 2, ... in the order given); the calibration, tests and telemetry
+are read from the last archive that has them, the runs from every archive. Per model: measured and predicted step
+time (``gpualloc run --json``), measured peak memory (``torch.cuda.max_memory_allocated`` above the worker's
+baseline) against the simulator's peak less its framework reserve (the CUDA context and workspaces that PyTorch's
+counters do not see, as benchmarks/memory_accuracy.py compares), the caching allocator's slack
+(``max_memory_reserved - max_memory_allocated``), and MFU: 3 x forward FLOPs of the captured graph per step over
+the device's FP32 peak (the runs train in FP32) and over its dense tensor-core peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+from pathlib import Path
+
+from rich.console import Console
+
+from gpualloc.graph.cached import capture_cached
+from gpualloc.hardware.catalog import default_catalog
+from gpualloc.reports.tables import Table
+
+
+def _read(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def _json(files: dict[str, bytes], name: str):
+    try:
+        return json.loads(files[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def runs(files: dict[str, bytes], device_type: str, call: int) -> list[dict]:
+    dt = default_catalog().device(device_type)
+    out = []
+    for name in sorted(files):
+        if not (name.startswith("run-") and name.endswith(".out")):
+            continue
+        r = _json(files, name)
+        if r is None:
+            continue
+        plan = _json(files, name.replace("run-", "plan-").replace(".out", ".json")) or {}
+        graph = capture_cached(r["model"], batch=int(r["batch_size"]))
+        train_flops = 3.0 * float(sum(n.flops for n in graph.nodes))
+        for dev in r["devices"][:1]:  # the ranks of a run on one GPU measure alike
+            mem = dev["memory"]
+            reserve = ((plan.get("memory") or {}).get(dev["label"]) or {}).get("reserve")
+            if reserve is None:  # a v2 plan keeps its breakdown per device index
+                breakdown = plan.get("memory_breakdown") or []
+                reserve = breakdown[dev["index"]].get("reserve") if dev["index"] < len(breakdown) else None
+            pred_peak = dev["predicted_peak_bytes"] - (reserve or 0.0)
+            out.append({
+                "call": call, "run": name.removeprefix("run-").removesuffix(".out"), "model": r["model"],
+                "batch": r["batch_size"], "plan_version": plan.get("version"), "method": plan.get("method"),
+                "device": dev["torch_device"], "processes": len(r["devices"]),
+                "measured_step_s": r["measured_step_s"], "predicted_step_s": r["predicted_step_s"],
+                "step_error": r["error"], "prediction": r["prediction"], "output_match": r["output_match"],
+                "measured_peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": pred_peak,
+                "predicted_reserve_bytes": reserve,
+                "peak_error": pred_peak / mem["peak_bytes"] - 1.0 if mem["peak_bytes"] else None,
+                "allocator_slack_bytes": mem["reserve_bytes"], "weights_bytes": mem["weights_bytes"],
+                "mfu_fp32": train_flops / r["measured_step_s"] / (dt.fp32_tflops * 1e12),
+                "mfu_tensor": train_flops / r["measured_step_s"] / (dt.tensor_tflops * 1e12),
+                "train_flops": train_flops,
+            })
+    return out
+
+
+def tests(files: dict[str, bytes]) -> dict:
+    text = files.get("tests.out", b"").decode(errors="replace").strip().splitlines()
+    return {"summary": text[-1] if text else None,
+            "failed": [x for x in text if x.startswith("FAILED")]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("archives", nargs="+", type=Path)
+    ap.add_argument("--as", dest="device_type", default="H100-SXM")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_check.json"))
+    args = ap.parse_args()
+    calls = [_read(a) for a in args.archives]
+    files = {k: v for c in calls for k, v in c.items()}  # the last call's file of each name
+    cal = _json(files, "calibration.json") or {}
+    rec = (cal.get("fit", {}).get("measured") or {}).get(args.device_type, {})
+    result = {
+        "device": files.get("env.txt", b"").decode().strip(),
+        "steps": [json.loads(x) for x in files.get("steps.jsonl", b"").decode().splitlines() if x.strip()],
+        "tests": tests(files),
+        "precisions": rec.get("precisions"), "efficiency": rec.get("efficiency"),
+        "copies": rec.get("copies"), "fit_chunk_median_abs_error": rec.get("chunk_median_abs_error"),
+        "runs": [r for i, c in enumerate(calls, 1) for r in runs(c, args.device_type, i)],
+        "sampling": _json(files, "sampling.json"), "exporter": _json(files, "exporter.out"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    gb = 1e9
+    t = Table(title=f"Measured against predicted on {result['device'].splitlines()[0] if result['device'] else '?'}")
+    for col in ("call", "model", "batch", "plan", "procs", "measured ms", "predicted ms", "error", "from",
+                "peak GB", "pred. GB", "error", "slack GB", "MFU fp32", "MFU tensor"):
+        t.add_column(col)
+    for r in result["runs"]:
+        t.add_row(str(r["call"]), r["model"], str(r["batch"]), f"v{r['plan_version']} {r['method']}",
+                  str(r["processes"]), f"{r['measured_step_s'] * 1e3:.1f}", f"{r['predicted_step_s'] * 1e3:.1f}",
+                  f"{r['step_error']:+.1%}", r["prediction"], f"{r['measured_peak_bytes'] / gb:.2f}",
+                  f"{r['predicted_peak_bytes'] / gb:.2f}", f"{r['peak_error']:+.1%}",
+                  f"{r['allocator_slack_bytes'] / gb:.2f}", f"{r['mfu_fp32']:.0%}", f"{r['mfu_tensor']:.1%}")
+    console = Console(width=160)
+    console.print(t)
+    if result["precisions"]:
+        p = Table(title="Matmul peaks (best of 1024-8192 cubes) against the catalog's dense peaks")
+        for col in ("precision", "measured TFLOP/s", "catalog TFLOP/s", "fraction"):
+            p.add_column(col)
+        for name, v in result["precisions"].items():
+            p.add_row(name, f"{v['measured_tflops']:.1f}", f"{v['catalog_tflops'] or 0:.1f}",
+                      f"{v['fraction_of_catalog'] or 0:.0%}")
+        console.print(p)
+    console.print(f"tests: {result['tests']['summary']}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
