@@ -87,6 +87,8 @@ class PredictionDriven:
         self._jobs: PredictedJobs | None = None
         self._watch = np.zeros(0, dtype=np.int64)  # jobs that may have finished since the last decision
         self._n_done = 0
+        self._seen_version = np.zeros(0, dtype=np.int64)
+        self._seen_done = np.zeros(0)
 
     def __repr__(self) -> str:
         return f"PredictionDriven({self.inner!r}, quantile={self.quantile})"
@@ -96,6 +98,8 @@ class PredictionDriven:
         if jobs is not self._source:  # a new run: nothing learnt before it counts
             self._source, self._jobs = jobs, PredictedJobs(jobs)
             self._watch = np.zeros(0, dtype=np.int64)
+            self._seen_version = np.full(len(jobs), -1, dtype=np.int64)  # the fit each job's prediction is from
+            self._seen_done = np.zeros(len(jobs))  # ... and the work done it was given
             self._n_done = int(np.count_nonzero(np.asarray(jobs.status) == DONE))
             self.predictor.reset()
         proxy = self._jobs
@@ -103,14 +107,23 @@ class PredictionDriven:
         # a job finishes only while running: it ran at the last decision, or that decision started it
         if self._watch.size:
             self._n_done += int(np.count_nonzero(jobs.status[self._watch] == DONE))
-        self.predictor.update(jobs, view.now_s, n_finished=self._n_done)
+        predictor = self.predictor
+        if predictor.update(jobs, view.now_s, n_finished=self._n_done):
+            self._n_done = predictor.n_history  # the fit's own count (a start the policy did not make, e.g.)
         active = np.fromiter(view.queue, dtype=np.int64, count=len(view.queue))
         running = np.fromiter(view.running, dtype=np.int64, count=len(view.running))
         active = np.concatenate([active, running])
         if active.size:
-            rem = self.predictor.quantiles(active, jobs, (self.quantile,))[0]
-            proxy.remaining_s[active] = rem
-            proxy.work_s[active] = done_work_s(jobs, active) + rem
+            # a prediction changes only with the fit or the work done: a waiting job's is kept
+            done = done_work_s(jobs, active)
+            stale = (self._seen_version[active] != predictor.version) | (self._seen_done[active] != done)
+            if stale.any():
+                which, done = active[stale], done[stale]
+                rem = predictor.quantiles(which, jobs, (self.quantile,))[0]
+                proxy.remaining_s[which] = rem
+                proxy.work_s[which] = done + rem
+                self._seen_version[which] = predictor.version
+                self._seen_done[which] = done
         inner_view = copy.copy(view)
         inner_view.jobs = proxy
         decision = self.inner.decide(inner_view)
