@@ -209,6 +209,10 @@ def main() -> int:
         except ValueError:
             parser.error(f"--set {item}: expected a {types[key].__name__}")
     config = PredictorConfig(**overrides)  # bad values: one line, before any work
+    for label in labels:
+        missing = [rel for rel in TRACES[label][0] if not (args.data / rel).is_file()]
+        if missing:
+            parser.error(f"--data {args.data}: no {missing[0]} in it (--traces {label})")
     points = sorted(args.points)
 
     rows = []

@@ -49,6 +49,8 @@ RECORDS = {"calibration_report": "calibration", "sailor_plans": "sailor"}  # els
     ("sched_windows", ["--offsets", "300,x"], "argument --offsets: 'x' is not an integer"),
     ("sched_windows", ["--load", "0"], "argument --load: '0': expected a finite number > 0"),
     ("sched_decision_latency", ["--jobs", "-3"], "argument --jobs: -3 is below 1"),
+    ("prediction_quality", ["--set", "interval=2"], "duration predictor: interval must be in (0, 1), got 2.0"),
+    ("prediction_quality", ["--data", "{tmp}", "--traces", "pollux"], "no philly/pollux-workloads/workload-1.csv"),
 ])
 def test_bad_arguments_fail_in_one_line_and_keep_the_results(tmp_path, script, args, message):
     (tmp_path / "a-file").write_text("not a folder\n")
