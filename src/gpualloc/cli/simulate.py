@@ -164,7 +164,8 @@ def compare_cmd(
         print_policies(mine, title if levels == ("oracle",) else f"{title}, knowledge {level}")
     print_teams(rows)
     if plots is not None:
-        console.print(f"plots: {plots}/jct_cdf.png, utilization.png, queue.png")
+        where = f"{plots}/" if len(levels) == 1 else f"{plots}/{{{','.join(levels)}}}/"
+        console.print(f"plots: {where}jct_cdf.png, utilization.png, queue.png")
 
 
 def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = False, agent: Path | None = None,
