@@ -28,11 +28,23 @@ from gpualloc.scheduling.base import ClusterView, Decision
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.rules import validate_decision
 
-__all__ = ["DEFAULT_EXPERTS", "EXPERT_FEATURES", "GLOBAL_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel",
-           "GateResult", "HDFeatures", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
+__all__ = ["BLIND_EXPERTS", "DEFAULT_EXPERTS", "ESTIMATE_EXPERTS", "EXPERTS_AT", "EXPERT_FEATURES", "GLOBAL_FEATURES",
+           "KNOWLEDGE_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel", "GateResult", "HDFeatures",
+           "PredictedWork", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
 
 DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf", "gavel-srtf")
-"""The heuristics whose proposals the agent chooses among (registry names)."""
+"""The heuristics whose proposals the agent chooses among (registry names), under ``oracle``."""
+
+BLIND_EXPERTS: tuple[str, ...] = ("fcfs", "las", "tiresias", "tiresias-gittins", "gavel",
+                                  "srtf-pred", "sjf-pred", "gavel-srtf-pred")
+"""Under ``blind``: the non-clairvoyant heuristics and the prediction-driven policies (issue 36)."""
+
+ESTIMATE_EXPERTS: tuple[str, ...] = (*BLIND_EXPERTS, "srtf", "sjf", "gavel-srtf")
+"""Under ``estimate``: those of ``blind`` and SRTF, SJF, ``gavel-srtf`` on the users' time limits."""
+
+EXPERTS_AT: dict[str, tuple[str, ...]] = {"oracle": DEFAULT_EXPERTS, "estimate": ESTIMATE_EXPERTS,
+                                          "blind": BLIND_EXPERTS}
+"""The default panel of each information level."""
 
 MAX_TYPES = 4
 """Per-type feature blocks; a cluster with more types folds the smallest ones into the last block."""
@@ -40,13 +52,17 @@ MAX_TYPES = 4
 GLOBAL_FEATURES = 12
 TYPE_FEATURES = 4
 EXPERT_FEATURES = 7
+KNOWLEDGE_FEATURES = 4
+"""Added below ``oracle``: the predictor's mean log interval width (queued, running) and the mean log
+hours of work done (queued, running)."""
 
 _HOUR = 3600.0
 
 
-def obs_dim(n_experts: int, hd_dim: int = 0) -> int:
-    """Length of the observation for ``n_experts`` experts (plus an optional HD encoding)."""
-    return GLOBAL_FEATURES + MAX_TYPES * TYPE_FEATURES + n_experts * EXPERT_FEATURES + hd_dim
+def obs_dim(n_experts: int, hd_dim: int = 0, knowledge: str = "oracle") -> int:
+    """Length of the observation for ``n_experts`` experts (plus an optional HD encoding) at ``knowledge``."""
+    extra = 0 if knowledge == "oracle" else KNOWLEDGE_FEATURES
+    return GLOBAL_FEATURES + MAX_TYPES * TYPE_FEATURES + n_experts * EXPERT_FEATURES + extra + hd_dim
 
 
 class ExpertPanel:
@@ -63,7 +79,8 @@ class ExpertPanel:
         preemptive: some expert may preempt.
     """
 
-    def __init__(self, experts: Sequence[str] = DEFAULT_EXPERTS, teacher: int = 0) -> None:
+    def __init__(self, experts: Sequence[str] = DEFAULT_EXPERTS, teacher: int = 0,
+                 round_s: float | None = None) -> None:
         if not experts:
             raise AgentError("ExpertPanel: no experts")
         if not 0 <= teacher < len(experts):
@@ -74,6 +91,8 @@ class ExpertPanel:
         rounds = [p.round_s for p in self.policies if p.round_s is not None]
         own = self.policies[self.teacher].round_s
         self.round_s: float | None = own if own is not None else (min(rounds) if rounds else None)
+        if round_s is not None:  # a fixed round (the agents below oracle: docs/scheduling-agent.md)
+            self.round_s = float(round_s)
         self.preemptive = any(p.preemptive for p in self.policies)
         self.invalid = 0
 
@@ -126,9 +145,11 @@ def _type_blocks(view: ClusterView, q: np.ndarray, total: np.ndarray, free: np.n
     return out.ravel()
 
 
-def _expert_block(view: ClusterView, d: Decision, busy: float, n_gpus: float, teacher: Decision) -> np.ndarray:
+def _expert_block(view: ClusterView, d: Decision, busy: float, n_gpus: float, teacher: Decision,
+                  left: dict[int, float] | None = None) -> np.ndarray:
     """One proposal: GPUs started and preempted (per cluster GPU), starts and preemptions (per
-    GPU), busy share after it, share of started jobs on their fastest type, log mean run hours."""
+    GPU), busy share after it, share of started jobs on their fastest type, log mean run hours
+    (remaining work from the view under ``oracle``, else the predicted median ``left`` by job)."""
     jobs = view.jobs
     gpus_started = sum(len(g) for _, g in d.starts)
     gpus_stopped = float(jobs.num_gpus[d.preempt].sum()) if d.preempt else 0.0
@@ -138,13 +159,56 @@ def _expert_block(view: ClusterView, d: Decision, busy: float, n_gpus: float, te
         t = view.gpu_type[np.fromiter((s[1][0] for s in d.starts), np.int64, len(d.starts))]
         sp = jobs.speed[j, t]
         on_best = float(np.mean(sp >= jobs.speed[j].max(axis=1)))
-        run_h = float(np.log1p(np.mean(jobs.remaining_s[j] / sp) / _HOUR))
+        rem = jobs.remaining_s[j] if left is None else np.array([left.get(k, 0.0) for k in j.tolist()])
+        run_h = float(np.log1p(np.mean(rem / sp) / _HOUR))
     return np.array([gpus_started / n_gpus, gpus_stopped / n_gpus, len(d.starts) / n_gpus, len(d.preempt) / n_gpus,
                      busy + (gpus_started - gpus_stopped) / n_gpus, on_best, run_h], dtype=np.float32)
 
 
-def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0) -> np.ndarray:
-    """The cluster-agnostic observation of one decision point (length :func:`obs_dim`)."""
+class PredictedWork:
+    """What the agent believes of the remaining work below ``oracle``: a duration predictor's median
+    and the width of its interval, learned online from the run's finished jobs only
+    (:class:`~gpualloc.scheduling.predict.DurationPredictor`); it reads ``done_s``, ``finished_work_s``
+    and submit-time fields, never ``work_s`` or ``remaining_s``, so it runs under ``blind``.
+
+    Args:
+        panel: the experts; the predictor of the first prediction-driven one (``srtf-pred``, ...) is
+            read (it was brought up to date when the expert decided at this point), so the run fits
+            one predictor, not two.
+        seed: the own predictor's seed when no expert has one.
+    """
+
+    def __init__(self, panel: ExpertPanel | None = None, seed: int = 0) -> None:
+        from gpualloc.scheduling.predict import DurationPredictor
+
+        shared = [p.predictor for p in (panel.policies if panel is not None else ()) if hasattr(p, "predictor")]
+        self.own = not shared
+        self.predictor = DurationPredictor(seed=seed) if self.own else shared[0]
+        self._source = None
+
+    def __call__(self, view: ClusterView, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(median, log interval width)`` of the remaining work of jobs ``idx`` (reference seconds;
+        the width is ``ln((hi + 60) / (lo + 60))``)."""
+        jobs = view.jobs
+        if self.own:
+            if jobs is not self._source:  # a new run: nothing learnt before it
+                self._source = jobs
+                self.predictor.reset()
+            self.predictor.update(jobs, view.now_s)
+        if not idx.size:
+            return np.zeros(0), np.zeros(0)
+        p = self.predictor.predict(idx, jobs)
+        return p.median_s, np.log((p.hi_s + 60.0) / (p.lo_s + 60.0))
+
+
+def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0,
+            work: PredictedWork | None = None) -> np.ndarray:
+    """The cluster-agnostic observation of one decision point (length :func:`obs_dim`).
+
+    ``work`` None: remaining work read from the view (``oracle``: the truth). Otherwise it comes from
+    ``work`` (a predictor's median; no duration column is read, so this runs under ``blind``), and
+    :data:`KNOWLEDGE_FEATURES` more numbers say how uncertain it is and how much work jobs have done.
+    """
     jobs = view.jobs
     n_gpus = float(len(view.gpu_type))
     total = view.total_by_type().astype(float)
@@ -152,8 +216,25 @@ def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0) 
     q = np.fromiter(view.queue, np.int64, len(view.queue))
     r = np.fromiter(view.running, np.int64, len(view.running))
     busy = 1.0 - float(free.sum()) / n_gpus
-    q_left = jobs.remaining_s[q] / jobs.speed[q].max(axis=1) if q.size else np.zeros(1)
-    r_left = jobs.remaining_s[r] / jobs.speed[r].max(axis=1) if r.size else np.zeros(1)
+    left = extra = None
+    if work is None:
+        q_rem = jobs.remaining_s[q] if q.size else None
+        r_rem = jobs.remaining_s[r] if r.size else None
+    else:
+        both_idx = np.concatenate([q, r])
+        med, width = work(view, both_idx)
+        left = dict(zip(both_idx.tolist(), med.tolist()))
+        q_rem, r_rem = med[:q.size], med[q.size:]
+        done = np.asarray(jobs.done_s[both_idx], dtype=float) if both_idx.size else np.zeros(0)
+
+        def _mean(x: np.ndarray) -> float:
+            return float(np.mean(x)) if x.size else 0.0
+
+        extra = np.array([_mean(width[:q.size]), _mean(width[q.size:]),
+                          np.log1p(_mean(done[:q.size]) / _HOUR), np.log1p(_mean(done[q.size:]) / _HOUR)],
+                         dtype=np.float32)
+    q_left = q_rem / jobs.speed[q].max(axis=1) if q.size else np.zeros(1)
+    r_left = r_rem / jobs.speed[r].max(axis=1) if r.size else np.zeros(1)
     wait = view.now_s - jobs.queued_since_s[q] if q.size else np.zeros(1)
     both = np.concatenate([q_left, r_left])
     glob = np.array([
@@ -166,8 +247,11 @@ def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0) 
         np.log1p(np.std(q_left) / np.mean(q_left)) if np.mean(q_left) > 0 else 0.0,
         np.log1p(np.max(both) / np.median(both)) if np.median(both) > 0 else 0.0,
     ], dtype=np.float32)
-    blocks = [_expert_block(view, d, busy, n_gpus, proposals[teacher]) for d in proposals]
-    out = np.concatenate([glob, _type_blocks(view, q, total, free, n_gpus), *blocks])
+    blocks = [_expert_block(view, d, busy, n_gpus, proposals[teacher], left) for d in proposals]
+    parts = [glob, _type_blocks(view, q, total, free, n_gpus), *blocks]
+    if extra is not None:
+        parts.append(extra)
+    out = np.concatenate(parts)
     return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from gpualloc.cache import DiskCache, code_key, file_hash
 from gpualloc.errors import AgentError, GpuallocError, GpuallocWarning
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
-from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, distinct, observe
+from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, PredictedWork, distinct, observe
 from gpualloc.scheduling.base import ClusterView, Decision, JobTable
 from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
                                           JobRequests, MetricsSource, simulated_metrics)
@@ -52,6 +52,10 @@ BUNDLED_AGENT = "sched-adlro16.pt"
 BUNDLED_EXPERT_AGENT = "sched-experts.pt"
 """The default agent (expert choice, any cluster), in ``gpualloc/rl/data``."""
 
+BUNDLED_LEVEL_AGENTS = {"oracle": BUNDLED_EXPERT_AGENT, "estimate": "sched-experts-estimate.pt",
+                        "blind": "sched-experts-blind.pt"}
+"""The bundled expert-choice agent of each information level (issue 36), in ``gpualloc/rl/data``."""
+
 EXPERT_FORMAT = "gpualloc.expert-choice"
 """``extra["format"]`` of an expert-choice agent's checkpoint."""
 
@@ -59,9 +63,17 @@ EXTRA_FORMAT = "gpualloc.scheduler"
 """``extra["format"]`` of a scheduling agent's checkpoint."""
 
 
-def bundled_agent_path(name: str = BUNDLED_AGENT) -> Path:
-    """Path of a bundled agent (default the per-slot ``adlro16`` one)."""
-    return Path(str(resources.files("gpualloc.rl") / "data" / name))
+def bundled_agent_path(name: str | None = None, *, knowledge: str | None = None) -> Path:
+    """Path of a bundled agent: ``name``, or the expert-choice agent of information level ``knowledge``
+    (:data:`BUNDLED_LEVEL_AGENTS`), default the per-slot ``adlro16`` one."""
+    if knowledge is not None:
+        if name is not None:
+            raise AgentError("bundled_agent_path: give a name or a knowledge level, not both")
+        if knowledge not in BUNDLED_LEVEL_AGENTS:
+            raise AgentError(f"bundled_agent_path: unknown information level {knowledge!r} "
+                             f"(expected one of {', '.join(BUNDLED_LEVEL_AGENTS)})")
+        name = BUNDLED_LEVEL_AGENTS[knowledge]
+    return Path(str(resources.files("gpualloc.rl") / "data" / (name or BUNDLED_AGENT)))
 
 
 class AgentFallbackWarning(GpuallocWarning):
@@ -103,14 +115,21 @@ class ExpertChoicePolicy:
         teacher: index of the teacher expert.
         gate: the training gate's verdict; a failed gate runs the teacher (and warns).
         encoder: optional extra features of a view (the agent was trained with them).
+        knowledge: the information level the agent was trained at: below ``oracle`` its observation
+            reads remaining work from a duration predictor (:class:`PredictedWork`), never the view's
+            duration columns.
+        round_s: the panel's round (default the teacher's); the agents below ``oracle`` fix it.
+        seed: seed of the observation's own predictor (when no expert has one).
     """
 
     name = "dqn"
     preemptive = True
 
     def __init__(self, agent: DQNAgent | None, experts: tuple[str, ...] | list[str], teacher: int = 0, *,
-                 gate: GateResult | None = None, encoder=None, agent_path: str | Path | None = None) -> None:
+                 gate: GateResult | None = None, encoder=None, agent_path: str | Path | None = None,
+                 knowledge: str = "oracle", round_s: float | None = None, seed: int = 0) -> None:
         self.experts, self.teacher = tuple(experts), int(teacher)
+        self.knowledge, self._round, self.seed = knowledge, round_s, int(seed)
         self.gate = gate
         self.fallback = agent is None or (gate is not None and not gate.passed)
         self._learned = agent
@@ -140,8 +159,11 @@ class ExpertChoicePolicy:
 
     def _new_panel(self) -> ExpertPanel:
         if self.fallback:  # the teacher alone: exactly the teacher heuristic
+            self._work = None
             return ExpertPanel((self.experts[self.teacher],), 0)
-        return ExpertPanel(self.experts, self.teacher)
+        panel = ExpertPanel(self.experts, self.teacher, self._round)
+        self._work = None if self.knowledge == "oracle" else PredictedWork(panel, self.seed)
+        return panel
 
     def decide(self, view: ClusterView) -> Decision:
         if self._table is not view.jobs:  # a new run: fresh expert state
@@ -155,7 +177,7 @@ class ExpertChoicePolicy:
         mask = distinct(proposals)
         if mask.sum() == 1:
             return proposals[0]
-        obs = observe(view, proposals, self.teacher)
+        obs = observe(view, proposals, self.teacher, self._work)
         if self.encoder is not None:
             obs = np.concatenate([obs, np.asarray(self.encoder(view), dtype=np.float32)])
         choice = self.agent.act(obs, mask, explore=False)
@@ -217,7 +239,15 @@ def learned_policy(agent: str | Path | DQNAgent | None = None, *, cache: DiskCac
     if key is not None:
         cache.put(VERDICT_KIND, key, {"format": EXPERT_FORMAT, "experts": experts, "teacher": teacher,
                                       "gate": None if gate is None else gate.to_dict()})
-    return ExpertChoicePolicy(loaded, experts, teacher, gate=gate, encoder=encoder)
+    return ExpertChoicePolicy(loaded, experts, teacher, gate=gate, encoder=encoder, **_level_options(extra))
+
+
+def _level_options(extra: dict) -> dict:
+    """The information level, round and seed an expert-choice checkpoint was trained with (oracle's
+    agents, written before issue 36, carry none)."""
+    rs = extra.get("round_s")
+    return {"knowledge": str(extra.get("knowledge", "oracle")), "round_s": None if rs is None else float(rs),
+            "seed": int(extra.get("seed", 0) or 0)}
 
 
 def _is_agent(agent) -> bool:

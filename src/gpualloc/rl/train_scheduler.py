@@ -396,6 +396,11 @@ EXPERT_CONFIG = DQNConfig(
 1 ms), double DQN with a target network copied every 500 gradient steps. Exploration starts at 0.1,
 not 1: fine-tuning begins from the cloned teacher and must not forget it at once."""
 
+LEVEL_ROUND_S = 360.0
+"""The panel's round below ``oracle`` (Gavel's): the default ``dqn`` policy is created before the run's
+level is known, so its round must be the same at every level (the oracle agent's teacher, ``gavel-srtf``,
+has this one)."""
+
 TRAIN_CLUSTERS = ("adlro16", "8xV100+4xP100+4xK80", "4xA100+4xV100+8xT4")
 """Clusters the bundled agent trains on; ``16xV100+8xT4+8xA100`` is kept unseen for evaluation."""
 
@@ -452,6 +457,12 @@ class ExpertTraining:
     """Seconds the forced expert keeps deciding before the base takes over (0: one decision)."""
     rollout_min_gain: float = 0.01
     """Another expert replaces the teacher's label only when cheaper by more than this share."""
+    knowledge: str = "oracle"
+    """The information level the experts and the agent decide at (issue 36): below ``oracle`` the
+    experts must be able to run there (``blind``: none that needs durations), prediction-driven experts
+    (``srtf-pred``, ...) are allowed, the observation reads a duration predictor instead of remaining
+    work, and the panel's round is fixed to :data:`LEVEL_ROUND_S`. The experts' and the agent's
+    validation runs are at this level."""
 
 
 @dataclass(frozen=True)
@@ -487,21 +498,24 @@ def _problems(run: ExpertTraining) -> tuple[list, list]:
     return train_p + list(run.extra_problems), val + list(run.val_problems)
 
 
-def _jct(problem, policy) -> float:
+def _jct(problem, policy, knowledge: str = "oracle") -> float:
     spec, trace = problem
-    return metrics.avg_jct_s(simulate(trace, spec, policy, drop_unplaceable=True, timeline=False))
+    return metrics.avg_jct_s(simulate(trace, spec, policy, drop_unplaceable=True, timeline=False,
+                                      knowledge=knowledge))
 
 
-def expert_jcts(problems: Sequence, experts: Sequence[str]) -> dict[str, list[float]]:
-    """Average JCT of each expert heuristic alone on each problem."""
-    return {name: [_jct(p, make_policy(name)) for p in problems] for name in experts}
+def expert_jcts(problems: Sequence, experts: Sequence[str], knowledge: str = "oracle") -> dict[str, list[float]]:
+    """Average JCT of each expert heuristic alone on each problem, deciding at ``knowledge``."""
+    return {name: [_jct(p, make_policy(name), knowledge) for p in problems] for name in experts}
 
 
-def agent_jcts(agent: DQNAgent, problems: Sequence, experts: Sequence[str], teacher: int, encoder=None) -> list[float]:
+def agent_jcts(agent: DQNAgent, problems: Sequence, experts: Sequence[str], teacher: int, encoder=None,
+               knowledge: str = "oracle", round_s: float | None = None, seed: int = 0) -> list[float]:
     """Average JCT of the greedy expert-choice agent (no gate) on each problem."""
     from gpualloc.rl.sched_policy import ExpertChoicePolicy
 
-    return [_jct(p, ExpertChoicePolicy(agent, experts, teacher, encoder=encoder)) for p in problems]
+    return [_jct(p, ExpertChoicePolicy(agent, experts, teacher, encoder=encoder, knowledge=knowledge,
+                                       round_s=round_s, seed=seed), knowledge) for p in problems]
 
 
 def _guide(jcts: np.ndarray, teacher: int, min_gain: float) -> int:
@@ -544,11 +558,25 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
             or not run.experts or run.guide not in ("teacher", "best")):
         raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive, "
                          "guide 'teacher' or 'best'")
+    from gpualloc.scheduling.knowledge import check_knowledge
+    from gpualloc.scheduling.policies import needs_durations
+
+    check_knowledge(run.knowledge, "train_expert_scheduler: knowledge")
     heuristics = POLICIES.names("heuristic")
+    if run.knowledge != "oracle":  # the prediction-driven policies (learned, but from the run's own jobs)
+        heuristics = [*heuristics, *(n for n in POLICIES.names("learned") if n.endswith("-pred"))]
     for name in (*run.experts, *([] if run.rollout_base is None else [run.rollout_base])):
         if name not in heuristics:  # checked before any simulation: training takes minutes
             raise AgentError(f"train_expert_scheduler: {name!r} is not an expert of the panel; experts are "
                              f"heuristics ({', '.join(heuristics)}) and the rollout base one of --experts")
+        if run.knowledge == "blind" and needs_durations(name):
+            raise AgentError(f"train_expert_scheduler: expert {name!r} needs durations, which knowledge 'blind' "
+                             f"hides (use {name}-pred)")
+    if run.knowledge != "oracle" and run.rollout_points:
+        raise AgentError("train_expert_scheduler: rollout labels run at oracle only (knowledge "
+                         f"{run.knowledge!r}: use rollout_points 0)")
+    level = {"knowledge": run.knowledge, "round_s": None if run.knowledge == "oracle" else LEVEL_ROUND_S,
+             "seed": run.seed}
     if run.rollout_base is not None and run.rollout_base not in run.experts:
         raise AgentError(f"train_expert_scheduler: rollout base {run.rollout_base!r} is not one of the experts "
                          f"({', '.join(run.experts)})")
@@ -556,7 +584,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
     out_path = Path(out_path)
     train_p, val = _problems(run)
     say(f"{len(train_p)} training and {len(val)} validation traces; running the experts on validation")
-    per_expert = expert_jcts(val, run.experts)
+    per_expert = expert_jcts(val, run.experts, run.knowledge)
     oracle = np.min(np.array([per_expert[e] for e in run.experts]), axis=0)
 
     def score(jcts: Sequence[float]) -> float:
@@ -568,7 +596,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
     say(f"teacher: {run.experts[teacher]} ({scores[run.experts[teacher]]:.3f} x the per-trace best expert)")
     guides = None
     if run.guide == "best":
-        on_train = np.array([v for v in expert_jcts(train_p, run.experts).values()])
+        on_train = np.array([v for v in expert_jcts(train_p, run.experts, run.knowledge).values()])
         guides = [_guide(col, teacher, run.rollout_min_gain) for col in on_train.T]
         say("guides: " + ", ".join(f"{run.experts[g]} {guides.count(g)}" for g in sorted(set(guides))))
     encoder, hd = None, None
@@ -578,13 +606,13 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         encoder = HDFeatures(out_dim=run.hd_dim, seed=run.seed)
         hd = encoder.to_dict()
     env = ExpertChoiceEnv(train_p, experts=run.experts, teacher=teacher, guides=guides, encoder=encoder,
-                          encoder_dim=run.hd_dim)
+                          encoder_dim=run.hd_dim, **level)
     env.reset(seed=run.seed)
     config = replace(run.config or EXPERT_CONFIG, seed=run.seed)
     agent = DQNAgent(env.observation_space, env.action_space, config)
     clone = clone_teacher(agent, env, rounds=run.bc_rounds, episodes=run.bc_episodes, epochs=run.bc_epochs,
                           td_weight=run.bc_td_weight, seed=run.seed)
-    bc = agent_jcts(agent, val, run.experts, teacher, encoder)
+    bc = agent_jcts(agent, val, run.experts, teacher, encoder, **level)
     scores["cloned"] = score(bc)
     say(f"cloned: agreement {clone.agreement[-1]:.1%}, validation {scores['cloned']:.3f} x the per-trace best")
     kept, mine, tuned = "cloned", bc, None
@@ -603,7 +631,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         changed = float(np.mean(labels.label != labels.teacher_action))
         cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
         fit = improve_agent(agent, labels, seed=run.seed)
-        rolled = agent_jcts(agent, val, run.experts, teacher, encoder)
+        rolled = agent_jcts(agent, val, run.experts, teacher, encoder, **level)
         scores["rollout"] = score(rolled)
         say(f"rollout labels: {len(labels)} points, {changed:.1%} not the guide's; fit {fit:.1%}; "
             f"validation {scores['rollout']:.3f}")
@@ -616,7 +644,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         cloned_state = {k: v.clone() for k, v in agent.qnet.state_dict().items()}
         agent.sync_target()
         train(env, agent, run.steps, seed=run.seed)
-        tuned = agent_jcts(agent, val, run.experts, teacher, encoder)
+        tuned = agent_jcts(agent, val, run.experts, teacher, encoder, **level)
         scores["fine-tuned"] = score(tuned)
         say(f"fine-tuned: validation {scores['fine-tuned']:.3f}")
         if score(tuned) < score(mine):
@@ -639,7 +667,8 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
                                            "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600,
                                            "rollout_h": None if rolled is None else float(np.mean(rolled)) / 3600},
                                rollout_points=run.rollout_points, rollout_horizon_s=run.rollout_horizon_s,
-                               rollout_follow_s=run.rollout_follow_s)
+                               rollout_follow_s=run.rollout_follow_s, knowledge=run.knowledge,
+                               round_s=level["round_s"])
     agent.save(out_path)
     return ExpertTrainReport(out_path, run.experts[teacher], means, scores, float(np.mean(bc)),
                              None if tuned is None else float(np.mean(tuned)), kept, verdict, wall,

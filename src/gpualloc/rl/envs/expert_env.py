@@ -23,7 +23,8 @@ import numpy as np
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.envs.scheduling_env import DEFAULT_IDLE_WEIGHT, potential
-from gpualloc.rl.expert_choice import DEFAULT_EXPERTS, ExpertPanel, distinct, obs_dim, observe
+from gpualloc.rl.expert_choice import DEFAULT_EXPERTS, ExpertPanel, PredictedWork, distinct, obs_dim, observe
+from gpualloc.scheduling.knowledge import check_knowledge
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
@@ -48,6 +49,11 @@ class ExpertChoiceEnv(gym.Env):
         shaping: add the potential-based shaping term.
         encoder: optional ``(view) -> features`` appended to the observation, with ``encoder_dim``.
         sim_options: extra :class:`Simulation` options (``failures``, ``restart_penalty_s``, ...).
+        knowledge: the information level of the runs (the experts' view and the observation: below
+            ``oracle`` remaining work comes from a duration predictor, :class:`PredictedWork`). The
+            reward is the simulator's own accounting, as at every level.
+        round_s: the panel's round (default the teacher's; see :class:`ExpertPanel`).
+        seed: the observation's own predictor's seed (when no expert has one).
     """
 
     metadata = {"render_modes": []}
@@ -57,7 +63,8 @@ class ExpertChoiceEnv(gym.Env):
                  loads: tuple[float, float] = (0.5, 1.0), experts: Sequence[str] = DEFAULT_EXPERTS,
                  teacher: int = 0, guides: Sequence[int] | None = None,
                  idle_weight: float = DEFAULT_IDLE_WEIGHT, shaping: bool = True,
-                 encoder: Encoder | None = None, encoder_dim: int = 0, sim_options: dict | None = None) -> None:
+                 encoder: Encoder | None = None, encoder_dim: int = 0, sim_options: dict | None = None,
+                 knowledge: str = "oracle", round_s: float | None = None, seed: int = 0) -> None:
         super().__init__()
         self.problems = list(problems) if problems is not None else None
         if self.problems is not None and not self.problems:
@@ -75,7 +82,10 @@ class ExpertChoiceEnv(gym.Env):
         self.idle_weight, self.shaping = float(idle_weight), bool(shaping)
         self.encoder, self.encoder_dim = encoder, int(encoder_dim)
         self.sim_options = dict(sim_options or {})
-        dim = obs_dim(len(self.experts), self.encoder_dim)
+        self.knowledge = check_knowledge(knowledge)
+        self.round_s, self.seed = round_s, int(seed)
+        self.sim_options.setdefault("knowledge", self.knowledge)
+        dim = obs_dim(len(self.experts), self.encoder_dim, self.knowledge)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
         self.action_space = gym.spaces.Discrete(len(self.experts))
         self._sim: Simulation | None = None
@@ -86,7 +96,8 @@ class ExpertChoiceEnv(gym.Env):
         the ``k``-th of ``problems``."""
         super().reset(seed=seed)
         cluster, trace = self._draw(options or {})
-        self.panel = ExpertPanel(self.experts, self.teacher)
+        self.panel = ExpertPanel(self.experts, self.teacher, self.round_s)
+        self._work = None if self.knowledge == "oracle" else PredictedWork(self.panel, self.seed)
         self._sim = Simulation(trace, cluster, name="dqn-experts", preemptive=self.panel.preemptive,
                                round_s=self.panel.round_s, drop_unplaceable=True, timeline=False, **self.sim_options)
         if self._sim.done:
@@ -164,7 +175,7 @@ class ExpertChoiceEnv(gym.Env):
         return -self._cost(jobs0, idle0) / self._scale
 
     def _observe(self, view, proposals) -> np.ndarray:
-        obs = observe(view, proposals, self.teacher)
+        obs = observe(view, proposals, self.teacher, self._work)
         if self.encoder is not None:
             obs = np.concatenate([obs, np.asarray(self.encoder(view), dtype=np.float32)])
         return obs

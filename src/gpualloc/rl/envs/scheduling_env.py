@@ -88,7 +88,9 @@ def potential(sim: Simulation, best_time: np.ndarray) -> float:
     if sim.done:
         return 0.0
     view = sim.view
-    jobs = view.jobs
+    # the reward is the environment's accounting, not the agent's state: it reads the simulator's own
+    # table (the truth), whatever the information level the policy's view is at (issue 36)
+    jobs = sim._engine.table  # noqa: SLF001
     status = jobs.status
     running = status == RUNNING
     queued = status == QUEUED
