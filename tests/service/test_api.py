@@ -80,9 +80,10 @@ def test_env_values_and_idempotency_keys_are_never_returned(local_service):
 def test_api_job_model_is_the_record_less_hidden_fields():
     from dataclasses import fields
 
-    from gpualloc.service.models import API_HIDDEN, JobOut, JobRecord
+    from gpualloc.service.models import API_HIDDEN, PREDICTION_FIELDS, JobOut, JobRecord
 
-    assert list(JobOut.model_fields) == [f.name for f in fields(JobRecord) if f.name not in API_HIDDEN]
+    assert list(JobOut.model_fields) == [f.name for f in fields(JobRecord) if f.name not in API_HIDDEN] + \
+        list(PREDICTION_FIELDS)
     assert API_HIDDEN == {"idempotency_key"}
 
 

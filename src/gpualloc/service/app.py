@@ -63,14 +63,15 @@ from fastapi.security import HTTPBearer
 from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
-from gpualloc.scheduling.policies import POLICIES
+from gpualloc.scheduling.knowledge import check_knowledge
+from gpualloc.scheduling.policies import POLICIES, require_knowledge
 from gpualloc.scheduling.quotas import Quotas
 from gpualloc.service.auth import check_store_files, default_token_path, load_or_create_token, token_matches
 from gpualloc.service.backends import Backend, host_device_indices, make_backend
 from gpualloc.service.jobusers import JobUsers
 from gpualloc.service.slurm import AdviceRequest, advise
 from gpualloc.service.errors import Conflict, Forbidden, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
-from gpualloc.service.models import JobOut, JobRecord, JobSpec, JobState, PolicyChange
+from gpualloc.service.models import DEFAULT_TIME_LIMIT_S, JobOut, JobRecord, JobSpec, JobState, PolicyChange
 from gpualloc.service.scheduler import DeviceTypes, Scheduler, check_policy_name, normalise_spec, stored_policy
 from gpualloc.service.store import Store, sqlite_path
 from gpualloc.service.users import BOOTSTRAP, NO_TEAM, User, bearer
@@ -124,8 +125,12 @@ class ServiceConfig:
         quotas: a team quota file (:meth:`gpualloc.scheduling.quotas.Quotas.from_file`): the policy
             is wrapped in :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, and only its teams submit.
         knowledge: what the policy may know of durations (:mod:`gpualloc.scheduling.knowledge`):
-            ``estimate`` (the ``work_s`` a user submits is their time limit), ``blind`` (submit-time fields
-            and time run so far only) or ``oracle`` (the submitted ``work_s`` taken as exact).
+            ``estimate`` (each job's time limit: the ``time_limit_s`` a user submits, else
+            ``default_time_limit_s``), ``blind`` (submit-time fields and time run so far only: a policy
+            that needs durations is refused) or ``oracle`` (the limit taken as exact).
+        default_time_limit_s: the time limit of a job submitted without one (as Slurm's ``DefaultTime``).
+        predictor_options: :class:`~gpualloc.scheduling.predict.PredictorConfig` fields of the duration
+            predictor learned from the store's finished jobs (:mod:`gpualloc.service.prediction`).
     """
 
     store: str = "gpualloc-service.db"
@@ -153,6 +158,8 @@ class ServiceConfig:
     quotas: str | None = None
     job_users: JobUsers | None = None
     knowledge: str = "estimate"
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    predictor_options: dict[str, Any] = field(default_factory=dict)
 
 
 class Service:
@@ -165,8 +172,10 @@ class Service:
     def __init__(self, config: ServiceConfig, *, cluster: ClusterSpec | None = None) -> None:
         self.config = config
         self.cluster = cluster if cluster is not None else load_cluster(config.cluster)
+        check_knowledge(config.knowledge)
         if config.policy is not None:  # before open() makes a store or a token
             check_policy_name(config.policy)
+            require_knowledge(config.policy, config.knowledge)
         self.types = DeviceTypes.of(self.cluster)
         self.store: Store | None = None
         self.backend: Backend | None = None
@@ -226,7 +235,9 @@ class Service:
             popts = self.checked_policy_options(popts)
             self.scheduler = Scheduler(self.store, self.backend, self.cluster, policy=name, policy_options=popts,
                                        tick_s=cfg.tick_s, on_lost=cfg.on_lost, max_attempts=cfg.max_attempts,
-                                       preemption=cfg.preemption, quotas=self.quotas)
+                                       preemption=cfg.preemption, quotas=self.quotas, knowledge=cfg.knowledge,
+                                       default_limit_s=cfg.default_time_limit_s,
+                                       predictor_options=cfg.predictor_options)
             self.recovery = self.scheduler.start()
             self._open_telemetry()
         except BaseException:
@@ -296,6 +307,14 @@ class Service:
             have = ", ".join(f"{t} {int(q[k, self.types.names.index(t)])}" for t in allowed)
             raise InvalidJob(f"num_gpus: {spec['num_gpus']} GPUs is more than team {user.team or '(none)'!r} may "
                              f"hold ({have}) and {self.config.quotas} turns borrowing off")
+
+    def predictions(self, records: list[JobRecord]) -> list[dict[str, Any] | None]:
+        """Each record's predicted remaining run time (:meth:`StoreHistory.describe
+        <gpualloc.service.prediction.StoreHistory.describe>`), None where there is none."""
+        history = None if self.scheduler is None else self.scheduler.history
+        if history is None:
+            return [None] * len(records)
+        return history.describe(records)
 
     def job_for(self, user: User, job_id: int) -> JobRecord:
         """Job ``job_id`` if ``user`` may see it.
@@ -726,13 +745,14 @@ def _add_job_routes(api: APIRouter, service: Service) -> None:
         if len(recs) > limit:
             recs = recs[:limit]
             response.headers["X-Next-Cursor"] = _cursor(recs[-1].id)
-        return [r.to_api() for r in recs]
+        return [r.to_api(p) for r, p in zip(recs, service.predictions(recs), strict=True)]
 
     job_id_param = PathParam(ge=1, le=2**62, description="The job's id.")
 
     @api.get("/jobs/{job_id}", response_model=JobOut, summary="One job", responses={404: {}})
     def get_job(request: Request, job_id: int = job_id_param) -> dict[str, Any]:
-        return service.job_for(current_user(request), job_id).to_api()
+        rec = service.job_for(current_user(request), job_id)
+        return rec.to_api(service.predictions([rec])[0])
 
     @api.get("/jobs/{job_id}/events", summary="A job's state changes, oldest first", responses={404: {}})
     def job_events(request: Request, job_id: int = job_id_param) -> list[dict[str, Any]]:
@@ -775,7 +795,7 @@ def _add_cluster_routes(api: APIRouter, service: Service) -> None:
     def get_policy() -> dict[str, Any]:
         sched = service.scheduler
         return {"name": sched.policy_name, "options": sched.policy_options, "preemption": sched.preemption,
-                "available": sorted(POLICIES)}
+                "knowledge": sched.knowledge, "available": sorted(POLICIES)}
 
     @api.put("/policy", summary="Switch policy (admins only)", responses={403: {}, 422: {}})
     def put_policy(change: PolicyChange, request: Request) -> dict[str, Any]:

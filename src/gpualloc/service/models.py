@@ -25,6 +25,9 @@ MAX_ARG_CHARS = 4096
 """Longest argv entry."""
 MAX_ENV = 64
 """Most extra environment variables a job may set."""
+DEFAULT_TIME_LIMIT_S = 3600.0
+"""The time limit of a job submitted without one, as a Slurm partition's ``DefaultTime``: what the
+``estimate`` information level shows a policy of it (``ServiceConfig.default_time_limit_s``)."""
 
 
 class JobState(str, Enum):
@@ -75,9 +78,13 @@ class JobSpec(BaseModel):
                                              "quotas it starts on the first with room and spills over to the "
                                              "next only when that has none; empty: any.")
     job_type: JobType = Field(JobType.ML_TRAINING, description="The job category the speed model uses.")
-    work_s: float = Field(3600.0, gt=0, le=1e9,
-                          description="Estimated run time on num_gpus reference (V100) GPUs, seconds; "
-                                      "length-aware policies (SJF, SRTF, backfill) rank by it.")
+    time_limit_s: float | None = Field(
+        None, gt=0, le=1e9,
+        description="The user's time limit (an estimate, as Slurm's --time): seconds on num_gpus reference (V100) "
+                    "GPUs. Optional. What a policy sees of it depends on the service's --knowledge "
+                    "(docs/service.md, 'Run time: limits and predictions'); the job is not stopped at it.")
+    work_s: float | None = Field(None, gt=0, le=1e9,
+                                 description="Older name of time_limit_s, still accepted and read as the limit.")
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     single_node: bool = Field(False, description="All GPUs on one node.")
     model: str = Field("", max_length=128, description="Model name, for the speed model (e.g. resnet50).")
@@ -154,7 +161,14 @@ class JobSpec(BaseModel):
             raise ValueError("give exactly one of command or callable")
         if self.command is not None and (self.args or self.kwargs):
             raise ValueError("args and kwargs go with callable, not command")
+        if self.work_s is not None and self.time_limit_s is not None and self.work_s != self.time_limit_s:
+            raise ValueError("work_s is the older name of time_limit_s: give one of them (or the same value)")
         return self
+
+    @property
+    def limit_s(self) -> float | None:
+        """The user's time limit: ``time_limit_s``, else ``work_s`` (its older name), else None."""
+        return self.time_limit_s if self.time_limit_s is not None else self.work_s
 
     def allowed_types(self) -> list[str]:
         """The requested device types, ``device_type`` first (names as given)."""
@@ -215,14 +229,24 @@ class JobRecord:
     def num_gpus(self) -> int:
         return int(self.spec["num_gpus"])
 
-    def to_job(self, epoch: float) -> Job:
-        """The simulator's :class:`Job` for this record (arrival relative to ``epoch``; team from the
-        record, ``""`` for a job of no team; ``gpu_types`` in the submitted order, preferred first)."""
+    @property
+    def time_limit_s(self) -> float | None:
+        """The user's time limit: the spec's ``time_limit_s``, or ``work_s`` in a spec stored before the
+        limit had its own name (every such spec has one: it defaulted to 3600 s); None: none given."""
         s = self.spec
+        value = s["time_limit_s"] if "time_limit_s" in s else s.get("work_s")
+        return None if value is None else float(value)
+
+    def to_job(self, epoch: float, default_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Job:
+        """The simulator's :class:`Job` for this record (arrival relative to ``epoch``; work: the user's
+        time limit, else ``default_limit_s``, also kept as ``time_limit_s``; team and user from the
+        record, ``""`` for none; ``gpu_types`` in the submitted order, preferred first)."""
+        s = self.spec
+        limit = self.time_limit_s
         return Job(id=str(self.id), arrival_s=max(0.0, self.submitted_at - epoch), job_type=JobType(s["job_type"]),
-                   work_s=float(s["work_s"]), num_gpus=int(s["num_gpus"]), model=s.get("model", ""),
-                   priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]), single_node=bool(s["single_node"]),
-                   team=self.team or "")
+                   work_s=float(limit if limit is not None else default_limit_s), num_gpus=int(s["num_gpus"]),
+                   model=s.get("model", ""), priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]),
+                   single_node=bool(s["single_node"]), team=self.team or "", user=self.user or "", time_limit_s=limit)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as JSON values (internal: holds env values and the idempotency key)."""
@@ -231,9 +255,12 @@ class JobRecord:
         d["gpus"] = list(self.gpus)
         return d
 
-    def to_api(self) -> dict[str, Any]:
-        """The fields of :class:`JobOut`: no :data:`API_HIDDEN` field, ``env`` values redacted."""
-        d = {name: getattr(self, name) for name in JobOut.model_fields}
+    def to_api(self, prediction: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The fields of :class:`JobOut`: no :data:`API_HIDDEN` field, ``env`` values redacted; the
+        :data:`PREDICTION_FIELDS` from ``prediction`` (None where it gives none)."""
+        d: dict[str, Any] = {name: getattr(self, name) for name in RECORD_API_FIELDS}
+        for name in PREDICTION_FIELDS:
+            d[name] = None if prediction is None else prediction.get(name)
         d["state"] = self.state.value
         d["gpus"] = list(self.gpus)
         d["spec"] = redact_spec(self.spec)
@@ -253,12 +280,32 @@ def redact_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "target": {**target, "env": sorted(target["env"])}}
 
 
+RECORD_API_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name not in API_HIDDEN)
+"""The fields of :class:`JobRecord` the API shows."""
+
+PREDICTION_FIELDS: dict[str, tuple[Any, str]] = {
+    "predicted_remaining_s": (float | None, "Predicted remaining run time, seconds (the median), on the device "
+                                            "type it runs on, or for a queued job on its fastest allowed type; "
+                                            "null for an ended job, or before any job has run to its end."),
+    "predicted_remaining_lo_s": (float | None, "Lower end of the prediction's interval, seconds."),
+    "predicted_remaining_hi_s": (float | None, "Upper end of the prediction's interval, seconds."),
+    "prediction_interval": (float | None, "The interval's nominal coverage (0.8: 80% of jobs end inside it)."),
+    "prediction_stage": (str | None, "What the prediction comes from: 'prior' (no history yet: no "
+                                     "prediction), 'empirical' (every finished job's run time) or 'model' "
+                                     "(learned from finished jobs' submit-time fields); null for an ended job."),
+}
+"""What ``GET /jobs`` and ``GET /jobs/{id}`` add to each queued or running job: its remaining run time
+as the service's duration predictor sees it (:mod:`gpualloc.service.prediction`)."""
+
+
 def _api_model() -> type[BaseModel]:
     hints = get_type_hints(JobRecord)
     return create_model(
         "JobOut", __doc__="A job as the API shows it (times are Unix seconds; ``spec.target.env``: names only).",
-        **{f.name: (hints[f.name], ...) for f in fields(JobRecord) if f.name not in API_HIDDEN})
+        **{name: (hints[name], ...) for name in RECORD_API_FIELDS},
+        **{name: (kind, Field(None, description=text)) for name, (kind, text) in PREDICTION_FIELDS.items()})
 
 
 JobOut = _api_model()
-"""The API's job: :class:`JobRecord`'s fields (one list, kept there) less :data:`API_HIDDEN`."""
+"""The API's job: :class:`JobRecord`'s fields (one list, kept there) less :data:`API_HIDDEN`, then
+:data:`PREDICTION_FIELDS`."""

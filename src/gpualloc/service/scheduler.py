@@ -24,6 +24,7 @@ same way.
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import logging
 import threading
@@ -38,12 +39,14 @@ from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.base import (DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable,
                                       Policy, preference_ranks)
-from gpualloc.scheduling.policies import POLICIES, make_policy
+from gpualloc.scheduling.knowledge import REMAINING_FLOOR_S, JobsView, check_knowledge
+from gpualloc.scheduling.policies import POLICIES, make_policy, policy_options, require_knowledge
 from gpualloc.scheduling.quotas import DEFAULT_TEAM, QuotaPolicy, Quotas
 from gpualloc.scheduling.rules import InvalidDecision, check_preempt, check_start, unplaceable_reason
 from gpualloc.service.backends import Backend, RunRef, RunRequest, RunState, RunStatus, ray_resource_name
 from gpualloc.service.errors import BackendError, Conflict, InvalidJob, NotFound
-from gpualloc.service.models import HOLDING, JobRecord, JobSpec, JobState
+from gpualloc.service.models import DEFAULT_TIME_LIMIT_S, HOLDING, JobRecord, JobSpec, JobState
+from gpualloc.service.prediction import StoreHistory, feature_job
 from gpualloc.service.store import Store
 from gpualloc.workload.jobs import JOB_TYPES, Job
 from gpualloc.workload.speed import speed_matrix
@@ -101,7 +104,7 @@ def normalise_spec(spec: JobSpec, cluster: ClusterSpec, types: DeviceTypes) -> d
     allowed = list(dict.fromkeys(allowed))
     out: dict[str, Any] = {
         "name": spec.name, "num_gpus": spec.num_gpus, "gpu_types": allowed, "job_type": spec.job_type.value,
-        "work_s": spec.work_s, "priority": spec.priority, "single_node": spec.single_node, "model": spec.model,
+        "time_limit_s": spec.limit_s, "priority": spec.priority, "single_node": spec.single_node, "model": spec.model,
     }
     if spec.command is not None:
         out["target"] = {"argv": list(spec.command)}
@@ -111,7 +114,7 @@ def normalise_spec(spec: JobSpec, cluster: ClusterSpec, types: DeviceTypes) -> d
         out["target"]["env"] = dict(spec.env)
     if spec.cwd:
         out["target"]["cwd"] = spec.cwd
-    job = Job("check", 0.0, spec.job_type, spec.work_s, spec.num_gpus, model=spec.model, priority=spec.priority,
+    job = Job("check", 0.0, spec.job_type, spec.limit_s or DEFAULT_TIME_LIMIT_S, spec.num_gpus, model=spec.model, priority=spec.priority,
               gpu_types=tuple(allowed), single_node=spec.single_node)
     speed = speed_matrix([job], cluster.device_types)[0]
     reason = unplaceable_reason(cluster, spec.num_gpus, spec.single_node, speed)
@@ -132,6 +135,12 @@ class LiveTable:
 
     Each row's team code indexes ``table.team_names``, which grows as new teams' jobs arrive (code 0 is
     the default team ``""``); each row's ``pref_rank`` is its ``gpu_types`` order over ``type_names``.
+
+    What the service knows of a job's duration is its time limit (``limit_s``: the user's, else the
+    service's default): the table's ``work_s`` is that limit, extended while a job runs past it to its
+    work done plus ``REMAINING_FLOOR_S`` (the service does not stop a job at its limit), so that
+    ``work_s - remaining_s`` is always the work done. ``table.submit_features()`` are the rows'
+    submit-time fields (:func:`~gpualloc.service.prediction.feature_job`), what a duration predictor reads.
     """
 
     def __init__(self, n_types: int, capacity: int = 256, type_names: tuple[str, ...] = ()) -> None:
@@ -144,6 +153,9 @@ class LiveTable:
         self.row_of: dict[int, int] = {}
         self.run_start_s = np.full(capacity, np.nan)  # start of the current run (service time)
         self.attained_before = np.zeros(capacity)  # GPU-seconds received in earlier runs
+        self.limit_s = np.ones(capacity)  # each row's time limit (reference seconds): the estimate
+        self.features: list[Job] = [_PLACEHOLDER] * capacity  # submit-time fields of each row
+        self.table.__dict__["_source_jobs"] = self.features
         self.remap: dict[int, int] = {}  # old row -> new row after the last rebuild
 
     def _empty(self, n: int) -> JobTable:
@@ -164,8 +176,10 @@ class LiveTable:
     def __len__(self) -> int:
         return len(self.row_of)
 
-    def add(self, jobs: list[Job], speed: np.ndarray, job_ids: list[int]) -> list[int]:
-        """Rows for new jobs (status ``QUEUED`` is set by the caller)."""
+    def add(self, jobs: list[Job], speed: np.ndarray, job_ids: list[int],
+            features: list[Job] | None = None) -> list[int]:
+        """Rows for new jobs (status ``QUEUED`` is set by the caller); ``features``: their submit-time
+        fields (default: ``jobs``)."""
         if self.used + len(jobs) > len(self.job_of_row):
             self._rebuild(max(2 * (len(self.row_of) + len(jobs)), 256))
         rows = list(range(self.used, self.used + len(jobs)))
@@ -182,12 +196,20 @@ class LiveTable:
             t.start_s[r] = t.finish_s[r] = t.queued_since_s[r] = t.expected_finish_s[r] = np.nan
             t.preemptions[r] = 0
             self.run_start_s[r], self.attained_before[r] = np.nan, 0.0
+            self.limit_s[r] = job.work_s
             self.job_of_row[r] = jid
             self.row_of[jid] = r
+        for r, feat in zip(rows, features if features is not None else jobs, strict=True):
+            self.features[r] = feat
         t.__dict__.pop("_type_order", None)  # cached per table; the speed rows changed
+        t.__dict__.pop("_submit_features", None)  # made again from self.features when next asked
         return rows
 
     def retire(self, row: int, now_s: float) -> None:
+        """Row ``row``'s job has ended: status ``DONE`` (its ``work_s`` is the work it did, if it ran)."""
+        t = self.table
+        if t.remaining_s[row] < t.work_s[row]:
+            t.work_s[row] = max(t.work_s[row] - t.remaining_s[row], 1e-3)
         self.table.status[row] = DONE
         self.table.finish_s[row] = now_s
         self.table.expected_finish_s[row] = np.nan
@@ -206,15 +228,40 @@ class LiveTable:
             getattr(new, name)[:n] = getattr(old, name)[keep]
         new.speed[:n] = old.speed[keep]
         new.pref_rank[:n] = old.pref_rank[keep]
-        run_start, attained = np.full(capacity, np.nan), np.zeros(capacity)
-        run_start[:n], attained[:n] = self.run_start_s[keep], self.attained_before[keep]
-        self.table, self.run_start_s, self.attained_before = new, run_start, attained
+        run_start, attained, limit = np.full(capacity, np.nan), np.zeros(capacity), np.ones(capacity)
+        run_start[:n], attained[:n], limit[:n] = self.run_start_s[keep], self.attained_before[keep], self.limit_s[keep]
+        self.table, self.run_start_s, self.attained_before, self.limit_s = new, run_start, attained, limit
+        self.features = [self.features[int(i)] for i in keep] + [_PLACEHOLDER] * (capacity - n)
+        new.__dict__["_source_jobs"] = self.features
         self.job_of_row = np.full(capacity, -1, dtype=np.int64)
         self.job_of_row[:n] = old_ids[keep]
         self.used = n
         self.row_of = {int(self.job_of_row[i]): i for i in range(n)}
         self.remap = {int(o): i for i, o in enumerate(keep)}
         return self.remap
+
+
+class LiveJobsView(JobsView):
+    """:class:`~gpualloc.scheduling.knowledge.JobsView` over the live table, whose ``estimate`` follows
+    the table's time limits as rows are added (the simulator's view copies its estimates once: its
+    jobs are known from the start).
+
+    Args:
+        table: the live table.
+        knowledge: one of :data:`~gpualloc.scheduling.knowledge.KNOWLEDGE`.
+        limit_s: each row's time limit (:attr:`LiveTable.limit_s`), changed in place as rows are added.
+    """
+
+    def __init__(self, table: JobTable, knowledge: str, limit_s: np.ndarray) -> None:
+        super().__init__(table, knowledge, limit_s if knowledge == "estimate" else None)
+        if knowledge == "estimate":
+            live = limit_s.view()
+            live.flags.writeable = False
+            self.work_s = live
+
+
+_PLACEHOLDER = Job("", 0.0, JOB_TYPES[0], 1.0)
+"""The submit-time fields of a row no job holds."""
 
 
 @dataclass
@@ -266,14 +313,30 @@ class _NoPreemption:
         return self.inner.decide(view)  # QuotaPolicy shows a non-preemptive policy a view without preemption
 
 
-def live_policy(name: str, options: dict[str, Any], quotas: Quotas | None, preemption: bool) -> Policy:
+SERVICE_OPTIONS = frozenset({"predictor", "history"})
+"""Policy options the service sets itself (a prediction-driven policy's predictor learns from the
+store: :class:`~gpualloc.service.prediction.StoreHistory`); a request may not give them."""
+
+
+def live_policy(name: str, options: dict[str, Any], quotas: Quotas | None, preemption: bool, *,
+                knowledge: str = "oracle", history: StoreHistory | None = None) -> Policy:
     """The policy the service decides with: the registry's ``name``, wrapped in
     :class:`~gpualloc.scheduling.quotas.QuotaPolicy` when there are ``quotas`` (a preemptive policy
     preempting only with ``preemption``; a reclaim of borrowed GPUs preempts whatever ``preemption``).
+    A policy that takes a ``predictor`` gets ``history``'s (the store's duration predictor).
 
     Raises:
-        SchedulingError: unknown name or bad options.
+        SchedulingError: unknown name or bad options, an option the service sets (:data:`SERVICE_OPTIONS`),
+            or a policy that needs durations under ``knowledge`` ``blind`` (the simulator's one line).
     """
+    check_policy_name(name)
+    given = sorted(SERVICE_OPTIONS & set(options))
+    if given:
+        raise SchedulingError(f"policy {name}: option {given[0]!r} is set by the service (its predictor learns "
+                              f"from the store's finished jobs)")
+    require_knowledge(name, knowledge)
+    if history is not None and "predictor" in policy_options(name):
+        options = {**options, "predictor": history.predictor}
     policy = _registered_policy(name, options)
     if quotas is None:
         return policy
@@ -297,6 +360,15 @@ class Scheduler:
         max_attempts: attempts after which a lost job fails instead of being re-queued.
         preemption: let preemptive policies stop running jobs (they restart from scratch: the
             service does not checkpoint them).
+        knowledge: what the policy may know of durations (:mod:`gpualloc.scheduling.knowledge`):
+            ``estimate`` (each job's time limit, the user's or ``default_limit_s``), ``blind`` (submit-time
+            fields and time run only: a policy that needs durations is refused) or ``oracle`` (the limit
+            taken as exact). The policy's ``view.jobs`` is a :class:`LiveJobsView` at that level.
+        default_limit_s: the time limit of a job submitted without one (reference seconds).
+        predict: keep a duration predictor learned from the store's finished jobs
+            (:class:`~gpualloc.service.prediction.StoreHistory`: warm-started in :meth:`recover`,
+            refitted on its schedule); the prediction-driven policies rank by it.
+        predictor_options: :class:`~gpualloc.scheduling.predict.PredictorConfig` fields to change.
         quotas: team quotas (:mod:`gpualloc.scheduling.quotas`): the policy is wrapped in
             :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, as the simulator's ``quotas`` does; a
             job's team is its record's. Borrowed GPUs are reclaimed by preemption (the job restarts
@@ -307,9 +379,15 @@ class Scheduler:
     def __init__(self, store: Store, backend: Backend, cluster: ClusterSpec, *, policy: str = "fcfs",
                  policy_options: dict[str, Any] | None = None, tick_s: float = 0.5, poll_s: float = 0.25,
                  on_lost: str = "requeue", max_attempts: int = 3, preemption: bool = False,
-                 quotas: Quotas | None = None, clock: Callable[[], float] = time.time) -> None:
+                 quotas: Quotas | None = None, knowledge: str = "estimate",
+                 default_limit_s: float = DEFAULT_TIME_LIMIT_S, predict: bool = True,
+                 predictor_options: dict[str, Any] | None = None, clock: Callable[[], float] = time.time) -> None:
         if on_lost not in ON_LOST:
             raise SchedulingError(f"on_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}")
+        self.knowledge = check_knowledge(knowledge)
+        if not (default_limit_s > 0 and np.isfinite(default_limit_s)):
+            raise SchedulingError(f"default time limit must be > 0 seconds, got {default_limit_s!r}")
+        self.default_limit_s = float(default_limit_s)
         self.store, self.backend, self.cluster = store, backend, cluster
         self.types = DeviceTypes.of(cluster)
         self.tick_s, self.poll_s = float(tick_s), float(poll_s)
@@ -336,9 +414,29 @@ class Scheduler:
         self.quotas = quotas
         if quotas is not None:
             quotas.check(cluster)
+        self._jobs_view: LiveJobsView | None = None
+        self._jobs_view_of: JobTable | None = None
+        self.history = StoreHistory(store, cluster, options=predictor_options, clock=clock) if predict else None
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
-        self.policy: Policy = live_policy(policy, self.policy_options, quotas, self.preemption)
+        self.policy: Policy = self._make_policy(policy, self.policy_options)
+
+    def _make_policy(self, name: str, options: dict[str, Any]) -> Policy:
+        return live_policy(name, options, self.quotas, self.preemption, knowledge=self.knowledge,
+                           history=self.history)
+
+    def advice_policy(self) -> Policy:
+        """A fresh instance of the current policy (no quotas), for a decision outside the scheduler's
+        thread (:func:`gpualloc.service.slurm.advise`): its state is its own, and a prediction-driven
+        one reads a copy of the store's predictor (a fit in progress is not seen half done)."""
+        with self._lock:
+            name, options = self.policy_name, dict(self.policy_options)
+        history = None
+        if self.history is not None:
+            with self.history.lock:
+                history = copy.copy(self.history)
+                history.predictor = copy.copy(self.history.predictor)
+        return live_policy(name, options, None, False, knowledge=self.knowledge, history=history)
 
     # -------------------------------------------------------------------------------- control
     def now_s(self) -> float:
@@ -379,7 +477,7 @@ class Scheduler:
         Raises:
             SchedulingError: unknown name or bad options.
         """
-        policy = live_policy(name, options or {}, self.quotas, self.preemption)
+        policy = self._make_policy(name, options or {})
         with self._lock:
             self.policy, self.policy_name, self.policy_options = policy, name, dict(options or {})
             self._dirty = True
@@ -389,7 +487,9 @@ class Scheduler:
 
     def status(self) -> dict[str, Any]:
         down = int((self.gpu_job == GPU_DOWN).sum())
-        return {"policy": self.policy_name, "queued": len(self.queue), "running": len(self.running),
+        return {"policy": self.policy_name, "knowledge": self.knowledge,
+                "predictor": None if self.history is None else self.history.stage,
+                "queued": len(self.queue), "running": len(self.running),
                 "gpus": len(self.gpu_job), "gpus_free": int((self.gpu_job == GPU_FREE).sum()), "gpus_down": down,
                 "decisions": self.decisions, "last_error": self.last_error,
                 "thread_alive": self._thread is not None and self._thread.is_alive()}
@@ -447,8 +547,17 @@ class Scheduler:
         stale = self.backend.cleanup(adopted)
         if stale:
             log.warning("stopped %d run(s) of this store that no job holds: %s", len(stale), ", ".join(stale))
+        self._refit()  # warm start: what the store's finished jobs teach
         self._dirty = True
         return report
+
+    def _refit(self) -> None:
+        """Refit the duration predictor from the store (running jobs as lower bounds)."""
+        if self.history is None:
+            return
+        rows = [r for r in self.running if r in self.records]
+        done = self._progress(np.array(rows, dtype=np.int64), self.now_s()) if rows else np.zeros(0)
+        self.history.refit([(self.records[r], float(d)) for r, d in zip(rows, done, strict=True)])
 
     def _record_lost(self, rec: JobRecord, reason: str) -> JobRecord:
         if self.on_lost == "fail":
@@ -459,10 +568,10 @@ class Scheduler:
     def _add(self, recs: list[JobRecord]) -> list[int]:
         if not recs:
             return []
-        jobs = [r.to_job(self.epoch) for r in recs]
+        jobs = [r.to_job(self.epoch, self.default_limit_s) for r in recs]
         speed = speed_matrix(jobs, self.cluster.device_types)
         before = self.live.table
-        rows = self.live.add(jobs, speed, [r.id for r in recs])
+        rows = self.live.add(jobs, speed, [r.id for r in recs], [feature_job(r, self.epoch) for r in recs])
         if self.live.table is not before:
             self._remap(self.live.remap)
         return rows
@@ -478,6 +587,7 @@ class Scheduler:
         t = self.live.table
         t.status[row] = QUEUED
         t.queued_since_s[row] = self.now_s()
+        t.work_s[row] = self.live.limit_s[row]  # back to the limit (a run past it was extended)
         t.remaining_s[row] = t.work_s[row]  # no checkpoints: a run starts over
         t.run_type[row] = -1
         t.expected_finish_s[row] = np.nan
@@ -510,6 +620,8 @@ class Scheduler:
         self._dirty = True
 
     def _finish(self, row: int) -> None:
+        if row in self.running:
+            self._progress(np.array([row], dtype=np.int64), self.now_s())
         self._vacate(row)
         self.queue.pop(row, None)
         self.records.pop(row, None)
@@ -543,6 +655,9 @@ class Scheduler:
             self._last_poll = mono
             self._poll()
         self._follow_capacity()
+        if self.history is not None and self.history.due():
+            self._refit()
+            self._dirty = True
         with self._lock:
             policy = self.policy
         if self.queue and self._should_decide(policy):
@@ -591,8 +706,10 @@ class Scheduler:
             rec = self.records.get(row)
             if st.status is RunStatus.EXITED:
                 cancelled = rec is not None and rec.cancel_requested
-                self.store.mark_ended(run.job_id, run.attempt, exit_code=st.exit_code, error=st.error,
-                                      result=st.result, cancelled=cancelled)
+                ended = self.store.mark_ended(run.job_id, run.attempt, exit_code=st.exit_code, error=st.error,
+                                              result=st.result, cancelled=cancelled)
+                if self.history is not None:
+                    self.history.note_ended(ended)
                 self.backend.release(run.ref)
                 self._finish(row)
             else:
@@ -640,23 +757,40 @@ class Scheduler:
         quotas (:func:`live_policy` has turned the inner policy's own preemptions off without it)."""
         return bool(policy.preemptive) and (self.preemption or self.quotas is not None)
 
-    def view(self) -> ClusterView:
-        """The view a policy sees now (running jobs' progress brought up to date)."""
-        now = self.now_s()
+    def _progress(self, rows: np.ndarray, now: float) -> np.ndarray:
+        """Bring running ``rows``' progress up to ``now``; returns their work done (reference seconds).
+        A job past its limit is extended (``work_s``: done + ``REMAINING_FLOOR_S``)."""
+        t, live = self.live.table, self.live
+        speed = np.maximum(t.speed[rows, t.run_type[rows]], 1e-9)
+        elapsed = np.maximum(now - live.run_start_s[rows], 0.0)
+        done = elapsed * speed
+        t.work_s[rows] = np.maximum(live.limit_s[rows], done + REMAINING_FLOOR_S)
+        t.remaining_s[rows] = t.work_s[rows] - done
+        t.attained_gpu_s[rows] = live.attained_before[rows] + elapsed * t.num_gpus[rows]
+        t.expected_finish_s[rows] = now + t.remaining_s[rows] / speed
+        return done
+
+    def jobs_view(self) -> JobsView:
+        """The live table as the policy sees it at the service's information level (one view per
+        table, so that a policy keeping per-table state keeps it between decisions)."""
         t = self.live.table
+        if self._jobs_view is None or self._jobs_view_of is not t:
+            self._jobs_view = LiveJobsView(t, self.knowledge, self.live.limit_s)
+            self._jobs_view_of = t
+        return self._jobs_view
+
+    def view(self) -> ClusterView:
+        """The view a policy sees now (running jobs' progress brought up to date); its ``jobs`` is
+        :meth:`jobs_view`: what the service's information level shows."""
+        now = self.now_s()
         if self.running:
-            rows = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
-            rt = t.run_type[rows]
-            speed = np.maximum(t.speed[rows, rt], 1e-9)
-            elapsed = np.maximum(now - self.live.run_start_s[rows], 0.0)
-            t.remaining_s[rows] = np.maximum(t.work_s[rows] - elapsed * speed, 1e-3)
-            t.attained_gpu_s[rows] = self.live.attained_before[rows] + elapsed * t.num_gpus[rows]
-            t.expected_finish_s[rows] = now + t.remaining_s[rows] / speed
+            self._progress(np.fromiter(self.running, dtype=np.int64, count=len(self.running)), now)
         with self._lock:
             preemptive = self._may_preempt(self.policy)
         return ClusterView(now_s=now, cluster=self.cluster, type_names=self.types.names, gpu_type=self.gpu_type,
-                           gpu_node=self.gpu_node, gpu_job=self.gpu_job.copy(), jobs=t, queue=list(self.queue),
-                           running=list(self.running), preemption=preemptive, restart_penalty_s=0.0)
+                           gpu_node=self.gpu_node, gpu_job=self.gpu_job.copy(), jobs=self.jobs_view(),
+                           queue=list(self.queue), running=list(self.running), preemption=preemptive,
+                           restart_penalty_s=0.0)
 
     def _decide(self, policy: Policy) -> None:
         view = self.view()

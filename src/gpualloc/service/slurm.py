@@ -478,30 +478,30 @@ def advise(scheduler, backend, request: AdviceRequest) -> dict[str, Any]:
         InvalidJob: an unknown type, or a job no allowed type can ever hold.
     """
     from gpualloc.scheduling.base import GPU_DOWN, GPU_FREE, QUEUED, ClusterView, Decision
-    from gpualloc.scheduling.policies import make_policy
     from gpualloc.scheduling.rules import InvalidDecision, check_start
     from gpualloc.service.models import JobSpec
-    from gpualloc.service.scheduler import LiveTable, normalise_spec
+    from gpualloc.service.scheduler import LiveJobsView, LiveTable, normalise_spec
     from gpualloc.workload.speed import speed_matrix
 
     cluster, types = scheduler.cluster, scheduler.types
     spec = JobSpec(name=request.name, command=["true"], num_gpus=request.gpus, device_type=request.gpu_type,
-                   job_type=request.job_type, work_s=request.duration_s or 3600.0, single_node=request.single_node)
+                   job_type=request.job_type, time_limit_s=request.duration_s, single_node=request.single_node)
     norm = normalise_spec(spec, cluster, types)
     now = scheduler.now_s()
-    job = Job("advice", now, request.job_type, norm["work_s"], request.gpus, gpu_types=tuple(norm["gpu_types"]),
-              single_node=request.single_node)
+    job = Job("advice", now, request.job_type, norm["time_limit_s"] or scheduler.default_limit_s, request.gpus,
+              gpu_types=tuple(norm["gpu_types"]), single_node=request.single_node)
     live = LiveTable(len(types.names), capacity=1)
     row = live.add([job], speed_matrix([job], cluster.device_types), [0])[0]
     t = live.table
     t.status[row], t.queued_since_s[row] = QUEUED, now
+    jobs = LiveJobsView(t, scheduler.knowledge, live.limit_s)  # what the service's policy may know
     held = scheduler.gpu_job.copy()
     down = held == GPU_DOWN
     for busy, owners in ((False, np.where(held == GPU_FREE, GPU_FREE, GPU_DOWN)),
                          (True, np.where(down, GPU_DOWN, GPU_FREE))):
         view = ClusterView(now_s=now, cluster=cluster, type_names=types.names, gpu_type=scheduler.gpu_type,
-                           gpu_node=scheduler.gpu_node, gpu_job=owners, jobs=t, queue=[row], running=[])
-        decision = make_policy(scheduler.policy_name, **scheduler.policy_options).decide(view)
+                           gpu_node=scheduler.gpu_node, gpu_job=owners, jobs=jobs, queue=[row], running=[])
+        decision = scheduler.advice_policy().decide(view)
         for item in decision.starts if isinstance(decision, Decision) else ():
             try:
                 _, gpus, ti = check_start(item, t, owners, scheduler.gpu_type, scheduler.gpu_node, types.names)

@@ -115,6 +115,10 @@ JOB_COLUMNS_ADDED = ("user", "team")
 """Columns of ``jobs`` added after the first release: a store made before gets them on open (NULL
 for its old jobs, which only admins then see)."""
 
+_RAN_TO_END = ((jobs_t.c.state == JobState.FINISHED.value)
+               | ((jobs_t.c.state == JobState.FAILED.value) & jobs_t.c.exit_code.is_not(None))) \
+    & jobs_t.c.started_at.is_not(None) & jobs_t.c.finished_at.is_not(None)
+
 # Statements of the submission path, built once (submissions are the hot path).
 _BY_KEY = select(jobs_t).where(jobs_t.c.idempotency_key == bindparam("key"))
 _INSERT_JOB = insert(jobs_t)
@@ -424,6 +428,23 @@ class Store:
             q = q.limit(limit)
         with self.engine.connect() as conn:
             return [_record(r) for r in conn.execute(q).mappings()]
+
+    def ran_to_end(self, *, limit: int | None = None, until: float | None = None) -> list[JobRecord]:
+        """Jobs that ran to their end (``finished``, or ``failed`` with an exit status, after a start),
+        ended at or before ``until``: the ``limit`` most recently ended, oldest end first. What the
+        service's duration predictor learns from (:mod:`gpualloc.service.prediction`)."""
+        q = select(jobs_t).where(_RAN_TO_END).order_by(jobs_t.c.finished_at.desc(), jobs_t.c.id.desc())
+        if until is not None:
+            q = q.where(jobs_t.c.finished_at <= until)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.engine.connect() as conn:
+            return [_record(r) for r in conn.execute(q).mappings()][::-1]
+
+    def ran_to_end_count(self) -> int:
+        """How many jobs :meth:`ran_to_end`."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(jobs_t).where(_RAN_TO_END)).scalar_one())
 
     def active(self) -> list[JobRecord]:
         """Queued, allocated and running jobs, in id order."""
