@@ -400,7 +400,7 @@ class _RunningPools:
 DEFAULT_LAS_QUANTUM_GPU_S = 600.0
 """LAS hysteresis, absolute part: a running job keeps its GPUs for this much service past a waiting job's."""
 
-DEFAULT_LAS_RATIO = 2.0
+DEFAULT_LAS_RATIO = 1.5
 """LAS hysteresis, relative part: a waiting job displaces a running one only once the running job has
 received this many times its service (plus the quantum)."""
 
@@ -411,7 +411,8 @@ class LAS(Tiresias):
     Jobs are served in increasing attained GPU-service (:attr:`JobTable.attained_gpu_s`, wall time x
     GPUs, Tiresias' two dimensions), ties by arrival; each is placed if it fits (fit-first), on its
     fastest type with room. A waiting job with service ``a_w`` takes the GPUs of a running job with
-    service ``a_r`` only when ``a_r > ratio * a_w + quantum_gpu_s``: the hysteresis keeps two jobs of
+    service ``a_r`` only when ``a_r > ratio * a_w + quantum_gpu_s`` (defaults 1.5 and 600 GPU-s, the
+    best of a grid on training windows, ``benchmarks/nonclairvoyant.py --tune``): the hysteresis keeps two jobs of
     nearly equal service from swapping at every tick, each swap costing a restart (checkpoint reload).
     Continuous LAS shares the server equally among the jobs of least service (processor sharing);
     with gangs and restart penalties it cannot, and Tiresias (§3.3) discretises it into queues for
