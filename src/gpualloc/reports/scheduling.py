@@ -46,7 +46,8 @@ def policies_table(rows: Sequence[dict[str, Any]], title: str, more: str = "") -
         return Group(table, note)
     best = min(runs, key=lambda r: r["avg_jct_s"])
     capacity = Text(f"capacity lower bound: {hours(bound)} h average JCT; no schedule of these jobs on this cluster "
-                    f"does better (the oracle-lb, or all GPUs pooled under SRPT); best here: {best['policy']} at "
+                    f"does better (the oracle-lb, or all GPUs pooled under SRPT; both know every job's true duration, "
+                    f"whatever --knowledge); best here: {best['policy']} at "
                     f"{ratio(best['avg_jct_s'] / bound)}x the bound.")
     return Group(table, note, capacity)
 
