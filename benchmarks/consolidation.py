@@ -31,6 +31,7 @@ Run: ``python benchmarks/consolidation.py [--jobs 300] [--windows 5] [--families
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import platform
@@ -58,6 +59,25 @@ DATA = ROOT.parent.parent / "shared" / "data"
 FAMILIES = {"alibaba": ("alibaba-gpu-v2023/openb_pod_list_default.csv", "alibaba"),
             "philly-1node": ("philly/philly.csv", "philly"),
             "synthetic-1node": (None, None)}
+
+
+LOAD = 0.8
+
+
+def clusters(text: str) -> tuple[str, ...]:
+    """``type=``: comma-separated clusters that load."""
+    names = tuple(c.strip() for c in text.split(",") if c.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected one or more comma-separated clusters")
+    return tuple(_args.cluster(c) for c in names)
+
+
+def loads_arg(text: str) -> tuple[float, ...]:
+    """``type=``: comma-separated offered loads in (0, 10]."""
+    values = _args.numbers(0.0, strict=True)(text)
+    if any(v > 10 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: a load above 10")
+    return tuple(values)
 
 
 def parse_rule(text: str) -> MigrationRule | None:
@@ -113,13 +133,13 @@ def main() -> int:
     p.add_argument("--jobs", type=_args.at_least(10), default=300)
     p.add_argument("--windows", type=_args.at_least(1), default=5)
     p.add_argument("--families", default="alibaba,philly-1node")
-    p.add_argument("--clusters", default=UNSEEN_CLUSTER)
-    p.add_argument("--policies", default="fcfs,srtf,tiresias,gavel,gavel-srtf")
+    p.add_argument("--clusters", type=clusters, default=(UNSEEN_CLUSTER,))
+    p.add_argument("--policies", type=_args.policies, default=("fcfs", "srtf", "tiresias", "gavel", "gavel-srtf"))
     p.add_argument("--rules", default="off,r1")
-    p.add_argument("--loads", default="0.8", help="offered loads, comma-separated")
+    p.add_argument("--loads", type=loads_arg, default=(LOAD,), help="offered loads, comma-separated, in (0, 10]")
     p.add_argument("--adlro16", action="store_true", help="also the Alibaba window on adlro16 (no fragmentation)")
     p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=_args.output, default=OUT)
     args = p.parse_args()
     families = [f for f in args.families.split(",") if f]
     for f in families:
@@ -133,14 +153,8 @@ def main() -> int:
         p.error(f"--rules: {err}")
     if "off" not in rules:
         rules = {"off": None, **rules}
-    policies = [x for x in args.policies.split(",") if x]
-    try:
-        loads = [float(x) for x in args.loads.split(",") if x]
-    except ValueError:
-        p.error(f"--loads: {args.loads!r} is not a list of numbers")
-    if not loads or not all(0 < x <= 10 for x in loads):
-        p.error("--loads: each load must be in (0, 10]")
-    plan = [(c, f) for c in args.clusters.split(",") if c for f in families]
+    policies, loads = list(args.policies), list(args.loads)
+    plan = [(c, f) for c in args.clusters for f in families]
     if args.adlro16 and "alibaba" in families:
         plan.append(("adlro16", "alibaba-adlro16"))
     runs = []

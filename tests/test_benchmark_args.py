@@ -18,6 +18,7 @@ RECORDS = {"calibration_report": "calibration", "sailor_plans": "sailor"}  # els
     ("calibration_report", ["--data", "/nonexistent-data"], "argument --data: /nonexistent-data: not a folder"),
     ("calibration_report", ["--out", "{tmp}"], "is a folder"),
     ("cli_startup", ["--runs", "0"], "argument --runs: 0 is below 1"),
+    ("consolidation", ["--loads", "0.8,x"], "argument --loads: 'x' is not a number"),
     ("dqn_latency", ["--threads", "1", "0"], "argument --threads: 0 is below 1"),
     ("dqn_latency", ["--seed", "4294967296"], "argument --seed: 4294967296 is above 4294967295"),
     ("dqn_rollouts", ["--actors", "4", "--round-steps", "2"], "argument --round-steps: 2 is below --actors (4)"),
