@@ -154,7 +154,8 @@ def replay(trace: Trace, points: list[float], seed: int, overrides: dict, censor
         stop = int(np.searchsorted(n_hist, predictor.next_refit(), side="left"))
         if stop > start:
             sl = slice(start, stop)
-            out["predictor"][:, sl] = predictor.remaining_quantiles(predictor.location(feats, j[sl]), done[sl], probs)
+            pred = predictor.predict_features(feats, done[sl], j[sl])
+            out["predictor"][:, sl] = pred.median_s, pred.lo_s, pred.hi_s
             out["global"][:, sl], out["group"][:, sl] = base.predict(j[sl], done[sl], probs, predictor)
         if stop < t.size:
             hist = by_finish[: n_hist[stop]]

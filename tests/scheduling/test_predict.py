@@ -264,3 +264,14 @@ def test_history_known_before_the_run_warms_the_predictor_and_survives_reset():
     p.reset()
     np.testing.assert_array_equal(p.predict_features(window, 0.0).median_s, warm.median_s)
     assert not p.due(0) and p.due(p.next_refit())
+
+
+def test_group_keys_name_the_finest_submit_time_group():
+    from gpualloc.scheduling.predict import group_keys
+
+    jobs = [Job("a", 0.0, JobType.ML_TRAINING, 5.0, 2, model="x", team="t"),
+            Job("b", 0.0, JobType.ML_TRAINING, 9.0, 2, model="x", team="t"),
+            Job("c", 0.0, JobType.ML_TRAINING, 5.0, 4, model="x", team="t")]
+    keys, inv = group_keys(SubmitFeatures.of(jobs))
+    assert len(keys) == 2 and inv[0] == inv[1] != inv[2]
+    assert keys[inv[0]][:3] == (1, 2, "x")  # job type code, GPUs, model, then team, user, qos, GPU spec

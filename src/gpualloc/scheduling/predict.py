@@ -111,6 +111,8 @@ class PredictorConfig:
             (``"newest"``: they are biased towards short jobs; it was worse on every training trace).
         loss: the trees' loss on log-work: ``"squared_error"`` or ``"absolute_error"``.
         exclude: :class:`SubmitFeatures` columns the trees leave out, comma-separated.
+        min_group_jobs: a submit-time group (:func:`group_keys`) with this many calibration residuals
+            has a bin of its own (the shape of its distribution); 0: bins of ``mu`` only.
         residual_bins: most bins of ``mu`` with their own residuals ...
         min_bin_jobs: ... each with at least this many residuals.
         prior_median_s, prior_sigma: the log-normal prior before ``min_history`` jobs have finished.
@@ -127,6 +129,7 @@ class PredictorConfig:
     calib_fraction: float = 0.25
     calib_split: str = "random"
     residual_bins: int = 4
+    min_group_jobs: int = 50
     min_bin_jobs: int = 50
     prior_median_s: float = 3600.0
     prior_sigma: float = 1.5
@@ -150,6 +153,7 @@ class PredictorConfig:
             ("calib_fraction", 0.0 < self.calib_fraction < 1.0, "in (0, 1)"),
             ("calib_split", self.calib_split in ("random", "newest"), "'random' or 'newest'"),
             ("residual_bins", self.residual_bins >= 1, ">= 1"),
+            ("min_group_jobs", self.min_group_jobs >= 0, ">= 0"),
             ("min_bin_jobs", self.min_bin_jobs >= 1, ">= 1"),
             ("prior_median_s", self.prior_median_s > 0 and math.isfinite(self.prior_median_s), "> 0"),
             ("prior_sigma", self.prior_sigma > 0 and math.isfinite(self.prior_sigma), "> 0"),
@@ -220,6 +224,9 @@ class DurationPredictor:
         self._mu_feats: SubmitFeatures | None = None
         self._mu = np.zeros(0)
         self._mu_version = np.zeros(0, dtype=np.int64)  # per block of _BLOCK rows: the fit its mu is from
+        self._groups: dict[tuple, int] = {}
+        self._key_feats: SubmitFeatures | None = None
+        self._keys: tuple[list[tuple], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
         if self.history is not None:
             self.fit_arrays(*self.history)
             self.n_history = 0  # the run's own finished jobs
@@ -306,6 +313,7 @@ class DurationPredictor:
         self.version += 1
         self._model = None
         self._edges = np.zeros(0)
+        self._groups = {}
         if n < c.min_history:
             self.stage = "prior"
             self._bins = EmpiricalBins([self._prior_residuals()])
@@ -347,8 +355,38 @@ class DurationPredictor:
         which = np.searchsorted(edges, mu_cal, side="right")
         which_c = np.searchsorted(edges, mu_cens, side="right")
         self._edges = edges
-        self._bins = EmpiricalBins([resid[which == b] for b in range(len(edges) + 1)],
-                                   [cens_resid[which_c == b] for b in range(len(edges) + 1)])
+        n_mu = len(edges) + 1
+        self._groups = {}
+        if c.min_group_jobs > 0:
+            # a submit-time group with enough calibration residuals gets a bin of its own: its shape
+            keys, inv = group_keys(feats.take(cal))
+            counts = np.bincount(inv, minlength=len(keys))
+            own = np.flatnonzero(counts >= c.min_group_jobs)
+            self._groups = {keys[g]: n_mu + k for k, g in enumerate(own.tolist())}
+            lookup = np.full(len(keys), -1, dtype=np.int64)
+            lookup[own] = n_mu + np.arange(own.size)
+            which = np.where(lookup[inv] >= 0, lookup[inv], which)
+            if pick.size:
+                which_c = np.where(self._group_bins(censored.take(pick)) >= 0, self._group_bins(censored.take(pick)),
+                                   which_c)
+        n_bins = n_mu + len(self._groups)
+        self._bins = EmpiricalBins([resid[which == b] for b in range(n_bins)],
+                                   [cens_resid[which_c == b] for b in range(n_bins)])
+
+    def _group_bins(self, feats: SubmitFeatures, idx: np.ndarray | None = None) -> np.ndarray:
+        """Each row's own group bin (:func:`group_keys`), -1 where its group has none; for a table's
+        features the keys are computed once."""
+        if not self._groups:
+            return np.full(len(feats) if idx is None else len(idx), -1, dtype=np.int64)
+        if idx is None:
+            keys, inv = group_keys(feats)
+        else:
+            if self._key_feats is not feats:
+                self._key_feats, self._keys = feats, group_keys(feats)
+            keys, inv = self._keys
+            inv = inv[idx]
+        lookup = np.array([self._groups.get(k, -1) for k in keys], dtype=np.int64)
+        return lookup[inv] if len(keys) else np.full(len(inv), -1, dtype=np.int64)
 
     def _prior_residuals(self) -> np.ndarray:
         from scipy.special import ndtri
@@ -449,7 +487,8 @@ class DurationPredictor:
             jobs = jobs.jobs
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         feats = jobs.submit_features()
-        return self.remaining_quantiles(self.location(feats, idx), done_work_s(jobs, idx), probs)
+        return self.remaining_quantiles(self.location(feats, idx), done_work_s(jobs, idx), probs,
+                                        self._group_bins(feats, idx))
 
     def predict_features(self, features: SubmitFeatures, done_s: Any, idx: Any = None) -> Prediction:
         """:meth:`predict` for jobs given by their features (the rows ``idx``, default every row) and
@@ -459,14 +498,18 @@ class DurationPredictor:
             idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         done = np.broadcast_to(np.asarray(done_s, dtype=float), (len(features) if idx is None else idx.size,))
         lo, hi = (1.0 - c.interval) / 2.0, (1.0 + c.interval) / 2.0
-        q = self.remaining_quantiles(self.location(features, idx), done, (0.5, lo, hi))
+        q = self.remaining_quantiles(self.location(features, idx), done, (0.5, lo, hi), self._group_bins(features, idx))
         return Prediction(q[0], q[1], q[2], c.interval)
 
-    def remaining_quantiles(self, mu: np.ndarray, done_s: np.ndarray, probs: Any) -> np.ndarray:
+    def remaining_quantiles(self, mu: np.ndarray, done_s: np.ndarray, probs: Any,
+                            groups: np.ndarray | None = None) -> np.ndarray:
         """Quantiles ``probs`` (rows) of the remaining work of jobs with location ``mu`` that have done
-        ``done_s`` (columns): :meth:`EmpiricalBins.remaining` over the residuals of each job's bin of ``mu``."""
+        ``done_s`` (columns): :meth:`EmpiricalBins.remaining` over the residuals of each job's group bin
+        (``groups``, where >= 0) or else its bin of ``mu``."""
         mu = np.asarray(mu, dtype=float)
         b = np.searchsorted(self._edges, mu, side="right") if self._edges.size else np.zeros(mu.shape, np.int64)
+        if groups is not None:
+            b = np.where(groups >= 0, groups, b)
         return self._bins.remaining(b, mu, done_s, probs, self.config.min_remaining_s)
 
 
@@ -573,6 +616,20 @@ def kaplan_meier(events: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, 
     if left > 1e-12:
         values, weights = np.append(values, v[-1]), np.append(weights, left)
     return values, weights / weights.sum()
+
+
+def group_keys(feats: SubmitFeatures) -> tuple[list[tuple], np.ndarray]:
+    """Each job's finest submit-time group: its job type, GPU count and every text field by name.
+    Returns ``(distinct keys, each row's index in them)``."""
+    if not len(feats):
+        return [], np.zeros(0, dtype=np.int64)
+    text = SubmitFeatures.CATEGORICAL[1:]
+    cols = [np.asarray(feats.type_code, dtype=np.int64), np.asarray(feats.num_gpus, dtype=np.int64)]
+    cols += [np.asarray(getattr(feats, name), dtype=np.int64) for name in text]
+    rows, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    names = [getattr(feats, f"{name}_names") for name in text]
+    keys = [(int(r[0]), int(r[1]), *(n[c] for n, c in zip(names, r[2:].tolist(), strict=True))) for r in rows]
+    return keys, inv.reshape(-1)
 
 
 def _category_keys(feats: SubmitFeatures, name: str) -> list[Any]:
