@@ -205,3 +205,27 @@ def test_seeded_cases_do_migrate_under_every_policy_family():
         for name in POLICIES:
             moved[name] += int(_run(jobs, name, fail, 0.0, 3.0).migrations.sum())
     assert all(moved.values()), moved
+
+
+def test_cli_run_migrates_with_the_flag_only(tmp_path):
+    """FCFS through `gpualloc simulate run`: X finishing leaves 2 + 2 GPUs free on two nodes; the
+    4-GPU single-node C starts at once with --migrate, after A's node empties without it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpualloc.cli.main import app
+    from gpualloc.workload.traces import write_native
+
+    jobs = [_job("A", 0, 1000, 4), _job("B", 0, 1000, 6), _job("X", 0, 50, 2), _job("D", 0, 1000, 1),
+            _job("E", 0, 1000, 1), _job("C", 100, 50, 4)]
+    path = write_native(Trace.of(jobs), tmp_path / "frag.csv")
+    args = ["simulate", "run", "-c", "16xV100", "-t", str(path), "--json"]
+    off = CliRunner().invoke(app, args)
+    on = CliRunner().invoke(app, [*args, "--migrate"])
+    assert off.exit_code == 0 and on.exit_code == 0, off.output + on.output
+    off, on = json.loads(off.stdout), json.loads(on.stdout)
+    assert "migrations" not in off
+    assert on["migrations"] == 2 and on["fragmentation_wait_gpu_s"] == 0.0
+    # C's JCT: 900 s waiting + 50 s without, 50 s with; the moves add 30 s (restart) to D's and E's
+    assert off["avg_jct_s"] - on["avg_jct_s"] == pytest.approx((900.0 - 2 * 30.0) / 6)

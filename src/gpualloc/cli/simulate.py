@@ -62,9 +62,10 @@ def load_quotas(path: Path | None):
 
 
 def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None, quotas=None,
-               knowledge: str = "oracle"):
+               knowledge: str = "oracle", migrate: bool = False):
     """Simulate one policy at information level ``knowledge`` (a policy that needs durations is refused
-    up front under ``blind``, :func:`~gpualloc.scheduling.policies.require_knowledge`)."""
+    up front under ``blind``, :func:`~gpualloc.scheduling.policies.require_knowledge`); with ``migrate``,
+    running jobs move to make room for single-node gangs (docs/scheduling-placement.md)."""
     from rich.progress import BarColumn, TextColumn
 
     from gpualloc.scheduling.policies import make_policy, policy_options, require_knowledge
@@ -78,7 +79,8 @@ def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: P
         with progress_bar(TextColumn("{task.description:<16}"), BarColumn(), unit="jobs") as bar:
             task = bar.add_task(policy_name, total=len(trace))
             return simulate(trace, cluster, policy, seed=seed, drop_unplaceable=drop, quotas=quotas,
-                            knowledge=knowledge, progress=lambda now, done, total: bar.update(task, completed=done))
+                            knowledge=knowledge, migrate=migrate, fragmentation=migrate,
+                            progress=lambda now, done, total: bar.update(task, completed=done))
     except UnplaceableJobs as err:
         raise UnplaceableJobs(f"{err}; --drop-unplaceable rejects such jobs instead") from err
 
@@ -95,6 +97,10 @@ def run_cmd(
     out: Path = typer.Option(None, "-o", "--out", callback=output_file,
                              help="Write the metrics and every job's record here (JSON)."),
     knowledge: str = typer.Option("oracle", "--knowledge", "-k", help=_KNOWLEDGE_HELP),
+    migrate: bool = typer.Option(False, "--migrate/--no-migrate",
+                                 help="Move running jobs to other nodes to make room for a single-node gang "
+                                      "that free GPUs split across nodes keep waiting, when it pays "
+                                      "(docs/scheduling-placement.md). Not with --quotas."),
 ) -> None:
     """Run one policy and print its metrics, with the lower bound beside them."""
     from gpualloc.scheduling.knowledge import check_knowledge, row_labels
@@ -103,8 +109,11 @@ def run_cmd(
     check_knowledge(knowledge, "--knowledge")
     team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
-    result = run_policy(jobs, spec, policy, seed, drop, agent, team_quotas, knowledge)
+    result = run_policy(jobs, spec, policy, seed, drop, agent, team_quotas, knowledge, migrate)
     row = summary(result) | row_labels(policy, knowledge) | _where(trace, load)
+    if migrate:
+        row |= {"migrations": int(result.migrations.sum()),
+                "fragmentation_wait_gpu_s": float(result.fragmentation_wait_gpu_s)}
     if team_quotas is not None:
         row["teams"] = team_summary(result)
     if out is not None:
