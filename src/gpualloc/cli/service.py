@@ -75,9 +75,14 @@ def serve(
                                                       "Required when serve runs as root (--job-user root runs jobs "
                                                       "as root, with a warning)."),
     knowledge: str = typer.Option("estimate", "--knowledge", "-k",
-                                  help="What the policy knows of job durations (docs/knowledge.md): estimate (the "
-                                       "work_s users submit, as a time limit), blind (submit-time fields and time "
-                                       "run so far only) or oracle (submitted work_s taken as exact)."),
+                                  help="What the policy knows of job durations (docs/knowledge.md): estimate (each "
+                                       "job's time limit, the user's or --default-time-limit), blind (submit-time "
+                                       "fields and time run so far only; srtf, sjf, easy-backfill and gavel-srtf "
+                                       "are refused: use their -pred versions) or oracle (the limit taken as "
+                                       "exact)."),
+    default_time_limit: float = typer.Option(3600.0, "--default-time-limit", min=1e-6,
+                                             help="Seconds: the time limit of a job submitted without one "
+                                                  "(as Slurm's DefaultTime)."),
     ready_file: Path | None = typer.Option(None, "--ready-file",
                                               help="Once the service accepts connections, write this file "
                                                    "(JSON: url, pid, token_file; mode 0600, atomically); removed "
@@ -91,6 +96,12 @@ def serve(
     from gpualloc.scheduling.knowledge import check_knowledge
 
     check_knowledge(knowledge, "--knowledge")
+    if policy is not None:  # refused as the simulator refuses it, before anything is made
+        from gpualloc.scheduling.policies import POLICIES, require_knowledge
+
+        if policy not in POLICIES:
+            raise POLICIES.unknown(policy)
+        require_knowledge(policy, knowledge)
     # First, before printing anything or making a token: a port in use is one line and exit 2.
     sock = listen_socket(host, port)
     try:
@@ -114,7 +125,8 @@ def serve(
                                preemption=preemption, telemetry=telemetry, tick_s=tick, host=host, port=port,
                                allowed_hosts=tuple(allow_host or ()), docs=docs,
                                agents_dir=None if agents_dir is None else str(agents_dir), job_users=users,
-                               quotas=None if quotas is None else str(quotas), knowledge=knowledge)
+                               quotas=None if quotas is None else str(quotas), knowledge=knowledge,
+                               default_time_limit_s=default_time_limit)
         service = Service(config).open()
         # Connections now wait in the queue instead of being refused: the token file exists already.
         sock.listen(2048)
@@ -184,8 +196,13 @@ def submit(
     args: str | None = typer.Option(None, "--args", help="--callable: JSON list of positional arguments."),
     kwargs: str | None = typer.Option(None, "--kwargs", help="--callable: JSON object of keyword arguments."),
     job_type: JobType = typer.Option(JobType.ML_TRAINING.value, "--job-type", help="Job category (speed model)."),
-    work: float = typer.Option(3600.0, "--work", min=1e-6,
-                               help="Estimated seconds on --gpus V100s (length-aware policies)."),
+    time_limit: str | None = typer.Option(None, "--time-limit", "-t",
+                                          help="Your time limit, an estimate as Slurm's --time: seconds (a plain "
+                                               "number; Slurm reads minutes), with a unit (90m, 2h, 1.5d), or "
+                                               "[D-]HH:MM:SS; on --gpus V100s. Optional: the service predicts run "
+                                               "times from its finished jobs."),
+    work: float | None = typer.Option(None, "--work", min=1e-6, hidden=True,
+                                      help="Older name of --time-limit (seconds)."),
     priority: int = typer.Option(0, "--priority", help="Larger is more important."),
     single_node: bool = typer.Option(False, "--single-node", help="All GPUs on one node."),
     model: str = typer.Option("", "--model", help="Model name for the speed model (resnet50, bert, ...)."),
@@ -203,8 +220,14 @@ def submit(
     """Submit a job; exits 0 only once the service has durably recorded it."""
     from gpualloc.service.client import Client, ClientError
 
-    spec: dict = {"name": name, "num_gpus": gpus, "job_type": job_type.value, "work_s": work, "priority": priority,
+    spec: dict = {"name": name, "num_gpus": gpus, "job_type": job_type.value, "priority": priority,
                   "single_node": single_node, "model": model}
+    if time_limit is not None and work is not None:
+        raise ClientError("--work is the older name of --time-limit: give one of them")
+    if time_limit is not None:
+        spec["time_limit_s"] = parse_time_limit(time_limit)
+    elif work is not None:
+        spec["time_limit_s"] = work
     if device_type:
         spec["device_type"] = device_type
     if gpu_type:
@@ -232,6 +255,41 @@ def submit(
         print_json(job)
     else:
         console.print(f"job {job['id']} {job['state']}: {job['name']}", highlight=False)
+
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time_limit(text: str) -> float:
+    """Seconds of a time limit written as seconds (``5400``), with a unit (``90m``, ``1.5h``, ``2d``), or as
+    Slurm writes it (``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``).
+
+    Raises:
+        ClientError: anything else, or a limit that is not > 0.
+    """
+    import re
+
+    from gpualloc.service.client import ClientError
+
+    t = text.strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h|d)?", t)
+    seconds = None
+    if m:
+        seconds = float(m.group(1)) * _UNITS[m.group(2) or ""]
+    else:
+        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+        if m and (m.group(1) or m.group(3)):
+            days, parts = int(m.group(1) or 0), [int(p) for p in m.group(2, 3, 4) if p is not None]
+            if m.group(1):  # D-HH[:MM[:SS]]
+                parts += [0] * (3 - len(parts))
+            elif len(parts) == 2:  # MM:SS
+                parts = [0, *parts]
+            h, mi, se = parts
+            seconds = days * 86400.0 + h * 3600.0 + mi * 60.0 + se
+    if seconds is None or not 0 < seconds <= 1e9:
+        raise ClientError(f"--time-limit {text!r}: expected seconds, a number with a unit (90m, 2h, 1.5d) or "
+                          f"[D-]HH:MM:SS, more than 0")
+    return seconds
 
 
 def jobs(

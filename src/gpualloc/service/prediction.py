@@ -47,12 +47,14 @@ LEARNED_STATES = (JobState.FINISHED, JobState.FAILED)
 """States of jobs that may have run to their end (a failed one only with an exit status)."""
 MIN_WORK_S = 1e-3
 """The least work recorded for a job (a job that exits at once has a run time of about 0)."""
-_RUN_SUFFIX = re.compile(r"([-_.:#/ ]*(run|try|attempt|v|seed)?[-_.:#/ ]*\d+)+$", re.IGNORECASE)
+_RUN_SUFFIX = re.compile(r"(?:(?:[-_.:#/ ]+(?:run|try|attempt|v|seed)?|(?:run|try|attempt|v|seed))[-_.:#/ ]*\d+)+$",
+                         re.IGNORECASE)
 
 
 def name_key(name: str) -> str:
     """A job name without its trailing run numbers (``"bert-ft-12"`` -> ``"bert-ft"``,
-    ``"train_run3"`` -> ``"train"``), lower-case; a name that is only digits is kept."""
+    ``"train_run3"`` -> ``"train"``; digits need a separator or ``run``/``try``/``attempt``/``v``/``seed``
+    before them, so ``"resnet50"`` stays), lower-case; a name that is only digits is kept."""
     key = _RUN_SUFFIX.sub("", name.strip()).strip().lower()
     return key or name.strip().lower()
 

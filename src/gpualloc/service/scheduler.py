@@ -114,8 +114,8 @@ def normalise_spec(spec: JobSpec, cluster: ClusterSpec, types: DeviceTypes) -> d
         out["target"]["env"] = dict(spec.env)
     if spec.cwd:
         out["target"]["cwd"] = spec.cwd
-    job = Job("check", 0.0, spec.job_type, spec.limit_s or DEFAULT_TIME_LIMIT_S, spec.num_gpus, model=spec.model, priority=spec.priority,
-              gpu_types=tuple(allowed), single_node=spec.single_node)
+    job = Job("check", 0.0, spec.job_type, spec.limit_s or DEFAULT_TIME_LIMIT_S, spec.num_gpus, model=spec.model,
+              priority=spec.priority, gpu_types=tuple(allowed), single_node=spec.single_node)
     speed = speed_matrix([job], cluster.device_types)[0]
     reason = unplaceable_reason(cluster, spec.num_gpus, spec.single_node, speed)
     if reason is not None:
@@ -242,9 +242,9 @@ class LiveTable:
 
 
 class LiveJobsView(JobsView):
-    """:class:`~gpualloc.scheduling.knowledge.JobsView` over the live table, whose ``estimate`` follows
-    the table's time limits as rows are added (the simulator's view copies its estimates once: its
-    jobs are known from the start).
+    """:class:`~gpualloc.scheduling.knowledge.JobsView` over the live table, whose ``estimate`` and
+    ``team_names`` follow the table as rows are added (the simulator's view copies them once: its jobs
+    are known from the start).
 
     Args:
         table: the live table.
@@ -258,6 +258,15 @@ class LiveJobsView(JobsView):
             live = limit_s.view()
             live.flags.writeable = False
             self.work_s = live
+
+    @property
+    def team_names(self) -> tuple[str, ...]:
+        """The live table's team names (they grow as new teams' jobs arrive)."""
+        return self._table.team_names
+
+    @team_names.setter
+    def team_names(self, value: tuple[str, ...]) -> None:
+        pass  # JobsView's snapshot at construction: the live table's names are read instead
 
 
 _PLACEHOLDER = Job("", 0.0, JOB_TYPES[0], 1.0)
