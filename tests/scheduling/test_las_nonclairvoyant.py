@@ -131,13 +131,13 @@ def test_las_simulated_golden():
 
 
 def test_las_hysteresis_bounds_the_swaps_between_two_long_jobs():
-    trace = Trace.of([Job("A", 0.0, ML, 20_000.0), Job("B", 0.0, ML, 20_000.0)])
+    trace = Trace.of([Job("A", 0.0, ML, 10_000.0), Job("B", 0.0, ML, 10_000.0)])
     swaps = {}
     for key, policy in (("hysteresis", LAS()), ("plain", LAS(ratio=1.0, quantum_gpu_s=0.0))):
         r = simulate(trace, load_cluster("1xV100"), policy, speed=np.ones((2, 1)), check=True)
         swaps[key] = int(r.preemptions.sum())
-    # service grows by half between swaps (6 swaps in all); without hysteresis, one swap per tick (443)
-    assert swaps["hysteresis"] <= 10 and swaps["plain"] > 200
+    # service grows by half between swaps (5 swaps in all); without hysteresis, one swap per tick (221)
+    assert swaps["hysteresis"] <= 8 and swaps["plain"] > 100
 
 
 # ------------------------------------------------------------------------------------ 2D-Gittins
@@ -212,15 +212,15 @@ def test_gittins_uses_the_prior_before_any_job_finished():
 def test_simulated_random_traces_keep_the_invariants_blind(make):
     rng = np.random.default_rng(7)
     cluster = load_cluster("8xV100+4xK80")
-    trace = _random_trace(rng, 80)
+    trace = _random_trace(rng, 50)
     speed = rng.uniform(0.3, 2.0, size=(len(trace), 2))
     speed[rng.random(len(trace)) < 0.2, 1] = 0.0
-    failures = random_failures(cluster, 5000.0, 20_000.0, 300.0, seed=1)
+    failures = random_failures(cluster, 3000.0, 20_000.0, 300.0, seed=1)
     r = simulate(trace, cluster, Blind(make()), speed=speed, failures=failures, check=True)
     assert r.completed.all()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(jobs=st.lists(_job_st, min_size=1, max_size=12), name=st.sampled_from(NON_CLAIRVOYANT),
        fail=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 2), st.integers(1, 20)), max_size=3),
        penalty=st.sampled_from([0.0, 3.0]))
