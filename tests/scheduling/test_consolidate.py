@@ -145,7 +145,7 @@ def test_migration_with_quotas_or_a_wrong_type_is_refused():
 
 # ------------------------------------------------------------------------------------ property
 
-POLICIES = ["fcfs", "sjf", "srtf", "easy-backfill", "tiresias", "gavel-srtf"]
+POLICIES = ["fcfs", "static-affinity", "sjf", "srtf", "easy-backfill", "tiresias", "gavel", "gavel-srtf"]
 # nodes of 4 GPUs: three of V100, two of T4 (small nodes, where gangs fragment them)
 SMALL_NODES = _preset("3x4xV100+2x4xT4", [("V100-16GB", 12, 4, None), ("T4", 8, 4, None)], "eth-10g")
 _job_st = st.tuples(st.integers(0, 20), st.integers(1, 60), st.sampled_from([1, 1, 1, 2, 2, 3, 4]),
@@ -195,14 +195,15 @@ def test_property_migration_never_over_allocates_nor_loses_a_job(jobs, name, fai
 
 
 def test_seeded_cases_do_migrate_under_every_policy_family():
-    """The property's regime exercises migration: over fixed random cases, every policy moves jobs."""
-    moved = dict.fromkeys(POLICIES, 0)
+    """The property's regime exercises migration: over fixed random cases, every policy moves jobs
+    (static affinity aside: its fixed type per job type left no gang blocked in these cases)."""
+    moved = dict.fromkeys((p for p in POLICIES if p != "static-affinity"), 0)
     for seed in range(16):
         rng = np.random.default_rng(seed)
         jobs = [(int(rng.integers(0, 21)), int(rng.integers(1, 61)), int(rng.choice([1, 1, 1, 2, 2, 3, 4])),
                  int(rng.integers(4)), float(rng.uniform(0.3, 2.0))) for _ in range(int(rng.integers(6, 15)))]
         fail = [(30, seed % 5, 10)] if seed % 3 == 0 else []
-        for name in POLICIES:
+        for name in moved:
             moved[name] += int(_run(jobs, name, fail, 0.0, 3.0).migrations.sum())
     assert all(moved.values()), moved
 
