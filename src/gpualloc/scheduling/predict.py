@@ -14,7 +14,9 @@ The model (chosen for being cheap, calibrated by construction, and exact about c
   error on ``log(work)``, categorical fields as categories) predict each job's log-work ``mu``.
 * **Spread**: the residuals ``log(work) - mu`` of a random share (``calib_fraction``) of the finished
   jobs, which the trees were *not* fitted on (split conformal), per bin of ``mu`` (short and long jobs
-  spread differently). A job's total work is distributed as ``exp(mu + r)``, ``r`` from its bin.
+  spread differently), and per submit-time group (:func:`group_keys`) for a group with
+  ``min_group_jobs`` of them (its distribution's own shape). A job's total work is distributed as
+  ``exp(mu + r)``, ``r`` from its bin.
   History is biased towards short jobs (a long job that arrived recently has not finished yet), so
   the jobs still running count too, as lower bounds: the residuals' distribution is the Kaplan-Meier
   estimate over both (:func:`kaplan_meier`).
@@ -227,6 +229,8 @@ class DurationPredictor:
         self._groups: dict[tuple, int] = {}
         self._key_feats: SubmitFeatures | None = None
         self._keys: tuple[list[tuple], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
+        self._lookup = np.zeros(0, dtype=np.int64)
+        self._lookup_version = -1
         if self.history is not None:
             self.fit_arrays(*self.history)
             self.n_history = 0  # the run's own finished jobs
@@ -380,12 +384,17 @@ class DurationPredictor:
             return np.full(len(feats) if idx is None else len(idx), -1, dtype=np.int64)
         if idx is None:
             keys, inv = group_keys(feats)
+            lookup = np.array([self._groups.get(k, -1) for k in keys], dtype=np.int64)
         else:
             if self._key_feats is not feats:
                 self._key_feats, self._keys = feats, group_keys(feats)
+                self._lookup_version = -1
             keys, inv = self._keys
             inv = inv[idx]
-        lookup = np.array([self._groups.get(k, -1) for k in keys], dtype=np.int64)
+            if self._lookup_version != self.version:  # the table's groups' bins, once per fit
+                self._lookup = np.array([self._groups.get(k, -1) for k in keys], dtype=np.int64)
+                self._lookup_version = self.version
+            lookup = self._lookup
         return lookup[inv] if len(keys) else np.full(len(inv), -1, dtype=np.int64)
 
     def _prior_residuals(self) -> np.ndarray:
