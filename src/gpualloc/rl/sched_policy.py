@@ -210,6 +210,54 @@ def learned_policy(agent: str | Path | DQNAgent | None = None, *, cache: DiskCac
     Raises:
         AgentError: missing file, or not a scheduling agent.
     """
+    if agent is None:
+        oracle = _learned_policy(None, cache=cache, **options)
+        levels = {k: bundled_agent_path(knowledge=k) for k in BUNDLED_LEVEL_AGENTS if k != "oracle"}
+        levels = {k: p for k, p in levels.items() if p.is_file()}
+        return ByLevel(oracle, levels, cache) if levels else oracle
+    return _learned_policy(agent, cache=cache, **options)
+
+
+class ByLevel:
+    """The default ``dqn``: the bundled agent of the run's information level (``view.jobs.knowledge``),
+    loaded at the first decision of a run at that level; the oracle agent under ``oracle`` (and where no
+    agent of the level is bundled). Every other attribute (``note``, ``gate``, ``choices``, ...) is the
+    policy of the last level it decided at, the oracle one before any decision.
+
+    The simulator reads ``round_s`` before the first decision, so it is the oracle agent's; the agents
+    below oracle are trained with that round (:data:`~gpualloc.rl.train_scheduler.LEVEL_ROUND_S`).
+    """
+
+    name = "dqn"
+    preemptive = True
+
+    def __init__(self, oracle, levels: dict[str, Path], cache: DiskCache | None = None) -> None:
+        self._by: dict[str, object] = {"oracle": oracle}
+        self._paths, self._cache = dict(levels), cache
+        self._current = oracle
+        self.round_s = oracle.round_s
+
+    def at(self, knowledge: str):
+        """The policy that decides at ``knowledge`` (loaded now if needed)."""
+        policy = self._by.get(knowledge)
+        if policy is None:
+            path = self._paths.get(knowledge)
+            policy = self._by["oracle"] if path is None else _learned_policy(path, cache=self._cache)
+            if getattr(policy, "round_s", None) != self.round_s:
+                raise AgentError(f"{path}: its round ({policy.round_s} s) is not the default dqn's "
+                                 f"({self.round_s} s); bundled agents below oracle must share it")
+            self._by[knowledge] = policy
+        return policy
+
+    def decide(self, view: ClusterView) -> Decision:
+        self._current = policy = self.at(getattr(view.jobs, "knowledge", "oracle"))
+        return policy.decide(view)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["_current"], name)
+
+
+def _learned_policy(agent, *, cache: DiskCache | None = None, **options):
     key = None
     if not _is_agent(agent):
         path = bundled_agent_path(BUNDLED_EXPERT_AGENT) if agent is None else Path(agent)

@@ -108,6 +108,7 @@ class ExpertChoiceEnv(gym.Env):
         self._phi = potential(self._sim, self._best)
         self._mask = np.ones(len(self.experts), dtype=bool)
         self._proposals: list = []
+        self._obs = np.zeros(self.observation_space.shape, np.float32)  # an episode with no choice at all
         self._pending = self._settle()
         return self._obs, self._info()
 
