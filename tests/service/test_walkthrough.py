@@ -4,6 +4,7 @@ paging of ``GET /jobs``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,14 @@ def test_readme_walkthrough(server, tmp_path, monkeypatch):
     with Client(srv.url, srv.token) as c:
         job = c.job(1)
     assert (job["state"], job["exit_code"], job["spec"]["target"]["cwd"]) == ("finished", 0, str(project))
+    # issue 36: each job carries its predicted remaining time (null once it has ended)
+    as_json = _cli("jobs", "--json", cwd=project, env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    listed = json.loads(as_json.stdout)
+    assert [j["id"] for j in listed] == [1] and listed[0]["spec"]["time_limit_s"] is None
+    for field in ("predicted_remaining_s", "predicted_remaining_lo_s", "predicted_remaining_hi_s",
+                  "prediction_interval", "prediction_stage"):
+        assert field in listed[0] and listed[0][field] is None
     # logs of a job that does not exist: one line, exit 2
     missing = _cli("logs", "99", cwd=project, env=env)
     assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no job 99" in missing.stderr
