@@ -364,7 +364,8 @@ def policy(
             except ValueError as err:
                 raise ClientError(f"--options: not JSON: {err}") from None
             info = client.set_policy(name, opts)
-    console.print(f"policy {info['name']} (available: {', '.join(info['available'])})", highlight=False)
+    knows = f"knowledge {info['knowledge']}; " if info.get("knowledge") else ""
+    console.print(f"policy {info['name']} ({knows}available: {', '.join(info['available'])})", highlight=False)
 
 
 def whoami(
