@@ -316,3 +316,19 @@ def test_jobs_table_shows_prediction_with_interval():
     console = Console(width=200, record=True)
     console.print(jobs_table([row]))
     assert "~72 min" in console.export_text()
+
+
+@pytest.mark.parametrize("policy", ["srtf-pred", "sjf-pred", "gavel-srtf-pred"])
+def test_prediction_driven_policies_run_blind_on_live_state(made, policy):
+    clock, store, cluster, scheds = made
+    _history(store, cluster, clock, _two_names(6))  # 12 ended jobs: the empirical stage, no trees
+    sched = _sched(store, cluster, clock, scheds, knowledge="blind", policy=policy, preemption=True)
+    assert sched.history.stage == "empirical"
+    recs = [_submit(store, cluster, sched, f"j-{i}") for i in range(3)]
+    for rec in recs:
+        sched.notify_submitted(rec)
+    for _ in range(3):
+        clock.t += 400.0
+        sched.tick()
+    assert sched.last_error is None, sched.last_error
+    assert sum(store.get(r.id).state is JobState.RUNNING for r in recs) == 1  # the one GPU, never double-booked
