@@ -147,7 +147,8 @@ def test_serve_with_an_unknown_policy_fails_before_making_a_store_or_a_token(tmp
     assert res.stdout == ""
     from gpualloc.scheduling.policies import POLICIES
 
-    assert res.stderr.strip().splitlines() == [f"error: unknown policy '{policy}' (known: {', '.join(sorted(POLICIES))})"]
+    known = ", ".join(sorted(POLICIES))
+    assert res.stderr.strip().splitlines() == [f"error: unknown policy '{policy}' (known: {known})"]
     assert list(tmp_path.iterdir()) == []
 
 
