@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -93,3 +92,152 @@ def train(args) -> dict[str, Any]:
     (RESULTS / f"learned_blind_train_{level}.json").write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1))
     return doc
+
+
+def _window(path: Path, fmt: str, jobs: int, cluster, load: float) -> Trace:
+    full = read_trace(path, fmt)
+    return scale_to_load(Trace(full.jobs[:jobs], full.source, full.format, dict(full.meta)), cluster, load)
+
+
+class _Timed:
+    """A policy whose decide() calls are timed (the learned policy's decision latency)."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.ns = policy, []
+        self.name, self.preemptive, self.round_s = policy.name, policy.preemptive, policy.round_s
+
+    def decide(self, view):
+        t = time.perf_counter_ns()
+        d = self.policy.decide(view)
+        self.ns.append(time.perf_counter_ns() - t)
+        return d
+
+
+def _policy(name: str, knowledge: str, agents: dict[str, str]):
+    if name == "dqn":
+        from gpualloc.rl.sched_policy import learned_policy
+
+        return _Timed(learned_policy(agents[knowledge]))
+    return make_policy(name)
+
+
+def _cases(args) -> list[tuple[str, str, Any, Any, int, float | None]]:
+    """(case, trace label, cluster, prepared workload, seed, load)."""
+    out = []
+    home = load_cluster("adlro16")
+    for load in (0.5, 0.8, 1.0):
+        for seed in range(args.seeds):
+            out.append((f"adlro16 load {load}", "synthetic", home,
+                        prepare(generate(args.jobs, home, load, seed=10_000 + seed), home), seed, load))
+    unseen = load_cluster(UNSEEN)
+    for seed in range(args.seeds):
+        out.append((f"{UNSEEN} load 0.8", "synthetic", unseen,
+                     prepare(generate(args.jobs, unseen, 0.8, seed=10_000 + seed), unseen), seed, 0.8))
+    for label, rel, fmt in REAL_TRACES:
+        path = Path(args.data) / rel
+        if path.exists():
+            out.append((f"{label} window", label, home, prepare(_window(path, fmt, args.real_jobs, home, 0.8), home),
+                        0, 0.8))
+    return out
+
+
+def evaluate(args) -> dict[str, Any]:
+    from gpualloc.rl.sched_policy import bundled_agent_path
+
+    agents = {k: getattr(args, f"agent_{k}") or str(bundled_agent_path(knowledge=k)) for k in ("estimate", "blind")}
+    plan = ([(p, "blind") for p in (*HEURISTICS, *PREDICTED, "dqn")]
+            + [(p, "estimate") for p in (*ON_ESTIMATE, "dqn")] + [("gavel-srtf", "oracle")])
+    t0 = time.perf_counter()
+    runs: dict[tuple[str, str, str], list[float]] = {}
+    meta: dict[str, dict] = {}
+    latency: dict[str, list[int]] = {"estimate": [], "blind": []}
+    for case, label, cluster, work, seed, load in _cases(args):
+        meta[case] = {"trace": label, "cluster": cluster.name, "load": load, "held_out": label == HELD_OUT}
+        for name, knowledge in plan:
+            t = time.perf_counter()
+            policy = _policy(name, knowledge, agents)
+            result = simulate(work, cluster, policy, knowledge=knowledge, seed=seed, drop_unplaceable=True,
+                              timeline=False)
+            jct = avg_jct_s(result)
+            if isinstance(policy, _Timed):
+                latency[knowledge].extend(policy.ns)
+            runs.setdefault((case, knowledge, name), []).append(jct)
+            print(f"{case:<32} seed {seed} {knowledge:<8} {name:<17} {jct / 3600:9.2f} h "
+                  f"({time.perf_counter() - t:.1f} s)", file=sys.stderr, flush=True)
+    rows = []
+    for (case, knowledge, name), jcts in runs.items():
+        a = np.array(jcts)
+        rows.append({**meta[case], "case": case, "policy": name, "runs": len(a), "avg_jct_s": float(a.mean()),
+                     "avg_jct_s_std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+                     **row_labels(name, knowledge)})
+    jct = {(r["case"], r["knowledge"], r["policy"]): r["avg_jct_s"] for r in rows}
+    comparisons = []
+    for case in meta:
+        oracle = jct[(case, "oracle", "gavel-srtf")]
+        for level in ("estimate", "blind"):
+            heur = {p: jct[(case, "blind", p)] for p in HEURISTICS}
+            if level == "estimate":
+                heur |= {p: jct[(case, "estimate", p)] for p in ON_ESTIMATE}
+            pred = {p: jct[(case, "blind", p)] for p in PREDICTED}
+            dqn = jct[(case, level, "dqn")]
+            bh, bp = min(heur, key=heur.get), min(pred, key=pred.get)
+            comparisons.append({
+                **meta[case], "case": case, "knowledge": level, "dqn_avg_jct_s": dqn,
+                "best_heuristic": bh, "best_heuristic_avg_jct_s": heur[bh],
+                "dqn_vs_best_heuristic": 1.0 - dqn / heur[bh],
+                "best_predicted": bp, "best_predicted_avg_jct_s": pred[bp],
+                "dqn_vs_best_predicted": 1.0 - dqn / pred[bp],
+                "oracle_gavel_srtf_avg_jct_s": oracle, "dqn_over_oracle_gavel_srtf": dqn / oracle,
+                "target_met": bool(dqn <= 0.95 * heur[bh])})
+    lat = {k: {"decisions": len(v), "median_ms": float(np.median(v)) / 1e6 if v else None,
+               "p99_ms": float(np.percentile(v, 99)) / 1e6 if v else None} for k, v in latency.items()}
+    return {"benchmark": "learned_blind", "agents": agents, "seeds": args.seeds, "jobs": args.jobs,
+            "real_jobs": args.real_jobs, "held_out": HELD_OUT, "rows": rows, "comparisons": comparisons,
+            "decision_latency": lat, "wall_s": time.perf_counter() - t0}
+
+
+def _table(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from gpualloc.cli.common import console
+
+    t = Table(title="dqn below oracle: % better than the best heuristic / the best -pred policy (+ = dqn better)")
+    for col in ("case", "level", "dqn h", "best heuristic", "vs heur.", "best -pred", "vs -pred", "/ oracle g-srtf"):
+        t.add_column(col)
+    for c in doc["comparisons"]:
+        t.add_row(c["case"] + (" (held out)" if c["held_out"] else ""), c["knowledge"],
+                  f"{c['dqn_avg_jct_s'] / 3600:.2f}",
+                  f"{c['best_heuristic']} {c['best_heuristic_avg_jct_s'] / 3600:.2f}",
+                  f"{100 * c['dqn_vs_best_heuristic']:+.1f}%",
+                  f"{c['best_predicted']} {c['best_predicted_avg_jct_s'] / 3600:.2f}",
+                  f"{100 * c['dqn_vs_best_predicted']:+.1f}%", f"{c['dqn_over_oracle_gavel_srtf']:.3f}")
+    console.print(t)
+    console.print(f"decision latency: {json.dumps(doc['decision_latency'])}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=Path("/work/shared/data"))
+    ap.add_argument("--train", choices=("estimate", "blind"))
+    ap.add_argument("--install", action="store_true", help="with --train: copy a passing agent into rl/data")
+    ap.add_argument("--out", help="with --train: the checkpoint (default /tmp/F/sched-experts-LEVEL.pt)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-traces", type=int, default=6)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--real-jobs", type=int, default=150)
+    ap.add_argument("--agent-estimate", help="agent file for estimate (default the bundled one)")
+    ap.add_argument("--agent-blind", help="agent file for blind (default the bundled one)")
+    ap.add_argument("-o", "--output", type=Path, default=RESULTS / "learned_blind.json")
+    args = ap.parse_args()
+    if args.train:
+        train(args)
+        return
+    doc = evaluate(args)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(doc, indent=1))
+    _table(doc)
+
+
+if __name__ == "__main__":
+    main()

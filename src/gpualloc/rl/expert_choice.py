@@ -223,7 +223,7 @@ def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0,
     else:
         both_idx = np.concatenate([q, r])
         med, width = work(view, both_idx)
-        left = dict(zip(both_idx.tolist(), med.tolist()))
+        left = dict(zip(both_idx.tolist(), med.tolist(), strict=True))
         q_rem, r_rem = med[:q.size], med[q.size:]
         done = np.asarray(jobs.done_s[both_idx], dtype=float) if both_idx.size else np.zeros(0)
 

@@ -254,7 +254,10 @@ class ByLevel:
         return policy.decide(view)
 
     def __getattr__(self, name: str):
-        return getattr(self.__dict__["_current"], name)
+        current = self.__dict__.get("_current")
+        if current is None:  # not yet built (unpickling)
+            raise AttributeError(name)
+        return getattr(current, name)
 
 
 def _learned_policy(agent, *, cache: DiskCache | None = None, **options):

@@ -525,6 +525,31 @@ def _guide(jcts: np.ndarray, teacher: int, min_gain: float) -> int:
     return best if jcts[teacher] - jcts[best] > min_gain * jcts[teacher] else teacher
 
 
+def _check_training(run: ExpertTraining) -> None:
+    """One-line AgentErrors for bad settings, before any simulation (training takes minutes)."""
+    from gpualloc.scheduling.knowledge import check_knowledge
+    from gpualloc.scheduling.policies import needs_durations
+
+    if (run.steps < 0 or run.bc_rounds < 1 or (run.bc_episodes is not None and run.bc_episodes < 1)
+            or not run.experts or run.guide not in ("teacher", "best")):
+        raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive, "
+                         "guide 'teacher' or 'best'")
+    check_knowledge(run.knowledge, "train_expert_scheduler: knowledge")
+    heuristics = POLICIES.names("heuristic")
+    if run.knowledge != "oracle":  # the prediction-driven policies (learned, but from the run's own jobs)
+        heuristics = [*heuristics, *(n for n in POLICIES.names("learned") if n.endswith("-pred"))]
+    for name in (*run.experts, *([] if run.rollout_base is None else [run.rollout_base])):
+        if name not in heuristics:  # checked before any simulation: training takes minutes
+            raise AgentError(f"train_expert_scheduler: {name!r} is not an expert of the panel; experts are "
+                             f"heuristics ({', '.join(heuristics)}) and the rollout base one of --experts")
+        if run.knowledge == "blind" and needs_durations(name):
+            raise AgentError(f"train_expert_scheduler: expert {name!r} needs durations, which knowledge 'blind' "
+                             f"hides (use {name}-pred)")
+    if run.knowledge != "oracle" and run.rollout_points:
+        raise AgentError("train_expert_scheduler: rollout labels run at oracle only (knowledge "
+                         f"{run.knowledge!r}: use rollout_points 0)")
+
+
 def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None = None, *,
                            progress: Callable[[str], None] | None = None, **overrides: Any) -> ExpertTrainReport:
     """Train the expert-choice agent: pick the teacher, clone it (DAgger), fine-tune with DQN, gate.
@@ -554,27 +579,7 @@ def train_expert_scheduler(out_path: str | Path, training: ExpertTraining | None
         run = replace(training or ExpertTraining(), **overrides)
     except TypeError as err:
         raise AgentError(f"train_expert_scheduler: {err}") from err
-    if (run.steps < 0 or run.bc_rounds < 1 or (run.bc_episodes is not None and run.bc_episodes < 1)
-            or not run.experts or run.guide not in ("teacher", "best")):
-        raise AgentError("train_expert_scheduler: steps must be >= 0, bc_rounds, bc_episodes and experts positive, "
-                         "guide 'teacher' or 'best'")
-    from gpualloc.scheduling.knowledge import check_knowledge
-    from gpualloc.scheduling.policies import needs_durations
-
-    check_knowledge(run.knowledge, "train_expert_scheduler: knowledge")
-    heuristics = POLICIES.names("heuristic")
-    if run.knowledge != "oracle":  # the prediction-driven policies (learned, but from the run's own jobs)
-        heuristics = [*heuristics, *(n for n in POLICIES.names("learned") if n.endswith("-pred"))]
-    for name in (*run.experts, *([] if run.rollout_base is None else [run.rollout_base])):
-        if name not in heuristics:  # checked before any simulation: training takes minutes
-            raise AgentError(f"train_expert_scheduler: {name!r} is not an expert of the panel; experts are "
-                             f"heuristics ({', '.join(heuristics)}) and the rollout base one of --experts")
-        if run.knowledge == "blind" and needs_durations(name):
-            raise AgentError(f"train_expert_scheduler: expert {name!r} needs durations, which knowledge 'blind' "
-                             f"hides (use {name}-pred)")
-    if run.knowledge != "oracle" and run.rollout_points:
-        raise AgentError("train_expert_scheduler: rollout labels run at oracle only (knowledge "
-                         f"{run.knowledge!r}: use rollout_points 0)")
+    _check_training(run)
     level = {"knowledge": run.knowledge, "round_s": None if run.knowledge == "oracle" else LEVEL_ROUND_S,
              "seed": run.seed}
     if run.rollout_base is not None and run.rollout_base not in run.experts:
