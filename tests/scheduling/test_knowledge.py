@@ -125,7 +125,7 @@ def test_estimate_columns_follow_the_estimate(trace):
     simulate(trace, CLUSTER, probe, knowledge="estimate", estimate_s=est)
     assert probe.seen
     work = np.array([j.work_s for j in trace.jobs])
-    for _, run, rem, fin, done in probe.seen:
+    for _, run, rem, _fin, done in probe.seen:
         np.testing.assert_allclose(rem, np.maximum(est[run] - done, kn.REMAINING_FLOOR_S))
         assert (rem > 0).all() and (done <= work[run] + 1e-9).all()
     # a job that runs alone from its start shows a finish of start + estimate / speed

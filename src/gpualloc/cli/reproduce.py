@@ -149,7 +149,8 @@ def scheduling_cmd(
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "") \
         + (f" --loads {loads}" if loads else "") + (f" --jobs {jobs}" if jobs else "") \
-        + ("" if with_real else " --no-real-traces") + ("" if levels == KNOWLEDGE else f" --knowledge {','.join(levels)}")
+        + ("" if with_real else " --no-real-traces") \
+        + ("" if levels == KNOWLEDGE else f" --knowledge {','.join(levels)}")
     result["command"] = command
     result["real_traces"] = real_note
     write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
