@@ -579,17 +579,27 @@ class TiresiasGittins(Tiresias):
         history is too short)."""
         self._sync(jobs)
         self._refresh_table(jobs)
+        return self._index(jobs, idx)
+
+    def _index(self, jobs: JobTable, idx: np.ndarray) -> np.ndarray:
+        """:meth:`index_of` with the table as it is (:meth:`decide` refreshed it)."""
         if self.table is None:
             return np.zeros(len(idx))
-        return self.table.lookup(self.service_gpu_s(jobs, idx))
+        return self.table.lookup(jobs.attained_gpu_s[idx] - self._offset[idx])
+
+    def decide(self, view: ClusterView) -> Decision:
+        if len(view.queue):  # the history as of this decision, once
+            self._sync(view.jobs)
+            self._refresh_table(view.jobs)
+        return super().decide(view)
 
     def _primary(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, *, running: bool) -> np.ndarray:
         # (queue level, -index) as one number: the index lies in [0, top]
-        g = self.index_of(view.jobs, idx)
+        g = self._index(view.jobs, idx)
         top = float(self.table.values.max()) if self.table is not None and len(self.table) else 0.0
         return level * (top + 1.0) + (top - g)
 
     def _order(self, view: ClusterView, idx: np.ndarray, level: np.ndarray, start: np.ndarray,
                n_waiting: int) -> np.ndarray:
-        g = self.index_of(view.jobs, idx)
+        g = self._index(view.jobs, idx)
         return np.lexsort((idx, view.jobs.arrival_s[idx], start, -g, level))
