@@ -77,3 +77,15 @@ def test_a_blind_policy_reading_work_is_one_line_and_exit_2():
 def test_refused_before_any_run(args, error, message):
     result = runner.invoke(app, [*args, *SMALL[:2]] if args[0] == "simulate" else list(args))
     assert isinstance(result.exception, error) and message in str(result.exception), result.output
+
+
+def test_train_scheduler_passes_the_level_to_training_that_has_the_setting():
+    from gpualloc.cli.train import _knowledge_option
+    from gpualloc.errors import AgentError
+    from gpualloc.rl.train_scheduler import ExpertTraining
+
+    assert _knowledge_option("blind", True) == {"knowledge": "blind"}  # the expert-choice agent's settings
+    assert ExpertTraining(knowledge="blind").knowledge == "blind"
+    assert _knowledge_option("oracle", False) == {}  # the per-slot DQN trains on the truth, as always
+    with pytest.raises(AgentError, match="--knowledge estimate: this training reads true durations"):
+        _knowledge_option("estimate", False)
