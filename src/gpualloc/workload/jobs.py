@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from gpualloc.errors import TraceError
+
+if TYPE_CHECKING:  # numpy is imported where the columns are built: the CLI starts without it
+    import numpy as np
 
 REFERENCE_DEVICE = "V100-16GB"
 """Device type in which job work is measured (Gavel's and Philly's traces ran on V100-class GPUs)."""
@@ -221,6 +222,8 @@ class SubmitFeatures:
     @classmethod
     def of(cls, jobs: Sequence[Job]) -> SubmitFeatures:
         """The columns of ``jobs``, in one pass over them."""
+        import numpy as np
+
         n = len(jobs)
         code = {t: i for i, t in enumerate(JOB_TYPES)}
         num = [np.fromiter(map(code.__getitem__, (j.job_type for j in jobs)), float, n)]
@@ -240,6 +243,8 @@ class SubmitFeatures:
     def concat(cls, parts: Sequence[SubmitFeatures]) -> SubmitFeatures:
         """The rows of ``parts`` one after another; each text column's codes are recoded into the union
         of their names (sorted, ``""`` first)."""
+        import numpy as np
+
         if not parts:
             return cls.of([])
         out: dict[str, Any] = {name: np.concatenate([getattr(p, name) for p in parts]) for name in cls.NUMERIC}
@@ -255,6 +260,8 @@ class SubmitFeatures:
 
 def _codes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
     """``(sorted distinct values with "" first, code of each value)``."""
+    import numpy as np
+
     names = tuple(sorted(set(values) | {""}))
     index = {v: i for i, v in enumerate(names)}
     return names, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
