@@ -113,8 +113,8 @@ class _Timed:
         return d
 
 
-def _policy(name: str, knowledge: str, agents: dict[str, str]):
-    if name == "dqn":
+def _policy(name: str, knowledge: str, agents: dict[str, str | None]):
+    if name == "dqn":  # the level's agent file, else the default dqn (ByLevel: the bundled one of the level)
         from gpualloc.rl.sched_policy import learned_policy
 
         return _Timed(learned_policy(agents[knowledge]))
@@ -144,7 +144,9 @@ def _cases(args) -> list[tuple[str, str, Any, Any, int, float | None]]:
 def evaluate(args) -> dict[str, Any]:
     from gpualloc.rl.sched_policy import bundled_agent_path
 
-    agents = {k: getattr(args, f"agent_{k}") or str(bundled_agent_path(knowledge=k)) for k in ("estimate", "blind")}
+    agents = {k: getattr(args, f"agent_{k}") or (str(bundled_agent_path(knowledge=k))
+                                                  if bundled_agent_path(knowledge=k).is_file() else None)
+              for k in ("estimate", "blind")}
     plan = ([(p, "blind") for p in (*HEURISTICS, *PREDICTED, "dqn")]
             + [(p, "estimate") for p in (*ON_ESTIMATE, "dqn")] + [("gavel-srtf", "oracle")])
     t0 = time.perf_counter()
