@@ -25,7 +25,8 @@ for _name, _target in (("fcfs", "simple:FCFS"), ("static-affinity", "simple:Stat
                        ("srtf", "simple:SRTF"), ("easy-backfill", "simple:EasyBackfill"),
                        ("tiresias", "las:Tiresias"), ("gavel", "hetero:Gavel"),
                        ("gavel-srtf", "hetero:GavelShortestFirst")):
-    _tags = ("heuristic", NEEDS_DURATIONS) if _name in ("sjf", "srtf", "easy-backfill", "gavel-srtf") else ("heuristic",)
+    _reads = _name in ("sjf", "srtf", "easy-backfill", "gavel-srtf")
+    _tags = ("heuristic", NEEDS_DURATIONS) if _reads else ("heuristic",)
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=_tags)
 for _name, _target in (("las", "las:LAS"), ("tiresias-gittins", "las:TiresiasGittins")):  # non-clairvoyant (issue 36)
     POLICIES.register(_name, f"gpualloc.scheduling.policies.{_target}", tags=("heuristic",))
