@@ -592,12 +592,22 @@ class _Plan:
             cand.append(j)
         if not cand:
             return
-        arr = np.array(cand, dtype=np.int64)
-        room = self.q[self.team_of[arr]] - self.u[self.team_of[arr]]
-        maybe = ((jobs.speed[arr] > 0) & (room >= jobs.num_gpus[arr][:, None])).any(axis=1)
-        cand = [j for j, m in zip(cand, maybe.tolist(), strict=True) if m]
+        def within_somewhere(js: list[int]) -> list[bool]:  # a type with room in the team's quota now
+            arr = np.array(js, dtype=np.int64)
+            room = self.q[self.team_of[arr]] - self.u[self.team_of[arr]]
+            return ((jobs.speed[arr] > 0) & (room >= jobs.num_gpus[arr][:, None])).any(axis=1).tolist()
+
+        maybe = within_somewhere(cand)
+        later = [j for j, m in zip(cand, maybe, strict=True) if not m]
+        cand = [j for j, m in zip(cand, maybe, strict=True) if m]
         changed = True
-        while changed and cand:
+        while changed and (cand or later):
+            if later and self.stopped:  # a reclaim stopped a team's job: that team may be entitled again
+                maybe = within_somewhere(later)
+                cand += [j for j, m in zip(later, maybe, strict=True) if m]
+                later = [j for j, m in zip(later, maybe, strict=True) if not m]
+            if not cand:
+                break
             changed = False
             for j in list(cand):
                 if j in self.started:
