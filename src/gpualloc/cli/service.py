@@ -77,9 +77,9 @@ def serve(
     knowledge: str = typer.Option("estimate", "--knowledge", "-k",
                                   help="What the policy knows of job durations (docs/knowledge.md): estimate (each "
                                        "job's time limit, the user's or --default-time-limit), blind (submit-time "
-                                       "fields and time run so far only; srtf, sjf, easy-backfill and gavel-srtf "
-                                       "are refused: use their -pred versions) or oracle (the limit taken as "
-                                       "exact)."),
+                                       "fields and service attained so far only; srtf, sjf, easy-backfill and "
+                                       "gavel-srtf are refused: use their -pred versions) or oracle (the limit "
+                                       "taken as exact)."),
     default_time_limit: float = typer.Option(3600.0, "--default-time-limit", min=1e-6,
                                              help="Seconds: the time limit of a job submitted without one "
                                                   "(as Slurm's DefaultTime)."),

@@ -31,7 +31,7 @@ _DROP = typer.Option(False, "--drop-unplaceable",
                      help="Reject jobs larger than any device type of the cluster instead of stopping.")
 _AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled one).")
 _KNOWLEDGE_HELP = ("What the policy knows of job durations (docs/knowledge.md): oracle (the truth), estimate (the "
-                   "users' time limits) or blind (submit-time fields and time run so far only).")
+                   "users' time limits) or blind (submit-time fields and service attained so far only).")
 _QUOTAS = typer.Option(None, "--quotas",
                        help="Team quotas per GPU type (TOML, docs/quotas.md): every policy runs under them, with "
                             "borrowing, reclaim, fair share and GPU-type preferences; adds per-team figures.")
