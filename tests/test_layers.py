@@ -14,7 +14,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpualloc"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "limits", "native", "registry", "parallel", "cache"),  # utilities: import nothing above them
+    # utilities: import nothing above them
+    ("__init__", "errors", "limits", "options", "native", "registry", "parallel", "cache"),
     ("hardware",),
     ("graph",),
     ("cost",),
