@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from gpualloc.errors import ClusterError
 from gpualloc.hardware.catalog import default_catalog
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.hardware.slurm import (SlurmNode, cluster_from_nodes, gres_device_type, parse_gres, parse_sinfo,
-                                     slurm_cluster_arg)
+from gpualloc.hardware.cluster import cluster_from_nodes, load_cluster
+from gpualloc.hardware.slurm import SlurmNode, gres_device_type, parse_gres, parse_sinfo, slurm_cluster_arg
 from gpualloc.service.errors import BackendError
 from gpualloc.service.slurm import (batch_script, exit_status, merge_components, parse_scontrol_record, parse_squeue,
                                     sbatch_argv)

@@ -9,7 +9,7 @@ intra-node link; nodes are joined by one network link. :func:`load_cluster` acce
   optional ``@LINK`` suffix (``"16xV100@eth-25g"``);
 * a ``.toml`` / ``.yaml`` / ``.yml`` file (format in ``docs/hardware.md``);
 * ``slurm:`` (or ``slurm:PARTITION``): the local Slurm cluster's nodes and typed GPU GRES
-  (:mod:`gpualloc.hardware.slurm`).
+  (:func:`read_slurm_cluster`; ``sinfo``'s text is parsed by :mod:`gpualloc.hardware.slurm`).
 
 Every problem is one :class:`~gpualloc.errors.ClusterError` line naming the file and field.
 """
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpualloc.errors import CatalogError, ClusterError, read_text
 from gpualloc.hardware.catalog import Catalog, DeviceType, LinkType, default_catalog
 from gpualloc.hardware.schema import DeviceRow, format_validation_error
+from gpualloc.hardware.slurm import SINFO_FORMAT, SlurmNode, gres_device_type, parse_sinfo, run_slurm, slurm_cluster_arg
 from gpualloc.limits import MAX_DEVICES, MAX_NODE_COUNT, check_size
 
 NODE_SIZE = 8
@@ -486,8 +487,6 @@ def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> ClusterSpe
     if spec in PRESETS:
         return PRESETS[spec](catalog)
     if str(spec).strip().lower().startswith("slurm"):
-        from gpualloc.hardware.slurm import read_slurm_cluster, slurm_cluster_arg
-
         partition = slurm_cluster_arg(spec)
         if partition is not False:  # "slurm", "slurm:" or "slurm:PARTITION": the local Slurm's nodes
             return read_slurm_cluster(partition or None, catalog=catalog)
@@ -495,3 +494,40 @@ def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> ClusterSpe
         raise ClusterError(f"unknown cluster {spec!r}: not a preset ({', '.join(PRESETS)}), "
                            f"a .toml/.yaml file, slurm:, or shorthand like '4xA100+4xV100'")
     return parse_shorthand(spec, catalog)
+
+
+def cluster_from_nodes(nodes: Sequence[SlurmNode], *, name: str = "slurm", partition: str | None = None,
+                       catalog: Catalog | None = None) -> ClusterSpec:
+    """The cluster of ``nodes`` that hold typed GPUs (only those in ``partition`` when given), each
+    node keeping its Slurm name, devices in GRES order.
+
+    Raises:
+        ClusterError: an unknown GPU type (naming the node), or no node with GPUs.
+    """
+    cat = catalog or default_catalog()
+    built = []
+    for node in nodes:
+        if partition is not None and partition not in node.partitions:
+            continue
+        types = [gres_device_type(g, cat, f"slurm node {node.name}: Gres") for g, n in node.gpus for _ in range(n)]
+        if types:
+            built.append((node.name, types, node_link(types, cat)))
+    if not built:
+        where = f" in partition {partition!r}" if partition else ""
+        raise ClusterError(f"{name}: no Slurm node{where} has typed GPU GRES (Gres=gpu:TYPE:COUNT)")
+    return build_cluster(name, built, cat.link(DEFAULT_NETWORK), cat)
+
+
+def read_slurm_cluster(partition: str | None = None, *, catalog: Catalog | None = None,
+                       timeout_s: float = 30.0) -> ClusterSpec:
+    """The cluster the local Slurm controller manages (``sinfo``), named ``slurm`` or ``slurm:PART``.
+
+    Raises:
+        ClusterError: Slurm is not installed or does not answer, or its GRES cannot be mapped.
+    """
+    argv = ["sinfo", "--Node", "--noheader", f"--format={SINFO_FORMAT}"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    done = run_slurm(argv, timeout_s=timeout_s)
+    name = f"slurm:{partition}" if partition else "slurm"
+    return cluster_from_nodes(parse_sinfo(done.stdout), name=name, partition=partition, catalog=catalog)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpualloc.errors import CatalogError
-from gpualloc.hardware.catalog import DeviceType, LinkType
+from gpualloc.hardware.specs import DeviceType, LinkType
 
 GB = 1e9
 GIB = 2**30

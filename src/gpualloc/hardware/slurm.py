@@ -1,12 +1,13 @@
-"""A Slurm cluster as a :class:`~gpualloc.hardware.cluster.ClusterSpec`: nodes and typed GPU GRES
-from ``sinfo``.
+"""A Slurm cluster's nodes and typed GPU GRES, read from ``sinfo``.
 
 ``sinfo --Node --noheader --format=%N|%G|%T|%P`` gives one line per node and partition with its
 GRES (``gpu:v100:4,gpu:t4:2(S:0-1)``) and state; :func:`parse_sinfo` reads that text,
 :func:`gres_device_type` maps a GRES type to a catalog device type (any case, vendor prefixes such
 as ``nvidia_`` or ``tesla_`` dropped, ``_`` read as ``-``, then the catalog's names and aliases and
-:data:`GRES_ALIASES`), and :func:`cluster_from_nodes` builds the spec. The parsers take text, so
-they are tested without Slurm; :func:`read_slurm_cluster` is the one place that runs ``sinfo``.
+:data:`GRES_ALIASES`). :func:`gpualloc.hardware.cluster.cluster_from_nodes` builds the
+:class:`~gpualloc.hardware.cluster.ClusterSpec` (this module does not import the cluster module, which
+reads ``slurm:`` specs through it). The parsers take text, so they are tested without Slurm;
+:func:`gpualloc.hardware.cluster.read_slurm_cluster` is the one place that runs ``sinfo``.
 
 Only typed GPU GRES count: an untyped ``gpu:4`` or an unknown type is one error naming the node and
 the field; other GRES (``mps``, ``shard``, ``nic``) are ignored.
@@ -20,12 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpualloc.errors import CatalogError, ClusterError, GpuallocError
-from gpualloc.hardware.catalog import Catalog, DeviceType, default_catalog
-from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
+from gpualloc.hardware.catalog import Catalog, DeviceType
 from gpualloc.limits import MAX_DEVICES
 
-__all__ = ["GRES_ALIASES", "SINFO_FORMAT", "SlurmNode", "cluster_from_nodes", "gres_device_type", "parse_gres",
-           "parse_sinfo", "read_slurm_cluster", "run_slurm", "slurm_cluster_arg"]
+__all__ = ["GRES_ALIASES", "SINFO_FORMAT", "SlurmNode", "gres_device_type", "parse_gres",
+           "parse_sinfo", "run_slurm", "slurm_cluster_arg"]
 
 SINFO_FORMAT = "%N|%G|%T|%P"
 """``sinfo --format`` of :func:`parse_sinfo`: node, GRES, long state, partition (``|`` cannot occur in them)."""
@@ -149,28 +149,6 @@ def gres_device_type(gres_type: str, catalog: Catalog, where: str) -> DeviceType
                        f"or a GRES alias: {', '.join(GRES_ALIASES)})")
 
 
-def cluster_from_nodes(nodes: Sequence[SlurmNode], *, name: str = "slurm", partition: str | None = None,
-                       catalog: Catalog | None = None) -> ClusterSpec:
-    """The cluster of ``nodes`` that hold typed GPUs (only those in ``partition`` when given), each
-    node keeping its Slurm name, devices in GRES order.
-
-    Raises:
-        ClusterError: an unknown GPU type (naming the node), or no node with GPUs.
-    """
-    cat = catalog or default_catalog()
-    built = []
-    for node in nodes:
-        if partition is not None and partition not in node.partitions:
-            continue
-        types = [gres_device_type(g, cat, f"slurm node {node.name}: Gres") for g, n in node.gpus for _ in range(n)]
-        if types:
-            built.append((node.name, types, node_link(types, cat)))
-    if not built:
-        where = f" in partition {partition!r}" if partition else ""
-        raise ClusterError(f"{name}: no Slurm node{where} has typed GPU GRES (Gres=gpu:TYPE:COUNT)")
-    return build_cluster(name, built, cat.link(DEFAULT_NETWORK), cat)
-
-
 def run_slurm(argv: Sequence[str], *, timeout_s: float = 30.0, error: type[GpuallocError] = ClusterError,
               check: bool = True) -> subprocess.CompletedProcess:
     """Run one Slurm command (never through a shell) and return its result.
@@ -203,18 +181,3 @@ def slurm_cluster_arg(spec: str) -> str | None | bool:
     if s.lower().startswith("slurm:"):
         return s[len("slurm:"):].strip() or None
     return False
-
-
-def read_slurm_cluster(partition: str | None = None, *, catalog: Catalog | None = None,
-                       timeout_s: float = 30.0) -> ClusterSpec:
-    """The cluster the local Slurm controller manages (``sinfo``), named ``slurm`` or ``slurm:PART``.
-
-    Raises:
-        ClusterError: Slurm is not installed or does not answer, or its GRES cannot be mapped.
-    """
-    argv = ["sinfo", "--Node", "--noheader", f"--format={SINFO_FORMAT}"]
-    if partition:
-        argv.append(f"--partition={partition}")
-    done = run_slurm(argv, timeout_s=timeout_s)
-    name = f"slurm:{partition}" if partition else "slurm"
-    return cluster_from_nodes(parse_sinfo(done.stdout), name=name, partition=partition, catalog=catalog)
