@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpualloc.errors import GraphError
-from gpualloc.graph.ir import OpEdge, OpGraph, OpNode, summarize
-from gpualloc.graph.schema import json_schema, parse_graph_document
+from gpualloc.graph.ir import OpEdge, OpGraph, OpNode, parse_graph_document, summarize
+from gpualloc.graph.schema import json_schema
 
 
 def doc(nodes, edges, **extra):

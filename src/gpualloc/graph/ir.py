@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import GraphError, read_json, write_text
+from gpualloc.graph.schema import FORMAT, VERSION, validate_graph_document
 from gpualloc.limits import MAX_BATCH, MAX_NODE_BYTES, MAX_NODE_FLOPS, MAX_OP_TIME_MS
 
-FORMAT = "gpualloc-graph"
-VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -328,13 +327,37 @@ class OpGraph:
     @classmethod
     def from_dict(cls, data: Any, where: str = "graph") -> OpGraph:
         """Parse the JSON form; errors name ``where`` and the offending field or id."""
-        from gpualloc.graph.schema import parse_graph_document
-
         return parse_graph_document(data, where)
 
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:
         return cls.from_dict(read_json(path, GraphError), str(path))
+
+
+def parse_graph_document(data: Any, where: str = "graph") -> OpGraph:
+    """Validate a decoded JSON document and build the OpGraph, or raise a one-line GraphError."""
+    doc = validate_graph_document(data, where)
+    nodes = [
+        OpNode(
+            id=n.id,
+            name=n.name if n.name is not None else n.id,
+            kind=n.kind,
+            flops=n.flops,
+            bytes_read=n.bytes_read,
+            bytes_written=n.bytes_written,
+            param_bytes=n.param_bytes,
+            output_bytes=n.output_bytes,
+            time_ms={dev: OpTiming(t.fwd, t.bwd) for dev, t in n.time_ms.items()},
+            layer=n.layer,
+            output_shape=tuple(n.output_shape) if n.output_shape is not None else None,
+        )
+        for n in doc.nodes
+    ]
+    edges = [OpEdge(e.src, e.dst, e.bytes) for e in doc.edges]
+    try:
+        return OpGraph(doc.name, nodes, edges, batch_size=doc.batch_size, meta=doc.meta)
+    except GraphError as err:
+        raise GraphError(f"{where}: {err}") from err
 
 
 def _num(x: float) -> float | int:

@@ -1,7 +1,9 @@
 """The gpualloc-graph JSON document: pydantic models at the input edge, and its JSON Schema.
 
-``parse_graph_document`` turns untrusted JSON into an :class:`OpGraph` (which then checks the
-structure: ids, dangling edges, cycles). ``json_schema()`` is what docs/graph-format.md publishes.
+``validate_graph_document`` checks untrusted JSON field by field;
+:func:`gpualloc.graph.ir.parse_graph_document` then builds the :class:`~gpualloc.graph.ir.OpGraph` (which
+checks the structure: ids, dangling edges, cycles). This module does not import the IR, so the IR reads
+its documents through it without an import cycle. ``json_schema()`` is what docs/graph-format.md publishes.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpualloc.errors import GraphError
-from gpualloc.graph.ir import FORMAT, VERSION, OpEdge, OpGraph, OpNode, OpTiming
 from gpualloc.limits import MAX_BATCH
+
+FORMAT = "gpualloc-graph"
+VERSION = 1
 
 NonNeg = Field(default=0.0, ge=0)
 
@@ -87,38 +91,20 @@ def _locate(data: Any, loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "document"
 
 
-def parse_graph_document(data: Any, where: str = "graph") -> OpGraph:
-    """Validate a decoded JSON document and build the OpGraph, or raise a one-line GraphError."""
+def validate_graph_document(data: Any, where: str = "graph") -> GraphDoc:
+    """Validate a decoded JSON document (format, version, fields), or raise a one-line GraphError.
+
+    :func:`gpualloc.graph.ir.parse_graph_document` builds the :class:`~gpualloc.graph.ir.OpGraph` from it.
+    """
     if isinstance(data, dict) and data.get("format") != FORMAT:
         raise GraphError(f"{where}: format: expected {FORMAT!r}, got {data.get('format')!r}")
     if isinstance(data, dict) and data.get("version") != VERSION:
         raise GraphError(f"{where}: version: this gpualloc reads version {VERSION}, got {data.get('version')!r}")
     try:
-        doc = GraphDoc.model_validate(data)
+        return GraphDoc.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         raise GraphError(f"{where}: {_locate(data, first['loc'])}: {first['msg']}") from err
-    nodes = [
-        OpNode(
-            id=n.id,
-            name=n.name if n.name is not None else n.id,
-            kind=n.kind,
-            flops=n.flops,
-            bytes_read=n.bytes_read,
-            bytes_written=n.bytes_written,
-            param_bytes=n.param_bytes,
-            output_bytes=n.output_bytes,
-            time_ms={dev: OpTiming(t.fwd, t.bwd) for dev, t in n.time_ms.items()},
-            layer=n.layer,
-            output_shape=tuple(n.output_shape) if n.output_shape is not None else None,
-        )
-        for n in doc.nodes
-    ]
-    edges = [OpEdge(e.src, e.dst, e.bytes) for e in doc.edges]
-    try:
-        return OpGraph(doc.name, nodes, edges, batch_size=doc.batch_size, meta=doc.meta)
-    except GraphError as err:
-        raise GraphError(f"{where}: {err}") from err
 
 
 def json_schema() -> dict[str, Any]:
