@@ -70,6 +70,23 @@ def test_fcfs_golden_three_jobs_on_two_gpus():
     assert r.policy == "fcfs" and r.cluster == "2xV100" and r.type_names == ("V100-16GB",)
 
 
+def test_options_value_and_keyword_overrides_are_one_convention():
+    from gpualloc.options import OptionsError
+    from gpualloc.scheduling.simulator import SimOptions
+
+    cluster = load_cluster("2xV100")
+    trace = three_jobs()
+    speed = ones(trace, cluster)
+    base = SimOptions(speed=speed, restart_penalty_s=5.0, timeline=False)
+    by_value = simulate(trace, cluster, FCFS(), base)
+    by_keywords = simulate(trace, cluster, FCFS(), speed=speed, restart_penalty_s=5.0, timeline=False)
+    assert by_value.finish_s.tolist() == by_keywords.finish_s.tolist() == [10.0, 15.0, 18.0]
+    assert by_value.times_s.size == 0  # the value's timeline=False held
+    assert simulate(trace, cluster, FCFS(), base, timeline=True).times_s.size > 0  # a keyword overrides it
+    with pytest.raises(OptionsError, match="no field 'restart_penalty'"):
+        simulate(trace, cluster, FCFS(), restart_penalty=5.0)
+
+
 def test_speed_scales_run_time_and_placement_prefers_fastest_free_type():
     cluster = load_cluster("1xV100+1xT4")
     trace = Trace.of([job("A", 0, 10), job("B", 0, 10)])

@@ -41,6 +41,7 @@ import numpy as np
 
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import SchedulingError, UnplaceableJobs
+from gpualloc.options import with_overrides
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.base import (
     DONE,
@@ -325,21 +326,11 @@ def _policy_name(policy: Policy) -> str:
     return str(getattr(policy, "name", type(policy).__name__))
 
 
-def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, speed: np.ndarray | None = None,
-             preemption: bool | None = None, restart_penalty_s: float = 30.0,
-             failures: Sequence[Failure] = (), checkpoint_interval_s: float = 0.0,
-             round_s: float | None = None, drop_unplaceable: bool = False,
-             seed: int | np.random.Generator | None = 0,
-             progress: Callable[[float, int, int], None] | None = None,
-             timeline: bool = True, check: bool = False, quotas: Quotas | None = None,
-             knowledge: str = DEFAULT_KNOWLEDGE, estimate_s: np.ndarray | None = None,
-             migrate: MigrationRule | bool | None = None, fragmentation: bool = False) -> SimResult:
-    """Replay ``trace`` on ``cluster`` under ``policy``.
+@dataclass(frozen=True)
+class SimOptions:
+    """How one :func:`simulate` run goes, in one value; each default is written here only.
 
-    Args:
-        trace: the jobs, or a :class:`Workload` already prepared for ``cluster`` (then no ``speed``).
-        cluster: the machines; device types are indexed in order of first appearance.
-        policy: asked for a :class:`Decision` at decision points.
+    Attributes:
         speed: jobs x device types throughput relative to the reference device (0 = may not run
             there); default :func:`gpualloc.workload.speed.speed_matrix`.
         preemption: whether the policy may preempt (default: ``policy.preemptive``).
@@ -355,9 +346,9 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
         check: verify invariants as the run goes (GPU ownership, finish-once, work conservation;
             with ``quotas``, the reclaim guarantee and, without borrowing, every team within its
             quota); a violation raises ``AssertionError``.
-        quotas: team quotas per device type: ``policy`` runs wrapped in
+        quotas: team quotas per device type: the policy runs wrapped in
             :class:`~gpualloc.scheduling.quotas.QuotaPolicy` (borrowing, reclaim, fair share, type
-            preferences); checked against ``cluster`` and the jobs' teams first.
+            preferences); checked against the cluster and the jobs' teams first.
         knowledge: what the policy may know of durations (:mod:`gpualloc.scheduling.knowledge`):
             ``view.jobs`` is a :class:`~gpualloc.scheduling.knowledge.JobsView` at this level; the
             simulator itself always runs on the truth.
@@ -368,22 +359,7 @@ def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, *, s
             ``True``: the default :class:`~gpualloc.scheduling.consolidate.MigrationRule`). Not with
             ``quotas``.
         fragmentation: measure ``SimResult.fragmentation_wait_gpu_s`` (a pass over the queue per step).
-
-    Raises:
-        SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
-            decision (naming the policy and the job), or jobs left that no event can ever start.
     """
-    options = SimOptions(speed=speed, preemption=preemption, restart_penalty_s=restart_penalty_s, failures=failures,
-                         checkpoint_interval_s=checkpoint_interval_s, round_s=round_s,
-                         drop_unplaceable=drop_unplaceable, seed=seed, progress=progress, timeline=timeline,
-                         check=check, quotas=quotas, knowledge=knowledge, estimate_s=estimate_s,
-                         migrate=migrate, fragmentation=fragmentation)
-    return _Engine(trace, cluster, policy, options).run()
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    """How one run goes: the keyword arguments of :func:`simulate` (see there), in one value."""
 
     speed: np.ndarray | None = None
     preemption: bool | None = None
@@ -401,6 +377,29 @@ class SimOptions:
     estimate_s: np.ndarray | None = None
     migrate: MigrationRule | bool | None = None
     fragmentation: bool = False
+
+
+def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, options: SimOptions | None = None,
+             **overrides) -> SimResult:
+    """Replay ``trace`` on ``cluster`` under ``policy``.
+
+    Args:
+        trace: the jobs, or a :class:`Workload` already prepared for ``cluster`` (then no ``speed``).
+        cluster: the machines; device types are indexed in order of first appearance.
+        policy: asked for a :class:`Decision` at decision points.
+        options: how the run goes (default: :class:`SimOptions`).
+        **overrides: :class:`SimOptions` fields to change, e.g. ``seed=3, quotas=q``.
+
+    Raises:
+        SchedulingError: a job no device type can hold (unless ``drop_unplaceable``), an invalid
+            decision (naming the policy and the job), or jobs left that no event can ever start.
+        OptionsError: an override that is not a :class:`SimOptions` field.
+    """
+    opts = with_overrides(options if options is not None else _DEFAULTS, **overrides)
+    return _Engine(trace, cluster, policy, opts).run()
+
+
+_DEFAULTS = SimOptions()
 
 
 class _Caller:
@@ -427,9 +426,9 @@ class Simulation:
         name: the decider's name (``SimResult.policy``, error messages).
         preemptive: the caller may preempt (``Decision.preempt``).
         round_s: also pause every ``round_s`` seconds (see :func:`simulate`).
-        **options: the other keyword arguments of :func:`simulate` (``speed``,
-            ``restart_penalty_s``, ``failures``, ``checkpoint_interval_s``, ``drop_unplaceable``,
-            ``seed``, ``progress``, ``timeline``, ``check``).
+        **options: the other :class:`SimOptions` fields (``speed``, ``restart_penalty_s``,
+            ``failures``, ``checkpoint_interval_s``, ``drop_unplaceable``, ``seed``, ``progress``,
+            ``timeline``, ``check``, ...).
 
     Attributes:
         view: the live view at the current decision point (read-only for the caller; ``None`` once
