@@ -452,7 +452,8 @@ def user_add(
 ) -> None:
     """Add a user; their new token is written to a 0600 file (never printed)."""
     from gpualloc.service.errors import ServiceError
-    from gpualloc.service.users import check_name, write_token_file
+    from gpualloc.service.auth import write_token_file
+    from gpualloc.service.users import check_name
 
     check_name(name, "user")
     check_name(team, "team")
@@ -526,7 +527,7 @@ def user_token(
 ) -> None:
     """Give a user a new token (``--rotate``), written to a 0600 file (never printed)."""
     from gpualloc.service.errors import ServiceError
-    from gpualloc.service.users import write_token_file
+    from gpualloc.service.auth import write_token_file
 
     if not rotate:
         raise ServiceError("user token: the store keeps only a hash of each token, so it cannot be shown again; "

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpualloc.service.errors import ServiceError
 
@@ -97,33 +95,3 @@ def bearer(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not given.strip():
         return None
     return given.strip()
-
-
-def write_token_file(path: str | Path, token: str) -> Path:
-    """Write ``token`` to ``path`` with mode 0600, atomically: a new file is written and renamed over
-    ``path`` (a link planted at ``path`` is replaced, never followed). The folder is made 0700 when
-    missing and must not be writable by others (:func:`gpualloc.service.auth.check_private_folder`).
-
-    Raises:
-        ServiceError: the folder is not private, or the file cannot be written.
-    """
-    from gpualloc.service.auth import check_private_folder
-
-    path = Path(path).expanduser().absolute()
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as err:
-        raise ServiceError(f"{path.parent}: cannot make the folder: {err.strerror}") from err
-    check_private_folder(path.parent)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise ServiceError(f"{path}: cannot write the token file: {err.strerror}") from err
-    return path
