@@ -30,7 +30,7 @@ from gpualloc.errors import GpuallocError, read_text
 
 T = TypeVar("T")
 
-_MIN, _MAX = "gpualloc.min", "gpualloc.max"
+_MIN, _MAX, _FILE = "gpualloc.min", "gpualloc.max", "gpualloc.file"
 
 
 class OptionsError(GpuallocError):
@@ -38,7 +38,7 @@ class OptionsError(GpuallocError):
 
 
 def option(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, min: float | None = None,
-           max: float | None = None) -> Any:
+           max: float | None = None, file: bool = True) -> Any:
     """A dataclass field with its default and, optionally, its inclusive range (checked by :func:`check_options`,
     shown by the CLI through :func:`bounds_of`).
 
@@ -46,8 +46,12 @@ def option(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MIS
         default: the default value (written here only).
         factory: a default factory instead, for a mutable default.
         min, max: inclusive bounds of a number (``None``: unbounded on that side).
+        file: whether :func:`load_options` may read it from a file (False: a value the CLI builds and
+            checks itself, such as who a service's jobs run as).
     """
     metadata = {key: value for key, value in ((_MIN, min), (_MAX, max)) if value is not None}
+    if not file:
+        metadata[_FILE] = False
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -171,6 +175,9 @@ def _parse(cls: type[T], data: Any, where: str, base: Any, text: str | None, pre
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for key, value in data.items():
+        if fields[key].metadata.get(_FILE) is False:
+            raise OptionsError(f"{_at(where, text, prefix + (key,))}: {_dot(prefix, key)}: not read from a file "
+                               "(give it on the command line)")
         hint = hints[key]
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             inner = getattr(base, key) if base is not None else None

@@ -14,9 +14,14 @@ from pathlib import Path
 import typer
 
 from gpualloc.cli.common import console, err_console, print_json
+from gpualloc.options import bounds_of
+from gpualloc.service.config import DEFAULT_PORT, ServiceConfig
 from gpualloc.workload.jobs import JobType
 
-_SERVER = typer.Option("http://127.0.0.1:8765", "--server", envvar="GPUALLOC_SERVER", help="The service's URL.")
+_DEFAULTS = ServiceConfig()
+"""The one written copy of the defaults ``serve``'s options show (their ranges: ``bounds_of``)."""
+_SERVER = typer.Option(f"http://{_DEFAULTS.host}:{DEFAULT_PORT}", "--server", envvar="GPUALLOC_SERVER",
+                       help="The service's URL.")
 _TOKEN = typer.Option(None, "--token", envvar="GPUALLOC_TOKEN",
                       help="Bearer token (kept in the file beside the service's store, made on its first start).")
 _TOKEN_FILE = typer.Option(None, "--token-file", help="Read the token from this file instead of --token.")
@@ -31,41 +36,59 @@ def _token(token: str | None, token_file: Path | None) -> str | None:
 
 
 def serve(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
-    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on."),
-    backend: str = typer.Option("local", "--backend",
+    ctx: typer.Context,
+    config_file: Path | None = typer.Option(None, "--config",
+                                            help="TOML file of service settings (the ServiceConfig fields, e.g. "
+                                                 "tick_s = 0.2, max_queued = 5000; docs/service.md); an option "
+                                                 "given here overrides the file."),
+    host: str = typer.Option(_DEFAULTS.host, "--host", help="Address to bind (loopback by default)."),
+    port: int | None = typer.Option(_DEFAULTS.port, "--port", **bounds_of(ServiceConfig, "port"),
+                                    show_default=False,
+                                    help=f"Port to listen on (default {DEFAULT_PORT}; 0: a free one)."),
+    backend: str = typer.Option(_DEFAULTS.backend, "--backend",
                                 help="Where jobs run: local (processes here), ray, or slurm (with --cluster slurm:)."),
-    store: str | None = typer.Option(None, "--store",
+    store: str | None = typer.Option(_DEFAULTS.store, "--store",
                                      help="SQLite file (WAL) or database URL (postgresql://...); the token file "
                                           "sits beside it [default: $XDG_STATE_HOME/gpualloc/service.db, else "
                                           "~/.local/state/gpualloc/service.db]."),
-    cluster: str = typer.Option("adlro16", "--cluster", "-c", help="Preset, shorthand or cluster file scheduled."),
-    ray_address: str | None = typer.Option(None, "--ray-address",
+    cluster: str = typer.Option(_DEFAULTS.cluster, "--cluster", "-c",
+                                help="Preset, shorthand or cluster file scheduled."),
+    ray_address: str | None = typer.Option(_DEFAULTS.ray_address, "--ray-address",
                                               help="Join this Ray cluster (default: start a local Ray with the "
                                                    "cluster's device types as resources, e.g. gpu_V100)."),
-    ray_num_cpus: int | None = typer.Option(None, "--ray-num-cpus", min=1, help="CPUs of a locally started Ray."),
-    policy: str | None = typer.Option(None, "--policy", "-p",
+    ray_num_cpus: int | None = typer.Option(_DEFAULTS.ray_num_cpus, "--ray-num-cpus",
+                                               **bounds_of(ServiceConfig, "ray_num_cpus"),
+                                               help="CPUs of a locally started Ray."),
+    policy: str | None = typer.Option(_DEFAULTS.policy, "--policy", "-p",
                                          help="Scheduling policy (default: the store's last, else fcfs)."),
-    token_file: Path | None = typer.Option(None, "--token-file", help="Token file (default: <store>.token)."),
-    max_queued: int = typer.Option(100_000, "--max-queued", min=1, help="Queue length limit (HTTP 429 beyond)."),
-    max_body: int = typer.Option(65536, "--max-body-bytes", min=1024, help="Request body limit (HTTP 413 beyond)."),
-    on_lost: str = typer.Option("requeue", "--on-lost", help="A run the backend lost: requeue or fail."),
-    max_attempts: int = typer.Option(3, "--max-attempts", min=1, help="Attempts before a lost job fails."),
-    preemption: bool = typer.Option(False, "--preemption/--no-preemption",
+    token_file: Path | None = typer.Option(_DEFAULTS.token_file, "--token-file",
+                                              help="Token file (default: <store>.token)."),
+    max_queued: int = typer.Option(_DEFAULTS.max_queued, "--max-queued", **bounds_of(ServiceConfig, "max_queued"),
+                                   help="Queue length limit (HTTP 429 beyond)."),
+    max_body_bytes: int = typer.Option(_DEFAULTS.max_body_bytes, "--max-body-bytes",
+                                       **bounds_of(ServiceConfig, "max_body_bytes"),
+                                       help="Request body limit (HTTP 413 beyond)."),
+    on_lost: str = typer.Option(_DEFAULTS.on_lost, "--on-lost", help="A run the backend lost: requeue or fail."),
+    max_attempts: int = typer.Option(_DEFAULTS.max_attempts, "--max-attempts",
+                                     **bounds_of(ServiceConfig, "max_attempts"),
+                                     help="Attempts before a lost job fails."),
+    preemption: bool = typer.Option(_DEFAULTS.preemption, "--preemption/--no-preemption",
                                     help="Let preemptive policies stop running jobs (they restart from scratch)."),
-    telemetry: str = typer.Option("auto", "--telemetry", help="auto (NVML if present), none, nvml or sim."),
-    tick: float = typer.Option(0.5, "--tick", min=0.01, help="Longest seconds between scheduler passes."),
+    telemetry: str = typer.Option(_DEFAULTS.telemetry, "--telemetry",
+                                  help="auto (NVML if present), none, nvml or sim."),
+    tick_s: float = typer.Option(_DEFAULTS.tick_s, "--tick", **bounds_of(ServiceConfig, "tick_s"),
+                                 help="Longest seconds between scheduler passes."),
     log_level: str = typer.Option("warning", "--log-level", help="Server log level."),
-    docs: bool = typer.Option(False, "--docs/--no-docs",
+    docs: bool = typer.Option(_DEFAULTS.docs, "--docs/--no-docs",
                               help="Serve /docs and /redoc without the token; they load their scripts from a CDN "
                                    "(cdn.jsdelivr.net), so they stay blank offline."),
-    agents_dir: Path | None = typer.Option(None, "--agents-dir", exists=True, file_okay=False,
+    agents_dir: Path | None = typer.Option(_DEFAULTS.agents_dir, "--agents-dir", exists=True, file_okay=False,
                                               help="The only folder a dqn policy's agent may be loaded from "
                                                    "(default: the bundled agents)."),
-    allow_host: list[str] | None = typer.Option(None, "--allow-host",
-                                                   help="Another Host header name to accept (a DNS name of this "
-                                                        "machine; repeatable)."),
-    quotas: Path | None = typer.Option(None, "--quotas",
+    allowed_hosts: list[str] | None = typer.Option(None, "--allow-host",
+                                                      help="Another Host header name to accept (a DNS name of this "
+                                                           "machine; repeatable)."),
+    quotas: Path | None = typer.Option(_DEFAULTS.quotas, "--quotas",
                                           help="Team quota file (TOML, as `simulate --quotas`): GPUs guaranteed "
                                                "per team and type, idle ones borrowed and reclaimed; only its "
                                                "teams' users may submit."),
@@ -74,27 +97,49 @@ def serve(
                                                       "CAP_SETUID); TEAM=USER for one team's jobs (repeatable). "
                                                       "Required when serve runs as root (--job-user root runs jobs "
                                                       "as root, with a warning)."),
-    knowledge: str = typer.Option("estimate", "--knowledge", "-k",
+    knowledge: str = typer.Option(_DEFAULTS.knowledge, "--knowledge", "-k",
                                   help="What the policy knows of job durations (docs/knowledge.md): estimate (each "
                                        "job's time limit, the user's or --default-time-limit), blind (submit-time "
                                        "fields and service attained so far only; srtf, sjf, easy-backfill and "
                                        "gavel-srtf are refused: use their -pred versions) or oracle (the limit "
                                        "taken as exact)."),
-    default_time_limit: float = typer.Option(3600.0, "--default-time-limit", min=1e-6,
-                                             help="Seconds: the time limit of a job submitted without one "
-                                                  "(as Slurm's DefaultTime)."),
+    default_time_limit_s: float = typer.Option(_DEFAULTS.default_time_limit_s, "--default-time-limit",
+                                               **bounds_of(ServiceConfig, "default_time_limit_s"),
+                                               help="Seconds: the time limit of a job submitted without one "
+                                                    "(as Slurm's DefaultTime)."),
     ready_file: Path | None = typer.Option(None, "--ready-file",
                                               help="Once the service accepts connections, write this file "
                                                    "(JSON: url, pid, token_file; mode 0600, atomically); removed "
                                                    "when it stops."),
 ) -> None:
     """Run the scheduler service: a REST API over a policy deciding on live state."""
-    from gpualloc.service.app import Service, ServiceConfig, listen_socket
+    from gpualloc.options import given, load_options, with_overrides
+    from gpualloc.service.app import Service, listen_socket
     from gpualloc.service.auth import check_own_or_missing, check_private_folder, default_store
     from gpualloc.service.jobusers import plan_job_users
 
     from gpualloc.scheduling.knowledge import check_knowledge
 
+    # The file's settings, then the options given on the command line (an option left at its default
+    # does not override the file).
+    base = load_options(ServiceConfig, config_file) if config_file is not None else ServiceConfig()
+    explicit = given(ctx, host=host, port=port, backend=backend, store=store, cluster=cluster,
+                     ray_address=ray_address, ray_num_cpus=ray_num_cpus, policy=policy, token_file=token_file,
+                     max_queued=max_queued, max_body_bytes=max_body_bytes, on_lost=on_lost,
+                     max_attempts=max_attempts, preemption=preemption, telemetry=telemetry, tick_s=tick_s,
+                     docs=docs, agents_dir=agents_dir, allowed_hosts=allowed_hosts, quotas=quotas,
+                     knowledge=knowledge, default_time_limit_s=default_time_limit_s)
+    for name in ("token_file", "agents_dir", "quotas"):  # the configuration holds paths as strings
+        if explicit.get(name) is not None:
+            explicit[name] = str(explicit[name])
+    if "allowed_hosts" in explicit:
+        explicit["allowed_hosts"] = tuple(explicit["allowed_hosts"] or ())
+    cfg = with_overrides(base, **explicit)
+    if "agents_dir" not in explicit and cfg.agents_dir is not None and not Path(cfg.agents_dir).is_dir():
+        from gpualloc.options import OptionsError
+
+        raise OptionsError(f"{config_file}: agents_dir: {cfg.agents_dir!r} is not a folder")
+    knowledge, policy, backend, host = cfg.knowledge, cfg.policy, cfg.backend, cfg.host
     check_knowledge(knowledge, "--knowledge")
     if policy is not None:  # refused as the simulator refuses it, before anything is made
         from gpualloc.scheduling.policies import POLICIES, require_knowledge
@@ -103,9 +148,9 @@ def serve(
             raise POLICIES.unknown(policy)
         require_knowledge(policy, knowledge)
     # First, before printing anything or making a token: a port in use is one line and exit 2.
-    sock = listen_socket(host, port)
+    sock = listen_socket(host, DEFAULT_PORT if cfg.port is None else cfg.port)
     try:
-        store = store or default_store()
+        store = cfg.store or default_store()
         users, user_warnings = plan_job_users(job_user or (), backend)
         if ready_file is not None:
             ready_file = ready_file.absolute()
@@ -118,15 +163,7 @@ def serve(
             err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
                               "(use TLS in front of it)")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        config = ServiceConfig(store=store, cluster=cluster, backend=backend, ray_address=ray_address,
-                               ray_num_cpus=ray_num_cpus, policy=policy,
-                               token_file=None if token_file is None else str(token_file), max_queued=max_queued,
-                               max_body_bytes=max_body, on_lost=on_lost, max_attempts=max_attempts,
-                               preemption=preemption, telemetry=telemetry, tick_s=tick, host=host, port=port,
-                               allowed_hosts=tuple(allow_host or ()), docs=docs,
-                               agents_dir=None if agents_dir is None else str(agents_dir), job_users=users,
-                               quotas=None if quotas is None else str(quotas), knowledge=knowledge,
-                               default_time_limit_s=default_time_limit)
+        config = with_overrides(cfg, store=store, port=port, job_users=users)
         service = Service(config).open()
         # Connections now wait in the queue instead of being refused: the token file exists already.
         sock.listen(2048)

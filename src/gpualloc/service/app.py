@@ -49,7 +49,7 @@ import re
 import socket
 import threading
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,12 +66,13 @@ from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.knowledge import check_knowledge
 from gpualloc.scheduling.policies import POLICIES, require_knowledge
 from gpualloc.scheduling.quotas import Quotas
-from gpualloc.service.auth import check_store_files, default_token_path, load_or_create_token, token_matches
+from gpualloc.service.auth import (check_store_files, default_store, default_token_path, load_or_create_token,
+                                   token_matches)
 from gpualloc.service.backends import Backend, host_device_indices, make_backend
-from gpualloc.service.jobusers import JobUsers
+from gpualloc.service.config import ServiceConfig
 from gpualloc.service.slurm import AdviceRequest, advise
 from gpualloc.service.errors import Conflict, Forbidden, InvalidJob, InvalidRequest, NotFound, QueueFull, ServiceError
-from gpualloc.service.models import DEFAULT_TIME_LIMIT_S, JobOut, JobRecord, JobSpec, JobState, PolicyChange
+from gpualloc.service.models import JobOut, JobRecord, JobSpec, JobState, PolicyChange
 from gpualloc.service.scheduler import DeviceTypes, Scheduler, check_policy_name, normalise_spec, stored_policy
 from gpualloc.service.store import Store, sqlite_path
 from gpualloc.service.users import BOOTSTRAP, NO_TEAM, User, bearer
@@ -96,72 +97,6 @@ def bundled_agents_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-@dataclass
-class ServiceConfig:
-    """Everything ``gpualloc serve`` configures.
-
-    Attributes:
-        store: SQLite file or database URL.
-        cluster: preset, shorthand or cluster file the policy schedules.
-        backend: ``"local"``, ``"ray"`` or ``"slurm"``.
-        ray_address: join this Ray cluster (default: start a local Ray declaring the cluster's
-            device types as resources).
-        ray_num_cpus: CPUs of a locally started Ray.
-        policy, policy_options: the policy (default: the one stored, else ``fcfs``).
-        token_file: default ``<store>.token``.
-        max_queued: queue length limit (429 beyond).
-        max_body_bytes: request body limit (413 beyond).
-        on_lost, max_attempts, preemption, tick_s: see :class:`~gpualloc.service.scheduler.Scheduler`.
-        telemetry: ``"auto"`` (NVML when it opens, else none), ``"none"``, ``"nvml"`` or ``"sim"``.
-        runs_dir: local backend's run folders (default ``<store>.runs``); Ray backend's logs.
-        synchronous: SQLite synchronous pragma.
-        host, port: the bound address; a request's ``Host`` header must name it (port None: any).
-        allowed_hosts: more ``Host`` names to accept (a DNS name of a non-loopback bind).
-        docs: serve ``/docs`` and ``/redoc`` (assets loaded from a CDN) without the token.
-        agents_dir: the only folder a ``dqn`` policy's ``agent`` option may name a file in
-            (default: the bundled agents, :func:`bundled_agents_dir`).
-        job_users: who jobs of the local backend run as (:func:`~gpualloc.service.jobusers.plan_job_users`;
-            None: the service's own user). When they switch users, the store's folder must be 0700.
-        quotas: a team quota file (:meth:`gpualloc.scheduling.quotas.Quotas.from_file`): the policy
-            is wrapped in :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, and only its teams submit.
-        knowledge: what the policy may know of durations (:mod:`gpualloc.scheduling.knowledge`):
-            ``estimate`` (each job's time limit: the ``time_limit_s`` a user submits, else
-            ``default_time_limit_s``), ``blind`` (submit-time fields and time run so far only: a policy
-            that needs durations is refused) or ``oracle`` (the limit taken as exact).
-        default_time_limit_s: the time limit of a job submitted without one (as Slurm's ``DefaultTime``).
-        predictor_options: :class:`~gpualloc.scheduling.predict.PredictorConfig` fields of the duration
-            predictor learned from the store's finished jobs (:mod:`gpualloc.service.prediction`).
-    """
-
-    store: str = "gpualloc-service.db"
-    cluster: str = "adlro16"
-    backend: str = "local"
-    ray_address: str | None = None
-    ray_num_cpus: int | None = None
-    policy: str | None = None
-    policy_options: dict[str, Any] = field(default_factory=dict)
-    token_file: str | None = None
-    max_queued: int = 100_000
-    max_body_bytes: int = 64 * 1024
-    on_lost: str = "requeue"
-    max_attempts: int = 3
-    preemption: bool = False
-    telemetry: str = "auto"
-    tick_s: float = 0.5
-    runs_dir: str | None = None
-    synchronous: str = "FULL"
-    host: str = "127.0.0.1"
-    port: int | None = None
-    allowed_hosts: tuple[str, ...] = ()
-    docs: bool = False
-    agents_dir: str | None = None
-    quotas: str | None = None
-    job_users: JobUsers | None = None
-    knowledge: str = "estimate"
-    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
-    predictor_options: dict[str, Any] = field(default_factory=dict)
-
-
 class Service:
     """The running parts: store, token, backend, scheduler, telemetry.
 
@@ -170,6 +105,8 @@ class Service:
     """
 
     def __init__(self, config: ServiceConfig, *, cluster: ClusterSpec | None = None) -> None:
+        if config.store is None:
+            config = replace(config, store=default_store())
         self.config = config
         self.cluster = cluster if cluster is not None else load_cluster(config.cluster)
         check_knowledge(config.knowledge)

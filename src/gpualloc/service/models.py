@@ -17,6 +17,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from gpualloc.service.config import DEFAULT_TIME_LIMIT_S
 from gpualloc.workload.jobs import Job, JobType
 
 MAX_ARGS = 256
@@ -25,9 +26,6 @@ MAX_ARG_CHARS = 4096
 """Longest argv entry."""
 MAX_ENV = 64
 """Most extra environment variables a job may set."""
-DEFAULT_TIME_LIMIT_S = 3600.0
-"""The time limit of a job submitted without one, as a Slurm partition's ``DefaultTime``: what the
-``estimate`` information level shows a policy of it (``ServiceConfig.default_time_limit_s``)."""
 
 
 class JobState(str, Enum):
