@@ -91,3 +91,14 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [f"error: {conf}:1: tick: unknown key (did you mean 'tick_s'?)"]
+
+
+def test_the_example_file_reads_as_a_service_config():
+    from pathlib import Path
+
+    from gpualloc.options import load_options
+
+    cfg = load_options(ServiceConfig, Path(__file__).resolve().parents[2] / "examples" / "service.toml")
+    assert (cfg.cluster, cfg.policy, cfg.tick_s, cfg.max_queued, cfg.port) == ("4xV100+2xT4", "easy-backfill", 0.25,
+                                                                              10_000, 8765)
+    assert cfg.store is None and cfg.job_users is None  # left at their defaults
