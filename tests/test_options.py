@@ -27,6 +27,7 @@ class Opts:
     port: int | None = None
     extra: dict = option(factory=dict)
     inner: Inner = option(factory=Inner)
+    secret: str | None = option(None, file=False)
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -75,6 +76,7 @@ def test_a_file_sets_its_keys_and_leaves_the_rest_at_their_defaults(tmp_path):
     ('inner = 3\n', r"run.toml:1: inner: expected a table, got 3"),
     ('name = 1979-05-27\n', r"run.toml:1: name: a date is not allowed here"),
     ('name = \n', r"run.toml: not valid TOML"),
+    ('secret = "x"\n', r"run.toml:1: secret: not read from a file"),
 ])
 def test_a_bad_file_is_one_line_naming_the_file_line_and_field(tmp_path, text, message):
     with pytest.raises(OptionsError, match=message) as err:

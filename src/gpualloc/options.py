@@ -20,6 +20,7 @@ module may read defaults from it at import time.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -121,8 +122,15 @@ def given(ctx: Any, **values: Any) -> dict[str, Any]:
 
 def options_dict(obj: Any) -> dict[str, Any]:
     """Every field of the options value ``obj`` (nested ones as tables), as :func:`parse_options` reads it back:
-    the whole configuration a checkpoint or a results file saves."""
-    return dataclasses.asdict(obj)
+    the whole configuration a checkpoint or a results file saves (fields declared ``file=False`` left out)."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        if f.metadata.get(_FILE) is False:
+            continue
+        value = getattr(obj, f.name)
+        is_options = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        out[f.name] = options_dict(value) if is_options else copy.deepcopy(value)
+    return out
 
 
 def load_options(cls: type[T], path, *, base: T | None = None) -> T:
