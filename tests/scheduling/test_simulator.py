@@ -85,6 +85,8 @@ def test_options_value_and_keyword_overrides_are_one_convention():
     assert simulate(trace, cluster, FCFS(), base, timeline=True).times_s.size > 0  # a keyword overrides it
     with pytest.raises(OptionsError, match="no field 'restart_penalty'"):
         simulate(trace, cluster, FCFS(), restart_penalty=5.0)
+    with pytest.raises(SchedulingError, match="^simulate: seed: expected an integer"):
+        simulate(trace, cluster, FCFS(), seed=-1)
 
 
 def test_speed_scales_run_time_and_placement_prefers_fastest_free_type():

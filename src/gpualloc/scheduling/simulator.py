@@ -42,6 +42,7 @@ import numpy as np
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import SchedulingError, UnplaceableJobs
 from gpualloc.options import with_overrides
+from gpualloc.seeding import check_seed
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.base import (
     DONE,
@@ -377,6 +378,9 @@ class SimOptions:
     estimate_s: np.ndarray | None = None
     migrate: MigrationRule | bool | None = None
     fragmentation: bool = False
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, "simulate: seed", SchedulingError)
 
 
 def simulate(trace: Trace | Workload, cluster: ClusterSpec, policy: Policy, options: SimOptions | None = None,
