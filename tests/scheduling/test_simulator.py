@@ -87,6 +87,10 @@ def test_options_value_and_keyword_overrides_are_one_convention():
         simulate(trace, cluster, FCFS(), restart_penalty=5.0)
     with pytest.raises(SchedulingError, match="^simulate: seed: expected an integer"):
         simulate(trace, cluster, FCFS(), seed=-1)
+    with pytest.raises(SchedulingError, match="^random_failures: seed: expected an integer"):
+        random_failures(cluster, 100.0, 10.0, 1.0, seed=1.5)
+    assert random_failures(cluster, 100.0, 10.0, 1.0, seed=np.int64(3)) == random_failures(cluster, 100.0, 10.0, 1.0,
+                                                                                           seed=3)
 
 
 def test_speed_scales_run_time_and_placement_prefers_fastest_free_type():

@@ -42,7 +42,7 @@ import numpy as np
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import SchedulingError, UnplaceableJobs
 from gpualloc.options import with_overrides
-from gpualloc.seeding import check_seed
+from gpualloc.seeding import check_seed, seeded
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.base import (
     DONE,
@@ -96,6 +96,7 @@ class Failure:
         object.__setattr__(self, "gpus", tuple(int(g) for g in self.gpus))
 
 
+@seeded(to="generator", error=SchedulingError)
 def random_failures(cluster: ClusterSpec, horizon_s: float, mtbf_s: float, repair_s: float,
                     seed: int | np.random.Generator | None = 0) -> tuple[Failure, ...]:
     """Whole-node failures: each node fails as a Poisson process with mean time between failures
@@ -106,7 +107,7 @@ def random_failures(cluster: ClusterSpec, horizon_s: float, mtbf_s: float, repai
     """
     if not mtbf_s > 0:
         raise SchedulingError(f"random_failures: mtbf_s must be > 0, got {mtbf_s}")
-    rng = np.random.default_rng(seed)
+    rng = seed  # a Generator: @seeded made it
     out: list[tuple[float, int, Failure]] = []
     for k, node in enumerate(cluster.nodes):
         t = float(rng.exponential(mtbf_s))
