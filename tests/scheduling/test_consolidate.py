@@ -230,3 +230,32 @@ def test_cli_run_migrates_with_the_flag_only(tmp_path):
     assert on["migrations"] == 2 and on["fragmentation_wait_gpu_s"] == 0.0
     # C's JCT: 900 s waiting + 50 s without, 50 s with; the moves add 30 s (restart) to D's and E's
     assert off["avg_jct_s"] - on["avg_jct_s"] == pytest.approx((900.0 - 2 * 30.0) / 6)
+
+
+def test_compare_and_the_results_table_migrate_with_the_flag_only(tmp_path):
+    """The same fragmented trace through `simulate compare --migrate` and the results table's runs
+    (`reproduce scheduling --migrate`): every policy's row gains the moves; without the flag, none."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpualloc.cli.main import app
+    from gpualloc.experiments.scheduling_table import SchedRun, _aggregate, run_one
+    from gpualloc.workload.traces import write_native
+
+    jobs = [_job("A", 0, 1000, 4), _job("B", 0, 1000, 6), _job("X", 0, 50, 2), _job("D", 0, 1000, 1),
+            _job("E", 0, 1000, 1), _job("C", 100, 50, 4)]
+    path = write_native(Trace.of(jobs), tmp_path / "frag.csv")
+    args = ["simulate", "compare", "-c", "16xV100", "-t", str(path), "--policies", "fcfs,las", "--json"]
+    off, on = CliRunner().invoke(app, args), CliRunner().invoke(app, [*args, "--migrate"])
+    assert off.exit_code == 0 and on.exit_code == 0, off.output + on.output
+    off, on = json.loads(off.stdout)["results"], json.loads(on.stdout)["results"]
+    assert all("migrations" not in r for r in off)
+    fcfs_on, fcfs_off = on[0], off[0]
+    assert fcfs_on["policy"] == "fcfs" and fcfs_on["migrations"] == 2 and fcfs_on["fragmentation_wait_gpu_s"] == 0.0
+    assert fcfs_off["avg_jct_s"] - fcfs_on["avg_jct_s"] == pytest.approx((900.0 - 2 * 30.0) / 6)
+    run = SchedRun("16xV100", "fcfs", 0, 0.8, 6, path=str(path), fmt="native")
+    plain, _ = run_one(run)
+    moved, orc = run_one(SchedRun(**{**run.__dict__, "migrate": True}))
+    assert "migrations" not in plain and moved["migrations"] == 2.0
+    assert _aggregate([moved], [orc])["migrations"] == 2.0 and "migrations" not in _aggregate([plain], [orc])

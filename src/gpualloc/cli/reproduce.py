@@ -114,6 +114,11 @@ def scheduling_cmd(
     knowledge: str = typer.Option("all", "--knowledge", "-k",
                                   help="Information levels, side by side (docs/knowledge.md): comma-separated "
                                        "oracle, estimate, blind, or all."),
+    migrate: bool = typer.Option(False, "--migrate/--no-migrate",
+                                 help="Every policy moves running jobs to other nodes to make room for a "
+                                      "single-node gang that free GPUs split across nodes keep waiting, when it "
+                                      "pays (docs/scheduling-placement.md); rows add migrations and the "
+                                      "fragmentation wait."),
 ) -> None:
     """The scheduling table: every policy, the DQN agent and the lower bound, synthetic and real traces.
 
@@ -129,28 +134,38 @@ def scheduling_cmd(
     from gpualloc.reports.tables import plot_bars, scheduling_markdown, scheduling_summary_markdown
 
     spec = SchedTableSpec.quick() if quick else SchedTableSpec.full()
-    spec = replace(spec, knowledge=levels)
+    spec = replace(spec, knowledge=levels, migrate=migrate)
     if seeds:
         spec = replace(spec, seeds=seeds)
     if loads:
         spec = replace(spec, loads=tuple(float(x) for x in loads.split(",")))
     if jobs:
         spec = replace(spec, jobs=jobs, real_jobs=jobs)
+    from gpualloc.cli.simulate import require_runnable
+    from gpualloc.experiments.scheduling_table import VARIANTS
+    from gpualloc.scheduling.knowledge import policies_at
+
+    # before any run: a policy of the table that cannot run at a level (dqn whose agent, given or bundled,
+    # or fallback reads durations under blind) is one line; policies_at leaves the variants (dqn-hd, an
+    # oracle agent) out of blind
+    require_runnable({level: [n for n in policies_at(level, spec.policies) if n not in VARIANTS]
+                      for level in levels}, agent)
     root, real_note = _real_trace_root(data, with_real)
     from rich.progress import BarColumn, TextColumn
 
+    cache = disk_cache()
+    cache_dir = None if cache is None else str(cache.folder)
     with progress_bar(TextColumn("{task.description:<32}"), BarColumn(), unit="runs") as bar, \
             make_executor(use_ray, ray_address, workers) as executor:
         task = bar.add_task("scheduling table", total=total_runs(spec, root is not None))
-        cache = disk_cache()
         result = run_table(spec, root, agent=agent, executor=executor,
-                           cache_dir=None if cache is None else cache.folder,
+                           cache_dir=cache_dir,
                            progress=lambda what: bar.update(task, advance=1, description=what))
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce scheduling" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "") \
         + (f" --loads {loads}" if loads else "") + (f" --jobs {jobs}" if jobs else "") \
         + ("" if with_real else " --no-real-traces") \
-        + ("" if levels == KNOWLEDGE else f" --knowledge {','.join(levels)}")
+        + ("" if levels == KNOWLEDGE else f" --knowledge {','.join(levels)}") + (" --migrate" if migrate else "")
     result["command"] = command
     result["real_traces"] = real_note
     write_text(out / "results.json", json.dumps(result, indent=1) + "\n")

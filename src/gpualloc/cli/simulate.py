@@ -32,6 +32,10 @@ _DROP = typer.Option(False, "--drop-unplaceable",
 _AGENT = typer.Option(None, "--agent", help="Scheduling agent for the dqn policy (default: the bundled one).")
 _KNOWLEDGE_HELP = ("What the policy knows of job durations (docs/knowledge.md): oracle (the truth), estimate (the "
                    "users' time limits) or blind (submit-time fields and service attained so far only).")
+_MIGRATE = typer.Option(False, "--migrate/--no-migrate",
+                        help="Move running jobs to other nodes to make room for a single-node gang that free GPUs "
+                             "split across nodes keep waiting, when it pays (docs/scheduling-placement.md); adds "
+                             "migrations and the fragmentation wait. Not with --quotas.")
 _QUOTAS = typer.Option(None, "--quotas",
                        help="Team quotas per GPU type (TOML, docs/quotas.md): every policy runs under them, with "
                             "borrowing, reclaim, fair share and GPU-type preferences; adds per-team figures.")
@@ -61,20 +65,41 @@ def load_quotas(path: Path | None):
     return Quotas.from_file(path)
 
 
+def agent_options(name: str, agent: Path | None) -> dict:
+    """The options ``--agent`` and the gate-verdict cache give policy ``name`` (those its factory takes)."""
+    from gpualloc.scheduling.policies import policy_options
+
+    options = policy_options(name)
+    return {**({"agent": agent} if "agent" in options and agent else {}),
+            **({"cache": disk_cache()} if "cache" in options else {})}
+
+
+def require_runnable(plan: dict[str, list[str]], agent: Path | None) -> None:
+    """Refuse, before any run, every (level, policy) of ``plan`` that cannot run at its level
+    (:func:`~gpualloc.scheduling.knowledge.require_policy`: one line naming ``--knowledge``, the level
+    and the policy)."""
+    from gpualloc.scheduling.knowledge import require_policy
+
+    for level, names in plan.items():
+        for name in names:
+            require_policy(name, level, agent_options(name, agent))
+
+
 def run_policy(trace, cluster, policy_name: str, seed: int, drop: bool, agent: Path | None = None, quotas=None,
                knowledge: str = "oracle", migrate: bool = False):
-    """Simulate one policy at information level ``knowledge`` (a policy that needs durations is refused
-    up front under ``blind``, :func:`~gpualloc.scheduling.policies.require_knowledge`); with ``migrate``,
-    running jobs move to make room for single-node gangs (docs/scheduling-placement.md)."""
+    """Simulate one policy at information level ``knowledge`` (refused before it runs when it cannot run
+    there: :func:`~gpualloc.scheduling.knowledge.require_policy`); with ``migrate``, running jobs move to
+    make room for single-node gangs (docs/scheduling-placement.md)."""
     from rich.progress import BarColumn, TextColumn
 
-    from gpualloc.scheduling.policies import make_policy, policy_options, require_knowledge
+    from gpualloc.scheduling.knowledge import require_policy
+    from gpualloc.scheduling.policies import make_policy, require_knowledge
     from gpualloc.scheduling.simulator import simulate
 
     require_knowledge(policy_name, knowledge)
-    options = policy_options(policy_name)
-    policy = make_policy(policy_name, **({"agent": agent} if "agent" in options and agent else {}),
-                         **({"cache": disk_cache()} if "cache" in options else {}))
+    options = agent_options(policy_name, agent)
+    policy = make_policy(policy_name, **options)
+    require_policy(policy_name, knowledge, options, policy=policy)
     try:
         with progress_bar(TextColumn("{task.description:<16}"), BarColumn(), unit="jobs") as bar:
             task = bar.add_task(policy_name, total=len(trace))
@@ -97,23 +122,18 @@ def run_cmd(
     out: Path = typer.Option(None, "-o", "--out", callback=output_file,
                              help="Write the metrics and every job's record here (JSON)."),
     knowledge: str = typer.Option("oracle", "--knowledge", "-k", help=_KNOWLEDGE_HELP),
-    migrate: bool = typer.Option(False, "--migrate/--no-migrate",
-                                 help="Move running jobs to other nodes to make room for a single-node gang "
-                                      "that free GPUs split across nodes keep waiting, when it pays "
-                                      "(docs/scheduling-placement.md). Not with --quotas."),
+    migrate: bool = _MIGRATE,
 ) -> None:
     """Run one policy and print its metrics, with the lower bound beside them."""
     from gpualloc.scheduling.knowledge import check_knowledge, row_labels
     from gpualloc.scheduling.metrics import summary, team_summary, with_ratios
 
     check_knowledge(knowledge, "--knowledge")
+    require_runnable({knowledge: [policy]}, agent)  # before reading a trace: one line at once
     team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
     result = run_policy(jobs, spec, policy, seed, drop, agent, team_quotas, knowledge, migrate)
-    row = summary(result) | row_labels(policy, knowledge) | _where(trace, load)
-    if migrate:
-        row |= {"migrations": int(result.migrations.sum()),
-                "fragmentation_wait_gpu_s": float(result.fragmentation_wait_gpu_s)}
+    row = summary(result) | _moves(result) | row_labels(policy, knowledge) | _where(trace, load)
     if team_quotas is not None:
         row["teams"] = team_summary(result)
     if out is not None:
@@ -142,18 +162,16 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print every policy's metrics as one JSON object."),
     knowledge: str = typer.Option("oracle", "--knowledge", "-k",
                                   help=_KNOWLEDGE_HELP + " Several, comma-separated, or all: side by side."),
+    migrate: bool = _MIGRATE,
 ) -> None:
     """Run several policies on the same jobs and cluster, side by side with the lower bound (oracle-lb)."""
     from gpualloc.scheduling.knowledge import parse_levels, policies_at
-    from gpualloc.scheduling.policies import require_knowledge
 
     levels = parse_levels(knowledge)
     default = [name.strip() for name in DEFAULT_POLICIES.split(",")]
     names = None if policies is None else [name.strip() for name in policies.split(",") if name.strip()]
     plan = {level: list(policies_at(level, default)) if names is None else names for level in levels}
-    for level, level_names in plan.items():  # refuse before any run
-        for name in level_names:
-            require_knowledge(name, level)
+    require_runnable(plan, agent)  # refuse before any run
     team_quotas = load_quotas(quotas)
     spec, jobs = workload(cluster, trace, fmt, generate, load, nodes, head, seed)
     rows = []
@@ -161,7 +179,7 @@ def compare_cmd(
         level_rows = compare_policies(jobs, spec, level_names, seed=seed, drop=drop, agent=agent,
                                       plots=plots if len(levels) == 1 else (plots and plots / level),
                                       quotas=team_quotas, knowledge=level, trace_path=trace, load=load,
-                                      skip_unable=names is None)
+                                      skip_unable=names is None, migrate=migrate)
         rows += [r for r in level_rows if r["policy"] != "oracle-lb" or not rows]  # the bound once: it is oracle
     if as_json:
         print_json({"cluster": spec.name, "trace": str(trace) if trace else f"synthetic {generate} jobs load {load}",
@@ -180,7 +198,7 @@ def compare_cmd(
 def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = False, agent: Path | None = None,
                      plots: Path | None = None, quotas=None, knowledge: str = "oracle",
                      trace_path: Path | None = None, load: float | None = None,
-                     skip_unable: bool = False) -> list[dict]:
+                     skip_unable: bool = False, migrate: bool = False) -> list[dict]:
     """Each policy's summary on the same jobs, then the oracle-lb row, with x bound and vs fcfs; the
     JCT CDF, utilisation and queue plots go to ``plots`` when given. Under ``quotas`` (a
     :class:`~gpualloc.scheduling.quotas.Quotas`) every policy runs wrapped in its quota rules and
@@ -189,29 +207,31 @@ def compare_policies(jobs, spec, names: list[str], *, seed: int, drop: bool = Fa
     ``learned``; the oracle-lb row is ``oracle``) and what it ran on (``trace``: the file, or
     ``synthetic``; ``load``: the synthetic load, null for a trace). With ``skip_unable`` (a default list,
     not one the user wrote), a policy that reads what ``knowledge`` hides is left out with a warning
-    instead of stopping the comparison."""
+    instead of stopping the comparison. With ``migrate``, every policy runs with migration to make room
+    for single-node gangs, and each row adds ``migrations`` and ``fragmentation_wait_gpu_s``."""
     from gpualloc.scheduling.knowledge import row_labels
     from gpualloc.scheduling.metrics import oracle_summary, summary, team_summary, with_ratios
     from gpualloc.scheduling.simulator import prepare
 
     work = prepare(jobs, spec)  # the speed matrix and job table, once for every policy
-    results = [r for r in (_run_or_skip(work, spec, name, seed, drop, agent, quotas, knowledge, skip_unable)
+    results = [r for r in (_run_or_skip(work, spec, name, seed, drop, agent, quotas, knowledge, skip_unable, migrate)
                            for name in names) if r is not None]
     if plots is not None:
         from gpualloc.reports.sched_plots import plot_runs
 
         plot_runs(results, plots, title=f"({spec.name})")
-    rows = [summary(r) | ({"teams": team_summary(r)} if quotas is not None else {}) for r in results]
+    rows = [summary(r) | _moves(r) | ({"teams": team_summary(r)} if quotas is not None else {}) for r in results]
     rows = with_ratios(rows + [oracle_summary(results[0])])
     where = _where(trace_path, load)
     return [r | row_labels(r["policy"], knowledge) | where for r in rows]
 
 
-def _run_or_skip(work, spec, name: str, seed: int, drop: bool, agent, quotas, knowledge: str, skip: bool):
+def _run_or_skip(work, spec, name: str, seed: int, drop: bool, agent, quotas, knowledge: str, skip: bool,
+                 migrate: bool = False):
     from gpualloc.scheduling.knowledge import InformationError
 
     try:
-        return run_policy(work, spec, name, seed, drop, agent, quotas, knowledge)
+        return run_policy(work, spec, name, seed, drop, agent, quotas, knowledge, migrate)
     except InformationError as err:
         if not skip:
             raise
@@ -221,6 +241,14 @@ def _run_or_skip(work, spec, name: str, seed: int, drop: bool, agent, quotas, kn
 
         warnings.warn(f"{name} left out at knowledge {knowledge}: {err}", GpuallocWarning, stacklevel=2)
         return None
+
+
+def _moves(result) -> dict:
+    """A run with migration: jobs moved, and GPU-seconds gangs waited for fragmentation; else nothing."""
+    if result.migrations is None:
+        return {}
+    return {"migrations": int(result.migrations.sum()),
+            "fragmentation_wait_gpu_s": float(result.fragmentation_wait_gpu_s)}
 
 
 def _where(trace: Path | None, load: float | None) -> dict:

@@ -66,6 +66,9 @@ VARIANTS = {"dqn-hd": ("dqn", "sched-experts-hd.pt")}
 """Table rows that are a registered policy with a bundled agent file (the HD-feature ablation)."""
 METRICS = ("avg_jct_s", "throughput_jobs_per_h", "utilization", "p99_jct_s", "makespan_s", "hyperscore",
            "effective_utilization", "saturated_utilization")
+MIGRATION_METRICS = ("migrations", "fragmentation_wait_gpu_s")
+"""Per-run figures of a table with migration: jobs moved, and GPU-seconds single-node gangs waited while
+fragmentation blocked them (means over seeds)."""
 REAL_TRACES = (("gavel-msr", "gavel/msr-seed0/0e4a51.trace", "gavel"),
                ("philly", "philly/philly.csv", "philly"),
                ("alibaba", "alibaba-gpu-v2023/openb_pod_list_default.csv", "alibaba"))
@@ -84,6 +87,7 @@ class SchedTableSpec:
     real_load: float = 0.8
     policies: tuple[str, ...] = POLICIES
     knowledge: tuple[str, ...] = ("oracle",)
+    migrate: bool = False
 
     @classmethod
     def full(cls) -> SchedTableSpec:
@@ -129,6 +133,9 @@ def _aggregate(runs: Sequence[dict[str, Any]], oracle: Sequence[dict[str, Any]])
         row["avg_jct_s_ci95"] = [float(jct.mean() - half), float(jct.mean() + half)]
     bounds = [x_bound(r["avg_jct_s"], o["avg_jct_s"]) for r, o in zip(runs, oracle, strict=False)]
     row["x_bound"] = float(np.mean(bounds))
+    for key in MIGRATION_METRICS:  # runs with migration (SchedTableSpec.migrate)
+        if all(key in r for r in runs):
+            row[key] = float(np.mean([r[key] for r in runs]))
     row["rejected"] = int(sum(r["rejected"] for r in runs))
     return row
 
@@ -161,6 +168,7 @@ class SchedRun:
     agent: str | None = None
     cache_dir: str | None = None  # the dqn gate verdicts' cache (gpualloc.cache), or None
     knowledge: str = "oracle"
+    migrate: bool = False  # move running jobs to make room for single-node gangs (scheduling.consolidate)
 
 
 @lru_cache(maxsize=4)
@@ -209,10 +217,14 @@ def run_one(run: SchedRun) -> tuple[dict[str, Any], dict[str, Any] | None]:
     policy = _make(run.policy, run.agent, run.cache_dir)
     try:
         result = simulate(work, work.cluster, policy, seed=run.seed, drop_unplaceable=True, timeline=True,
-                          knowledge=run.knowledge)
+                          knowledge=run.knowledge, **({"migrate": True, "fragmentation": True} if run.migrate else {}))
     except InformationError as err:
         return {"policy": run.policy, "not_run": str(err)}, None
-    return summary(result), oracle_summary(result)
+    out = summary(result)
+    if run.migrate:
+        out |= {"migrations": float(result.migrations.sum()),
+                "fragmentation_wait_gpu_s": float(result.fragmentation_wait_gpu_s)}
+    return out, oracle_summary(result)
 
 
 def _real_traces(data_root: str | Path | None) -> list[tuple[str, Path, str]]:
@@ -250,13 +262,13 @@ def _planned_runs(spec: SchedTableSpec, real: Sequence[tuple[str, Path, str]],
                 for name in spec.policies:  # trace seeds 10_000+ are never the agent's training seeds
                     runs.append((f"{where[cluster]}load {load} seed {seed} {name}",
                                  SchedRun(cluster, name, seed, load, spec.jobs, trace_seed=10_000 + seed,
-                                          agent=agent, cache_dir=cache_dir)))
+                                          agent=agent, cache_dir=cache_dir, migrate=spec.migrate)))
     for cluster in spec.clusters:
         for label, path, fmt in real:
             for name in spec.policies:
                 runs.append((f"{where[cluster]}{label} {name}",
                              SchedRun(cluster, name, 0, spec.real_load, spec.real_jobs, path=str(path), fmt=fmt,
-                                      agent=agent, cache_dir=cache_dir)))
+                                      agent=agent, cache_dir=cache_dir, migrate=spec.migrate)))
     return runs
 
 
@@ -384,7 +396,7 @@ def run_table(spec: SchedTableSpec, data_root: str | Path | None = None, *, agen
     return {"spec": {"cluster": spec.cluster, "unseen_cluster": spec.unseen_cluster,
                      "loads": list(spec.loads), "seeds": spec.seeds, "jobs": spec.jobs,
                      "real_jobs": spec.real_jobs, "real_load": spec.real_load, "policies": list(spec.policies),
-                     "knowledge": list(spec.knowledge),
+                     "knowledge": list(spec.knowledge), "migrate": spec.migrate,
                      "policies_by_knowledge": {level: list(sub.policies) for level, sub in levels}},
             "agents": agent_notes(spec.policies, None if agent is None else str(agent), cache_dir),
             "not_run": not_run, "rows": rows, "wall_s": time.perf_counter() - start}

@@ -211,7 +211,7 @@ def expected_wait_s(view: ClusterView, need: int, t: int, free_tn: np.ndarray,
 
 
 def plan_migration(view: ClusterView, job: int, rule: MigrationRule,
-                   residual: ResidualEstimate | None = None) -> Migration | None:
+                   residual: ResidualEstimate | None = None, lost_s: np.ndarray | None = None) -> Migration | None:
     """The cheapest move that lets ``job`` (a queued single-node gang blocked by fragmentation) start
     now, if it pays under ``rule``; ``None`` otherwise.
 
@@ -222,6 +222,10 @@ def plan_migration(view: ClusterView, job: int, rule: MigrationRule,
     takes the node's lowest free GPUs, and each moved job, largest first, is placed by
     :func:`~gpualloc.scheduling.base.best_fit` on the type's other free GPUs. The cheapest set that
     places every moved job over all nodes is the move (lowest node on ties). ``view`` is not changed.
+
+    ``lost_s`` (per job index; default none): wall seconds a move costs a job beyond the view's
+    restart penalty, counted in the move's cost and in which set is cheapest (the service, whose jobs
+    restart from scratch, passes each running job's time in its current run).
     """
     jobs = view.jobs
     if jobs.status[job] != QUEUED:
@@ -237,13 +241,13 @@ def plan_migration(view: ClusterView, job: int, rule: MigrationRule,
     node_gpus = view.gpus_by_type_node()
     penalty = float(view.restart_penalty_s)
     for t in types:
-        best: tuple[tuple[int, int, tuple[int, ...]], int, tuple, tuple] | None = None
+        best: tuple[tuple[float, int, int, tuple[int, ...]], int, tuple, tuple] | None = None
         for node in range(free_tn.shape[1]):
             held = _node_jobs(view, t, node)
             deficit = need - int(free_tn[t, node])
             if sum(held.values()) < deficit:
                 continue
-            for key, moved in _candidate_sets(jobs, held, deficit, rule.max_moved):
+            for key, moved in _candidate_sets(jobs, held, deficit, rule.max_moved, penalty, lost_s):
                 if best is not None and key >= best[0]:
                     break
                 placed = _try_move(view, t, node, need, moved, free, free_tn, node_gpus)
@@ -252,8 +256,7 @@ def plan_migration(view: ClusterView, job: int, rule: MigrationRule,
                     break
         if best is None:
             continue
-        (cost_gpus, _, _), _node, gang, moves = best
-        cost = penalty * cost_gpus
+        (cost, _, _, _), _node, gang, moves = best
         wait = expected_wait_s(view, need, t, free_tn, residual)
         if need * wait < rule.gain_ratio * cost:
             return None  # the cheapest move on the fastest blocked type does not pay
@@ -261,15 +264,20 @@ def plan_migration(view: ClusterView, job: int, rule: MigrationRule,
     return None
 
 
-def _candidate_sets(jobs, held: dict[int, int], deficit: int, max_moved: int):
+def _candidate_sets(jobs, held: dict[int, int], deficit: int, max_moved: int, penalty: float,
+                    lost_s: np.ndarray | None = None):
     """``(key, jobs)`` of the sets of running jobs on a node that free at least ``deficit`` of its
-    GPUs, cheapest key first: ``(GPUs of the moved jobs in all, number of jobs, the jobs)``."""
+    GPUs, cheapest key first: ``(GPU-seconds the moves lose, GPUs of the moved jobs in all, number of
+    jobs, the jobs)``; a move loses ``penalty`` (plus the job's ``lost_s``) on each of its GPUs, so
+    without ``lost_s`` the order is by GPUs."""
     run = sorted(held, key=lambda j: (int(jobs.num_gpus[j]), j))
     sets = []
     for k in range(1, min(max_moved, len(run)) + 1):
         for combo in itertools.combinations(run, k):
             if sum(held[j] for j in combo) >= deficit:
-                sets.append(((sum(int(jobs.num_gpus[j]) for j in combo), k, combo), combo))
+                gpus = sum(int(jobs.num_gpus[j]) for j in combo)
+                extra = 0.0 if lost_s is None else sum(float(lost_s[j]) * int(jobs.num_gpus[j]) for j in combo)
+                sets.append(((penalty * gpus + extra, gpus, k, combo), combo))
     sets.sort(key=lambda s: s[0])
     return sets
 

@@ -260,3 +260,75 @@ def row_labels(policy: str, knowledge: str, base: str | None = None) -> dict[str
         return {"knowledge": "oracle", "needs_durations": True, "learned": False}
     name = base or policy
     return {"knowledge": knowledge, "needs_durations": needs_durations(name), "learned": is_learned(name)}
+
+
+# ------------------------------------------------------------------------------ agents, up front
+def reads_hidden(policy: Any, knowledge: str) -> str | None:
+    """What a built agent policy (a registry entry with the ``agent`` option, such as ``dqn``) would read
+    of what ``knowledge`` hides, known before it decides; ``None`` when nothing.
+
+    Only ``blind`` hides anything (``estimate`` shows estimates where the truth was). A policy that picks
+    an agent per level (``at(knowledge)``, the default ``dqn``) is asked for that level's. An expert-choice
+    agent (``experts``, ``teacher``, ``fallback``, ``knowledge``) runs its experts, or its teacher alone
+    after a failed gate: each must need no durations, and with a live agent its observation must come from
+    a duration predictor (an agent trained below ``oracle``). Any other agent (the per-slot DQN) reads each
+    job's remaining work.
+    """
+    if knowledge != "blind":
+        return None
+    at = getattr(policy, "at", None)
+    if callable(at):
+        policy = at(knowledge)
+    experts = getattr(policy, "experts", None)
+    if experts is None:
+        return "its agent reads each job's remaining work (a per-slot agent)"
+    from gpualloc.scheduling.policies import needs_durations
+
+    fallback = bool(getattr(policy, "fallback", False))
+    runs = (experts[policy.teacher],) if fallback else tuple(experts)
+    need = [name for name in runs if needs_durations(name)]
+    if need:
+        what = f"its fallback {need[0]}" if fallback else "its experts " + ", ".join(need)
+        return f"{what} {'needs' if len(need) == 1 else 'need'} durations"
+    if not fallback and getattr(policy, "knowledge", "oracle") == "oracle":
+        return "its agent was trained at oracle: its observation reads each job's remaining work"
+    return None
+
+
+def require_policy(name: str, knowledge: str, options: dict[str, Any] | None = None, *,
+                   policy: Any = None) -> None:
+    """Refuse, before any run, policy ``name`` at level ``knowledge`` when it cannot run there: one that
+    needs durations under ``blind`` (:func:`~gpualloc.scheduling.policies.require_knowledge`), or an agent
+    policy whose agent (the one ``options["agent"]`` names, else the bundled one of the level) or its
+    fallback reads what the level hides (:func:`reads_hidden`). ``policy``: the policy already built
+    from ``name`` and ``options`` (else one is built here, its warnings silenced, only for an agent
+    policy under ``blind``).
+
+    Raises:
+        SchedulingError: the one line, naming ``--knowledge``, the level and the policy.
+    """
+    from gpualloc.scheduling.policies import make_policy, policy_options, require_knowledge
+
+    require_knowledge(name, knowledge)
+    if knowledge != "blind" or "agent" not in policy_options(name):
+        return
+    allowed = policy_options(name)
+    options = {k: v for k, v in (options or {}).items() if v is not None and k in allowed}
+    if policy is None:  # a throwaway: its warnings (a failed gate's fallback) come from the run's own
+        import warnings
+
+        from gpualloc.errors import GpuallocWarning
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GpuallocWarning)
+            why = reads_hidden(make_policy(name, **options), knowledge)
+    else:
+        why = reads_hidden(policy, knowledge)
+    if why is None:
+        return
+    agent = options.get("agent")
+    which = f"agent {agent}" if agent is not None else "its bundled agent"
+    instead = "the bundled one (no --agent), " if agent is not None else ""
+    raise SchedulingError(f"policy {name!r} ({which}) reads job durations, which --knowledge {knowledge} hides: "
+                          f"{why}; use {instead}an agent trained at {knowledge} (train scheduler --experts ... "
+                          f"--knowledge {knowledge}) or a policy that needs no durations")

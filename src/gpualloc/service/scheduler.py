@@ -30,19 +30,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec
+from gpualloc.scheduling.consolidate import MigrationRule, ResidualEstimate, candidates, plan_migration
 from gpualloc.scheduling.base import (DONE, GPU_DOWN, GPU_FREE, QUEUED, RUNNING, ClusterView, Decision, JobTable,
                                       Policy, preference_ranks)
-from gpualloc.scheduling.knowledge import REMAINING_FLOOR_S, JobsView, check_knowledge
+from gpualloc.scheduling.knowledge import REMAINING_FLOOR_S, JobsView, check_knowledge, require_policy
 from gpualloc.scheduling.policies import POLICIES, make_policy, policy_options, require_knowledge
 from gpualloc.scheduling.quotas import DEFAULT_TEAM, QuotaPolicy, Quotas
-from gpualloc.scheduling.rules import InvalidDecision, check_preempt, check_start, unplaceable_reason
+from gpualloc.scheduling.rules import (InvalidDecision, check_preempt, check_start, unplaceable_reason,
+                                       validate_decision)
 from gpualloc.service.backends import Backend, RunRef, RunRequest, RunState, RunStatus, ray_resource_name
 from gpualloc.service.errors import BackendError, Conflict, InvalidJob, NotFound
 from gpualloc.service.models import DEFAULT_TIME_LIMIT_S, HOLDING, JobRecord, JobSpec, JobState
@@ -54,6 +56,10 @@ from gpualloc.workload.speed import speed_matrix
 log = logging.getLogger("gpualloc.service")
 
 ON_LOST = ("requeue", "fail")
+
+RELAUNCH_S = 30.0
+"""Seconds a moved job loses to its relaunch, on top of its current run (it restarts from scratch): the
+simulator's default restart penalty, so the two weigh a move alike (:meth:`Scheduler._defragment`)."""
 
 
 # --------------------------------------------------------------------------------- device types
@@ -336,7 +342,9 @@ def live_policy(name: str, options: dict[str, Any], quotas: Quotas | None, preem
 
     Raises:
         SchedulingError: unknown name or bad options, an option the service sets (:data:`SERVICE_OPTIONS`),
-            or a policy that needs durations under ``knowledge`` ``blind`` (the simulator's one line).
+            or a policy that needs durations under ``knowledge`` ``blind`` (the simulator's one line), or
+            a ``dqn`` whose agent or fallback reads them there
+            (:func:`~gpualloc.scheduling.knowledge.require_policy`).
     """
     check_policy_name(name)
     given = sorted(SERVICE_OPTIONS & set(options))
@@ -347,6 +355,7 @@ def live_policy(name: str, options: dict[str, Any], quotas: Quotas | None, preem
     if history is not None and "predictor" in policy_options(name):
         options = {**options, "predictor": history.predictor}
     policy = _registered_policy(name, options)
+    require_policy(name, knowledge, options, policy=policy)  # an agent that reads what the level hides
     if quotas is None:
         return policy
     if getattr(policy, "preemptive", False) and not preemption:
@@ -378,6 +387,12 @@ class Scheduler:
             (:class:`~gpualloc.service.prediction.StoreHistory`: warm-started in :meth:`recover`,
             refitted on its schedule); the prediction-driven policies rank by it.
         predictor_options: :class:`~gpualloc.scheduling.predict.PredictorConfig` fields to change.
+        migrate: after each decision, move running jobs to other nodes to make room for a single-node
+            gang that free GPUs split across nodes keep waiting, when it pays (True: the default
+            :class:`~gpualloc.scheduling.consolidate.MigrationRule`; the simulator's ``migrate``). A move is
+            a preemption and a restart on the new GPUs (counted in :attr:`migrations`, not as the
+            policy's preemptions); as the service's jobs restart from scratch, its cost counts each moved
+            job's time in its current run besides :data:`RELAUNCH_S`. Not with ``quotas``.
         quotas: team quotas (:mod:`gpualloc.scheduling.quotas`): the policy is wrapped in
             :class:`~gpualloc.scheduling.quotas.QuotaPolicy`, as the simulator's ``quotas`` does; a
             job's team is its record's. Borrowed GPUs are reclaimed by preemption (the job restarts
@@ -390,7 +405,8 @@ class Scheduler:
                  on_lost: str = "requeue", max_attempts: int = 3, preemption: bool = False,
                  quotas: Quotas | None = None, knowledge: str = "estimate",
                  default_limit_s: float = DEFAULT_TIME_LIMIT_S, predict: bool = True,
-                 predictor_options: dict[str, Any] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 predictor_options: dict[str, Any] | None = None, migrate: MigrationRule | bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
         if on_lost not in ON_LOST:
             raise SchedulingError(f"on_lost must be one of {', '.join(ON_LOST)}, got {on_lost!r}")
         self.knowledge = check_knowledge(knowledge)
@@ -423,6 +439,15 @@ class Scheduler:
         self.quotas = quotas
         if quotas is not None:
             quotas.check(cluster)
+        rule = MigrationRule() if migrate is True else (None if migrate is False or migrate is None else migrate)
+        if rule is not None and not isinstance(rule, MigrationRule):
+            raise SchedulingError(f"migrate must be a MigrationRule or a bool, got {type(migrate).__name__}")
+        if rule is not None and quotas is not None:
+            raise SchedulingError("migration is not supported with quotas (a move could start a gang over its "
+                                  "team's quota); run without one of them")
+        self.migrate: MigrationRule | None = rule
+        self.migrations = 0  # jobs moved to make room for single-node gangs
+        self._residual = ResidualEstimate()
         self._jobs_view: LiveJobsView | None = None
         self._jobs_view_of: JobTable | None = None
         self.history = StoreHistory(store, cluster, options=predictor_options, clock=clock) if predict else None
@@ -501,6 +526,7 @@ class Scheduler:
                 "queued": len(self.queue), "running": len(self.running),
                 "gpus": len(self.gpu_job), "gpus_free": int((self.gpu_job == GPU_FREE).sum()), "gpus_down": down,
                 "decisions": self.decisions, "last_error": self.last_error,
+                "migrate": self.migrate is not None, "migrations": self.migrations,
                 "thread_alive": self._thread is not None and self._thread.is_alive()}
 
     def down_gpus(self) -> list[int]:
@@ -803,6 +829,8 @@ class Scheduler:
 
     def _decide(self, policy: Policy) -> None:
         view = self.view()
+        if self.migrate is not None:
+            view.fragment_misses = []  # FreeGpus.find records the gangs fragmentation kept from starting
         self._dirty = False
         if getattr(policy, "round_s", None):
             self._last_round = view.now_s
@@ -834,6 +862,47 @@ class Scheduler:
                 log.warning(self.last_error)
                 continue
             self._start(row, gpus)
+        if self.migrate is not None and self.queue:
+            self._defragment(getattr(view, "fragment_misses", []))
+
+    def _defragment(self, misses: list[tuple[int, int]]) -> None:
+        """After the policy's decision, as the simulator does: make room for the gangs it could not place
+        for fragmentation (then the queue's head) by :func:`~gpualloc.scheduling.consolidate.plan_migration`
+        on the live state, each move checked by the decision rules and applied as preemptions (the moved
+        jobs stopped and queued again) and starts (the moved jobs on their new GPUs, then the gang)."""
+        rule = self.migrate
+        made = 0
+        for j in candidates(self.view(), misses, rule):
+            view = replace(self.view(), restart_penalty_s=RELAUNCH_S)
+            lost = np.zeros(len(self.live.table.status))
+            for row in self.running:  # a restart from scratch loses the current run
+                lost[row] = max(0.0, view.now_s - float(self.live.run_start_s[row]))
+            move = plan_migration(view, j, rule, self._residual, lost)
+            if move is None:
+                continue
+            decision = move.decision()
+            problems = validate_decision(decision, view, self._job_label, preemption=True)
+            if problems or any(self.running[m].ref is None for m, _ in move.moved):
+                self.last_error = f"migration for job {self._job_label(j)} not made: " + (
+                    str(problems[0]) if problems else "a job to move is not launched yet")
+                log.warning(self.last_error)
+                continue
+            gang = self._job_label(j)
+            for m, _ in move.moved:
+                self._move_out(m, gang)
+            for row, gpus in decision.starts:
+                self._start(row, gpus)
+            self.migrations += len(move.moved)
+            made += 1
+            if made >= rule.max_gangs or not self.queue:
+                break
+
+    def _move_out(self, row: int, gang: str) -> None:
+        """Stop running ``row`` and queue it again (its restart follows at once, on other GPUs)."""
+        run = self.running[row]
+        self.backend.stop(run.ref)
+        new = self.store.requeue(run.job_id, run.attempt, f"moved to make room for job {gang}", max_attempts=None)
+        self._requeue_or_finish(row, new)
 
     def _job_label(self, row: int) -> str:
         return str(int(self.live.job_of_row[row]))
