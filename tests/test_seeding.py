@@ -20,6 +20,17 @@ def draw(n: int, *, seed=None):
     return seed.integers(1_000_000, size=n)
 
 
+@seeded(to="int")
+def as_int(seed=0):
+    return seed
+
+
+def test_to_int_gives_an_int_drawn_from_a_generator():
+    assert as_int() == 0 and as_int(5) == 5 and type(as_int(np.int64(5))) is int
+    assert as_int(np.random.default_rng(3)) == int(np.random.default_rng(3).integers(MAX_SEED + 1))
+    assert 0 <= as_int(None) <= MAX_SEED
+
+
 class Thing:
     @seeded(error=TraceError)
     def __init__(self, seed=7) -> None:
@@ -72,3 +83,4 @@ def test_check_seed_alone():
     assert check_seed(None) is None and check_seed(np.int16(4)) == 4
     with pytest.raises(TraceError, match="^generate: seed: "):
         check_seed(-1, "generate: seed", TraceError)
+

@@ -11,6 +11,9 @@ naming the function and the argument, which the CLI prints with exit status 2::
 
     @seeded(to="generator")        # the function receives a numpy Generator
     def sample(n, seed=None): ...
+
+    @seeded(to="int")              # the function receives an int (for a C library or scikit-learn)
+    def partition(graph, seed=0): ...
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def check_seed(seed: Any, where: str = "seed", error: type[GpuallocError] = Seed
     raise error(f"{where}: expected an integer in 0..{MAX_SEED:,}, None or a numpy Generator, got {seed!r}")
 
 
-def seeded(name: str = "seed", *, to: Literal["as-is", "generator"] = "as-is",
+def seeded(name: str = "seed", *, to: Literal["as-is", "generator", "int"] = "as-is",
            error: type[GpuallocError] = SeedError) -> Callable[[F], F]:
     """Decorate a function whose argument ``name`` is a seed: it is checked (and normalised) by
     :func:`check_seed` before the function runs.
@@ -56,7 +59,8 @@ def seeded(name: str = "seed", *, to: Literal["as-is", "generator"] = "as-is",
     Args:
         name: the argument's name.
         to: ``"as-is"`` passes the checked seed on; ``"generator"`` passes ``numpy.random.default_rng(seed)``
-            (a Generator passes through unchanged).
+            (a Generator passes through unchanged); ``"int"`` passes an integer in ``0..MAX_SEED`` (an
+            integer as it is; one drawn from a Generator, or from fresh entropy for ``None``).
         error: the error raised for a bad seed (the function's own domain error, e.g. ``TraceError``).
     """
 
@@ -73,11 +77,12 @@ def seeded(name: str = "seed", *, to: Literal["as-is", "generator"] = "as-is",
 
         def convert(seed: Any) -> Any:
             seed = check_seed(seed, where, error)
-            if to == "generator":
-                import numpy as np
+            if to == "as-is" or (to == "int" and isinstance(seed, int)):
+                return seed
+            import numpy as np
 
-                return np.random.default_rng(seed)
-            return seed
+            rng = np.random.default_rng(seed)
+            return rng if to == "generator" else int(rng.integers(MAX_SEED + 1))
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -85,7 +90,7 @@ def seeded(name: str = "seed", *, to: Literal["as-is", "generator"] = "as-is",
                 kwargs[name] = convert(kwargs[name])
             elif index is not None and index < len(args):
                 args = (*args[:index], convert(args[index]), *args[index + 1:])
-            elif to == "generator":
+            elif to != "as-is":
                 kwargs[name] = convert(default)
             return func(*args, **kwargs)
 
