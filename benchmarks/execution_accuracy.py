@@ -41,7 +41,8 @@ from gpualloc.graph.zoo import get_model
 from gpualloc.hardware.catalog import default_catalog
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import place, save_plan
+from gpualloc.placement.document import write_plan
+from gpualloc.placement.run import place
 
 OUT = Path(__file__).resolve().parent / "results" / "execution_accuracy.json"
 # (model, batch, microbatches): a batch a 2-core machine trains in seconds, microbatches of 1-2 samples
@@ -116,12 +117,12 @@ def main() -> None:
             problem = PlacementProblem(graph, cluster, CostModel(cal), microbatches=micro)
             outcome = place(problem, "pipeline")
             plan = cal_path.with_name(f"execution_plan_{name}_{cluster.name.replace(' ', '_')}.json")
-            save_plan(plan, problem, outcome, cluster_spec)
+            write_plan(plan, problem, outcome.plan, cluster_spec, extra=outcome.to_dict(problem, with_plan=False))
             print(f"[{setup}] run {name} (batch {batch}, {micro} microbatches)", flush=True)
-            result = execute_plan(name, graph, outcome.assignment, cluster, microbatches=micro, calibration=cal,
+            result = execute_plan(name, graph, outcome.plan.assignment, cluster, microbatches=micro, calibration=cal,
                                   calibration_name=str(cal_path.name), steps=args.steps, warmup=args.warmup,
                                   torch_devices=devices, threads=total_threads)
-            roof, _ = predict(graph, outcome.assignment, cluster, cal, microbatches=micro, use_profiles=False)
+            roof, _ = predict(graph, outcome.plan.assignment, cluster, cal, microbatches=micro, use_profiles=False)
             # leave one out: the roofline fitted without this model's timings
             loo = cal
             for dt, m in measurements.items():
@@ -130,7 +131,7 @@ def main() -> None:
                     eff, _ = fit_efficiency(others, default_catalog().device(dt), peak_tflops=m.peak_tflops,
                                             bandwidth_bytes_per_s=m.copy_bandwidth_bytes_per_s)
                     loo = merge_calibration(loo, dt, eff, {})
-            loo_sim, _ = predict(graph, outcome.assignment, cluster, loo, microbatches=micro, use_profiles=False)
+            loo_sim, _ = predict(graph, outcome.plan.assignment, cluster, loo, microbatches=micro, use_profiles=False)
             measured = result.measured_step_s
             rows.append({
                 "setup": setup, "cluster": cluster.name, "torch_devices": devices, "model": name, "batch": batch,

@@ -39,7 +39,7 @@ from gpualloc.cost.model import CostModel
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import compare, hybrid_problem, place, score
+from gpualloc.placement.run import compare, operator_plan, place
 
 OUT = Path(__file__).resolve().parent / "results" / "launch_bert.json"
 GRAPHS = ("bert3", "bert6", "bert3_small", "bert6_small")
@@ -74,30 +74,22 @@ def async_launch():
         PlacementProblem.compute_s = saved_prop
 
 
-def devices_used(outcome) -> list[int]:
-    """Device indices the plan puts work on."""
-    if hasattr(outcome, "assignment"):
-        return sorted({int(d) for d in np.asarray(outcome.assignment)})
-    return sorted({d for stage in outcome.plan.stages for rep in stage.replicas for d in rep.devices})
-
-
 def run_rule(graph, cluster: str, rule: str) -> dict:
     problem = PlacementProblem(graph, load_cluster(cluster), CostModel())
-    hp = hybrid_problem(problem)
     t0 = time.perf_counter()
-    best = place(problem, "best", seed=0, hybrid=hp)
-    single = score(problem, "single GPU", np.zeros(problem.n, dtype=np.int64), schedule="auto")
-    rows = compare(problem, seed=0, schedule="auto", hybrid=hp)
+    best = place(problem, "best", seed=0, hybrid=True)
+    single = operator_plan(problem, "single GPU", np.zeros(problem.n, dtype=np.int64), schedule="auto")
+    rows = compare(problem, seed=0, schedule="auto", hybrid=True)
     fwd, bwd = problem.fwd_s[:, 0], problem.bwd_s[:, 0]
     launch_s = float(problem.launch_s[0])
     return {
         "rule": rule, "ops": problem.n, "launch_s": launch_s,
-        "best": {"note": best.note, "step_time_s": best.result.step_time_s, "devices": devices_used(best)},
+        "best": {"note": best.note, "step_time_s": best.result.step_time_s, "devices": sorted(best.plan.devices)},
         "single_gpu_step_time_s": single.result.step_time_s,
         "single_gpu_launch_share": float(np.minimum(launch_s, fwd).sum() + np.minimum(launch_s, bwd).sum())
         / float(problem.compute_s[:, 0].sum()) if rule == "serial" else None,
         "compare": sorted(({"method": o.method, "step_time_s": o.result.step_time_s, "feasible": o.result.feasible,
-                            "devices": devices_used(o)} for o in rows), key=lambda r: r["step_time_s"]),
+                            "devices": sorted(o.plan.devices)} for o in rows), key=lambda r: r["step_time_s"]),
         "seconds": time.perf_counter() - t0,
     }
 

@@ -72,10 +72,10 @@ def _calibration(path):
 def _plan(path):
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
-    from gpualloc.placement.run import load_assignment
+    from gpualloc.placement.document import read_plan
     from tests.conftest import diamond
 
-    load_assignment(path, PlacementProblem(diamond(), load_cluster("2xA100")))
+    read_plan(path).plan_for(PlacementProblem(diamond(), load_cluster("2xA100")))
 
 
 def _cluster(path):

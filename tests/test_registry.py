@@ -86,7 +86,7 @@ def test_dqn_is_an_ordinary_partitioner_with_a_note(tiny_problem):
 
     outcome = place(tiny_problem, "dqn", seed=0)
     assert outcome.method == "dqn" and outcome.note and outcome.result.feasible
-    assert outcome.assignment.shape == (tiny_problem.n,)
+    assert outcome.plan.assignment.shape == (tiny_problem.n,)
     assert place(tiny_problem, "best", seed=0).note.startswith("best of 10 methods")
 
 

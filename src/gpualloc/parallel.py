@@ -116,8 +116,9 @@ class RayExecutor(_Closing):
     """
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None) -> None:
-        import ray
+        from gpualloc._extras import require
 
+        ray = require("ray", "ray", by="the Ray executor (--ray, --ray-address)")
         self._ray = ray
         self._started = not ray.is_initialized()
         if self._started:

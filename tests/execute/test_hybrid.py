@@ -14,7 +14,7 @@ from gpualloc.execute.hybrid import FSDP_REFUSED, TP_REFUSED, _inflight_limits, 
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.layers import layer_count
-from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan, save_hybrid_plan
+from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan
 
 MODEL, BATCH = "gpt-tiny", 4  # LayerNorm, no dropout: a sample's training forward is independent of the others
 
@@ -86,7 +86,8 @@ def cli(monkeypatch, capsys):
 
 def _save(path, plan, cluster="4xcpu"):
     labels = [d.label for d in load_cluster(cluster).devices]
-    save_hybrid_plan(path, plan, graph=MODEL, cluster=cluster, devices=labels)
+    path.write_text(json.dumps({"format": "gpualloc-plan", "version": 2, "graph": MODEL, "cluster": cluster,
+                                "devices": labels, **plan.body()}))
     return path
 
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from gpualloc.cli.main import app
 from gpualloc.errors import ExecutionError
-from gpualloc.execute.run import execute_plan, read_plan, torch_devices_for
+from gpualloc.execute.run import execute_plan, torch_devices_for
+from gpualloc.placement.document import read_plan
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 
@@ -53,7 +54,7 @@ def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
     placed = runner.invoke(app, ["place", "resnet-tiny", "--cluster", "2xcpu", "--method", "pipeline",
                                  "--microbatches", "2", "--batch", "4", "-o", str(plan), "--json"])
     assert placed.exit_code == 0, placed.output
-    assert read_plan(plan).batch_size == 4  # inferred from the scored plan
+    assert read_plan(plan).global_batch == 4  # written with the plan
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "2", "--warmup", "0",
                                  "--threads", "2", "--json"])
     assert result.exit_code == 0, result.output

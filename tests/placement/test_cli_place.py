@@ -83,13 +83,13 @@ def test_bad_plans_give_one_line(tmp_path, graph_file, content, needle):
     from gpualloc.graph.ir import OpGraph
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
-    from gpualloc.placement.run import load_assignment
+    from gpualloc.placement.document import read_plan
 
     plan = tmp_path / "bad.json"
     plan.write_text(json.dumps(content))
     problem = PlacementProblem(OpGraph.load(graph_file), load_cluster("2xA100"))
     with pytest.raises(PlacementError, match=needle):
-        load_assignment(plan, problem)
+        read_plan(plan).plan_for(problem)
 
 
 def test_unknown_method(graph_file):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
+from gpualloc.placement.bounds import lower_bound
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import _run, build_tasks, simulate
 
@@ -116,7 +117,7 @@ def test_1f1b_on_random_dag_plans_completes_and_keeps_up_with_gpipe(plan):
     assert np.all(np.isfinite(end)) and np.all(end > 0)
     one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
     assert one.step_time_s == pytest.approx(float(end.max()))
-    assert one.step_time_s >= p.lower_bound.value_s * (1 - 1e-9)
+    assert one.step_time_s >= lower_bound(p).value_s * (1 - 1e-9)
     limit = build_tasks(p, a, gpipe=False).limit
     assert all(x <= lim for x, lim in zip(one.peak_in_flight, limit, strict=True))
     binding = bool(np.any(limit[np.unique(a)] < p.microbatches))
@@ -140,7 +141,7 @@ def test_held_out_models_on_six_v100s(zoo_graphs, model, method):
     from gpualloc.placement.run import place
 
     p = PlacementProblem(zoo_graphs[model], load_cluster("6xV100-16GB"), microbatches=8)
-    a = place(p, method).assignment
+    a = place(p, method).plan.assignment
     one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
     assert one.step_time_s <= gp.step_time_s * 1.1
     busiest = max(one.busy_s)
@@ -149,7 +150,8 @@ def test_held_out_models_on_six_v100s(zoo_graphs, model, method):
 
 # ---------------------------------------------------------------- choosing the schedule: auto and --schedule
 def test_auto_keeps_the_faster_schedule_and_says_which():
-    from gpualloc.placement.run import place, score
+    from gpualloc.placement.run import operator_plan as score
+    from gpualloc.placement.run import place
 
     p = PlacementProblem(DIAMOND, load_cluster("3xV100-16GB"), microbatches=8)
     a = np.array([0, 1, 2, 0])
@@ -164,7 +166,7 @@ def test_auto_keeps_the_faster_schedule_and_says_which():
     assert score(pc, "plan", np.array([0, 1, 2]), schedule="auto").result.schedule == "1f1b"
     # best plans with auto by default; a single method with 1f1b
     best = place(p, "best")
-    assert best.note.endswith(f"({best.result.schedule})")
+    assert best.note.endswith(f"M=8 {best.result.schedule})")
     for m in ("kl", "static"):
         auto_m = place(p, m, schedule="auto")
         assert auto_m.result.step_time_s == min(place(p, m, schedule=s).result.step_time_s for s in ("1f1b", "gpipe"))
@@ -174,7 +176,8 @@ def test_auto_keeps_the_faster_schedule_and_says_which():
 
 def test_unknown_schedule_is_a_placement_error():
     from gpualloc.errors import PlacementError
-    from gpualloc.placement.run import place, score
+    from gpualloc.placement.run import operator_plan as score
+    from gpualloc.placement.run import place
 
     p = PlacementProblem(DIAMOND, load_cluster("3xV100-16GB"), microbatches=2)
     with pytest.raises(PlacementError, match="unknown schedule 'zigzag'"):

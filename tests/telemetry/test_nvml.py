@@ -109,10 +109,10 @@ def test_close_is_idempotent_and_sampling_after_close_is_an_error():
 
 def test_missing_library_is_one_clear_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now raises ImportError
-    with pytest.raises(TelemetryError, match="nvidia-ml-py is not installed") as err:
+    with pytest.raises(TelemetryError, match=r"needs the 'nvml' extra: pip install 'gpualloc\[nvml\]'") as err:
         NvmlTelemetry()
     assert "\n" not in str(err.value)
-    with pytest.raises(TelemetryError, match="not installed"):
+    with pytest.raises(TelemetryError, match="'nvml' extra"):
         open_backend("nvml")
 
 
@@ -173,7 +173,7 @@ def test_cli_without_nvml_fails_unless_a_fallback_is_asked_for(monkeypatch):
     result = runner.invoke(app, ["--once", "--json"])  # nvml is the default backend
     assert result.exit_code != 0
     assert isinstance(result.exception, TelemetryError)  # main() prints it as one line, exit 2
-    assert "not installed" in str(result.exception)
+    assert "needs the 'nvml' extra" in str(result.exception)
 
     result = runner.invoke(app, ["--once", "--json", "--fallback", "sim", "--seed", "1"])
     assert result.exit_code == 0, result.output

@@ -56,26 +56,27 @@ def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibr
 
 
 def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1b") -> list:
-    """Every registered method on ``problem``, with a progress bar unless ``quiet``."""
+    """Every registered method (partitioners and hybrid planners) on ``problem``, with a progress bar unless
+    ``quiet``."""
     from gpualloc.placement.hybrid.search import HYBRID_METHODS
     from gpualloc.placement.partition import PARTITIONERS
-    from gpualloc.placement.run import compare, hybrid_problem
+    from gpualloc.placement.run import compare
 
     methods = [*PARTITIONERS, *HYBRID_METHODS]
     with progress_bar(unit="methods") as progress:
         task = progress.add_task("partitioning", total=len(methods), visible=not quiet)
-        return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task),
-                       hybrid=hybrid_problem(problem), schedule=schedule)
+        return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task), hybrid=True,
+                       schedule=schedule)
 
 
 def comparison_doc(problem, outcomes, cluster: str) -> dict:
     """The JSON of ``place compare``: every outcome with its gains over the reference methods."""
-    from gpualloc.placement.run import gains, lower_bound_s
+    from gpualloc.placement.outcome import lower_bound_s
+    from gpualloc.placement.run import gains
 
-    # one bound below every row: the op-level one and the hybrid one bound different plan families
     return {"graph": problem.graph.name, "cluster": cluster, "microbatches": problem.microbatches,
-            "lower_bound_s": min([lower_bound_s(problem), *(o.lower_bound_s for o in outcomes)]),
-            "results": [{**o.to_dict(problem, with_assignment=False),
+            "lower_bound_s": lower_bound_s(problem),
+            "results": [{**o.to_dict(problem, with_plan=False),
                          **{f"gain_vs_{ref.replace('-', '_')}": None if v != v else v for ref, v in g.items()}}
                         for o, g in zip(outcomes, gains(outcomes), strict=True)]}
 
@@ -110,10 +111,10 @@ def run_cmd(
     schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: auto for best, else 1f1b."),
 ) -> None:
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
-    from gpualloc.placement.run import hybrid_problem, place
+    from gpualloc.placement.run import place
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
-    outcome = place(problem, method, seed=seed, hybrid=hybrid_problem(problem), schedule=schedule,
+    outcome = place(problem, method, seed=seed, hybrid=True, schedule=schedule,
                     **({"agent": agent} if agent is not None else {}))
     _finish(problem, outcome, cluster, as_json, output, plot)
 
@@ -123,7 +124,8 @@ def evaluate_cmd(
     graph: str = _GRAPH,
     cluster: str = _CLUSTER,
     plan: Path = typer.Option(..., "--plan", help="A plan JSON (from `place -o`, or hand-made)."),
-    microbatches: int = _MICROBATCHES,
+    microbatches: int = typer.Option(None, "--microbatches", max=MAX_MICROBATCHES, min=1,
+                                     help="Pipeline microbatches of an op-level plan (default: the plan's)."),
     batch: int = _BATCH,
     calibration: Path = _CALIBRATION,
     precision: str = _PRECISION,
@@ -133,22 +135,15 @@ def evaluate_cmd(
     plot: Path = _PLOT,
     schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: the plan's, else 1f1b."),
 ) -> None:
-    """Score a given assignment (node id -> device index) with the same simulator."""
-    import json
+    """Score a plan file (either version) with the same simulator and bound as `place`."""
+    from gpualloc.placement.document import read_plan
+    from gpualloc.placement.run import evaluate
 
-    from gpualloc.placement.run import load_assignment, plan_version, saved_schedule, score
-
-    problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
-    if plan_version(plan) == 2:
-        _evaluate_hybrid(problem, plan, cluster, as_json, plot)
-        return
-    assignment = load_assignment(plan, problem)
-    try:
-        method = json.loads(plan.read_text()).get("method", "plan")
-    except (ValueError, AttributeError):
-        method = "plan"
-    schedule = schedule or saved_schedule(plan) or "1f1b"
-    _finish(problem, score(problem, str(method), assignment, schedule=schedule), cluster, as_json, None, plot)
+    saved = read_plan(plan)
+    problem = make_problem(graph, cluster, microbatches or saved.microbatches, batch, calibration, precision,
+                           reserve_gib, launch)
+    outcome = evaluate(problem, saved, schedule=schedule)
+    _finish(problem, outcome, cluster, as_json, None, plot)
 
 
 @app.command("compare")
@@ -171,59 +166,21 @@ def compare_cmd(
     if as_json:
         print_json(comparison_doc(problem, outcomes, cluster))
         return
-    print_outcomes(problem, outcomes, f"{problem.graph.name} on {cluster} ({len(problem.cluster)} devices, "
-                                      f"{microbatches} microbatch(es))")
-
-
-def _evaluate_hybrid(problem, path: Path, cluster: str, as_json: bool, plot: Path | None) -> None:
-    """Re-score a v2 (hybrid) plan file with the hybrid simulator."""
-    from gpualloc.placement.hybrid.bound import lower_bound_hybrid
-    from gpualloc.placement.hybrid.plan import load_hybrid_plan
-    from gpualloc.placement.hybrid.search import HybridOutcome
-    from gpualloc.placement.hybrid.simulate import simulate_hybrid
-    from gpualloc.placement.run import hybrid_problem
-
-    hp = hybrid_problem(problem)
-    plan, doc = load_hybrid_plan(path, n_devices=hp.k)
-    outcome = HybridOutcome(str(doc.get("method", "plan")), plan, 0.0, simulate_hybrid(hp, plan),
-                            lower_bound_hybrid(hp))
-    _finish(problem, outcome, cluster, as_json, None, plot)
+    print_outcomes(problem, outcomes, f"{problem.graph.name} on {cluster} ({len(problem.cluster)} devices; op-level "
+                                      f"plans at {microbatches} microbatch(es), hybrid plans pick their own)")
 
 
 def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None) -> None:
-    from gpualloc.placement.hybrid.search import HybridOutcome
-    from gpualloc.placement.run import save_plan
+    if output is not None:
+        from gpualloc.placement.document import write_plan
 
-    hybrid = isinstance(outcome, HybridOutcome)
-    if output is not None and hybrid:
-        from gpualloc.placement.hybrid.plan import save_hybrid_plan
-
-        from gpualloc.placement.hybrid.cost import plan_notes
-        from gpualloc.placement.run import hybrid_problem
-
-        row = outcome.to_dict(problem, with_assignment=False)
-        save_hybrid_plan(output, outcome.plan, graph=problem.graph.name, cluster=cluster,
-                         devices=[d.label for d in problem.cluster.devices],
-                         extra={**{k: row[k] for k in ("method", "step_time_s", "samples_per_s", "feasible",
-                                                       "lower_bound_s", "utilisation", "memory",
-                                                       "binding_constraint")},
-                                "notes": plan_notes(hybrid_problem(problem), outcome.plan)})
-    elif output is not None:
-        save_plan(output, problem, outcome, cluster)
+        write_plan(output, problem, outcome.plan, cluster, extra=outcome.to_dict(problem))
     if plot is not None:
+        from gpualloc.placement.outcome import plan_events
         from gpualloc.reports.gantt import plot_gantt
 
-        if hybrid:
-            from gpualloc.placement.hybrid.simulate import hybrid_events
-            from gpualloc.placement.run import hybrid_problem
-
-            events = hybrid_events(hybrid_problem(problem), outcome.plan)
-        else:
-            from gpualloc.placement.simulate import simulate
-
-            events = simulate(problem, outcome.assignment, record_events=True,
-                              schedule=outcome.result.schedule).events
-        plot_gantt(events, plot, title=f"{problem.graph.name}: {outcome.method} on {cluster}",
+        plot_gantt(plan_events(problem, outcome.plan), plot,
+                   title=f"{problem.graph.name}: {outcome.method} on {cluster}",
                    device_names=[d.label for d in problem.cluster.devices])
     if as_json:
         print_json(outcome.to_dict(problem))

@@ -39,7 +39,9 @@ def run_cmd(
                               help="Batch size (default: the plan's, else 32; a graph JSON brings its own)."),
     microbatches: int = typer.Option(None, "--microbatches", max=MAX_MICROBATCHES, min=1,
                                      help="Microbatches (default: the plan's)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
+    schedule: str = typer.Option(None, "--schedule",
+                                 help="Pipeline schedule of an op-level plan: 1f1b or gpipe (default: the plan's, "
+                                      "else 1f1b)."),
     roofline: bool = typer.Option(False, "--roofline",
                                   help="Predict with the calibrated roofline even where the calibration has "
                                        "per-op profiles of this model."),
@@ -54,56 +56,24 @@ def run_cmd(
     Split MODEL by the plan, check its output against the unsplit model, train N steps, and report the
     measured step time beside the simulator's prediction."""
     from gpualloc.errors import ExecutionError
-    from gpualloc.execute.run import execute_plan, read_plan
-    from gpualloc.placement.run import plan_version
-    from gpualloc.graph.ir import OpGraph
     from gpualloc.hardware.cluster import load_cluster
-    from gpualloc.placement.problem import PlacementProblem
-    from gpualloc.placement.run import load_assignment
+    from gpualloc.placement.document import read_plan
 
-    _check_precision(precision, plan, plan_version(plan))
-    if plan_version(plan) == 2:
-        _run_hybrid(model, plan, cluster, batch=batch, microbatches=microbatches, calibration=calibration,
-                    no_calibrate=no_calibrate, devices=devices, threads=threads, steps=steps, warmup=warmup,
-                    roofline=roofline, seed=seed, as_json=as_json)
-        return
-    spec = read_plan(plan)
-    cluster_spec = cluster or spec.cluster
+    _check_precision(precision)
+    saved = read_plan(plan)
+    if saved.precision != precision:
+        raise ExecutionError(f"{plan}: precision: the plan trains in {saved.precision}; `gpualloc run` trains "
+                             f"in fp32 only (re-plan with --precision fp32)")
+    cluster_spec = cluster or saved.cluster
     if not cluster_spec:
         raise ExecutionError(f"{plan}: the plan names no cluster: pass --cluster")
-    clus = load_cluster(cluster_spec)
-    path = Path(model)
-    if path.suffix == ".json" and path.is_file():
-        graph = OpGraph.load(path)
-        model_name = graph.meta.get("model")
-        if not isinstance(model_name, str):
-            raise ExecutionError(f"{path}: meta.model: the graph does not say which model it was captured from")
-    else:
-        model_name, graph = model, _capture(model, batch or spec.batch_size or 32, set(spec.assignment))
-    problem = PlacementProblem(graph, clus)
-    assignment = load_assignment(plan, problem)
-    torch_devices = devices.split(",") if devices else None
-    cal, cal_info = _calibration(calibration, no_calibrate, clus, assignment, torch_devices, threads, seed)
-
-    with progress_bar() as bar:
-        task = bar.add_task("starting", total=1)
-
-        def progress(phase: str, done: int, total: int) -> None:
-            bar.update(task, description=phase, completed=done, total=total)
-
-        result = execute_plan(
-            model_name, graph, assignment, clus, microbatches=microbatches or spec.microbatches, calibration=cal,
-            calibration_name=cal_info["path"] or "shipped", steps=steps, warmup=warmup, schedule=schedule,
-            torch_devices=torch_devices, threads=threads, use_profiles=not roofline, seed=seed, progress=progress)
-    if as_json:
-        print_json({**result.to_dict(), "plan": str(plan), "calibration": cal_info})
-        return
-    _print(result, cal_info)
+    RUNNERS[saved.kind](model, saved, load_cluster(cluster_spec), batch=batch, microbatches=microbatches,
+                        schedule=schedule, calibration=calibration, no_calibrate=no_calibrate, devices=devices,
+                        threads=threads, steps=steps, warmup=warmup, roofline=roofline, seed=seed, as_json=as_json)
 
 
-def _check_precision(precision: str, plan: Path, version: int) -> None:
-    """The runner trains in fp32 (gloo on CPUs, the same code on GPUs): refuse another precision, and a hybrid
-    plan costed in another, in one line."""
+def _check_precision(precision: str) -> None:
+    """The runner trains in fp32 (gloo on CPUs, the same code on GPUs): refuse another precision in one line."""
     from gpualloc.cost.memory import precision as known
     from gpualloc.errors import ExecutionError
 
@@ -111,36 +81,66 @@ def _check_precision(precision: str, plan: Path, version: int) -> None:
     if precision != "fp32":
         raise ExecutionError(f"--precision {precision}: `gpualloc run` trains in fp32 only (mixed precision and TF32 "
                              "are planned and costed, not executed here)")
-    if version == 2:
-        from gpualloc.placement.hybrid.plan import load_hybrid_plan
-
-        hp, _ = load_hybrid_plan(plan)
-        if hp.precision != precision:
-            raise ExecutionError(f"{plan}: precision: the plan trains in {hp.precision}; `gpualloc run` trains in "
-                                 f"fp32 only (re-plan with --precision fp32)")
 
 
-def _run_hybrid(model: str, plan: Path, cluster: str | None, *, batch: int | None, microbatches: int | None,
+def _model_graph(model: str, batch: int, node_ids) -> tuple[str, Any]:
+    """The model's name and graph: a captured graph JSON (its meta.model names the model), else ``model``
+    traced at ``batch`` at the granularity of ``node_ids`` (an operator plan's)."""
+    from gpualloc.errors import ExecutionError
+    from gpualloc.graph.ir import OpGraph
+
+    path = Path(model)
+    if path.suffix == ".json" and path.is_file():
+        graph = OpGraph.load(path)
+        name = graph.meta.get("model")
+        if not isinstance(name, str):
+            raise ExecutionError(f"{path}: meta.model: the graph does not say which model it was captured from")
+        return name, graph
+    return model, _capture(model, batch, set(node_ids))
+
+
+def _run_operators(model: str, saved, clus, *, batch: int | None, microbatches: int | None, schedule: str | None,
+                   calibration: Path | None, no_calibrate: bool, devices: str | None, threads: int | None,
+                   steps: int, warmup: int, roofline: bool, seed: int, as_json: bool) -> None:
+    """``gpualloc run`` of an operator assignment (version 1): one worker per device, stages pipelined."""
+    from gpualloc.execute.run import execute_plan
+    from gpualloc.placement.problem import PlacementProblem
+
+    model_name, graph = _model_graph(model, batch or saved.global_batch or 32, saved.node_ids)
+    op_plan = saved.plan_for(PlacementProblem(graph, clus), microbatches=microbatches, schedule=schedule)
+    torch_devices = devices.split(",") if devices else None
+    cal, cal_info = _calibration(calibration, no_calibrate, clus, op_plan.assignment, torch_devices, threads, seed)
+    with progress_bar() as bar:
+        task = bar.add_task("starting", total=1)
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total)
+
+        result = execute_plan(
+            model_name, graph, op_plan.assignment, clus, microbatches=op_plan.microbatches, calibration=cal,
+            calibration_name=cal_info["path"] or "shipped", steps=steps, warmup=warmup, schedule=op_plan.schedule,
+            torch_devices=torch_devices, threads=threads, use_profiles=not roofline, seed=seed, progress=progress)
+    if as_json:
+        print_json({**result.to_dict(), "plan": str(saved.path), "calibration": cal_info})
+        return
+    _print(result, cal_info)
+
+
+def _run_hybrid(model: str, saved, clus, *, batch: int | None, microbatches: int | None, schedule: str | None,
                 calibration: Path | None, no_calibrate: bool, devices: str | None, threads: int | None, steps: int,
                 warmup: int, roofline: bool, seed: int, as_json: bool) -> None:
-    """``gpualloc run`` of a v2 (hybrid) plan: its global batch, microbatches and schedule are the plan's."""
+    """``gpualloc run`` of a hybrid plan (version 2): its global batch, microbatches and schedule are the plan's."""
     from gpualloc.errors import ExecutionError
     from gpualloc.execute.hybrid import check_plan, execute_hybrid
     from gpualloc.graph.capture import capture
     from gpualloc.graph.ir import OpGraph
-    from gpualloc.hardware.cluster import load_cluster
-    from gpualloc.placement.hybrid.plan import load_hybrid_plan
+    from gpualloc.placement.problem import PlacementProblem
 
-    _, doc = load_hybrid_plan(plan)
-    cluster_spec = cluster or (doc["cluster"] if isinstance(doc.get("cluster"), str) else None)
-    if not cluster_spec:
-        raise ExecutionError(f"{plan}: the plan names no cluster: pass --cluster")
-    clus = load_cluster(cluster_spec)
-    hp, _ = load_hybrid_plan(plan, n_devices=len(clus))
-    for option, given, fixed in (("--batch", batch, hp.global_batch), ("--microbatches", microbatches,
-                                                                       hp.microbatches)):
+    for option, given, fixed in (("--batch", batch, saved.global_batch),
+                                 ("--microbatches", microbatches, saved.microbatches),
+                                 ("--schedule", schedule, saved.schedule)):
         if given is not None and given != fixed:
-            raise ExecutionError(f"{option} {given}: the hybrid plan {plan} fixes it at {fixed}")
+            raise ExecutionError(f"{option} {given}: the hybrid plan {saved.path} fixes it at {fixed}")
     path = Path(model)
     if path.suffix == ".json" and path.is_file():
         graph = OpGraph.load(path)
@@ -148,8 +148,9 @@ def _run_hybrid(model: str, plan: Path, cluster: str | None, *, batch: int | Non
         if not isinstance(model, str):
             raise ExecutionError(f"{path}: meta.model: the graph does not say which model it was captured from")
     else:
-        with console.status(f"tracing {model} at batch {hp.global_batch}..."):
-            graph = capture(model, batch=hp.global_batch)
+        with console.status(f"tracing {model} at batch {saved.global_batch}..."):
+            graph = capture(model, batch=saved.global_batch)
+    hp = saved.plan_for(PlacementProblem(graph, clus))
     check_plan(hp, graph, clus)
     torch_devices = devices.split(",") if devices else None
     cal, cal_info = _calibration(calibration, no_calibrate, clus, list(hp.devices), torch_devices, threads, seed)
@@ -160,13 +161,17 @@ def _run_hybrid(model: str, plan: Path, cluster: str | None, *, batch: int | Non
                              use_profiles=not roofline, seed=seed,
                              progress=lambda p, d, t: bar.update(task, description=p, completed=d, total=t))
     if as_json:
-        print_json({**run.to_dict(), "plan": str(plan), "calibration": cal_info})
+        print_json({**run.to_dict(), "plan": str(saved.path), "calibration": cal_info})
         return
     _print(run.result, cal_info)
     check = ("not checked (BatchNorm or dropout)" if run.weight_match is None else
              f"{'[green]yes[/]' if run.weight_match else '[red]NO[/]'} (max |diff| {run.max_weight_diff:.2e}, "
              f"tolerance {run.weight_tolerance:.2e}, update {run.max_update:.2e})")
     console.print(f"plan: {run.describe}\nweights after one step equal the unsplit model's: {check}")
+
+
+RUNNERS = {"assignment": _run_operators, "hybrid": _run_hybrid}
+"""Plan kind -> how ``gpualloc run`` runs it."""
 
 
 def _calibration(given: Path | None, no_calibrate: bool, cluster, assignment, torch_devices, threads: int | None,

@@ -114,6 +114,9 @@ def serve(
 ) -> None:
     """Run the scheduler service: a REST API over a policy deciding on live state."""
     from gpualloc.options import given, load_options, with_overrides
+    from gpualloc._extras import require
+
+    require("service", "uvicorn", by="gpualloc serve")  # before any set-up; FastAPI and SQLAlchemy: service.app
     from gpualloc.service.app import Service, listen_socket
     from gpualloc.service.auth import check_own_or_missing, check_private_folder, default_store
     from gpualloc.service.jobusers import plan_job_users
@@ -181,8 +184,9 @@ def _exit_on_signal(signum, _frame) -> None:
 def _serve(service, sock, config, log_level: str, ready_file: Path | None = None) -> None:
     """Print the banner and answer requests on ``sock`` until stopped; then close ``service``. With
     ``ready_file``, write it once the server accepts connections, and remove it when it stops."""
-    import uvicorn
+    from gpualloc._extras import require
 
+    uvicorn = require("service", "uvicorn", by="gpualloc serve")
     from gpualloc.service.app import create_app
     from gpualloc.service.auth import write_private_atomic
 

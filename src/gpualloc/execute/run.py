@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 from gpualloc.cost.microbench import apply_profiles
 from gpualloc.cost.model import Calibration, CostModel
-from gpualloc.errors import ExecutionError, PlacementError
+from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryReport, summarize
 from gpualloc.execute.pipeline import Pipeline
 from gpualloc.execute.split import split_model
@@ -39,11 +38,10 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import read_plan_doc
 from gpualloc.placement.simulate import StepResult, inflight_limits, simulate
 
-__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "PlanFile", "checked_options", "execute_plan", "predict",
-           "read_plan", "torch_devices_for", "worker_threads"]
+__all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "checked_options", "execute_plan", "predict",
+           "torch_devices_for", "worker_threads"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -51,45 +49,6 @@ OUTPUT_ATOL = 1e-4
 OUTPUT_RTOL = 1e-3
 """Outputs match when ``max |split - unsplit| <= OUTPUT_ATOL + OUTPUT_RTOL * max |unsplit|``: FP32 sums
 taken in another order (another microbatch size, thread count or device) differ in the last bits."""
-
-
-@dataclass(frozen=True)
-class PlanFile:
-    """The parts of a plan file (written by ``gpualloc place -o``) that running it needs.
-
-    Attributes:
-        path: the file.
-        graph: name of the graph the plan was made for.
-        cluster: the cluster spec it was made for (preset, shorthand or file).
-        microbatches: pipeline microbatches per step.
-        batch_size: the graph's batch (``throughput x step time`` of the scored plan), when recorded.
-        method: the partitioner that made it.
-        assignment: node id -> device index.
-    """
-
-    path: Path
-    graph: str | None
-    cluster: str | None
-    microbatches: int
-    batch_size: int | None
-    method: str | None
-    assignment: Mapping[str, int]
-
-
-def read_plan(path: str | Path) -> PlanFile:
-    """Read a plan file; errors name the file and the field."""
-    where = str(path)
-    doc = read_plan_doc(path)
-    micro = doc.get("microbatches", 1)
-    if not isinstance(micro, int) or micro < 1:
-        raise PlacementError(f"{where}: microbatches: expected a positive integer, got {micro!r}")
-    batch = None
-    tput, step = doc.get("throughput_samples_per_s"), doc.get("step_time_s")
-    if isinstance(tput, (int, float)) and isinstance(step, (int, float)) and tput > 0 and step > 0:
-        batch = int(round(tput * step))
-    cluster = doc.get("cluster")
-    return PlanFile(Path(path), doc.get("graph"), cluster if isinstance(cluster, str) else None, micro,
-                    batch or None, doc.get("method"), doc["assignment"])
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,19 @@ the step works ``s[i, j] = problem.step_compute_s`` on node ``i`` placed on ``j`
   still has to go back through ``v``'s longest ancestor chain: ``F_head(v) + B_head(v) + smin[v]``
   (heads of one-microbatch times). It subsumes the largest op and, with ``M = 1``, the critical path.
 
-:attr:`PlacementProblem.lower_bound <gpualloc.placement.problem.PlacementProblem.lower_bound>`
-computes the bound a problem's plans are compared with once.
+:func:`lower_bound` is the one bound every plan of a problem is compared with, of either kind: the
+least of the op-level bound above and the hybrid one (:mod:`gpualloc.placement.hybrid.bound`), each
+valid for its plan kind, so valid for both; computed once per problem.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gpualloc.errors import PlacementError
+from gpualloc.placement.hybrid.bound import hybrid_bound
 from gpualloc.placement.problem import PlacementProblem
 
 
@@ -44,6 +47,8 @@ class Bound:
         balanced_work_s: perfectly balanced total work.
         largest_op_s: the largest single op on its fastest device.
         pipeline_fill_s: head-chains-plus-op term (0.0 in :func:`step_lower_bound`).
+        hybrid_s: the hybrid plans' bound (:func:`lower_bound` only; ``inf`` where the model has no
+            hybrid plan).
     """
 
     value_s: float
@@ -52,6 +57,7 @@ class Bound:
     balanced_work_s: float
     largest_op_s: float
     pipeline_fill_s: float = 0.0
+    hybrid_s: float = float("inf")
 
 
 def _terms(problem: PlacementProblem) -> tuple[float, float, float]:
@@ -98,3 +104,21 @@ def pipeline_lower_bound(problem: PlacementProblem) -> Bound:
                 bhead[i] = max(bhead[i], bhead[u] + bmin[u])
         fill = float(np.max(fhead + bhead + cmin))
     return _pick(crit, balanced, largest, fill)
+
+
+def lower_bound(problem: PlacementProblem) -> Bound:
+    """The one bound of ``problem``: no plan of either kind simulates a shorter step.
+
+    The op-level bound (pipelined when ``M > 1``) holds for operator assignments at the problem's ``M``,
+    the hybrid bound for every hybrid plan; the least of the two holds for both. ``binding`` is
+    ``"hybrid"`` where the hybrid bound is the lower. Computed once per problem.
+    """
+    if "lower_bound" not in problem.memo:
+        op = pipeline_lower_bound(problem) if problem.microbatches > 1 else step_lower_bound(problem)
+        try:
+            hy = hybrid_bound(problem.hybrid).value_s
+        except PlacementError:  # no hybrid plan of this model (no layer to place, a profile in another precision)
+            hy = float("inf")
+        problem.memo["lower_bound"] = replace(op, hybrid_s=hy, **({} if op.value_s <= hy else
+                                                                   {"value_s": hy, "binding": "hybrid"}))
+    return problem.memo["lower_bound"]

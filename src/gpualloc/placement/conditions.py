@@ -28,7 +28,8 @@ import numpy as np
 
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpTiming
-from gpualloc.placement.problem import OnCluster, PlacementProblem
+from gpualloc.placement.base import OnCluster
+from gpualloc.placement.problem import PlacementProblem
 
 __all__ = [
     "Conditions",

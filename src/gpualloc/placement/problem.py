@@ -26,39 +26,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import OPTIMIZER_STATES, MemoryRules, StageShape, device_memory, reserve_bytes
+from gpualloc.cost.memory import MemoryRules, StageShape, device_memory, reserve_bytes
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_MICROBATCHES, check_size
+from gpualloc.placement.base import OnCluster
 
 if TYPE_CHECKING:
-    from gpualloc.placement.bounds import Bound
+    from gpualloc.placement.hybrid.problem import HybridProblem
 
 __all__ = ["PlacementProblem"]
-
-
-class OnCluster:
-    """The per-device arrays a problem on ``self.cluster`` reads, by the names the cost code uses; a
-    problem under drifted conditions overrides them (``conditions.ConditionedProblem``)."""
-
-    cluster: ClusterSpec
-
-    @property
-    def mem_cap_bytes(self) -> np.ndarray:
-        """Memory of each device in bytes, (k,)."""
-        return self.cluster.gpu_mem_bytes
-
-    @property
-    def bandwidth(self) -> np.ndarray:
-        """Bytes/s between devices, (k, k); ``inf`` on the diagonal."""
-        return self.cluster.bandwidth
-
-    @property
-    def latency(self) -> np.ndarray:
-        """One-way latency in seconds between devices, (k, k); 0 on the diagonal."""
-        return self.cluster.latency
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,16 +58,13 @@ class PlacementProblem(OnCluster):
     cost: CostModel = field(default_factory=CostModel)
     microbatches: int = 1
     rules: MemoryRules = field(default_factory=MemoryRules)
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Results derived from this problem, memoised by the modules that compute them (the bound)."""
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
             raise PlacementError(f"microbatches must be >= 1, got {self.microbatches}")
         check_size(self.microbatches, "microbatches", MAX_MICROBATCHES, PlacementError)
-
-    @property
-    def optimizer_states(self) -> int:
-        """fp32 state tensors the optimizer keeps per weight (Adam: 2)."""
-        return OPTIMIZER_STATES[self.rules.optimizer]
 
     @cached_property
     def reserve_bytes(self) -> np.ndarray:
@@ -165,11 +141,12 @@ class PlacementProblem(OnCluster):
         return self.microbatches * (self.mb_fwd_s + self.mb_bwd_s)
 
     @cached_property
-    def lower_bound(self) -> Bound:
-        """The bound every plan is compared with (the pipelined one when ``M > 1``), computed once."""
-        from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound  # bounds imports this module
+    def hybrid(self) -> HybridProblem:
+        """The same model, cluster, cost model and rules seen layer by layer, for hybrid plans (built on first
+        use; the graph's batch is the global batch)."""
+        from gpualloc.placement.hybrid.problem import HybridProblem
 
-        return pipeline_lower_bound(self) if self.microbatches > 1 else step_lower_bound(self)
+        return HybridProblem(self.graph, self.cluster, self.graph.batch_size or 1, self.cost, self.rules)
 
     @cached_property
     def mem_bytes(self) -> np.ndarray:

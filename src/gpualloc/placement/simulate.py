@@ -162,6 +162,18 @@ class StepResult:
             "memory": [m.to_dict() for m in self.memory],
         }
 
+    def row(self) -> dict[str, Any]:
+        """The result's own keys of an outcome's JSON row (those every kind shares are the outcome's)."""
+        return {k: v for k, v in self.to_dict().items() if k not in {
+            "step_time_s", "throughput_samples_per_s", "comm_bytes", "peak_mem_bytes", "feasible", "events",
+            "memory"}}
+
+    def time_split(self) -> dict[str, float]:
+        """Where the step goes: the busiest device's compute, exposed communication and the rest (bubbles)."""
+        busy = max(self.busy_s, default=0.0)
+        return {"compute": busy, "communication": self.comm_share * self.step_time_s,
+                "pipeline bubble": self.step_time_s - busy}
+
 
 
 @dataclass(frozen=True)

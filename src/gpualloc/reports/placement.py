@@ -19,7 +19,7 @@ def outcomes_table(outcomes: Sequence, gains: Sequence[dict[str, float]], fills:
     """Methods side by side, feasible and fastest first, with the lower bound under the table.
 
     Args:
-        outcomes: :class:`~gpualloc.placement.run.Outcome` objects of one problem.
+        outcomes: :class:`~gpualloc.placement.outcome.Outcome` objects of one problem.
         gains: :func:`~gpualloc.placement.run.gains` of ``outcomes`` (keys ``static``, ``round-robin``).
         fills: :func:`~gpualloc.placement.run.memory_fill` of each outcome.
         title: the table's title.
@@ -38,7 +38,7 @@ def outcomes_table(outcomes: Sequence, gains: Sequence[dict[str, float]], fills:
             ratio(o.ratio_to_bound), signed_pct(g.get("static")), signed_pct(g.get("round-robin")),
             f"{r.comm_bytes / 1e6:,.0f} MB", pct(r.comm_share), pct(fill), "yes" if r.feasible else "[red]no[/]",
             ms(o.partition_time_s))
-    bounds = " / ".join(ms(b) for b in dict.fromkeys(o.lower_bound_s for o in outcomes))  # op-level, hybrid
-    note = Text(f"lower bound: {bounds} (gains are step-time reductions; "
-                "x bound = step time / the bound of the method's plan family: op-level or hybrid)")
+    bounds = " / ".join(ms(b) for b in dict.fromkeys(o.lower_bound_s for o in outcomes))  # one per problem
+    note = Text(f"lower bound: {bounds} (no plan of either kind is faster; gains are step-time reductions; "
+                "x bound = step time / the bound)")
     return Group(table, note)

@@ -21,7 +21,8 @@ import numpy as np
 from gpualloc.errors import AgentError
 from gpualloc.placement.partition import Partitioned
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import Outcome, best, score
+from gpualloc.placement.outcome import Outcome
+from gpualloc.placement.run import best, operator_plan
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.envs.placement_env import PlacementEnv
 
@@ -97,7 +98,7 @@ def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = N
     start = time.perf_counter()
     agent = agent if isinstance(agent, DQNAgent) else load_placer(agent)
     assignment, heuristic = agent_plan(agent, problem, seed=seed)
-    mine = score(problem, "dqn", assignment, schedule=schedule)
+    mine = operator_plan(problem, "dqn", assignment, schedule=schedule)
     elapsed = time.perf_counter() - start
     if mine.result.feasible and mine.result.step_time_s <= heuristic.result.step_time_s:
         gain = 1 - mine.result.step_time_s / heuristic.result.step_time_s
@@ -119,10 +120,10 @@ def dqn_partition(problem: PlacementProblem, *, seed: int | np.random.Generator 
     slots = int(agent.extra["max_devices"])
     if problem.k > slots:
         heuristic = best(problem, seed=seed)
-        return Partitioned(heuristic.assignment, f"{problem.k} devices > the agent's {slots} slots; kept best "
+        return Partitioned(heuristic.plan.assignment, f"{problem.k} devices > the agent's {slots} slots; kept best "
                                                  f"heuristic ({heuristic.note})")
     outcome = place_dqn(problem, agent, seed=seed)
-    return Partitioned(outcome.assignment, outcome.note)
+    return Partitioned(outcome.plan.assignment, outcome.note)
 
 
 def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, seed: int = 0) -> list[dict[str, Any]]:
@@ -130,7 +131,7 @@ def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, se
     rows = []
     for p in problems:
         assignment, heuristic = agent_plan(agent, p, seed=seed)
-        mine = score(p, "dqn", assignment)
+        mine = operator_plan(p, "dqn", assignment)
         rows.append({"graph": p.graph.name, "cluster": p.cluster.name, "microbatches": p.microbatches,
                      "agent_step_s": mine.result.step_time_s, "best_step_s": heuristic.result.step_time_s,
                      "gain": 1 - mine.result.step_time_s / heuristic.result.step_time_s,
@@ -149,7 +150,7 @@ def dqn_planner(agent: DQNAgent, *, seed: int = 0, passes: int = 10):
     from gpualloc.placement.simulate import simulate
 
     def plan(problem: PlacementProblem, assignment: np.ndarray) -> np.ndarray:
-        mine = place_dqn(problem, agent, seed=seed).assignment
+        mine = place_dqn(problem, agent, seed=seed).plan.assignment
         candidates = [kl_refine(problem, assignment, seed=seed, passes=passes), mine,
                       kl_refine(problem, mine, seed=seed, passes=passes)]
         results = [simulate(problem, c) for c in candidates]

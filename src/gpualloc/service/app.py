@@ -53,12 +53,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Path as PathParam, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
-from fastapi.security import HTTPBearer
+from gpualloc._extras import missing_extra
+
+try:
+    from fastapi import APIRouter, Depends, FastAPI, Header, Path as PathParam, Query, Request, Response
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.security import HTTPBearer
+except ModuleNotFoundError as err:
+    raise missing_extra("service", "gpualloc serve") from err
 
 from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError

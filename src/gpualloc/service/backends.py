@@ -38,6 +38,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from gpualloc._extras import require
 from gpualloc.registry import Registry
 from gpualloc.service.errors import BackendError
 from gpualloc.service.jobusers import JobUsers
@@ -490,10 +491,7 @@ class RayBackend:
                  namespace: str = "gpualloc", log_dir: str | Path | None = None, launch_timeout_s: float = 60.0,
                  stop_grace_s: float = 5.0, temp_dir: str | Path | None = None,
                  host_indices: Mapping[tuple[int, int], int] | None = None) -> None:
-        try:
-            import ray
-        except ImportError as err:
-            raise BackendError("ray backend: Ray is not installed (pip install ray)") from err
+        ray = require("ray", "ray", by="gpualloc serve --backend ray", error=BackendError)
         self._ray = ray
         self.resources = dict(resources)
         self.instance = instance

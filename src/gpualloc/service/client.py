@@ -14,7 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+from gpualloc._extras import missing_extra
+
+try:
+    import httpx
+except ModuleNotFoundError as err:
+    raise missing_extra("service", "the service client (gpualloc submit, jobs, logs, cancel, policy, whoami)") from err
 
 from gpualloc.service.errors import ServiceError
 

@@ -38,10 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import (Boolean, Column, bindparam, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text,
-                        create_engine, delete, event, func, insert, inspect, select, update)
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from gpualloc._extras import missing_extra
+
+try:
+    from sqlalchemy import (Boolean, Column, bindparam, Float, ForeignKey, Index, Integer, MetaData, String, Table,
+                            Text, create_engine, delete, event, func, insert, inspect, select, update)
+    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+except ModuleNotFoundError as err:
+    raise missing_extra("service", "the service's store (gpualloc serve, gpualloc user)") from err
 
 from gpualloc.service.errors import Conflict, NotFound, QueueFull, ServiceError
 from gpualloc.service.models import ACTIVE, HOLDING, JobRecord, JobState

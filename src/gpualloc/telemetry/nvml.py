@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from gpualloc._extras import require
 from gpualloc.telemetry.base import DeviceInfo, DeviceRecord, TelemetryError, throttle_names
 
 __all__ = ["NvmlTelemetry", "load_pynvml"]
@@ -26,12 +27,8 @@ _KIB = 1024
 
 
 def load_pynvml() -> ModuleType:
-    """Import ``pynvml``; a missing package is a :class:`TelemetryError`."""
-    try:
-        import pynvml
-    except ImportError as err:
-        raise TelemetryError("nvml: nvidia-ml-py is not installed (pip install nvidia-ml-py)") from err
-    return pynvml
+    """Import ``pynvml`` (``nvidia-ml-py``, the ``nvml`` extra); a missing package is a :class:`TelemetryError`."""
+    return require("nvml", "pynvml", by="the nvml telemetry backend", error=TelemetryError)
 
 
 def _text(value: Any) -> str:

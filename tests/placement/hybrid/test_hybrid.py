@@ -22,15 +22,15 @@ from gpualloc.placement.hybrid.plan import (
     Replica,
     Stage,
     Sync,
-    load_hybrid_plan,
     make_plan,
     plan_to_dict,
-    save_hybrid_plan,
 )
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import HYBRID_METHODS, place_hybrid, plan_hybrid
 from gpualloc.placement.hybrid.cost import plan_costs
 from gpualloc.placement.hybrid.simulate import hybrid_events, simulate_hybrid, worker_order
+from gpualloc.placement.document import read_plan, write_plan
+from gpualloc.placement.problem import PlacementProblem
 
 GB = 1e9
 
@@ -343,8 +343,9 @@ def test_plan_json_round_trip(tmp_path):
     p = HybridProblem(g, load_cluster("hetero8"), 64)
     plan, r = plan_hybrid(p)
     path = tmp_path / "plan.json"
-    save_hybrid_plan(path, plan, graph=g.name, cluster="hetero8", devices=[d.label for d in p.cluster.devices])
-    back, doc = load_hybrid_plan(path, n_devices=p.k)
+    problem = PlacementProblem(g, load_cluster("hetero8"))
+    write_plan(path, problem, plan, "hetero8")
+    back = read_plan(path).plan_for(problem)
     assert back == plan and plan_to_dict(back) == plan_to_dict(plan)
     assert simulate_hybrid(p, back).step_time_s == r.step_time_s
 

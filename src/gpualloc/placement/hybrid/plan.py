@@ -12,8 +12,8 @@ rounded by :func:`replica_microbatch`). What one replica processes is written on
 global microbatches give it any sample). The plan also fixes the training ``precision`` and whether
 activations are recomputed in the backward (``recompute``); ``sharding`` is a ZeRO stage.
 
-The op-level plans of version 1 (one device per operator) stay a special case of placement: they are
-read by :func:`gpualloc.placement.run.load_assignment`; this module owns version 2 only.
+The op-level plans of version 1 (one device per operator) are the other kind of
+:class:`~gpualloc.placement.plan.Plan`; :mod:`gpualloc.placement.document` reads and writes both.
 
 JSON (keys that scripts rely on are exact)::
 
@@ -31,18 +31,17 @@ scripts read it; what a device computes is the replica's own ``microbatch_size``
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpualloc.cost.memory import PRECISIONS, SHARDINGS
-from gpualloc.errors import PlacementError, read_json, write_text
+from gpualloc.errors import PlacementError
 from gpualloc.limits import MAX_BATCH, MAX_DEVICES, MAX_MICROBATCHES
+from gpualloc.placement.plan import SCHEDULES, Plan
 
-PLAN_FORMAT = "gpualloc-plan"
-PLAN_VERSION = 2
-SCHEDULES = ("1f1b", "gpipe")
+if TYPE_CHECKING:
+    from gpualloc.graph.ir import OpGraph
+
 SYNC_ALGORITHMS = ("ring", "hierarchical")
 
 
@@ -85,9 +84,12 @@ class Sync:
 
 
 @dataclass(frozen=True)
-class HybridPlan:
-    """A DP × PP × TP plan; construct through :func:`make_plan` or :func:`plan_from_dict` (both validate)."""
+class HybridPlan(Plan):
+    """A DP × PP × TP plan (:class:`~gpualloc.placement.plan.Plan` of kind ``hybrid``); construct through
+    :func:`make_plan` or :func:`plan_from_dict` (both validate)."""
 
+    kind: ClassVar[str] = "hybrid"
+    version: ClassVar[int] = 2
     stages: tuple[Stage, ...]
     global_batch: int
     microbatches: int
@@ -123,6 +125,10 @@ class HybridPlan:
                                            "recompute" if self.recompute else "") if x)
         return (f"PP={len(self.stages)} [{parts}] M={self.microbatches} {self.schedule} {self.sync.algorithm} "
                 f"{self.precision}{extra}")
+
+    def body(self, graph: OpGraph | None = None) -> dict[str, Any]:
+        """The plan's JSON object (:func:`plan_to_dict`); the layers are the graph's, so ``graph`` is unused."""
+        return plan_to_dict(self)
 
 
 def replica_microbatch(plan: HybridPlan, replica: Replica, k: int) -> int:
@@ -215,7 +221,7 @@ def _validate_stages(plan: HybridPlan, bad, n_devices: int | None) -> None:
 
 # --------------------------------------------------------------------------- JSON
 def plan_to_dict(plan: HybridPlan) -> dict[str, Any]:
-    """The plan's JSON object (without the file header: see :func:`save_hybrid_plan`)."""
+    """The plan's JSON object (without the file header: see :mod:`gpualloc.placement.document`)."""
     return {
         "global_batch": plan.global_batch,
         "layer_count": plan.layer_count,
@@ -311,22 +317,3 @@ def _check_replica_microbatches(plan: HybridPlan, stages_doc: list, where: str) 
                     raise PlacementError(f"{where}: stages[{si}].replicas[{ri}].{key}: {rd[key]!r} does not match "
                                          f"the plan ({value}: batch_share {rep.batch_share} over "
                                          f"{plan.microbatches} microbatches)")
-
-
-def save_hybrid_plan(path: str | Path, plan: HybridPlan, *, graph: str, cluster: str, devices: list[str],
-                     extra: dict[str, Any] | None = None) -> None:
-    """Write a v2 plan file; ``extra`` (e.g. the simulated step time) is stored beside the plan."""
-    doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "graph": graph, "cluster": cluster, "devices": devices,
-           **plan_to_dict(plan), **(extra or {})}
-    write_text(path, json.dumps(doc, indent=1) + "\n")
-
-
-def load_hybrid_plan(path: str | Path, *, n_devices: int | None = None) -> tuple[HybridPlan, dict[str, Any]]:
-    """Read a v2 plan file: the plan and the whole document (for ``graph``, ``cluster``, ``devices``)."""
-    where = str(path)
-    doc = read_json(path, PlacementError)
-    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
-        raise PlacementError(f"{where}: format: expected {PLAN_FORMAT!r}")
-    if doc.get("version") != PLAN_VERSION:
-        raise PlacementError(f"{where}: version: expected {PLAN_VERSION} (a hybrid plan), got {doc.get('version')!r}")
-    return plan_from_dict(doc, where=where, n_devices=n_devices), doc

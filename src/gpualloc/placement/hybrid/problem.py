@@ -35,14 +35,14 @@ import numpy as np
 
 from gpualloc.cost import physics
 from gpualloc.cost.links import bus_bandwidth_bytes_per_s
-from gpualloc.cost.memory import OPTIMIZER_STATES, MemoryRules, StageShape
+from gpualloc.cost.memory import MemoryRules, StageShape
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_BATCH, check_size
 from gpualloc.placement.hybrid.layers import layer_of_node
-from gpualloc.placement.problem import OnCluster
+from gpualloc.placement.base import OnCluster
 
 __all__ = ["HybridProblem"]
 
@@ -87,11 +87,6 @@ class HybridProblem(OnCluster):
         self._time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.memo: dict[tuple, Any] = {}
         """Costs derived from this problem, memoised by the cost and search modules (keys start with a tag)."""
-
-    @property
-    def optimizer_states(self) -> int:
-        """fp32 state tensors the optimizer keeps per weight (Adam: 2)."""
-        return OPTIMIZER_STATES[self.rules.optimizer]
 
     # ------------------------------------------------------------------ sizes
     def _per_layer(self, values: np.ndarray) -> np.ndarray:

@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from gpualloc.cost.memory import PROFILE_VALUE_BYTES, binding_constraint, memory_report, reserve_bytes
+from gpualloc.cost.memory import PROFILE_VALUE_BYTES, reserve_bytes
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid import baselines
 from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
 from gpualloc.placement.hybrid.cost import PlanCosts, estimate_step_s, plan_costs
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
-from gpualloc.placement.hybrid.plan import HybridPlan, Stage, Sync, make_plan, plan_to_dict
+from gpualloc.placement.hybrid.plan import HybridPlan, Stage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
+from gpualloc.placement.outcome import Outcome
 
 SIMULATED = 6
 """Candidates (by the closed form) the simulator judges, besides the baselines."""
@@ -260,51 +259,11 @@ HYBRID_METHODS = ("hybrid", *baselines.BASELINES)
 """Every hybrid method: the planner and the baselines."""
 
 
-@dataclass(frozen=True)
-class HybridOutcome:
-    """One hybrid method's plan, its simulated step and the bound (the hybrid counterpart of
-    :class:`gpualloc.placement.run.Outcome`)."""
-
-    method: str
-    plan: HybridPlan
-    partition_time_s: float
-    result: HybridResult
-    lower_bound_s: float
-    note: str = ""
-
-    @property
-    def ratio_to_bound(self) -> float:
-        return self.result.step_time_s / self.lower_bound_s if self.lower_bound_s > 0 else float("inf")
-
-    def to_dict(self, problem=None, *, with_assignment: bool = True) -> dict[str, Any]:
-        """JSON row with the op-level rows' keys (``problem``: anything with a ``cluster``, for labels);
-        ``with_assignment`` adds the v2 plan under ``plan``."""
-        r = self.result
-        labels = [d.label for d in problem.cluster.devices] if problem is not None else list(
-            map(str, range(len(r.peak_mem_bytes))))
-        out: dict[str, Any] = {
-            "method": self.method, "step_time_s": r.step_time_s, "samples_per_s": r.samples_per_s,
-            "throughput_samples_per_s": r.samples_per_s, "partition_time_s": self.partition_time_s,
-            "comm_bytes": r.comm_bytes, "peak_mem_bytes": dict(zip(labels, map(float, r.peak_mem_bytes), strict=True)),
-            "feasible": r.feasible, "lower_bound_s": self.lower_bound_s, "ratio_to_bound": self.ratio_to_bound,
-            "utilisation": r.utilisation, "comm_s": r.comm_s, "comm_share": r.comm_share,
-            "sync_exposed_s": r.sync_exposed_s, "bubble_s": r.bubble_s, "description": self.plan.describe(),
-            "precision": self.plan.precision, "memory": memory_report(labels, r.memory),
-        }
-        if problem is not None:
-            out["binding_constraint"] = binding_constraint(
-                labels, r.memory, problem.mem_cap_bytes,
-                {"compute": float(r.busy_s.max()), "communication": r.comm_s, "pipeline bubble": r.bubble_s})
-        if self.note:
-            out["note"] = self.note
-        if with_assignment:
-            out["plan"] = plan_to_dict(self.plan)
-        return out
-
-
 def place_hybrid(problem: HybridProblem, method: str, *, seed: int | None = 0,
-                 time_limit_s: float | None = None) -> HybridOutcome:
-    """Plan with ``method`` (``hybrid`` or a baseline name) and simulate the step."""
+                 time_limit_s: float | None = None) -> Outcome:
+    """Plan with ``method`` (``hybrid`` or a baseline name), simulate the step and hold it against the hybrid
+    bound (a problem of hybrid plans only; :func:`gpualloc.placement.run.place` puts an op-level problem's
+    one bound in its place)."""
     start = time.perf_counter()
     if method == "hybrid":
         plan, result = plan_hybrid(problem, seed=seed, time_limit_s=time_limit_s)
@@ -313,5 +272,5 @@ def place_hybrid(problem: HybridProblem, method: str, *, seed: int | None = 0,
         result = simulate_hybrid(problem, plan)
     else:
         raise PlacementError(f"unknown hybrid method {method!r} (known: {', '.join(HYBRID_METHODS)})")
-    return HybridOutcome(method, plan, time.perf_counter() - start, result, lower_bound_hybrid(problem),
-                         note=plan.describe() if method == "hybrid" else "")
+    return Outcome(method, plan, time.perf_counter() - start, result, lower_bound_hybrid(problem),
+                   note=plan.describe() if method == "hybrid" else "")

@@ -68,6 +68,15 @@ class HybridResult:
         """The longest device communication time as a fraction of the step."""
         return self.comm_s / self.step_time_s if self.step_time_s > 0 else 0.0
 
+    def row(self) -> dict[str, Any]:
+        """The result's own keys of an outcome's JSON row (those every kind shares are the outcome's)."""
+        return {"utilisation": self.utilisation, "comm_s": self.comm_s, "comm_share": self.comm_share,
+                "sync_exposed_s": self.sync_exposed_s, "bubble_s": self.bubble_s}
+
+    def time_split(self) -> dict[str, float]:
+        """Where the step goes: the busiest device's compute, communication and pipeline bubbles."""
+        return {"compute": float(self.busy_s.max()), "communication": self.comm_s, "pipeline bubble": self.bubble_s}
+
     def to_dict(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "samples_per_s": self.samples_per_s, "feasible": self.feasible,
                 "peak_mem_bytes": [float(x) for x in self.peak_mem_bytes],

@@ -36,7 +36,8 @@ from gymnasium import spaces
 from gpualloc.errors import AgentError
 from gpualloc.placement.partition.baselines import contiguous_chunks
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import Outcome, best
+from gpualloc.placement.outcome import Outcome
+from gpualloc.placement.run import best
 from gpualloc.placement.simulate import simulate
 
 DEVICE_FEATURES = 8
@@ -85,7 +86,7 @@ def _prepare(problem: PlacementProblem, factor: int, seed: int) -> _Episode:
     gs, gd = group[g.edge_src], group[g.edge_dst]
     cross = gs != gd
     base = best(problem, seed=seed)
-    base_sub = np.array([np.bincount(base.assignment[group == s], minlength=problem.k).argmax() for s in range(m)])
+    base_sub = np.array([np.bincount(base.plan.assignment[group == s], minlength=problem.k).argmax() for s in range(m)])
     base_result = simulate(problem, base_sub[group])
     return _Episode(
         problem=problem,

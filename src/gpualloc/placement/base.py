@@ -1,0 +1,53 @@
+"""The model-on-a-cluster base both placement problems share.
+
+A problem is a graph, a cluster, a cost model and memory rules; :class:`OnCluster` holds the per-device
+arrays every cost formula reads under the names the cost code uses. A problem under drifted conditions
+overrides them (``conditions.ConditionedProblem``). The op-level problem
+(:class:`~gpualloc.placement.problem.PlacementProblem`) and the hybrid one
+(:class:`~gpualloc.placement.hybrid.problem.HybridProblem`) both stand on it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpualloc.cost.memory import OPTIMIZER_STATES
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gpualloc.cost.memory import MemoryRules
+    from gpualloc.cost.model import CostModel
+    from gpualloc.graph.ir import OpGraph
+    from gpualloc.hardware.cluster import ClusterSpec
+
+__all__ = ["OnCluster"]
+
+
+class OnCluster:
+    """A model (``graph``, ``cost``, ``rules``) on ``cluster``: the per-device arrays a problem reads."""
+
+    graph: OpGraph
+    cluster: ClusterSpec
+    cost: CostModel
+    rules: MemoryRules
+
+    @property
+    def optimizer_states(self) -> int:
+        """fp32 state tensors the optimizer keeps per weight (Adam: 2)."""
+        return OPTIMIZER_STATES[self.rules.optimizer]
+
+    @property
+    def mem_cap_bytes(self) -> np.ndarray:
+        """Memory of each device in bytes, (k,)."""
+        return self.cluster.gpu_mem_bytes
+
+    @property
+    def bandwidth(self) -> np.ndarray:
+        """Bytes/s between devices, (k, k); ``inf`` on the diagonal."""
+        return self.cluster.bandwidth
+
+    @property
+    def latency(self) -> np.ndarray:
+        """One-way latency in seconds between devices, (k, k); 0 on the diagonal."""
+        return self.cluster.latency
