@@ -7,13 +7,14 @@ PIP := $(BIN)/python -m pip
 # torch is pinned: installed first, then every later pip call is constrained to it.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-slurm slurm-deps venv clean
+.PHONY: demo test test-fast test-slurm slurm-deps venv clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	@# .[all]: the core and every extra (service, ray, slurm, nvml, execute) plus the test tools.
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[all]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -27,6 +28,12 @@ test: $(STAMP)
 	@if [ -n "$$CI" ]; then $(MAKE) --no-print-directory slurm-deps || echo "make test: Slurm not installed: its tests skip"; fi
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# The everyday loop: ruff and every test not marked slow (the demo, Slurm, Ray, gloo workers, training,
+# reproduce). `make test` (and CI) still run everything.
+test-fast: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The tests against a real Slurm (a fake cluster on this host; see scripts/slurm/fake-cluster.sh).
 SLURM_PKGS := slurm-wlm munge

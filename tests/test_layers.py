@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpualloc"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # utilities: import nothing above them
-    ("__init__", "errors", "limits", "options", "seeding", "native", "registry", "parallel", "cache"),
+    ("__init__", "errors", "_extras", "limits", "options", "seeding", "native", "registry", "parallel", "cache"),
     ("hardware",),
     ("graph",),
     ("cost",),

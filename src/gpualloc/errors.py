@@ -59,6 +59,10 @@ class ExecutionError(GpuallocError):
     """A plan cannot be run on real devices: a missing device, a failing worker, a model that will not split."""
 
 
+class ExtraMissingError(GpuallocError):
+    """An optional part of gpualloc is not installed: the message names the extra that installs it."""
+
+
 def read_text(path, error: type[GpuallocError], where: str | None = None) -> str:
     """The UTF-8 text of ``path``; an unreadable, missing or binary file raises ``error`` in one line.
 

@@ -107,6 +107,10 @@ def serve(
                                                **bounds_of(ServiceConfig, "default_time_limit_s"),
                                                help="Seconds: the time limit of a job submitted without one "
                                                     "(as Slurm's DefaultTime)."),
+    migrate: bool = typer.Option(_DEFAULTS.migrate, "--migrate/--no-migrate",
+                                 help="Move running jobs to other nodes to make room for a single-node gang that "
+                                      "free GPUs split across nodes keep waiting, when it pays (a moved job "
+                                      "restarts from scratch; docs/service.md). Not with --quotas."),
     ready_file: Path | None = typer.Option(None, "--ready-file",
                                               help="Once the service accepts connections, write this file "
                                                    "(JSON: url, pid, token_file; mode 0600, atomically); removed "
@@ -131,7 +135,7 @@ def serve(
                      max_queued=max_queued, max_body_bytes=max_body_bytes, on_lost=on_lost,
                      max_attempts=max_attempts, preemption=preemption, telemetry=telemetry, tick_s=tick_s,
                      docs=docs, agents_dir=agents_dir, allowed_hosts=allowed_hosts, quotas=quotas,
-                     knowledge=knowledge, default_time_limit_s=default_time_limit_s)
+                     knowledge=knowledge, default_time_limit_s=default_time_limit_s, migrate=migrate)
     for name in ("token_file", "agents_dir", "quotas"):  # the configuration holds paths as strings
         if explicit.get(name) is not None:
             explicit[name] = str(explicit[name])
@@ -145,11 +149,12 @@ def serve(
     knowledge, policy, backend, host = cfg.knowledge, cfg.policy, cfg.backend, cfg.host
     check_knowledge(knowledge, "--knowledge")
     if policy is not None:  # refused as the simulator refuses it, before anything is made
-        from gpualloc.scheduling.policies import POLICIES, require_knowledge
+        from gpualloc.scheduling.knowledge import require_policy
+        from gpualloc.scheduling.policies import POLICIES
 
         if policy not in POLICIES:
             raise POLICIES.unknown(policy)
-        require_knowledge(policy, knowledge)
+        require_policy(policy, knowledge)  # a dqn whose bundled agent reads what the level hides too
     # First, before printing anything or making a token: a port in use is one line and exit 2.
     sock = listen_socket(host, DEFAULT_PORT if cfg.port is None else cfg.port)
     try:

@@ -68,8 +68,8 @@ except ModuleNotFoundError as err:
 from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
-from gpualloc.scheduling.knowledge import check_knowledge
-from gpualloc.scheduling.policies import POLICIES, require_knowledge
+from gpualloc.scheduling.knowledge import check_knowledge, require_policy
+from gpualloc.scheduling.policies import POLICIES
 from gpualloc.scheduling.quotas import Quotas
 from gpualloc.service.auth import (check_store_files, default_store, default_token_path, load_or_create_token,
                                    token_matches)
@@ -117,7 +117,7 @@ class Service:
         check_knowledge(config.knowledge)
         if config.policy is not None:  # before open() makes a store or a token
             check_policy_name(config.policy)
-            require_knowledge(config.policy, config.knowledge)
+            require_policy(config.policy, config.knowledge, self.checked_policy_options(config.policy_options))
         self.types = DeviceTypes.of(self.cluster)
         self.store: Store | None = None
         self.backend: Backend | None = None
@@ -179,7 +179,7 @@ class Service:
                                        tick_s=cfg.tick_s, on_lost=cfg.on_lost, max_attempts=cfg.max_attempts,
                                        preemption=cfg.preemption, quotas=self.quotas, knowledge=cfg.knowledge,
                                        default_limit_s=cfg.default_time_limit_s,
-                                       predictor_options=cfg.predictor_options)
+                                       predictor_options=cfg.predictor_options, migrate=cfg.migrate)
             self.recovery = self.scheduler.start()
             self._open_telemetry()
         except BaseException:
