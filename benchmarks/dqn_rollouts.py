@@ -1,6 +1,7 @@
-"""Parallel experience collection for the DQN scheduler: how throughput scales with rollout actors.
+"""Parallel experience collection on ``gpualloc/Scheduling-v0``: how throughput scales with rollout actors.
 
-Two measurements on ``adlro16`` with the bundled agent's hyper-parameters (``DEFAULT_CONFIG``):
+Two measurements on ``adlro16`` with the hyper-parameters of the retired per-slot agent (``CONFIG``, the
+design's CNN; that agent was retired in issue 37, its environment and the distributed loop stay):
 
 * **collection only**: ``--steps`` environment steps collected by 1 actor in this process, then by
   ``--actors`` actors as local processes and as Ray tasks (``learning_starts`` above the step count,
@@ -33,12 +34,18 @@ import torch
 
 import _args
 from gpualloc.parallel import ProcessExecutor, RayExecutor
-from gpualloc.rl.dqn import DQNAgent, train
+from gpualloc.rl.dqn import DQNAgent, DQNConfig, train
 from gpualloc.rl.dqn.distributed import train_distributed
 from gpualloc.rl.envs.scheduling_env import SchedulingEnv
-from gpualloc.rl.train_scheduler import DEFAULT_CONFIG
 
 OUT = Path(__file__).resolve().parent / "results" / "dqn_rollouts.json"
+
+CONFIG = DQNConfig(
+    backbone="cnn", lr=1e-4, gamma=0.99, batch_size=64, buffer_size=50_000, learning_starts=2_000,
+    train_freq=2, gradient_steps=1, target_update_interval=250, eps_start=1.0, eps_end=0.05,
+    eps_decay_steps=20_000, hidden=(128, 128), cnn_channels=(16, 16), cnn_strides=(1, 2), seed=0,
+)
+"""The design's CNN over the utilisation grid plus two fully connected layers (the per-slot agent's)."""
 
 
 def timed(fn) -> tuple[float, object]:
@@ -64,8 +71,8 @@ def main() -> None:
     def agent(cfg):
         return DQNAgent(space_env.observation_space, space_env.action_space, cfg)
 
-    collect_cfg = replace(DEFAULT_CONFIG, learning_starts=10 * args.steps, seed=args.seed)
-    learn_cfg = replace(DEFAULT_CONFIG, seed=args.seed)
+    collect_cfg = replace(CONFIG, learning_starts=10 * args.steps, seed=args.seed)
+    learn_cfg = replace(CONFIG, seed=args.seed)
     rows = []
 
     def row(mode: str, actors: int, where: str, seconds: float, log) -> None:

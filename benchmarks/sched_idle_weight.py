@@ -30,7 +30,6 @@ import _args
 from gpualloc.cli.common import console
 from gpualloc.experiments.scheduling_table import VAL_WINDOWS, training_windows
 from gpualloc.hardware.cluster import load_cluster
-from gpualloc.rl.train_scheduler import DEFAULT_EVAL_SEEDS
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import simulate
@@ -41,6 +40,7 @@ OUT = ROOT / "results" / "sched_idle_weight.json"
 CLUSTERS = ("adlro16", "8xV100+4xP100+4xK80", "4xA100+4xV100+8xT4")  # the agent's training clusters
 LOADS = (0.5, 0.8, 1.0)
 UTIL_TARGET = 0.85  # utilisation while jobs wait, at load 1.0
+VALIDATION_SEEDS = (1000, 1001, 1002, 1003, 1004)  # the learned scheduler's validation seeds
 
 
 @functools.cache
@@ -51,7 +51,7 @@ def _workloads(jobs: int, data: str | None) -> list[tuple[str, object, object]]:
     for name in CLUSTERS:
         spec = load_cluster(name)
         for load in LOADS:
-            for seed in DEFAULT_EVAL_SEEDS:
+            for seed in VALIDATION_SEEDS:
                 out.append((f"{name} load {load} seed {seed}", spec, generate(jobs, spec, load, seed=seed)))
     if data:
         for spec, trace in training_windows(data, CLUSTERS, starts=VAL_WINDOWS, jobs=jobs):

@@ -5,15 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from gpualloc.parallel import ProcessExecutor, RayExecutor, SerialExecutor, make_executor
 from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table
-from gpualloc.rl.train_scheduler import DEFAULT_CONFIG, train_scheduler
-from gpualloc.rl.features import FeatureLayout
 from tests.cli.test_cli import invoke
 
 SPEC = SchedTableSpec(loads=(0.8,), seeds=2, jobs=30, policies=("fcfs", "sjf", "dqn"))
@@ -113,37 +109,3 @@ def test_reproduce_scheduling_quick_on_ray(tmp_path, ray_executor, serial_table)
     assert doc["real_traces"] == "skipped: --no-real-traces" and doc["command"].endswith(" --no-real-traces")
     cli = {r["policy"]: r["avg_jct_s"] for r in doc["rows"] if r["knowledge"] == "oracle"}  # SPEC's level
     assert {r["policy"]: r["avg_jct_s"] for r in serial_table}.items() <= cli.items()
-
-
-def tiny_training(**overrides) -> tuple:
-    """A 2-GPU cluster, six 12-job traces and a tiny network: ``(cluster, train_scheduler kwargs)``."""
-    from gpualloc.hardware.cluster import load_cluster
-    from gpualloc.workload.traces import generate
-
-    cluster = load_cluster("2xV100")
-    traces = [generate(12, cluster, 0.8, seed=s) for s in range(6)]
-    config = replace(DEFAULT_CONFIG, learning_starts=30, batch_size=8, hidden=(8,), cnn_channels=(2,),
-                     cnn_strides=(1,), buffer_size=500)
-    layout = FeatureLayout(max_gpus=2, max_types=1, top_k=4, window=2)
-    kwargs = dict(traces=traces, eval_traces=traces[:3], config=config, layout=layout, plot_path=None)
-    return cluster, kwargs | overrides
-
-
-def test_train_scheduler_evaluations_are_the_same_on_ray(tmp_path, ray_executor):
-    cluster, kwargs = tiny_training(steps=60, seed=2, eval_every=30, baselines=("fcfs", "sjf"))
-    serial = train_scheduler(cluster, tmp_path / "a.pt", **kwargs)
-    on_ray = train_scheduler(cluster, tmp_path / "b.pt", executor=ray_executor, **kwargs)
-    assert serial.evals == on_ray.evals and serial.baselines == on_ray.baselines
-    assert len(serial.evals) == 2 and np.isfinite(serial.best.avg_jct_s)
-    assert not (tmp_path / "b.eval.pt").exists() and (tmp_path / "b.pt").is_file()
-
-
-def test_train_scheduler_rollouts_are_the_same_on_ray(tmp_path, ray_executor):
-    """Two actors per round: experience collected as Ray tasks trains the same agent as in-process."""
-    cluster, kwargs = tiny_training(steps=300, seed=4, eval_every=60, baselines=("fcfs",), actors=2, round_steps=40)
-    kwargs["eval_traces"] = kwargs["eval_traces"][:2]
-    serial = train_scheduler(cluster, tmp_path / "a.pt", **kwargs)
-    on_ray = train_scheduler(cluster, tmp_path / "b.pt", executor=ray_executor, **kwargs)
-    assert serial.episode_returns == on_ray.episode_returns and serial.losses == on_ray.losses
-    assert serial.evals == on_ray.evals and len(serial.losses) > 0 and serial.steps >= 300
-    assert [e.step for e in serial.evals][-1] == serial.steps and len(serial.evals) >= 2

@@ -17,6 +17,8 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
 from gpualloc.errors import AgentError
+from gpualloc.options import OptionsError, options_dict, parse_options
+from gpualloc.rl.train_config import TrainConfig
 from gpualloc.rl.expert_choice import (ExpertPanel, GateResult, HDFeatures, distinct, gate, mean_ratio, obs_dim,
                                        observe)
 from gpualloc.rl.imitation import clone_teacher
@@ -178,6 +180,23 @@ def test_hd_features_are_deterministic_and_feed_the_agent():
     np.testing.assert_array_equal(again(env._sim.view), a(env._sim.view))
 
 
+@pytest.mark.parametrize("fmt, message", [("gpualloc.scheduler", "the per-slot agent was retired in issue 37"),
+                                          (None, "not a scheduling agent")])
+def test_a_per_slot_or_foreign_agent_file_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, fmt, message):
+    import gymnasium as gym
+
+    agent = DQNAgent(gym.spaces.Box(-1.0, 1.0, (3,)), gym.spaces.Discrete(2), DQNConfig(hidden=(4,)))
+    path = agent.save(tmp_path / "old.pt", extra={} if fmt is None else {"format": fmt})
+    with pytest.raises(AgentError, match=message):
+        make_policy("dqn", agent=str(path))
+    monkeypatch.setattr(sys, "argv", ["gpualloc", "simulate", "run", "-c", "2xV100", "--generate", "5",
+                                      "--policy", "dqn", "--agent", str(path)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and message in lines[0] and str(path) in lines[0], lines
+
+
 def test_simulate_dqn_on_an_unseen_cluster_through_main(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gpualloc", "simulate", "run", "-c", "16xV100+8xT4+8xA100", "--generate", "40",
                                       "--load", "0.8", "--policy", "dqn", "--json"])
@@ -232,8 +251,13 @@ def test_train_expert_scheduler_with_per_trace_guides(tmp_path):
                                     num_jobs=(15, 20), val_loads=(0.9,), bc_rounds=1, steps=0, guide="best")
     assert set(report.scores) >= set(FAST) | {"cloned"} and min(report.scores[e] for e in FAST) == 1.0
     extra = DQNAgent.load(report.out_path).extra
-    assert extra["guide"] == "best" and sum(extra["guides"].values()) == 2
-    with pytest.raises(AgentError, match="guide"):
+    assert extra["config"]["guide"] == "best" and sum(extra["guides"].values()) == 2
+    # the checkpoint saves the whole configuration, and it reads back to the same value
+    run = TrainConfig(clusters=("4xV100+2xT4",), experts=FAST, train_traces=2, num_jobs=(15, 20), val_loads=(0.9,),
+                      bc_rounds=1, steps=0, guide="best")
+    assert extra["config"] == options_dict(run) and parse_options(TrainConfig, extra["config"], "checkpoint") == run
+    assert extra["problems"] == {"train": [], "validation": []}
+    with pytest.raises(OptionsError, match="guide"):
         train_expert_scheduler(tmp_path / "x.pt", guide="oracle")
 
 
@@ -245,8 +269,8 @@ def test_train_expert_scheduler_with_per_trace_guides(tmp_path):
 def test_train_expert_scheduler_rejects_unknown_experts_before_simulating(tmp_path, monkeypatch, options, message):
     from gpualloc.rl import train_scheduler as ts
 
-    monkeypatch.setattr(ts, "_problems", lambda run: pytest.fail("simulated before checking the experts"))
-    with pytest.raises(AgentError, match=message):
+    monkeypatch.setattr(ts, "_problems", lambda *a: pytest.fail("simulated before checking the experts"))
+    with pytest.raises(OptionsError, match=message):
         train_expert_scheduler(tmp_path / "x.pt", **options)
     assert not (tmp_path / "x.pt").exists()
 

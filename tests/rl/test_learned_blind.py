@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gpualloc.errors import AgentError
+from gpualloc.options import OptionsError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
@@ -159,10 +160,10 @@ def test_bundled_paths_by_level_and_refusals(tmp_path):
     assert bundled_agent_path(knowledge="oracle").name == "sched-experts.pt"
     with pytest.raises(AgentError, match="unknown information level"):
         bundled_agent_path(knowledge="psychic")
-    with pytest.raises(AgentError, match="needs durations"):
+    with pytest.raises(OptionsError, match="needs durations"):
         train_expert_scheduler(tmp_path / "x.pt", knowledge="blind", experts=("las", "srtf"))
-    with pytest.raises(AgentError, match="oracle only"):
+    with pytest.raises(OptionsError, match="oracle only"):
         train_expert_scheduler(tmp_path / "x.pt", knowledge="estimate", experts=("las", "srtf"), rollout_points=2)
-    with pytest.raises(AgentError, match="not an expert"):
+    with pytest.raises(OptionsError, match="not an expert"):
         train_expert_scheduler(tmp_path / "x.pt", experts=("las", "srtf-pred"))  # -pred only below oracle
     assert isinstance(learned_policy(None), (ByLevel, ExpertChoicePolicy))

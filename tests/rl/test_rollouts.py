@@ -91,10 +91,10 @@ def test_training_with_rollout_labels_keeps_the_better_and_records_it(tmp_path):
 
     report = train_expert_scheduler(tmp_path / "a.pt", clusters=("4xV100+2xT4",), experts=("srtf", "sjf", "fcfs"),
                                     train_traces=2, num_jobs=(15, 20), val_loads=(0.9,), bc_rounds=1, bc_episodes=1,
-                                    steps=0, rollout_points=3, rollout_horizon_s=None)
+                                    steps=0, rollout_points=3, rollout_horizon_s=0.0)
     assert report.kept in ("cloned", "rollout")
     agent = DQNAgent.load(report.out_path)
-    assert agent.extra["rollout_points"] == 3 and agent.extra["validation"]["rollout_h"] is not None
+    assert agent.extra["config"]["rollout_points"] == 3 and agent.extra["validation"]["rollout_h"] is not None
     # kept only when better: the kept agent's validation JCT is the lowest of those tried
     v = agent.extra["validation"]
     assert report.gate.agent_jct_s / 3600 == pytest.approx(min(v["cloned_h"], v["rollout_h"]))

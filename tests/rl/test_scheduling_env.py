@@ -170,3 +170,67 @@ def test_truncation_and_bad_arguments():
         SchedulingEnv("adlro16", [hand_trace()], layout=SMALL)
     with pytest.raises(AgentError, match="slot_order"):
         SchedulingEnv("2xV100", [hand_trace()], layout=SMALL, slot_order="random")
+
+
+# --------------------------------------------------------------------- agents that researchers bring
+def test_sb3_dqn_trains_on_the_scheduling_env(one_torch_thread):
+    """Stable-Baselines3's DQN runs unchanged on ``gpualloc/Scheduling-v0`` (it ignores the mask: masked
+    actions become valid ones, at a penalty)."""
+    from stable_baselines3 import DQN
+
+    env = gym.make("gpualloc/Scheduling-v0", cluster="2xV100", traces=[hand_trace()], layout=SMALL)
+    model = DQN("MultiInputPolicy", env, learning_starts=20, buffer_size=500, batch_size=8, seed=0, verbose=0,
+                policy_kwargs={"net_arch": [16]})
+    model.learn(total_timesteps=60)
+    obs, _ = env.reset(seed=0)
+    action, _ = model.predict(obs, deterministic=True)
+    assert env.action_space.contains(int(action)) and model.num_timesteps == 60
+
+
+def test_expert_choice_env_is_registered_and_passes_check_env():
+    from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
+
+    # generated episodes (check_env makes the environment again from its registered spec: names, not specs)
+    env = gym.make("gpualloc/ExpertChoice-v0", clusters=("4xV100+2xT4",), num_jobs=(20, 30),
+                   experts=("srtf", "fcfs", "sjf"))
+    assert isinstance(env.unwrapped, ExpertChoiceEnv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # its features are unbounded (queue lengths, log times): Box(-inf, inf), which check_env only remarks on
+        warnings.filterwarnings("ignore", message=r".*Box observation space (minimum|maximum) value is")
+        check_env(env.unwrapped, skip_render_check=True)
+
+
+def _pairs(rng: np.random.Generator) -> Trace:
+    """Two short and two long jobs arrive together on 2 GPUs, in random queue order: shortest first is
+    optimal (each long job then waits for a short one, not the other way round)."""
+    works = [rng.uniform(50, 150), rng.uniform(50, 150), rng.uniform(600, 1500), rng.uniform(600, 1500)]
+    return Trace.of([Job(str(i), 0.0, ML, float(w), 1) for i, w in enumerate(rng.permutation(works))],
+                    source="pairs")
+
+
+@pytest.mark.slow
+def test_our_dqn_learns_shortest_first_on_a_tiny_cluster(one_torch_thread):
+    """The environment is learnable: our DQN with the design's CNN finds the known optimum (SJF's total JCT)
+    on held-out job orders, played greedily through the environment."""
+    from gpualloc.rl.dqn import DQNAgent, DQNConfig, train
+
+    tiny = FeatureLayout(max_gpus=2, max_types=1, top_k=4, window=2)
+    rng = np.random.default_rng(0)
+    env = SchedulingEnv("2xV100", [_pairs(rng) for _ in range(200)], layout=tiny, slot_order="arrival",
+                        reward_scale_s=100.0)
+    config = DQNConfig(backbone="cnn", cnn_channels=(4,), cnn_strides=(1,), hidden=(64, 64), lr=1e-3, gamma=0.9,
+                       batch_size=32, learning_starts=200, train_freq=1, target_update_interval=100,
+                       eps_decay_steps=2_000, seed=0)
+    agent = DQNAgent(env.observation_space, env.action_space, config)
+    train(env, agent, 4_000, seed=0)
+    cluster = load_cluster("2xV100")
+    rng = np.random.default_rng(123)  # held-out orders and lengths
+    for _ in range(10):
+        tr = _pairs(rng)
+        obs, info = env.reset(options={"trace": tr})
+        done = False
+        while not done:
+            obs, _, done, _, info = env.step(agent.act(obs, info["action_mask"], explore=False))
+        sjf = simulate(tr, cluster, make_policy("sjf"))
+        assert metrics.jct_s(env.last_result).sum() == pytest.approx(metrics.jct_s(sjf).sum())

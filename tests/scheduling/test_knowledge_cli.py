@@ -79,13 +79,11 @@ def test_refused_before_any_run(args, error, message):
     assert isinstance(result.exception, error) and message in str(result.exception), result.output
 
 
-def test_train_scheduler_passes_the_level_to_training_that_has_the_setting():
-    from gpualloc.cli.train import _knowledge_option
-    from gpualloc.errors import AgentError
-    from gpualloc.rl.train_scheduler import ExpertTraining
+def test_train_scheduler_takes_the_level_in_its_training_config():
+    """``train scheduler --knowledge`` is TrainConfig's field (the CLI passes it: tests/rl/test_train_options.py)."""
+    from gpualloc.options import OptionsError
+    from gpualloc.rl.train_config import TrainConfig
 
-    assert _knowledge_option("blind", True) == {"knowledge": "blind"}  # the expert-choice agent's settings
-    assert ExpertTraining(knowledge="blind").knowledge == "blind"
-    assert _knowledge_option("oracle", False) == {}  # the per-slot DQN trains on the truth, as always
-    with pytest.raises(AgentError, match="--knowledge estimate: this training reads true durations"):
-        _knowledge_option("estimate", False)
+    assert TrainConfig(knowledge="blind", experts=("las", "fcfs")).knowledge == "blind"
+    with pytest.raises(OptionsError, match="knowledge: unknown information level 'psychic'"):
+        TrainConfig(knowledge="psychic")

@@ -78,16 +78,16 @@ def test_an_old_world_readable_runs_folder_is_closed(tmp_path):
 def test_policy_agents_only_from_the_agents_folder(local_service, tmp_path):
     agents = tmp_path / "agents"
     agents.mkdir()
-    shutil.copy(bundled_agents_dir() / "sched-adlro16.pt", agents / "mine.pt")
+    shutil.copy(bundled_agents_dir() / "sched-experts.pt", agents / "mine.pt")
     outside = tmp_path / "outside.pt"
-    shutil.copy(bundled_agents_dir() / "sched-adlro16.pt", outside)
+    shutil.copy(bundled_agents_dir() / "sched-experts.pt", outside)
     (agents / "link.pt").symlink_to(outside)
     svc = local_service(agents_dir=str(agents))
 
     def put(agent):
         return svc.client.put("/policy", json={"name": "dqn", "options": {"agent": agent}})
 
-    bundled = str(bundled_agents_dir() / "sched-adlro16.pt")
+    bundled = str(bundled_agents_dir() / "sched-experts.pt")
     for agent in (str(outside), "../outside.pt", "link.pt", "missing.pt", bundled,
                   "", ".", 7, ["mine.pt"], "/etc/passwd"):
         resp = put(agent)
@@ -102,7 +102,7 @@ def test_policy_agents_only_from_the_agents_folder(local_service, tmp_path):
 def test_default_agents_folder_is_the_bundled_one(local_service):
     svc = local_service()
     assert svc.service.agents_dir == bundled_agents_dir()
-    assert (bundled_agents_dir() / "sched-adlro16.pt").is_file()
+    assert (bundled_agents_dir() / "sched-experts.pt").is_file()
     resp = svc.client.put("/policy", json={"name": "dqn", "options": {"agent": os.devnull}})
     assert resp.status_code == 422 and "options.agent" in resp.text
 

@@ -26,14 +26,12 @@ import numpy as np
 from gpualloc.errors import AgentError
 from gpualloc.scheduling.base import ClusterView, Decision
 from gpualloc.scheduling.policies import make_policy
+from gpualloc.rl.train_config import DEFAULT_EXPERTS
 from gpualloc.scheduling.rules import validate_decision
 
 __all__ = ["BLIND_EXPERTS", "DEFAULT_EXPERTS", "ESTIMATE_EXPERTS", "EXPERTS_AT", "EXPERT_FEATURES", "GLOBAL_FEATURES",
            "KNOWLEDGE_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel", "GateResult", "HDFeatures",
            "PredictedWork", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
-
-DEFAULT_EXPERTS: tuple[str, ...] = ("gavel", "srtf", "tiresias", "sjf", "gavel-srtf")
-"""The heuristics whose proposals the agent chooses among (registry names), under ``oracle``."""
 
 BLIND_EXPERTS: tuple[str, ...] = ("fcfs", "las", "tiresias", "tiresias-gittins", "gavel",
                                   "srtf-pred", "sjf-pred", "gavel-srtf-pred")

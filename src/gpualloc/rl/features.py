@@ -1,41 +1,35 @@
-"""Ingestion and normalisation for learned schedulers: job requests, live GPU metrics and the cluster
-as fixed-size feature tensors.
+"""The observations, masks and actions of ``gpualloc/Scheduling-v0``
+(:class:`~gpualloc.rl.envs.scheduling_env.SchedulingEnv`): job requests, live GPU metrics and the
+cluster as fixed-size feature tensors.
 
 Three inputs come in, through one path whatever their source:
 
 * **Job requests**: what a :class:`~gpualloc.scheduling.base.ClusterView` carries per job (GPUs,
   priority, job type, work, the speed on each device type, where a 0 is a GPU-type preference that
-  forbids the type) plus, when the caller has them, CPU cores and host memory (:class:`JobRequests`).
+  forbids the type) plus CPU cores and host memory from the trace (:class:`JobRequests`).
 * **Live GPU metrics** (:class:`GpuMetrics`): utilisation, memory in use, temperature and memory
-  bandwidth per GPU. The simulator provides them through :func:`simulated_metrics`; a telemetry
-  backend provides them through :meth:`GpuMetrics.from_samples` (any objects with the fields of
-  ``gpualloc.telemetry.base.DeviceSample``). Both are a ``MetricsSource``: ``view -> GpuMetrics``.
-  Fields a source cannot read are NaN and enter the tensors as 0.
+  bandwidth per GPU, from a ``MetricsSource`` (``view -> GpuMetrics``): the simulator's
+  (:func:`simulated_metrics`) by default. Fields a source cannot read are NaN and enter the tensors as 0.
 * **The cluster**: GPUs grouped by node and device type (grid rows), per-type totals and free counts.
 
-:class:`FeatureScaler` holds the normalisation statistics. Its job statistics are fitted on training
-traces (:meth:`FeatureScaler.fit`) and saved with the agent (:meth:`FeatureScaler.to_dict`); the GPU
-metrics use fixed physical scales.
-
-:class:`FeatureLayout` fixes the tensor sizes (GPUs, device types, queued-job slots, time window), so
-one agent serves any cluster up to ``max_gpus`` GPUs of up to ``max_types`` device types.
-:class:`DecisionPoint` turns one decision point into observations, action masks and, one start at a
-time, a :class:`~gpualloc.scheduling.base.Decision`. The Gymnasium environment
-(:mod:`gpualloc.rl.envs.scheduling_env`) and the ``dqn`` policy share it, so the agent sees exactly
-the same tensors in training and in use. ``docs/scheduling-agent.md`` lists every feature.
+:class:`FeatureScaler` holds the normalisation statistics (job statistics fitted on training traces by
+:meth:`FeatureScaler.fit`, GPU metrics on fixed physical scales). :class:`FeatureLayout` fixes the tensor
+sizes (GPUs, device types, queued-job slots, time window), so one agent serves any cluster up to
+``max_gpus`` GPUs of up to ``max_types`` device types. :class:`DecisionPoint` turns one decision point
+into observations, action masks and, one start at a time, a :class:`~gpualloc.scheduling.base.Decision`.
+``docs/scheduling-agent.md`` lists every feature.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 from gymnasium import spaces
 
 from gpualloc.errors import AgentError
-from gpualloc.rl.dqn.config import check_fields
 from gpualloc.scheduling.base import GPU_DOWN, ClusterView, Decision, Starts
 from gpualloc.workload.jobs import JOB_TYPES, Trace
 
@@ -104,28 +98,6 @@ class GpuMetrics:
         nan = np.full(n_gpus, np.nan)
         return cls(nan, nan.copy(), nan.copy(), nan.copy())
 
-    @classmethod
-    def from_samples(cls, samples: Iterable, n_gpus: int) -> GpuMetrics:
-        """Metrics from telemetry samples: objects with ``device``, ``utilization``,
-        ``mem_used_bytes``, ``mem_total_bytes``, ``temperature_c`` and ``mem_bandwidth_util``
-        attributes (``gpualloc.telemetry.base.DeviceSample``); None fields and missing GPUs stay NaN.
-        """
-        out = cls.unknown(n_gpus)
-        for s in samples:
-            g = int(s.device)
-            if not 0 <= g < n_gpus:
-                raise AgentError(f"GpuMetrics: sample for device {g}, cluster has {n_gpus} GPUs")
-            out.utilization[g] = _num(s.utilization)
-            used, total = _num(s.mem_used_bytes), _num(s.mem_total_bytes)
-            out.mem_used_frac[g] = used / total if total > 0 else np.nan
-            out.temperature_c[g] = _num(s.temperature_c)
-            out.mem_bandwidth_util[g] = _num(s.mem_bandwidth_util)
-        return out
-
-
-def _num(x) -> float:
-    return np.nan if x is None else float(x)
-
 
 MetricsSource = Callable[[ClusterView], GpuMetrics]
 """Where live GPU metrics come from at a decision point: the simulator or a telemetry backend."""
@@ -172,8 +144,6 @@ class FeatureScaler:
     temperature_ref_c: float = 30.0
     temperature_span_c: float = 60.0
 
-    VERSION = 1
-
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -205,26 +175,6 @@ class FeatureScaler:
             log_mem_mean=float(mem.mean()), log_mem_std=_std(mem),
             time_scale_s=float(np.exp(work.mean())),
         )
-
-    def to_dict(self) -> dict:
-        """Plain values for a checkpoint's ``extra``."""
-        return {"version": self.VERSION, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> FeatureScaler:
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            AgentError: another version, or unknown or bad fields.
-        """
-        data = dict(data)
-        if data.pop("version", None) != cls.VERSION:
-            raise AgentError(f"FeatureScaler: statistics of another version (expected {cls.VERSION})")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise AgentError(f"FeatureScaler: unknown field(s) {', '.join(unknown)}")
-        return cls(**{k: float(v) for k, v in data.items()})
 
     # -- transforms (numpy in, numpy out)
     def duration(self, t_s):
@@ -322,14 +272,6 @@ class FeatureLayout:
     def action_space(self) -> spaces.Discrete:
         return spaces.Discrete(self.n_actions)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> FeatureLayout:
-        check_fields(cls, data)
-        return cls(**{k: int(v) for k, v in data.items()})
-
 
 OBS_CLIP = 10.0
 """Every observation value is clipped to [-OBS_CLIP, OBS_CLIP]."""
@@ -361,13 +303,7 @@ class GridHistory:
         self.grid = np.zeros(layout.grid_shape, dtype=np.float32)
         self.total = view.total_by_type()
         self.node_cap = view.cluster.largest_node_per_type
-        self.jobs_id = id(view.jobs)
         self.last_decision_s: float | None = None
-
-    def matches(self, view: ClusterView) -> bool:
-        """Whether ``view`` belongs to the run this history was started for."""
-        return id(view.jobs) == self.jobs_id and (self.last_decision_s is None
-                                                  or view.now_s >= self.last_decision_s)
 
     def commit(self, column: np.ndarray, now_s: float) -> None:
         """Record the state after a decision as the newest past column."""
@@ -387,7 +323,7 @@ class DecisionPoint:
     copy and returned by :meth:`decision`. Slots are refilled after every start.
 
     Args:
-        view: the simulator's (or service's) view.
+        view: the simulator's view.
         history: the run's :class:`GridHistory`.
         scaler: normalisation statistics.
         metrics: live GPU metrics at this decision point.

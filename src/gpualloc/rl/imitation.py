@@ -49,7 +49,7 @@ def margin_loss(q: torch.Tensor, expert: torch.Tensor, mask: torch.Tensor, margi
 def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store: dict, teacher_drives: bool,
              seed: int, options: dict | None = None) -> int:
     obs, info = env.reset(seed=seed, options=options)
-    n, done = 0, False
+    n, done = 0, env.finished  # a trace with no choice at all is over at once
     while not done:
         label, mask = info["teacher_action"], info["action_mask"]
         action = label if teacher_drives else agent.act(obs, mask, explore=False)
@@ -100,6 +100,9 @@ def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, epi
         label = torch.as_tensor(np.asarray(store["label"], dtype=np.int64), device=agent.device)
         mask = torch.as_tensor(np.asarray(store["mask"], dtype=bool), device=agent.device)
         n = len(label)
+        if n == 0:  # every expert proposed the same at every decision point: nothing to imitate
+            raise AgentError("clone_teacher: the training traces offer no choice between the experts (every "
+                             "expert decides the same everywhere): use more or longer traces or other experts")
         log.transitions.append(n)
         for _ in range(epochs):
             perm = rng.permutation(n)

@@ -1,29 +1,19 @@
-"""``dqn``: a trained DQN agent as a scheduling policy.
+"""``dqn``: the expert-choice agent as a scheduling policy (the design's DQN scheduler).
 
-Two kinds of agent file load here (:func:`learned_policy`, the registry's ``dqn`` factory, tells
-them apart by the checkpoint's ``extra["format"]``):
+At each decision point :class:`ExpertChoicePolicy` applies the proposal of the expert heuristic the agent
+chooses (:mod:`gpualloc.rl.expert_choice`); preemptive, cluster-agnostic. Its checkpoint (a
+:class:`gpualloc.rl.dqn.DQNAgent` file whose ``extra["format"]`` is :data:`EXPERT_FORMAT`, written by
+:func:`gpualloc.rl.train_scheduler.train_expert_scheduler`) carries the gate's verdict from training: when
+the agent was worse than its teacher on the validation traces, the policy runs the teacher instead and says
+so (a warning and :attr:`ExpertChoicePolicy.note`). Without ``agent``, the bundled agent of the run's
+information level is used (:class:`ByLevel`, ``docs/scheduling-agent.md``).
 
-* ``gpualloc.expert-choice`` (the bundled ``sched-experts.pt``): :class:`ExpertChoicePolicy`, which
-  at each decision point applies the proposal of the expert heuristic the agent chooses
-  (:mod:`gpualloc.rl.expert_choice`); preemptive, cluster-agnostic. Its checkpoint carries the gate's
-  verdict from training: when the agent was worse than its teacher on the validation traces, the
-  policy runs the teacher instead and says so (a warning and :attr:`ExpertChoicePolicy.note`).
-* ``gpualloc.scheduler`` (the earlier per-GPU-slot agent, ``sched-adlro16.pt``): :class:`DQNPolicy`,
-  described below.
-
-At each decision point the policy builds the observation of
-:mod:`gpualloc.rl.envs.scheduling_env` from the view (:class:`~gpualloc.rl.features.DecisionPoint`,
-the code the environment uses) and takes the agent's greedy masked action, again and again, until it
-picks wait or no start is left; the starts form the :class:`Decision`. It is non-preemptive.
-
-The agent file is a :class:`gpualloc.rl.dqn.DQNAgent` checkpoint whose ``extra`` holds the feature
-layout, the normalisation statistics and the environment settings it was trained with
-(:func:`gpualloc.rl.train_scheduler.train_scheduler` writes it). Without ``agent``, the agent bundled
-for the ``adlro16`` cluster is used (``docs/scheduling-agent.md``).
+The earlier per-GPU-slot agent (``extra["format"] == "gpualloc.scheduler"``) was retired in issue 37: its
+files are refused in one line (:data:`RETIRED_FORMAT`).
 
 It lives in the learning layer and is registered lazily in the scheduling layer's policy registry
-(``"gpualloc.rl.sched_policy:DQNPolicy"``), so the scheduling layer never imports it; it imports
-:mod:`gpualloc.rl.dqn` (and so torch) only when a policy is created.
+(``"gpualloc.rl.sched_policy:learned_policy"``), so the scheduling layer never imports it; it imports
+:mod:`gpualloc.rl.dqn` (and so torch) only when an agent is loaded.
 """
 
 from __future__ import annotations
@@ -36,18 +26,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpualloc.cache import DiskCache, code_key, file_hash
-from gpualloc.errors import AgentError, GpuallocError, GpuallocWarning
-from gpualloc.hardware.cluster import ClusterSpec, load_cluster
+from gpualloc.errors import AgentError, GpuallocWarning
 from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, PredictedWork, distinct, observe
 from gpualloc.scheduling.base import ClusterView, Decision, JobTable
-from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
-                                          JobRequests, MetricsSource, simulated_metrics)
 
 if TYPE_CHECKING:
     from gpualloc.rl.dqn import DQNAgent
-
-BUNDLED_AGENT = "sched-adlro16.pt"
-"""The earlier per-slot agent for ``adlro16``, in ``gpualloc/rl/data``."""
 
 BUNDLED_EXPERT_AGENT = "sched-experts.pt"
 """The default agent (expert choice, any cluster), in ``gpualloc/rl/data``."""
@@ -59,13 +43,13 @@ BUNDLED_LEVEL_AGENTS = {"oracle": BUNDLED_EXPERT_AGENT, "estimate": "sched-exper
 EXPERT_FORMAT = "gpualloc.expert-choice"
 """``extra["format"]`` of an expert-choice agent's checkpoint."""
 
-EXTRA_FORMAT = "gpualloc.scheduler"
-"""``extra["format"]`` of a scheduling agent's checkpoint."""
+RETIRED_FORMAT = "gpualloc.scheduler"
+"""``extra["format"]`` of the per-slot agent's checkpoints, retired in issue 37."""
 
 
 def bundled_agent_path(name: str | None = None, *, knowledge: str | None = None) -> Path:
     """Path of a bundled agent: ``name``, or the expert-choice agent of information level ``knowledge``
-    (:data:`BUNDLED_LEVEL_AGENTS`), default the per-slot ``adlro16`` one."""
+    (:data:`BUNDLED_LEVEL_AGENTS`), default the expert-choice agent (:data:`BUNDLED_EXPERT_AGENT`)."""
     if knowledge is not None:
         if name is not None:
             raise AgentError("bundled_agent_path: give a name or a knowledge level, not both")
@@ -73,31 +57,11 @@ def bundled_agent_path(name: str | None = None, *, knowledge: str | None = None)
             raise AgentError(f"bundled_agent_path: unknown information level {knowledge!r} "
                              f"(expected one of {', '.join(BUNDLED_LEVEL_AGENTS)})")
         name = BUNDLED_LEVEL_AGENTS[knowledge]
-    return Path(str(resources.files("gpualloc.rl") / "data" / (name or BUNDLED_AGENT)))
+    return Path(str(resources.files("gpualloc.rl") / "data" / (name or BUNDLED_EXPERT_AGENT)))
 
 
 class AgentFallbackWarning(GpuallocWarning):
     """The learned agent failed its gate; its teacher heuristic schedules instead."""
-
-
-class AgentClusterWarning(GpuallocWarning):
-    """A per-slot agent runs on other GPUs than those it was trained on."""
-
-
-def off_its_cluster(trained_on: str | None, cluster: ClusterSpec) -> str | None:
-    """Why a per-slot agent trained on ``trained_on`` is off its training cluster on ``cluster`` (the
-    GPUs of each type differ), or ``None`` when it is not (or the training cluster is unknown)."""
-    if not trained_on or trained_on == cluster.name:
-        return None
-    try:
-        trained = load_cluster(trained_on).type_counts()
-    except GpuallocError:  # a cluster file not at hand: the names differ, so say so
-        trained = None
-    if trained == cluster.type_counts():
-        return None
-    return (f"the per-slot agent was trained on {trained_on} and runs on {cluster.name}: its GPU slots "
-            "differ, and it was never evaluated there (docs/scheduling-agent.md); the expert-choice agent, "
-            "the default dqn, is the one that transfers across clusters")
 
 
 def expert_extra(experts: tuple[str, ...] | list[str], teacher: int, gate: GateResult | None, **more) -> dict:
@@ -197,25 +161,24 @@ def verdict_key(path: str | Path) -> dict:
     return {"checkpoint_sha256": file_hash(path), **code_key(VERDICT_SOURCES)}
 
 
-def learned_policy(agent: str | Path | DQNAgent | None = None, *, cache: DiskCache | None = None, **options):
-    """The registry's ``dqn`` factory: the agent file's kind decides the policy class.
+def learned_policy(agent: str | Path | DQNAgent | None = None, *, cache: DiskCache | None = None):
+    """The registry's ``dqn`` factory.
 
     Args:
         agent: checkpoint path, a loaded agent, or None for the bundled expert-choice agent.
         cache: where the gate verdicts of agent files are kept (keyed by the file's content hash and
             the reading code): an expert-choice agent whose cached verdict failed becomes its teacher
             heuristic without loading the checkpoint or torch (seconds saved on every call).
-        **options: :class:`DQNPolicy` options (``requests``, ``metrics``) for a per-slot agent.
 
     Raises:
-        AgentError: missing file, or not a scheduling agent.
+        AgentError: missing file, not a scheduling agent, or a retired per-slot agent.
     """
     if agent is None:
-        oracle = _learned_policy(None, cache=cache, **options)
+        oracle = _learned_policy(None, cache=cache)
         levels = {k: bundled_agent_path(knowledge=k) for k in BUNDLED_LEVEL_AGENTS if k != "oracle"}
         levels = {k: p for k, p in levels.items() if p.is_file()}
         return ByLevel(oracle, levels, cache) if levels else oracle
-    return _learned_policy(agent, cache=cache, **options)
+    return _learned_policy(agent, cache=cache)
 
 
 class ByLevel:
@@ -260,7 +223,7 @@ class ByLevel:
         return getattr(current, name)
 
 
-def _learned_policy(agent, *, cache: DiskCache | None = None, **options):
+def _learned_policy(agent, *, cache: DiskCache | None = None):
     key = None
     if not _is_agent(agent):
         path = bundled_agent_path(BUNDLED_EXPERT_AGENT) if agent is None else Path(agent)
@@ -276,8 +239,11 @@ def _learned_policy(agent, *, cache: DiskCache | None = None, **options):
     else:
         loaded, where = DQNAgent.load(path, device="cpu"), str(path)
     extra = loaded.extra if isinstance(loaded.extra, dict) else {}
+    if extra.get("format") == RETIRED_FORMAT:
+        raise AgentError(f"{where}: a per-slot scheduling agent; the per-slot agent was retired in issue 37: "
+                         "train the expert-choice agent (gpualloc train scheduler) or use the bundled one")
     if extra.get("format") != EXPERT_FORMAT:
-        return DQNPolicy(loaded, **options)
+        raise AgentError(f"{where}: not a scheduling agent (its metadata lacks format {EXPERT_FORMAT!r})")
     try:
         experts = [str(x) for x in extra["experts"]]
         teacher = int(extra["teacher"])
@@ -319,94 +285,3 @@ def _from_verdict(verdict, path: Path) -> ExpertChoicePolicy | None:
     if gate.passed or not 0 <= teacher < len(experts):
         return None
     return ExpertChoicePolicy(None, experts, teacher, gate=gate, agent_path=path)
-
-
-def scheduler_extra(layout: FeatureLayout, scaler: FeatureScaler, *, slot_order: str, work_conserving: bool,
-                    idle_weight: float, cluster: str, **more) -> dict:
-    """The ``extra`` a scheduling agent's checkpoint carries (plain values)."""
-    return {"format": EXTRA_FORMAT, "layout": layout.to_dict(), "scaler": scaler.to_dict(),
-            "slot_order": slot_order, "work_conserving": bool(work_conserving), "idle_weight": float(idle_weight),
-            "cluster": cluster, **more}
-
-
-def read_extra(extra: dict, where: str) -> tuple[FeatureLayout, FeatureScaler, str, bool]:
-    """``(layout, scaler, slot_order, work_conserving)`` from a checkpoint's ``extra``.
-
-    Raises:
-        AgentError: not a scheduling agent, or bad fields (the message starts with ``where``).
-    """
-    if not isinstance(extra, dict) or extra.get("format") != EXTRA_FORMAT:
-        raise AgentError(f"{where}: not a scheduling agent (its metadata lacks format {EXTRA_FORMAT!r})")
-    try:
-        layout = FeatureLayout.from_dict(extra["layout"])
-        scaler = FeatureScaler.from_dict(extra["scaler"])
-        slot_order = str(extra["slot_order"])
-        work_conserving = bool(extra["work_conserving"])
-    except (KeyError, TypeError, ValueError, AgentError) as err:
-        raise AgentError(f"{where}: bad scheduling-agent metadata: {err}") from err
-    if slot_order not in SLOT_ORDERS:
-        raise AgentError(f"{where}: bad scheduling-agent metadata: slot_order {slot_order!r}")
-    return layout, scaler, slot_order, work_conserving
-
-
-class DQNPolicy:
-    """Schedule with a trained DQN agent (greedy, masked).
-
-    Args:
-        agent: checkpoint path, a loaded ``DQNAgent`` (its ``extra`` must hold the scheduling
-            metadata), or None for the bundled ``adlro16`` agent.
-        requests: CPU and memory requests of the run's jobs, where the caller has them (the
-            :class:`~gpualloc.scheduling.base.ClusterView` does not carry them).
-        metrics: source of live GPU metrics; the simulator's by default.
-
-    Raises:
-        AgentError: the file is missing or is not a scheduling agent.
-    """
-
-    name = "dqn"
-    preemptive = False
-    round_s: float | None = None
-
-    def __init__(self, agent: str | Path | DQNAgent | None = None, *, requests: JobRequests | None = None,
-                 metrics: MetricsSource = simulated_metrics) -> None:
-        from gpualloc.rl.dqn import DQNAgent
-
-        if isinstance(agent, DQNAgent):
-            self.agent, where = agent, "agent"
-        else:
-            path = bundled_agent_path() if agent is None else Path(agent)
-            self.agent, where = DQNAgent.load(path, device="cpu"), str(path)
-        self.layout, self.scaler, self.slot_order, self.work_conserving = read_extra(self.agent.extra, where)
-        if self.agent.n_actions != self.layout.n_actions:
-            raise AgentError(f"{where}: agent has {self.agent.n_actions} actions, layout expects "
-                             f"{self.layout.n_actions}")
-        self.requests = requests
-        self.metrics = metrics
-        self._history: GridHistory | None = None
-        self._warned = False  # AgentClusterWarning: once per policy
-
-    def decide(self, view: ClusterView) -> Decision:
-        history = self._history
-        if history is None or not history.matches(view):
-            history = self._history = GridHistory(view, self.layout)
-            if not self._warned:
-                why = off_its_cluster(self.agent.extra.get("cluster"), view.cluster)
-                if why:
-                    self._warned = True
-                    warnings.warn(why, AgentClusterWarning, stacklevel=2)
-        # Waiting on an idle cluster could stall the run for good (the policy cannot see whether
-        # arrivals are still due), so the idle rule always holds here.
-        point = DecisionPoint(view, history, self.scaler, self.metrics(view), self.requests,
-                              slot_order=self.slot_order, work_conserving=True)
-        wait = self.layout.wait_action
-        act = self.agent.act
-        while True:
-            mask = point.action_mask()
-            if not mask[:wait].any():
-                break
-            action = act(point.observe(), mask, explore=False)
-            if action == wait:
-                break
-            point.start(action)
-        point.commit()
-        return point.decision()

@@ -185,6 +185,11 @@ class ExpertChoiceEnv(gym.Env):
         return {"action_mask": self._mask.copy() if not self._sim.done else np.ones(len(self.experts), bool),
                 "teacher_action": self.teacher_action()}
 
+    @property
+    def finished(self) -> bool:
+        """Whether the episode is over: also right after :meth:`reset` when its trace offers no choice."""
+        return self._sim is None or self._sim.done
+
     def teacher_action(self) -> int:
         """The action that applies the guide's proposal (the teacher's unless ``guides`` says
         otherwise for this episode's problem; the first expert proposing the same)."""

@@ -1,9 +1,12 @@
-"""SchedulingEnv: start queued jobs one at a time at each decision point of the cluster simulator.
+"""``gpualloc/Scheduling-v0``: start queued jobs one at a time at each decision point of the cluster simulator.
 
-The environment drives :class:`gpualloc.scheduling.simulator.Simulation`, the engine behind
-``simulate()``, so the agent meets exactly the events, validation and results every policy does.
-Observations, masks and action decoding come from :class:`gpualloc.rl.features.DecisionPoint`,
-which the ``dqn`` policy uses too.
+The design's own job -> GPU action space, a Gymnasium environment for researchers who bring their own agent
+(the bundled ``dqn`` scheduler chooses among expert heuristics instead: ``gpualloc/ExpertChoice-v0``,
+:mod:`gpualloc.rl.envs.expert_env`). It is checked with Gymnasium's ``check_env`` and trained by
+Stable-Baselines3's DQN in the tests. The environment drives
+:class:`gpualloc.scheduling.simulator.Simulation`, the engine behind ``simulate()``, so the agent meets
+exactly the events, validation and results every policy does.
+Observations, masks and action decoding come from :class:`gpualloc.rl.features.DecisionPoint`.
 
 * **Episode**: one trace: drawn from ``traces``, or generated (:func:`gpualloc.workload.traces.generate`,
   a job count and a load drawn uniformly from ``num_jobs`` and ``loads``). It ends when every job has
