@@ -120,12 +120,6 @@ def test_the_checker_catches_upward_imports(tmp_path, source, expected):
 # the other); it only hides the loop from the interpreter. Lazy imports themselves stay welcome where they
 # keep start-up light or an optional extra optional; they just must not point back at an importer.
 
-PENDING_CYCLES: tuple[frozenset[str], ...] = (
-    frozenset({"gpualloc.placement.bounds", "gpualloc.placement.problem"}),  # issue 37 item 1 (placement)
-)
-"""Cycles still being broken; the lead empties this and drops the xfail below once they are gone."""
-
-
 @functools.cache
 def module_imports(root: Path = SRC) -> dict[str, list[tuple[str, int, str]]]:
     """``{module: [(path, line, imported module), ...]}`` inside ``root``; ``from pkg import name`` counts as
@@ -159,14 +153,8 @@ def import_cycles(root: Path = SRC) -> dict[frozenset[str], list[str]]:
             for c in sorted(nx.strongly_connected_components(graph), key=sorted) if len(c) > 1}
 
 
-def test_no_new_import_cycles():
-    new = {c: why for c, why in import_cycles().items() if c not in PENDING_CYCLES}
-    assert new == {}, "break these cycles (move what both need into a module both import)"
-
-
-@pytest.mark.xfail(reason="PENDING_CYCLES is not empty yet", strict=False)
 def test_no_import_cycles_inside_a_package():
-    assert import_cycles() == {}
+    assert import_cycles() == {}, "break these cycles (move what both need into a module both import)"
 
 
 @pytest.mark.parametrize(("files", "expected"), [
