@@ -10,7 +10,7 @@ depend on the executor.
 Ray is imported only by :class:`RayExecutor`; nothing else needs it installed.
 
 A utility below every domain layer (it imports nothing from gpualloc): the experiments and the
-learning code (:mod:`gpualloc.rl.train_scheduler`) both fan runs out through it.
+learning code (:func:`gpualloc.rl.dqn.distributed.train_distributed`) both fan runs out through it.
 """
 
 from __future__ import annotations
