@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import _args
@@ -32,7 +33,7 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.limits import MAX_MICROBATCHES
 from gpualloc.placement.conditions import DriftSchedule, random_schedule, scripted_schedule
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.replan import TrainingRun, best_of_planner, kl_planner, run_training
+from gpualloc.placement.replan import ReplanOptions, TrainingRun, best_of_planner, kl_planner, run_training
 from gpualloc.placement.run import place
 
 OUT = Path(__file__).resolve().parent / "results" / "replan_demo.json"
@@ -56,8 +57,7 @@ def summary(run: TrainingRun, wall_s: float) -> dict:
 
 def compare(problem: PlacementProblem, schedule: DriftSchedule, args) -> list[dict]:
     rows = []
-    common = dict(schedule=schedule, iterations=args.iterations, check_every=args.check_every, noise=args.noise,
-                  seed=args.seed)
+    common = ReplanOptions(schedule, args.iterations, check_every=args.check_every, noise=args.noise, seed=args.seed)
     statics: dict[str, tuple[TrainingRun, float]] = {}
     for start_method, planner_name, planner, overhead, horizon in (
         ("kl", "kl", kl_planner(), 0.0, None),
@@ -68,11 +68,12 @@ def compare(problem: PlacementProblem, schedule: DriftSchedule, args) -> list[di
         start = place(problem, start_method, seed=args.seed).assignment
         if start_method not in statics:
             t = time.perf_counter()
-            statics[start_method] = (run_training(problem, start, planner=None, **common), time.perf_counter() - t)
+            statics[start_method] = (run_training(problem, start, replace(common, replan=False)),
+                                     time.perf_counter() - t)
         static, t_static = statics[start_method]
         t = time.perf_counter()
-        dynamic = run_training(problem, start, planner=planner, migration_overhead_s=overhead,
-                               horizon_iterations=horizon, **common)
+        dynamic = run_training(problem, start, replace(common, planner=planner, migration_overhead_s=overhead,
+                                                       horizon_iterations=horizon))
         t_dynamic = time.perf_counter() - t
         rows.append({
             "start": start_method,

@@ -5,10 +5,10 @@ starting plans: ``ddp`` (equal shares) and the hybrid planner's. Conditions chan
 scripted scenario (``gpualloc.placement.conditions.scripted_schedule``: throttling, a degraded network,
 a co-located job, a doubled batch) and on seeded random schedules (about one event per 1,000
 iterations). For each (model, schedule, plan), three runs of
-``gpualloc.placement.replan.run_hybrid_training``:
+``gpualloc.placement.replan.run_training``:
 
 * ``static``: the plan never re-planned (its shares follow batch changes in proportion);
-* ``replan``: the monitor reads telemetry (2% noise) every 100 iterations and ``decide_hybrid``
+* ``replan``: the monitor reads telemetry (2% noise) every 100 iterations and the hybrid re-planner
   re-balances shares or adopts new stages when that pays;
 * ``replan +30s``: the same, with a fixed 30 s restart (--overhead-s) on every migration.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import _args
@@ -32,7 +33,7 @@ from gpualloc.placement.conditions import random_schedule, scripted_schedule
 from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
-from gpualloc.placement.replan import run_hybrid_training
+from gpualloc.placement.replan import ReplanOptions, run_training
 from rich.table import Table
 
 OUT = Path(__file__).resolve().parent / "results" / "replan_hybrid.json"
@@ -61,12 +62,12 @@ def main() -> None:
         schedules += [(f"random-{s}", random_schedule(problem, args.iterations, seed=s)) for s in args.seeds]
         for plan_name, plan in (("ddp", ddp(problem)), ("hybrid", plan_hybrid(problem)[0])):
             for sched_name, schedule in schedules:
-                common = dict(schedule=schedule, iterations=args.iterations, check_every=args.check_every,
-                              noise=args.noise, seed=args.seed)
+                common = ReplanOptions(schedule, args.iterations, check_every=args.check_every, noise=args.noise,
+                                       seed=args.seed)
                 t = time.perf_counter()
-                static = run_hybrid_training(problem, plan, replan=False, **common)
-                replan = run_hybrid_training(problem, plan, **common)
-                restart = run_hybrid_training(problem, plan, migration_overhead_s=args.overhead_s, **common)
+                static = run_training(problem, plan, replace(common, replan=False))
+                replan = run_training(problem, plan, common)
+                restart = run_training(problem, plan, replace(common, migration_overhead_s=args.overhead_s))
                 rows.append({"model": model, "plan": plan_name, "schedule": sched_name,
                              "events": len(schedule.events), "static_s": static.training_time_s,
                              "replan": replan.to_dict() | {"timeline": None},

@@ -14,7 +14,13 @@ from gpualloc.placement.partition.kernighan_lin import kl_refine
 from gpualloc.placement.partition.listsched import etf_partition
 from gpualloc.placement.partition.pipeline import pipeline_partition
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.replan import SimulatedTelemetry, migration_bytes, migration_cost_s, run_training
+from gpualloc.placement.replan import (
+    ReplanOptions,
+    SimulatedTelemetry,
+    migration_bytes,
+    migration_cost_s,
+    run_training,
+)
 from gpualloc.placement.simulate import simulate
 from gpualloc.telemetry.sim import SimTelemetry
 from tests.placement.test_simulate import chain
@@ -85,14 +91,14 @@ def test_power_reaches_the_cost_model_the_step_the_run_and_both_telemetries(monk
     before = (CostModel.power_w(v100, 0.5), CostModel().energy_j(v100, 1.0, 2.0), simulate(p, a).energy_per_step_j,
               SimulatedTelemetry(p, a, DriftSchedule()).sample().devices[0].power_w,
               SimTelemetry.from_placement(SimulatedTelemetry(p, a, DriftSchedule())).sample()[0].power_w)
-    run_before = run_training(p, a, schedule=DriftSchedule(), iterations=10, planner=None).energy_j
+    run_before = run_training(p, a, ReplanOptions(iterations=10, replan=False)).energy_j
     calls = doubled(monkeypatch, "power_w")
     after = (CostModel.power_w(v100, 0.5), CostModel().energy_j(v100, 1.0, 2.0),
              simulate(p, a).energy_per_step_j,
              SimulatedTelemetry(p, a, DriftSchedule()).sample().devices[0].power_w,
              SimTelemetry.from_placement(SimulatedTelemetry(p, a, DriftSchedule())).sample()[0].power_w)
     np.testing.assert_allclose(after, 2 * np.array(before), rtol=1e-12)
-    assert run_training(p, a, schedule=DriftSchedule(), iterations=10, planner=None).energy_j == pytest.approx(
+    assert run_training(p, a, ReplanOptions(iterations=10, replan=False)).energy_j == pytest.approx(
         2 * run_before, rel=1e-12)
     assert calls
 

@@ -17,6 +17,7 @@ from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import (
     PLANNERS,
     Monitor,
+    ReplanOptions,
     SimulatedTelemetry,
     best_of_planner,
     migration_bytes,
@@ -193,8 +194,8 @@ def test_monitor_reads_utilisation_when_busy_times_are_missing(dag_problem):
 def test_replanning_beats_the_static_plan_after_an_early_slowdown(dag_problem):
     p, a = dag_problem
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", busiest(p, a), 0.3),))
-    static = run_training(p, a, schedule=sched, iterations=5000, planner=None)
-    dynamic = run_training(p, a, schedule=sched, iterations=5000)
+    static = run_training(p, a, ReplanOptions(schedule=sched, iterations=5000, replan=False))
+    dynamic = run_training(p, a, ReplanOptions(schedule=sched, iterations=5000))
     assert static.replans == 0 and static.decisions == () and static.migration_time_s == 0.0
     assert dynamic.replans >= 1 and dynamic.migration_time_s > 0
     assert dynamic.training_time_s < 0.8 * static.training_time_s
@@ -215,20 +216,20 @@ def test_a_late_slowdown_is_not_worth_a_migration():
     runs = {}
     for at in (100, 4990):
         sched = DriftSchedule((DriftEvent(at, "device-slowdown", 1, 0.3),))
-        runs[at] = run_training(p, a, schedule=sched, iterations=5000, check_every=4)
+        runs[at] = run_training(p, a, ReplanOptions(schedule=sched, iterations=5000, check_every=4))
     early, late = runs[100], runs[4990]
     assert early.replans == 1 and early.migration_time_s > 1.0
     assert late.replans == 0 and late.replans_rejected >= 1 and late.migration_time_s == 0.0
     (d,) = late.decisions
     assert d.remaining_iterations < 10 and 0 < d.predicted_gain_s < d.migration_s
-    static = run_training(p, a, schedule=DriftSchedule((DriftEvent(4990, "device-slowdown", 1, 0.3),)),
-                          iterations=5000, planner=None)
+    static = run_training(p, a, ReplanOptions(DriftSchedule((DriftEvent(4990, "device-slowdown", 1, 0.3),)),
+                                              iterations=5000, replan=False))
     assert late.training_time_s == pytest.approx(static.training_time_s)
 
 
 def test_no_drift_means_no_decisions(dag_problem):
     p, a = dag_problem
-    run = run_training(p, a, schedule=NO_DRIFT, iterations=3000)
+    run = run_training(p, a, ReplanOptions(schedule=NO_DRIFT, iterations=3000))
     assert run.decisions == () and len(run.timeline) == 1
     assert run.training_time_s == pytest.approx(3000 * simulate(p, a).step_time_s)
 
@@ -236,8 +237,8 @@ def test_no_drift_means_no_decisions(dag_problem):
 def test_runs_are_deterministic_with_seeds(dag_problem):
     p, a = dag_problem
     sched = random_schedule(p, 4000, seed=7, rate=2.0)
-    one = run_training(p, a, schedule=sched, iterations=4000, noise=0.02, seed=3)
-    two = run_training(p, a, schedule=sched, iterations=4000, noise=0.02, seed=3)
+    one = run_training(p, a, ReplanOptions(schedule=sched, iterations=4000, noise=0.02, seed=3))
+    two = run_training(p, a, ReplanOptions(schedule=sched, iterations=4000, noise=0.02, seed=3))
     assert one == two and one.to_dict() == two.to_dict()
 
 
@@ -248,7 +249,7 @@ def test_a_planner_that_finds_no_plan_is_a_rejection(dag_problem):
         raise PlacementError("nothing fits")
 
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", 0, 0.3),))
-    run = run_training(p, a, schedule=sched, iterations=1000, planner=stuck)
+    run = run_training(p, a, ReplanOptions(schedule=sched, iterations=1000, planner=stuck))
     assert run.replans == 0 and run.replans_rejected == 1
     assert run.decisions[0].source == "none" and run.decisions[0].new_step_s == float("inf")
 
@@ -256,7 +257,7 @@ def test_a_planner_that_finds_no_plan_is_a_rejection(dag_problem):
 def test_replans_again_when_the_slowdown_ends(dag_problem):
     p, a = dag_problem
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", busiest(p, a), 0.3, 2000),))
-    run = run_training(p, a, schedule=sched, iterations=6000)
+    run = run_training(p, a, ReplanOptions(schedule=sched, iterations=6000))
     assert [d.iteration for d in run.decisions if d.adopted] == [300, 2300]
     assert run.timeline[-1].step_time_s <= simulate(p, a).step_time_s
 
@@ -269,7 +270,7 @@ def test_an_earlier_plan_is_a_candidate_when_conditions_recover():
         return assignment if problem is p else kl_refine(problem, assignment, seed=0)
 
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", busiest(p, a), 0.3, 2000),))
-    run = run_training(p, a, schedule=sched, iterations=6000, planner=refine_only_under_drift)
+    run = run_training(p, a, ReplanOptions(schedule=sched, iterations=6000, planner=refine_only_under_drift))
     assert [(d.source, d.adopted) for d in run.decisions] == [("planner", True), ("plan 0", True)]
     assert run.timeline[-1].plan_hash == run.timeline[0].plan_hash
     np.testing.assert_array_equal(run.plans[-1], a)
@@ -289,6 +290,6 @@ def test_ten_thousand_iterations_on_300_nodes_run_fast():
     sched = random_schedule(p, 10_000, seed=0, rate=1.0)
     assert 5 <= len(sched.events) <= 15
     start = time.perf_counter()
-    run = run_training(p, a, schedule=sched, noise=0.02)
+    run = run_training(p, a, ReplanOptions(schedule=sched, noise=0.02))
     assert time.perf_counter() - start < 2.0
     assert run.iterations == 10_000 and run.decisions
