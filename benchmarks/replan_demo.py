@@ -65,7 +65,7 @@ def compare(problem: PlacementProblem, schedule: DriftSchedule, args) -> list[di
         ("best", "best-of", best_of_planner(), args.overhead_s, None),
         ("best", "best-of", best_of_planner(), args.overhead_s, args.horizon),
     ):
-        start = place(problem, start_method, seed=args.seed).assignment
+        start = place(problem, start_method, seed=args.seed).plan.assignment
         if start_method not in statics:
             t = time.perf_counter()
             statics[start_method] = (run_training(problem, start, replace(common, replan=False)),

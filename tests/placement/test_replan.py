@@ -45,7 +45,7 @@ def heavy_chain(n: int = 6, params: float = 1.5e9) -> OpGraph:
 @pytest.fixture(scope="module")
 def dag_problem() -> tuple[PlacementProblem, np.ndarray]:
     p = PlacementProblem(random_dag(np.random.default_rng(0), 40), load_cluster("2xA100+2xV100"))
-    return p, place(p, "kl").assignment
+    return p, place(p, "kl").plan.assignment
 
 
 def busiest(problem: PlacementProblem, a: np.ndarray) -> int:
@@ -264,7 +264,7 @@ def test_replans_again_when_the_slowdown_ends(dag_problem):
 
 def test_an_earlier_plan_is_a_candidate_when_conditions_recover():
     p = PlacementProblem(random_dag(np.random.default_rng(0), 40), load_cluster("2xA100+2xV100"))
-    a = place(p, "best").assignment
+    a = place(p, "best").plan.assignment
 
     def refine_only_under_drift(problem, assignment):
         return assignment if problem is p else kl_refine(problem, assignment, seed=0)
@@ -286,7 +286,7 @@ def test_best_of_planner_is_no_slower_than_kl_refine(dag_problem):
 
 def test_ten_thousand_iterations_on_300_nodes_run_fast():
     p = PlacementProblem(random_dag(np.random.default_rng(0), 300), load_cluster("hetero8"))
-    a = place(p, "metis").assignment
+    a = place(p, "metis").plan.assignment
     sched = random_schedule(p, 10_000, seed=0, rate=1.0)
     assert 5 <= len(sched.events) <= 15
     start = time.perf_counter()

@@ -26,10 +26,9 @@ import numpy as np
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import random_schedule
-from gpualloc.placement.hybrid.search import place_hybrid
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import ReplanOptions, best_of_planner, run_training
-from gpualloc.placement.run import gain, hybrid_problem, place, score
+from gpualloc.placement.run import gain, operator_plan, place
 from gpualloc.rl.dqn import DQNAgent
 from gpualloc.rl.placer import dqn_planner, load_placer, place_dqn
 
@@ -67,11 +66,11 @@ def run_table(spec: TableSpec, agent: DQNAgent | None = None,
         for cluster in spec.clusters:
             problem = PlacementProblem(graph, load_cluster(cluster), microbatches=spec.microbatches)
             # the drift runs simulate 1F1B, so the static plans are chosen under it too
-            plans = {m: place(problem, m, schedule="1f1b").assignment
+            plans = {m: place(problem, m, schedule="1f1b").plan.assignment
                      for m in ("static", "round-robin", "metis", "kl", "best")}
             hybrid_rows += _hybrid_rows(model, cluster, problem, plans["best"])
             plans["best+replan"] = plans["best"]
-            plans["dqn"] = place_dqn(problem, agent).assignment
+            plans["dqn"] = place_dqn(problem, agent).plan.assignment
             planners = {"best+replan": best_of_planner(), "dqn": dqn_planner(agent)}
             for seed in range(spec.seeds):
                 schedule = random_schedule(problem, spec.iterations, seed=seed)
@@ -96,15 +95,15 @@ def total_runs(spec: TableSpec) -> int:
 def _hybrid_rows(model: str, cluster: str, problem: PlacementProblem, best: np.ndarray) -> list[dict[str, Any]]:
     """One step of every hybrid method and of the best op-level plan (the reference), one row each."""
     k = problem.k
-    hp = hybrid_problem(problem)
+    hp = problem.hybrid
     rows = []
     for method in HYBRID_METHODS:
-        o = place_hybrid(hp, method)
+        o = place(problem, method)
         r = o.result
         rows.append({"method": method, "plan": o.plan.describe(), "step_time_s": r.step_time_s,
                      "samples_per_s": r.samples_per_s, "lower_bound_s": o.lower_bound_s,
                      "ratio_to_bound": o.ratio_to_bound, "busy_s": float(np.sum(r.busy_s)), "feasible": r.feasible})
-    o = score(problem, "best", best)
+    o = operator_plan(problem, "best", best)
     r = o.result
     rows.append({"method": "best (op-level)", "plan": f"{problem.microbatches} microbatches, 1f1b",
                  "step_time_s": r.step_time_s, "samples_per_s": r.throughput_samples_per_s,

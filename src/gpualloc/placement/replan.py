@@ -149,7 +149,7 @@ def best_of_planner(*, seed: int | None = 0, passes: int = 10, pipeline: str = "
     from gpualloc.placement.run import best
 
     def plan(problem: PlacementProblem, assignment: np.ndarray) -> np.ndarray:
-        fresh = best(problem, seed=seed, schedule=pipeline).assignment
+        fresh = best(problem, seed=seed, schedule=pipeline).plan.assignment
         candidates = [kl_refine(problem, assignment, seed=seed, passes=passes), fresh,
                       kl_refine(problem, fresh, seed=seed, passes=passes)]
         results = [simulate(problem, c, schedule=pipeline) for c in candidates]
