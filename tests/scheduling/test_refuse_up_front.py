@@ -103,3 +103,14 @@ def test_the_service_refuses_such_a_dqn_before_making_anything_and_when_switched
         sched.set_policy("dqn", {"agent": _oracle_agent()})
     sched.set_policy("dqn")  # the bundled blind agent: its fallback (gavel-srtf-pred) needs none
     assert sched.policy_name == "dqn"
+
+
+def test_train_scheduler_refuses_an_expert_that_needs_durations_at_blind_before_training(tmp_path):
+    out = tmp_path / "agent.pt"
+    proc = run_main("train", "scheduler", "--experts", "fcfs,srtf", "--knowledge", "blind", "-o", str(out),
+                    "--train-windows", str(tmp_path / "no-such-folder"))  # the windows would be read first
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'srtf' needs durations, which knowledge 'blind' hides (use srtf-pred)" in lines[0], \
+        proc.stderr
+    assert not out.exists()

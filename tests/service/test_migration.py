@@ -155,3 +155,13 @@ def test_migration_with_quotas_is_refused(tmp_path):
         Scheduler(Store(tmp_path / "q.db"), InstantBackend(), cluster, quotas=quotas, migrate=True)
     with pytest.raises(SchedulingError, match="migrate must be a MigrationRule or a bool"):
         Scheduler(Store(tmp_path / "r.db"), InstantBackend(), cluster, migrate="yes")
+
+
+def test_serve_configuration_turns_it_on(local_service):
+    svc = local_service(cluster=CLUSTER, migrate=True)
+    assert svc.service.scheduler.migrate is not None
+    health = svc.client.get("/health").json()["scheduler"]
+    assert health["migrate"] is True and health["migrations"] == 0
+    from gpualloc.service.config import ServiceConfig
+
+    assert ServiceConfig().migrate is False  # off by default

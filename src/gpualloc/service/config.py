@@ -60,6 +60,9 @@ class ServiceConfig:
         default_time_limit_s: the time limit of a job submitted without one (as Slurm's ``DefaultTime``).
         predictor_options: :class:`~gpualloc.scheduling.predict.PredictorConfig` fields of the duration
             predictor learned from the store's finished jobs (:mod:`gpualloc.service.prediction`).
+        migrate: move running jobs to other nodes to make room for a single-node gang that free GPUs
+            split across nodes keep waiting, when it pays (``Scheduler(migrate=)``, as the simulator's
+            ``migrate``); a move stops a job and starts it again from scratch. Not with ``quotas``.
     """
 
     store: str | None = None
@@ -89,6 +92,7 @@ class ServiceConfig:
     knowledge: str = "estimate"
     default_time_limit_s: float = option(DEFAULT_TIME_LIMIT_S, min=1e-6)
     predictor_options: dict[str, Any] = option(factory=dict)
+    migrate: bool = False
 
     def __post_init__(self) -> None:
         check_options(self)
