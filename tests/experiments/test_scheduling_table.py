@@ -47,7 +47,7 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
         lo, hi = r["avg_jct_s_ci95"]
         assert lo <= r["avg_jct_s"] <= hi
     assert {r["trace"] for r in rows} == {"synthetic", "gavel-msr", "philly", "alibaba"}
-    for name in ("table.md", "summary.md", "results.json", "avg_jct.png", "real_traces.png"):
+    for name in ("table.md", "summary.md", "levels.md", "results.json", "avg_jct.png", "real_traces.png"):
         assert (tmp_path / name).exists()
     assert set(doc["agents"]) == {"dqn"}  # which policy the learned rows ran, said once in the summary
     assert doc["real_traces"] == "included: gavel-msr, philly, alibaba"
@@ -135,6 +135,26 @@ def test_summary_names_both_bests_and_skips_traces_without_the_learned_policy():
     assert len(lines) == 3
     assert "| c | synthetic | 0.8 | gavel-srtf | 0.50 | gavel | 1.00 | 0.75 | -50.0% | +25.0% |" in lines[2]
     assert scheduling_summary_markdown([r for r in rows if r["policy"] != "dqn"]) == ""
+
+
+def test_levels_side_by_side_share_a_line_with_the_pred_policy_and_bold_each_levels_best():
+    from gpualloc.experiments.scheduling_table import _add_vs_fcfs
+    from gpualloc.reports.tables import scheduling_levels_markdown
+
+    key = {"cluster": "c", "trace": "synthetic", "load": 0.8}
+    rows = [{**key, "policy": p, "knowledge": k, "avg_jct_s": h * 3600.0}
+            for k, p, h in (("oracle", "gavel", 3.0), ("oracle", "gavel-srtf", 2.0), ("oracle", "srtf", 2.5),
+                            ("blind", "gavel", 3.0), ("blind", "srtf-pred", 2.6), ("blind", "tiresias", 4.0))]
+    rows.append({**key, "policy": "oracle-lb", "knowledge": "oracle", "avg_jct_s": 3600.0})
+    _add_vs_fcfs(rows)
+    lines = scheduling_levels_markdown(rows).splitlines()
+    assert lines[0] == ("| cluster | trace | load | policy | oracle: avg JCT (h) [vs oracle gavel-srtf] | "
+                        "blind: avg JCT (h) [vs oracle gavel-srtf] |")
+    assert "| c | synthetic | 0.8 | gavel | 3.00 [-50.0%] | **3.00 [-50.0%]** |" in lines  # blind's best heuristic
+    assert "| c | synthetic | 0.8 | gavel-srtf | **2.00 [+0.0%]** | - |" in lines
+    assert "| c | synthetic | 0.8 | srtf / srtf-pred | 2.50 [-25.0%] | 2.60 [-30.0%] |" in lines  # a loss, as it is
+    assert "| c | synthetic | 0.8 | oracle-lb | 1.00 | - |" in lines
+    assert scheduling_levels_markdown([r for r in rows if r["knowledge"] == "oracle"]) == ""  # one level
 
 
 def test_utilisation_while_waiting_averages_the_seeds_in_which_a_job_waited():

@@ -131,7 +131,8 @@ def scheduling_cmd(
 
     from gpualloc.parallel import make_executor
     from gpualloc.experiments.scheduling_table import SchedTableSpec, run_table, total_runs
-    from gpualloc.reports.tables import plot_bars, scheduling_markdown, scheduling_summary_markdown
+    from gpualloc.reports.tables import (plot_bars, scheduling_levels_markdown, scheduling_markdown,
+                                         scheduling_summary_markdown)
 
     spec = SchedTableSpec.quick() if quick else SchedTableSpec.full()
     spec = replace(spec, knowledge=levels, migrate=migrate)
@@ -177,6 +178,9 @@ def scheduling_cmd(
     summary = scheduling_summary_markdown(result["rows"])
     if summary:
         write_text(out / "summary.md", f"<!-- {command} -->\n" + summary + notes)
+    side_by_side = scheduling_levels_markdown(result["rows"])
+    if side_by_side:
+        write_text(out / "levels.md", f"<!-- {command} -->\n" + side_by_side)
     synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
     if len(levels) > 1:  # one bar per policy and level
         synthetic = [r | {"policy": f"{r['policy']} ({r['knowledge']})"} for r in synthetic]
@@ -194,6 +198,7 @@ def scheduling_cmd(
         print_json(result)
         return
     console.print(table + notes)
-    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, {'summary.md, ' if summary else ''}results.json, "
+    console.print(f"{result['wall_s']:.0f} s; wrote {out}/table.md, {'summary.md, ' if summary else ''}"
+                  f"{'levels.md, ' if side_by_side else ''}results.json, "
                   "avg_jct.png"
                   + (", real_traces.png" if real else ""))

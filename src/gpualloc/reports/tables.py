@@ -139,6 +139,43 @@ def scheduling_summary_markdown(rows: Sequence[dict[str, Any]], learned: str = "
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
+def scheduling_levels_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """Each information level side by side: per (cluster, trace, load), a line per policy with its
+    average JCT at every level and, in brackets, its reduction against the oracle ``gavel-srtf`` of the
+    same workload (negative: worse). A prediction-driven policy shares the line of the policy it runs
+    on predictions (``srtf`` at oracle and estimate, ``srtf-pred`` at blind); the best heuristic of each
+    level is in bold; ``oracle-lb`` (the bound) has its oracle figure only. Empty with fewer than two
+    levels."""
+    order = ("oracle", "estimate", "blind")
+    levels = [k for k in order if any(r.get("knowledge") == k for r in rows if r["policy"] != "oracle-lb")]
+    if len(levels) < 2:
+        return ""
+    groups: dict[tuple, dict[str, dict[str, dict[str, Any]]]] = {}
+    for r in rows:
+        family = r["policy"].removesuffix("-pred")
+        key = (r.get("cluster", "-"), r["trace"], r["load"])
+        level = "oracle" if r["policy"] == "oracle-lb" else r.get("knowledge", "oracle")
+        groups.setdefault(key, {}).setdefault(family, {})[level] = r
+    head = "| cluster | trace | load | policy | " + " | ".join(f"{k}: avg JCT (h) [vs oracle gavel-srtf]"
+                                                             for k in levels) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (cluster, trace, load), families in groups.items():
+        for by_level in families.values():
+            names = dict.fromkeys(r["policy"] for r in by_level.values())
+            cells = []
+            for k in levels:
+                r = by_level.get(k)
+                if r is None:
+                    cells.append("-")
+                    continue
+                text = _mean(r, "avg_jct_s", ".2f", 1 / 3600)
+                if "vs_oracle_gavel_srtf" in r:
+                    text += f" [{r['vs_oracle_gavel_srtf']:+.1%}]"
+                cells.append(f"**{text}**" if r.get("best_heuristic") == r["policy"] else text)
+            lines.append(f"| {cluster} | {trace} | {load:g} | {' / '.join(names)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _vs(row: dict[str, Any], key: str) -> str:
     """``vs_<key>`` of a row as a signed percentage, with its paired CI when there is one."""
     if f"vs_{key}" not in row:
