@@ -40,7 +40,7 @@ class _ByLevel:
     (_Panel(("fcfs", "gavel-srtf-pred"), knowledge="oracle"), "blind", "trained at oracle"),
     (_Panel(("fcfs", "gavel-srtf-pred")), "blind", None),
     (_Panel(("fcfs", "srtf")), "estimate", None),  # estimates stand in for the truth: nothing hidden
-    (object(), "blind", "a per-slot agent"),
+    (object(), "blind", "not an expert-choice agent"),
     (_ByLevel(blind=_Panel(("las", "srtf-pred")), oracle=_Panel(("srtf",))), "blind", None),
     (_ByLevel(blind=_Panel(("las", "srtf")), oracle=_Panel(("las",))), "blind", "its experts srtf need"),
 ])

@@ -271,8 +271,8 @@ def reads_hidden(policy: Any, knowledge: str) -> str | None:
     an agent per level (``at(knowledge)``, the default ``dqn``) is asked for that level's. An expert-choice
     agent (``experts``, ``teacher``, ``fallback``, ``knowledge``) runs its experts, or its teacher alone
     after a failed gate: each must need no durations, and with a live agent its observation must come from
-    a duration predictor (an agent trained below ``oracle``). Any other agent (the per-slot DQN) reads each
-    job's remaining work.
+    a duration predictor (an agent trained below ``oracle``). Any other agent policy is taken to read each
+    job's remaining work (the per-slot DQN, retired in issue 37, did).
     """
     if knowledge != "blind":
         return None
@@ -281,7 +281,7 @@ def reads_hidden(policy: Any, knowledge: str) -> str | None:
         policy = at(knowledge)
     experts = getattr(policy, "experts", None)
     if experts is None:
-        return "its agent reads each job's remaining work (a per-slot agent)"
+        return "its agent reads each job's remaining work (not an expert-choice agent)"
     from gpualloc.scheduling.policies import needs_durations
 
     fallback = bool(getattr(policy, "fallback", False))
