@@ -98,8 +98,8 @@ def _names(text: str) -> tuple[str, ...]:
 @app.command("scheduler")
 def scheduler_cmd(
     ctx: typer.Context,
-    config: Path = typer.Option(None, "--config", help="TOML file of TrainConfig's fields (the DQN settings in a "
-                                "[dqn] table); options given here override it."),
+    config: Path = typer.Option(None, "--config", help="TOML file of TrainConfig's fields (the DQN settings in its "
+                                "dqn table); options given here override it."),
     cluster: str = typer.Option(",".join(default_of(TrainConfig, "clusters")), "--cluster", "-c",
                                 help="Comma-separated clusters of the generated traces (presets, shorthands, files)."),
     experts: str = typer.Option(",".join(default_of(TrainConfig, "experts")), "--experts",
