@@ -60,7 +60,13 @@ def check_invariants(problem: PlacementProblem, a: np.ndarray, result) -> None:
             assert y.start_s >= x.end_s - 1e-15
     compute = {}
     transfers = defaultdict(list)
+    steps = [e for e in events if e.task == "O step"]  # each device's optimizer step, after its last backward
+    assert len({e.resource for e in steps}) == len(steps)
+    for o in steps:
+        assert all(e.end_s <= o.start_s + 1e-15 for e in events if e.resource == o.resource and e is not o)
     for e in events:
+        if e.task == "O step":
+            continue
         if e.resource.startswith("dev:"):
             phase, node, mb = e.task.split()
             key = (phase, node, int(mb[2:]))
@@ -102,27 +108,31 @@ def test_chain_on_two_devices_golden_log():
     t3 = t2 + f[1, 1]
     t4 = t3 + b[1, 1]
     t5 = t4 + grad
+    o1 = t4 + p.optimizer_s(np.array([0, 1]))[1]  # each device's optimizer step after its last backward
     t6 = t5 + b[0, 0]
+    o0 = t6 + p.optimizer_s(np.array([0, 1]))[0]
     expected = [
         (0.0, t1, "dev:0", "F a mb0"),
         (t1, t2, "link:0->1", "T a mb0"),
         (t2, t3, "dev:1", "F b mb0"),
         (t3, t4, "dev:1", "B b mb0"),
+        (t4, o1, "dev:1", "O step"),
         (t4, t5, "link:1->0", "T a mb0"),
         (t5, t6, "dev:0", "B a mb0"),
+        (t6, o0, "dev:0", "O step"),
     ]
     got = [(e.start_s, e.end_s, e.resource, e.task) for e in r.events]
     assert len(got) == len(expected)
     for g, x in zip(got, expected, strict=False):
         assert g[2:] == x[2:]
         assert g[0] == pytest.approx(x[0], rel=1e-12) and g[1] == pytest.approx(x[1], rel=1e-12)
-    assert r.step_time_s == pytest.approx(t6, rel=1e-12)
+    assert r.step_time_s == pytest.approx(o0, rel=1e-12)
     assert r.comm_bytes == 8e6
     assert r.comm_time_s == pytest.approx(act + grad)
-    # nothing computes while the two transfers run
-    assert r.comm_share == pytest.approx((act + grad) / t6)
+    # nothing computes while the two transfers run (an optimizer step is no forward or backward)
+    assert r.comm_share == pytest.approx((act + grad) / o0)
     assert r.busy_s[0] == pytest.approx(f[0, 0] + b[0, 0])
-    assert r.throughput_samples_per_s == pytest.approx(16 / t6)
+    assert r.throughput_samples_per_s == pytest.approx(16 / o0)
     check_invariants(p, np.array([0, 1]), r)
 
 
@@ -132,9 +142,11 @@ def test_diamond_on_one_device_has_no_transfers():
     r = simulate(p, a, record_events=True)
     assert all(e.resource == "dev:0" for e in r.events)
     assert r.comm_bytes == 0 and r.comm_time_s == 0 and r.comm_share == 0
-    assert r.step_time_s == pytest.approx(p.compute_s[:, 0].sum())
-    assert r.busy_fraction[0] == pytest.approx(1.0) and r.busy_s[1] == 0
-    assert [e.task.split()[0] + e.task.split()[1] for e in r.events] == ["Fa", "Fb", "Fc", "Fd", "Bd", "Bc", "Bb", "Ba"]
+    opt = p.optimizer_s(a)[0]
+    assert r.step_time_s == pytest.approx(p.compute_s[:, 0].sum() + opt)
+    assert r.busy_s[0] == pytest.approx(p.compute_s[:, 0].sum()) and r.busy_s[1] == 0
+    assert [e.task.split()[0] + e.task.split()[1] for e in r.events] == ["Fa", "Fb", "Fc", "Fd", "Bd", "Bc", "Bb", "Ba",
+                                                                         "Ostep"]
     check_invariants(p, a, r)
 
 
@@ -144,14 +156,17 @@ def test_single_device_step_is_sum_of_compute(M, schedule):
     p = PlacementProblem(chain(4), load_cluster("2xA100"), microbatches=M)
     r = simulate(p, np.zeros(4, dtype=np.int64), schedule=schedule, record_events=True)
     # every microbatch at its real size: the whole-batch work plus (M - 1) launches per forward and backward
-    assert r.step_time_s == pytest.approx(p.step_compute_s[:, 0].sum(), rel=1e-12)
-    assert r.step_time_s == pytest.approx(p.compute_s[:, 0].sum() + 2 * 4 * (M - 1) * p.launch_s[0], rel=1e-12)
+    # and the optimizer step over every weight after the last backward
+    opt = p.optimizer_s(np.zeros(4, dtype=np.int64))[0]
+    assert opt > 0
+    assert r.step_time_s == pytest.approx(p.step_compute_s[:, 0].sum() + opt, rel=1e-12)
+    assert r.step_time_s == pytest.approx(p.compute_s[:, 0].sum() + 2 * 4 * (M - 1) * p.launch_s[0] + opt, rel=1e-12)
     assert r.comm_bytes == 0
     check_invariants(p, np.zeros(4, dtype=np.int64), r)
 
 
 def order(result, resource):
-    return [e.task for e in result.events if e.resource == resource]
+    return [e.task for e in result.events if e.resource == resource and e.task != "O step"]
 
 
 def test_gpipe_vs_1f1b_on_two_stage_chain():

@@ -72,7 +72,8 @@ def test_gantt_rows_are_named_by_the_cluster(tmp_path, diamond_graph):
         assert set(labels) & set(names)
         assert any(" → " in lab for lab in labels)  # links name both ends
         assert ax.get_title() == "diamond: round-robin" and ax.get_xlabel().startswith("time within the step (")
-        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "backward", "transfer"]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["forward", "backward", "transfer", "optimizer step"]
     finally:
         _close([fig])
     assert plot_gantt(events, tmp_path / "g.png", device_names=names).is_file()

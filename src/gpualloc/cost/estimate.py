@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from gpualloc.cost.memory import OPTIMIZER_STATES
 from gpualloc.cost.model import CostModel, peak_ceiling_tflops, training_memory_bytes
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType
@@ -13,7 +14,8 @@ from gpualloc.hardware.catalog import TERA, DeviceType
 
 @dataclass(frozen=True)
 class DeviceEstimate:
-    """One training step (forward + backward, ops one after another) of a graph on one device.
+    """One training step (forward + backward, ops one after another, then the optimizer step) of a graph on
+    one device: the step the placement simulator gives the graph placed on that device alone.
 
     ``fp32_utilisation`` is ``achieved_tflops`` over the fastest FP32 math the device has
     (:func:`~gpualloc.cost.model.peak_ceiling_tflops`: TF32 tensor cores where present), in [0, 1].
@@ -23,6 +25,7 @@ class DeviceEstimate:
     step_time_s: float
     fwd_time_s: float
     bwd_time_s: float
+    optimizer_s: float
     samples_per_s: float | None
     achieved_tflops: float
     fp32_utilisation: float | None
@@ -38,11 +41,13 @@ class DeviceEstimate:
         return asdict(self)
 
 
-def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None) -> DeviceEstimate:
+def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None,
+             optimizer_states: int = OPTIMIZER_STATES["adam"]) -> DeviceEstimate:
     """Cost of one training step of ``graph`` alone on ``device`` (the device busy throughout)."""
     model = model or CostModel()
     fwd, bwd = model.op_times_s(graph, device)
-    step = float(fwd.sum() + bwd.sum())
+    opt = model.optimizer_step_s(float(graph.param_bytes.sum()), device, optimizer_states)
+    step = float(fwd.sum() + bwd.sum()) + opt
     work = graph.total_flops * 3.0  # forward + backward (2x forward)
     mem = training_memory_bytes(graph)
     measured = sum(1 for n in graph.nodes if device.name in n.time_ms)
@@ -61,6 +66,7 @@ def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None)
         step_time_s=step,
         fwd_time_s=float(fwd.sum()),
         bwd_time_s=float(bwd.sum()),
+        optimizer_s=opt,
         samples_per_s=graph.batch_size / step if graph.batch_size and step > 0 else None,
         achieved_tflops=achieved,
         fp32_utilisation=min(1.0, achieved / ceiling) if ceiling else None,

@@ -207,6 +207,14 @@ class CostModel:
     def roofline_s(self, flops, nbytes, device: DeviceType, precision: str = "fp32"):
         return roofline_s(flops, nbytes, device, self.efficiency(device), precision)
 
+    def optimizer_step_s(self, param_bytes: float, device: DeviceType, optimizer_states: int) -> float:
+        """One optimizer step over ``param_bytes`` (fp32) of weights on ``device``: memory-bound, reading and
+        writing the weights, gradients and ``optimizer_states`` state tensors (0 without weights)."""
+        if param_bytes <= 0:
+            return 0.0
+        moved = 2.0 * float(physics.weight_state_bytes(param_bytes, optimizer_states))
+        return float(self.roofline_s(0.0, moved, device))
+
     def op_times_s(self, graph: OpGraph, device: DeviceType, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward time of every node of ``graph`` on ``device`` in ``precision`` (seconds, arrays).
 

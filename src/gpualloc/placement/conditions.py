@@ -186,6 +186,9 @@ class ConditionedProblem(PlacementProblem):
     def launch_s(self) -> np.ndarray:
         return self.base.launch_s / self.conditions.speed_array
 
+    def optimizer_s(self, assignment: np.ndarray) -> np.ndarray:
+        return self.base.optimizer_s(assignment) / self.conditions.speed_array
+
     @cached_property
     def bandwidth(self) -> np.ndarray:
         factor = self.conditions.link_array.copy()

@@ -167,6 +167,13 @@ class PlacementProblem(OnCluster):
         total = self.compute_s.sum(axis=0)
         return total.max() / np.maximum(total, 1e-30)
 
+    def optimizer_s(self, assignment: np.ndarray) -> np.ndarray:
+        """Each device's optimizer step under ``assignment``, over the weights of its nodes, (k,)
+        (:meth:`gpualloc.cost.model.CostModel.optimizer_step_s`)."""
+        params = np.bincount(np.asarray(assignment), weights=self.graph.param_bytes, minlength=self.k)
+        return np.array([self.cost.optimizer_step_s(float(b), d.type, self.optimizer_states)
+                         for b, d in zip(params, self.cluster.devices, strict=True)])
+
     def transfer_s(self, nbytes: float | np.ndarray, src: int | np.ndarray, dst: int | np.ndarray):
         """Time to move ``nbytes`` from device ``src`` to ``dst`` (0 on the same device)."""
         src = np.asarray(src)

@@ -100,7 +100,8 @@ class StepResult:
     """What one simulated training step costs. Per-device tuples follow ``cluster.devices``.
 
     Attributes:
-        step_time_s: time from the first forward to the last backward.
+        step_time_s: time from the first forward to the end of the last optimizer step (each device's
+            follows its last backward).
         schedule: the pipeline schedule simulated.
         microbatches: ``M``.
         throughput_samples_per_s: ``batch_size / step_time_s`` (None if the graph has no batch size).
@@ -383,7 +384,8 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
     graph, a = problem.graph, tasks.assignment
     n, k, M = problem.n, problem.k, problem.microbatches
     nb_tasks = tasks.n_tasks
-    step = float(end.max()) if nb_tasks * M else 0.0
+    opt_start, opt_s = _optimizer_steps(problem, tasks, end)
+    step = max(float(end.max()) if nb_tasks * M else 0.0, float(np.max(opt_start + opt_s, initial=0.0)))
     busy_s = np.bincount(a, weights=(tasks.fwd_s + tasks.bwd_s) * M, minlength=k)
     link_busy = float(np.sum(tasks.t_act_s) + np.sum(tasks.t_grad_s)) * M
     comm_bytes = float(2.0 * tasks.pair_bytes.sum() * M)
@@ -421,12 +423,25 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
         feasible=bool(np.all(excess <= 0.0)),
         energy_per_step_j=energy,
         memory=memory,
-        events=_event_log(problem, tasks, start, end) if opts.record_events else None,
+        events=_event_log(problem, tasks, start, end, opt_start, opt_s) if opts.record_events else None,
     )
 
 
-def _event_log(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray) -> tuple[Event, ...]:
-    """Every task of every microbatch as an :class:`Event`, sorted by start, then resource."""
+def _optimizer_steps(problem: PlacementProblem, tasks: TaskGraph, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """When each device's optimizer step starts (after its last backward) and how long it takes, (k,) each;
+    0 on a device without nodes."""
+    n, k, M = problem.n, problem.k, problem.microbatches
+    start = np.zeros(k)
+    if n == 0 or M == 0:
+        return start, start.copy()
+    np.maximum.at(start, tasks.assignment, end.reshape(M, tasks.n_tasks)[:, n:2 * n].max(axis=0))
+    return start, np.where(tasks.nodes_on > 0, problem.optimizer_s(tasks.assignment), 0.0)
+
+
+def _event_log(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray,
+               opt_start: np.ndarray, opt_s: np.ndarray) -> tuple[Event, ...]:
+    """Every task of every microbatch, and each device's optimizer step (``"O step"``), as an :class:`Event`,
+    sorted by start, then resource."""
     n, k, nb_tasks = problem.n, problem.k, tasks.n_tasks
     ids = [node.id for node in problem.graph.nodes]
     names = [f"F {ids[i]}" for i in range(n)] + [f"B {ids[i]}" for i in range(n)]
@@ -437,6 +452,8 @@ def _event_log(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, e
         Event(s_, e_, res_names[res_list[tid % nb_tasks]], f"{names[tid % nb_tasks]} mb{tid // nb_tasks}")
         for tid, (s_, e_) in enumerate(zip(start.tolist(), end.tolist(), strict=True))
     ]
+    log += [Event(float(opt_start[j]), float(opt_start[j] + opt_s[j]), res_names[j], "O step")
+            for j in range(k) if opt_s[j] > 0]
     log.sort(key=lambda e: (e.start_s, e.resource, e.end_s, e.task))
     return tuple(log)
 

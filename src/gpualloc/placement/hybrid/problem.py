@@ -313,9 +313,7 @@ class HybridProblem(OnCluster):
         if self.profile is not None:
             total = float(self.layer_param_bytes.sum()) or 1.0
             return float(self.profile["opt_step_s"].get(self.type_names[type_index], 0.0)) * param_bytes / total
-        dev = self.cluster.device_types[type_index]
-        moved = 2.0 * float(physics.weight_state_bytes(param_bytes, self.optimizer_states))
-        return float(self.cost.roofline_s(0.0, moved, dev))
+        return self.cost.optimizer_step_s(param_bytes, self.cluster.device_types[type_index], self.optimizer_states)
 
     def min_sample_work_s(self) -> np.ndarray:
         """Least device-seconds one sample of each layer costs on each type, over every microbatch size and

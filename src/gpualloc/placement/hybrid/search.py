@@ -1,8 +1,8 @@
 """The hybrid planner: search pipeline depth, device groups, TP, layer split, shares, microbatches, schedule.
 
-1. **Layouts**: the device groups of the stages, in pipeline order: all devices in one stage; one stage
-   per GPU type (fastest first, and slowest first); the fastest types only (one stage, or one stage per
-   type), leaving slow GPUs idle; and 2, 4, 8 contiguous equal groups of the
+1. **Layouts**: the device groups of the stages, in pipeline order: all devices in one stage; the fastest
+   device alone; one stage per GPU type (fastest first, and slowest first); the fastest types only (one
+   stage, or one stage per type), leaving slow GPUs idle; and 2, 4, 8 contiguous equal groups of the
    devices ordered by type speed and node (stages of one type, or mixed where a type's devices do not
    fill whole stages).
 2. **TP** per layout: every degree that cuts each stage into same-node, same-type groups.
@@ -55,6 +55,8 @@ def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
     k = problem.k
     order = sorted(range(k), key=lambda d: (-problem.type_speed[problem.type_of[d]], problem.node_of[d], d))
     yield [order]
+    if k > 1:  # the fastest device alone: a small model may lose more to the all-reduce than DP gains
+        yield [order[:1]]
     by_type = baselines.type_groups(problem)
     if len(by_type) > 1:
         yield from (by_type, by_type[::-1])
