@@ -36,7 +36,7 @@ from gpualloc.graph.activations import default_loss
 from gpualloc.graph.capture import capture
 from gpualloc.graph.zoo import get_model
 from gpualloc.hardware.cluster import load_cluster
-from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan
+from gpualloc.placement.hybrid.plan import Replica, HybridStage, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
 
@@ -96,7 +96,7 @@ def measure(model: str, batch: int, shares: tuple[int, ...], sharding: str) -> l
 def predict(graph, batch: int, shares: tuple[int, ...], sharding: str) -> list[float]:
     problem = HybridProblem(graph, load_cluster("2xcpu"), batch, rules=MemoryRules(optimizer="adam"))
     local = [batch * s // sum(shares) for s in shares]
-    plan = make_plan([Stage(0, problem.L - 1, tuple(Replica((d,), b) for d, b in enumerate(local)))], batch, 1,
+    plan = make_plan([HybridStage(0, problem.L - 1, tuple(Replica((d,), b) for d, b in enumerate(local)))], batch, 1,
                      sharding=sharding, n_devices=problem.k)
     return [float(x) for x in simulate_hybrid(problem, plan).peak_mem_bytes]
 

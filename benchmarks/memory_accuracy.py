@@ -52,7 +52,7 @@ from gpualloc.graph.capture import capture
 from gpualloc.graph.zoo import get_model
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.layers import layer_count
-from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan
+from gpualloc.placement.hybrid.plan import Replica, HybridStage, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
 
@@ -70,16 +70,18 @@ def plans(layers: int, batch: int) -> list[tuple[str, str, object]]:
     half = layers // 2
     quarter, rest = batch // 4, batch - batch // 4
     return [
-        ("DDP 3:1", "2xcpu", make_plan([Stage(0, layers - 1, (Replica((0,), rest), Replica((1,), quarter)))],
+        ("DDP 3:1", "2xcpu", make_plan([HybridStage(0, layers - 1, (Replica((0,), rest), Replica((1,), quarter)))],
                                        batch, 1, n_devices=2)),
-        ("PP2 1F1B", "2xcpu", make_plan([Stage(0, half - 1, (Replica((0,), batch),)),
-                                         Stage(half, layers - 1, (Replica((1,), batch),))], batch, 4,
+        ("PP2 1F1B", "2xcpu", make_plan([HybridStage(0, half - 1, (Replica((0,), batch),)),
+                                         HybridStage(half, layers - 1, (Replica((1,), batch),))], batch, 4,
                                         schedule="1f1b", n_devices=2)),
-        ("PP2xDP2", "4xcpu", make_plan([Stage(0, half - 1, (Replica((0,), batch // 2), Replica((1,), batch // 2))),
-                                        Stage(half, layers - 1, (Replica((2,), batch // 2),
+        ("PP2xDP2", "4xcpu", make_plan([HybridStage(0, half - 1,
+                                                    (Replica((0,), batch // 2), Replica((1,), batch // 2))),
+                                        HybridStage(half, layers - 1, (Replica((2,), batch // 2),
                                                                  Replica((3,), batch // 2)))], batch, 2,
                                        n_devices=4)),
-        ("ZeRO-1", "2xcpu", make_plan([Stage(0, layers - 1, (Replica((0,), batch // 2), Replica((1,), batch // 2)))],
+        ("ZeRO-1", "2xcpu", make_plan([HybridStage(0, layers - 1,
+                                                   (Replica((0,), batch // 2), Replica((1,), batch // 2)))],
                                       batch, 1, sharding="zero1", n_devices=2)),
     ]
 

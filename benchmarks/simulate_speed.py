@@ -1,4 +1,4 @@
-"""Speed of :func:`gpualloc.placement.simulate.simulate` on a 2,000-node graph with 8 microbatches.
+"""Speed of :func:`gpualloc.placement.simulate.simulate_step` on a 2,000-node graph with 8 microbatches.
 
 Builds a seeded random layered DAG (40 layers of 50 ops, each op fed by 1-3 ops of the layer
 before), places it on ``8xA100`` round-robin and contiguously (topological order cut into 8 equal
@@ -21,7 +21,7 @@ import _args
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 
 OUT = Path(__file__).resolve().parent / "results" / "simulate_speed.json"
 LAYERS, WIDTH, MICROBATCHES, REPEATS = 40, 50, 8, 7
@@ -57,11 +57,11 @@ def main() -> None:
     rows = []
     for pname, a in placements.items():
         for schedule in ("1f1b", "gpipe"):
-            simulate(problem, a, schedule=schedule)  # warm caches (problem arrays)
+            simulate_step(problem, a, schedule=schedule)  # warm caches (problem arrays)
             times = []
             for _ in range(REPEATS):
                 t0 = time.perf_counter()
-                r = simulate(problem, a, schedule=schedule)
+                r = simulate_step(problem, a, schedule=schedule)
                 times.append(time.perf_counter() - t0)
             rows.append({
                 "placement": pname, "schedule": schedule, "nodes": n, "edges": len(graph.edges),

@@ -21,7 +21,7 @@ from gpualloc.hardware.catalog import default_catalog
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import BASELINES, ddp_speed
 from gpualloc.placement.hybrid.cost import plan_costs, stage_collectives
-from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan, plan_from_dict, plan_to_dict
+from gpualloc.placement.hybrid.plan import Replica, HybridStage, make_plan, plan_from_dict, plan_to_dict
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
@@ -84,7 +84,7 @@ def test_a_v100_plan_with_the_reserve_no_longer_fits_where_it_used_to():
     g = chain(2, params=1.6e9, act=1e3, batch=2)
     bare = HybridProblem(g, load_cluster("1xV100"), 2, rules=MemoryRules(fragmentation=0.0, reserve_bytes=0.0))
     real = HybridProblem(g, load_cluster("1xV100"), 2)
-    plan = make_plan([Stage(0, 1, (Replica((0,), 2),))], 2, 1, n_devices=1)
+    plan = make_plan([HybridStage(0, 1, (Replica((0,), 2),))], 2, 1, n_devices=1)
     assert simulate_hybrid(bare, plan).feasible
     r = simulate_hybrid(real, plan)
     assert not r.feasible and r.memory[0].reserve == pytest.approx(2e9)
@@ -95,7 +95,7 @@ def test_a_v100_plan_with_the_reserve_no_longer_fits_where_it_used_to():
 def test_fsdp_costs_one_all_gather_per_layer_each_way_and_a_reduce_scatter():
     L = 5
     p = HybridProblem(chain(L, batch=8), load_cluster("4xA100"), 8)
-    stage = Stage(0, L - 1, tuple(Replica((d,), 2) for d in range(4)))
+    stage = HybridStage(0, L - 1, tuple(Replica((d,), 2) for d in range(4)))
     fsdp = make_plan([stage], 8, 1, sharding="fsdp", n_devices=4)
     cs = stage_collectives(p, fsdp, stage)
     count = {(c.op, c.phase): sum(1 for x in cs if (x.op, x.phase) == (c.op, c.phase)) for c in cs}
@@ -134,7 +134,7 @@ def test_precision_is_refused_where_the_device_lacks_it_and_speeds_up_compute_wh
 
 def test_a_plan_records_its_precision_and_each_replicas_microbatches():
     p = HybridProblem(chain(2, act=1e10), load_cluster("2xA100"), 10)
-    plan = make_plan([Stage(0, 1, (Replica((0,), 7), Replica((1,), 3)))], 10, 4, n_devices=2)
+    plan = make_plan([HybridStage(0, 1, (Replica((0,), 7), Replica((1,), 3)))], 10, 4, n_devices=2)
     doc = plan_to_dict(plan)
     assert doc["precision"] == "fp32" and doc["microbatch_size"] == 3  # the global microbatch, as before
     assert [(r["microbatch_size"], r["microbatches"]) for r in doc["stages"][0]["replicas"]] == [(2, 4), (1, 3)]

@@ -14,7 +14,7 @@ from gpualloc.execute.hybrid import FSDP_REFUSED, TP_REFUSED, _inflight_limits, 
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.layers import layer_count
-from gpualloc.placement.hybrid.plan import Replica, Stage, make_plan
+from gpualloc.placement.hybrid.plan import Replica, HybridStage, make_plan
 
 MODEL, BATCH = "gpt-tiny", 4  # LayerNorm, no dropout: a sample's training forward is independent of the others
 
@@ -27,13 +27,14 @@ def graph():
 def _two_by_two(layers: int, *, microbatches: int = 2):
     """2 stages x 2 replicas: shares 3:1 in the first stage, 2:2 in the second (microbatch edges differ)."""
     half = layers // 2
-    return make_plan([Stage(0, half - 1, (Replica((0,), 3), Replica((1,), 1))),
-                      Stage(half, layers - 1, (Replica((2,), 2), Replica((3,), 2)))], BATCH, microbatches,
+    return make_plan([HybridStage(0, half - 1, (Replica((0,), 3), Replica((1,), 1))),
+                      HybridStage(half, layers - 1, (Replica((2,), 2), Replica((3,), 2)))], BATCH, microbatches,
                      n_devices=4)
 
 
 def _ddp(layers: int, shares=(3, 1), sharding="none"):
-    return make_plan([Stage(0, layers - 1, tuple(Replica((i,), s) for i, s in enumerate(shares)))], sum(shares), 1,
+    replicas = tuple(Replica((i,), s) for i, s in enumerate(shares))
+    return make_plan([HybridStage(0, layers - 1, replicas)], sum(shares), 1,
                      n_devices=4, sharding=sharding)
 
 
@@ -50,7 +51,8 @@ def test_pieces_tile_each_stage_and_the_1f1b_window_covers_shifted_microbatches(
     # one replica then shares 1:3: the second stage's replica 1 reads rows [1, 3) in its microbatch 0, i.e.
     # the first stage's microbatches 0 and 1, so the first stage's backward 0 needs its forward 1 first;
     # with a base limit of 1 (n_stages=1) the window still lets it run
-    shifted = make_plan([Stage(0, 0, (Replica((0,), 4),)), Stage(1, 1, (Replica((1,), 1), Replica((2,), 3)))], 4, 2)
+    shifted = make_plan([HybridStage(0, 0, (Replica((0,), 4),)),
+                         HybridStage(1, 1, (Replica((1,), 1), Replica((2,), 3)))], 4, 2)
     assert [(q.rank, q.offset, q.n) for q in plan_pieces(shifted)] == [(0, 0, 2), (0, 2, 2), (1, 0, 1), (2, 1, 2),
                                                                       (2, 3, 1)]
     assert _inflight_limits(plan_pieces(shifted), prog, 1, 2)[0] == 2
@@ -129,10 +131,10 @@ def test_bad_hybrid_plans_are_one_line_errors(graph, tmp_path, cli, edit, names)
 
 def test_the_library_refuses_tensor_parallel_replicas_and_a_plan_for_another_model(graph):
     layers = layer_count(graph)
-    tp = make_plan([Stage(0, layers - 1, (Replica((0, 1), 4),))], BATCH, 1)
+    tp = make_plan([HybridStage(0, layers - 1, (Replica((0, 1), 4),))], BATCH, 1)
     with pytest.raises(ExecutionError, match=TP_REFUSED.split(";")[0]):
         execute_hybrid(MODEL, graph, tp, load_cluster("4xcpu"))
-    short = make_plan([Stage(0, layers - 2, (Replica((0,), 4),))], BATCH, 1)
+    short = make_plan([HybridStage(0, layers - 2, (Replica((0,), 4),))], BATCH, 1)
     with pytest.raises(PlacementError, match="cover"):
         execute_hybrid(MODEL, graph, short, load_cluster("4xcpu"))
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.bounds import pipeline_lower_bound, step_lower_bound
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from tests.placement.test_simulate import chain, random_dag
 
 CLUSTERS = ["1xA100+1xT4", "1xV100+1xT4+1xA100", "2xH100+2xT4", "2xA100", "1xA100+1xV100+1xT4+1xH100"]
@@ -23,7 +23,7 @@ def test_chain_bound_is_critical_path():
     assert b.value_s == pytest.approx(p.compute_s[:, 0].sum())
     # a chain on one device meets it exactly, then steps the optimizer
     one = np.zeros(3, dtype=np.int64)
-    assert simulate(p, one).step_time_s == pytest.approx(b.value_s + p.optimizer_s(one)[0])
+    assert simulate_step(p, one).step_time_s == pytest.approx(b.value_s + p.optimizer_s(one)[0])
 
 
 def test_balanced_work_is_harmonic_on_identical_speed_ratios():
@@ -59,7 +59,7 @@ def test_lower_bound_is_computed_once_per_problem(monkeypatch):
 def test_bounds_never_exceed_simulated_step(seed, M, schedule, cluster):
     rng = np.random.default_rng(seed)
     p = PlacementProblem(random_dag(rng, int(rng.integers(1, 12))), load_cluster(cluster), microbatches=M)
-    step = simulate(p, rng.integers(0, p.k, size=p.n), schedule=schedule).step_time_s
+    step = simulate_step(p, rng.integers(0, p.k, size=p.n), schedule=schedule).step_time_s
     for bound in (step_lower_bound(p), pipeline_lower_bound(p)):
         assert bound.value_s <= step * (1 + 1e-9)
         assert bound.value_s == max(bound.critical_path_s, bound.balanced_work_s, bound.largest_op_s,

@@ -17,7 +17,7 @@ from gpualloc.placement.conditions import (
     scripted_schedule,
 )
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from tests.placement.test_simulate import chain
 
 
@@ -66,14 +66,14 @@ def test_double_batch_doubles_times_and_activations_not_parameters(problem):
 
 def test_simulator_runs_on_conditioned_problems(problem):
     one_device = np.zeros(4, dtype=np.int64)
-    base = simulate(problem, one_device)
-    slow = simulate(conditioned(problem, Conditions((0.5, 1.0), ((1.0, 1.0), (1.0, 1.0)))), one_device)
+    base = simulate_step(problem, one_device)
+    slow = simulate_step(conditioned(problem, Conditions((0.5, 1.0), ((1.0, 1.0), (1.0, 1.0)))), one_device)
     assert slow.step_time_s == pytest.approx(2 * base.step_time_s)
     split = np.array([0, 0, 1, 1])
     degraded = conditioned(problem, Conditions((1.0, 1.0), ((1.0, 0.1), (0.1, 1.0))))
-    assert simulate(degraded, split).step_time_s > simulate(problem, split).step_time_s
+    assert simulate_step(degraded, split).step_time_s > simulate_step(problem, split).step_time_s
     big = conditioned(problem, Conditions((1.0, 1.0), ((1.0, 1.0), (1.0, 1.0)), batch_scale=2.0))
-    assert simulate(big, split).comm_bytes == pytest.approx(2 * simulate(problem, split).comm_bytes)
+    assert simulate_step(big, split).comm_bytes == pytest.approx(2 * simulate_step(problem, split).comm_bytes)
 
 
 def test_conditioning_composes(problem):

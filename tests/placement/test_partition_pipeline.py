@@ -11,7 +11,7 @@ from gpualloc.placement.partition import PARTITIONERS
 from gpualloc.placement.partition.pipeline import pipeline_partition, stage_cut
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.graph.ir import OpTiming
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from tests.placement.test_partition_baselines import _chain
 
 
@@ -47,7 +47,7 @@ def test_pipelining_uses_more_stages_than_one_microbatch():
     many = pipeline_partition(PlacementProblem(chain, cluster, microbatches=16))
     assert len(np.unique(one)) < len(np.unique(many)) == 4
     p16 = PlacementProblem(chain, cluster, microbatches=16)
-    assert simulate(p16, many).step_time_s < simulate(p16, one).step_time_s
+    assert simulate_step(p16, many).step_time_s < simulate_step(p16, one).step_time_s
 
 
 def test_memory_caps_are_respected():

@@ -1,4 +1,4 @@
-"""simulate(): golden event logs on tiny graphs, invariants on random ones, metrics."""
+"""simulate_step(): golden event logs on tiny graphs, invariants on random ones, metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from tests.conftest import diamond
 from gpualloc.cost.memory import MemoryRules
 
@@ -99,7 +99,7 @@ def check_invariants(problem: PlacementProblem, a: np.ndarray, result) -> None:
 
 def test_chain_on_two_devices_golden_log():
     p = PlacementProblem(chain(2), load_cluster("2xA100"))
-    r = simulate(p, np.array([0, 1]), record_events=True)
+    r = simulate_step(p, np.array([0, 1]), record_events=True)
     f, b = p.fwd_s, p.bwd_s
     act = p.latency[0, 1] + 4e6 / p.bandwidth[0, 1]
     grad = p.latency[1, 0] + 4e6 / p.bandwidth[1, 0]
@@ -139,7 +139,7 @@ def test_chain_on_two_devices_golden_log():
 def test_diamond_on_one_device_has_no_transfers():
     p = PlacementProblem(diamond(), load_cluster("2xA100"))
     a = np.zeros(4, dtype=np.int64)
-    r = simulate(p, a, record_events=True)
+    r = simulate_step(p, a, record_events=True)
     assert all(e.resource == "dev:0" for e in r.events)
     assert r.comm_bytes == 0 and r.comm_time_s == 0 and r.comm_share == 0
     opt = p.optimizer_s(a)[0]
@@ -154,7 +154,7 @@ def test_diamond_on_one_device_has_no_transfers():
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_single_device_step_is_sum_of_compute(M, schedule):
     p = PlacementProblem(chain(4), load_cluster("2xA100"), microbatches=M)
-    r = simulate(p, np.zeros(4, dtype=np.int64), schedule=schedule, record_events=True)
+    r = simulate_step(p, np.zeros(4, dtype=np.int64), schedule=schedule, record_events=True)
     # every microbatch at its real size: the whole-batch work plus (M - 1) launches per forward and backward
     # and the optimizer step over every weight after the last backward
     opt = p.optimizer_s(np.zeros(4, dtype=np.int64))[0]
@@ -172,8 +172,8 @@ def order(result, resource):
 def test_gpipe_vs_1f1b_on_two_stage_chain():
     p = PlacementProblem(chain(2), load_cluster("2xA100"), microbatches=2)
     a = np.array([0, 1])
-    g = simulate(p, a, schedule="gpipe", record_events=True)
-    o = simulate(p, a, schedule="1f1b", record_events=True)
+    g = simulate_step(p, a, schedule="gpipe", record_events=True)
+    o = simulate_step(p, a, schedule="1f1b", record_events=True)
     assert order(g, "dev:0") == ["F a mb0", "F a mb1", "B a mb0", "B a mb1"]
     assert order(g, "dev:1") == ["F b mb0", "F b mb1", "B b mb0", "B b mb1"]
     assert order(o, "dev:0") == ["F a mb0", "F a mb1", "B a mb0", "B a mb1"]
@@ -187,7 +187,7 @@ def test_gpipe_vs_1f1b_on_two_stage_chain():
 def test_1f1b_four_stages_warmup():
     p = PlacementProblem(chain(4), load_cluster("4xA100"), microbatches=4)
     a = np.arange(4)
-    r = simulate(p, a, schedule="1f1b", record_events=True)
+    r = simulate_step(p, a, schedule="1f1b", record_events=True)
     assert r.peak_in_flight == (4, 3, 2, 1)
     assert order(r, "dev:2") == ["F c mb0", "F c mb1", "B c mb0", "F c mb2", "B c mb1", "F c mb3", "B c mb2", "B c mb3"]
     check_invariants(p, a, r)
@@ -201,9 +201,9 @@ def test_invariants_random(seed, schedule):
     cluster = load_cluster(["1xA100+1xT4", "1xV100+1xT4+1xA100", "2xH100+2xT4"][seed % 3])
     p = PlacementProblem(graph, cluster, microbatches=[1, 2, 4][seed % 3])
     a = rng.integers(0, p.k, size=p.n)
-    r = simulate(p, a, schedule=schedule, record_events=True)
+    r = simulate_step(p, a, schedule=schedule, record_events=True)
     check_invariants(p, a, r)
-    again = simulate(p, a, schedule=schedule, record_events=True)
+    again = simulate_step(p, a, schedule=schedule, record_events=True)
     assert again == r  # deterministic
     assert sum(r.busy_s) == pytest.approx(p.step_compute_s[np.arange(p.n), a].sum())
     d = r.to_dict()
@@ -215,18 +215,18 @@ def test_memory_excess_on_tiny_cap():
     small = replace(cluster.devices[0].type, mem_bytes=1000)
     cluster = replace(cluster, devices=tuple(replace(d, type=small) for d in cluster.devices))
     p = PlacementProblem(chain(2), cluster, microbatches=2, rules=EXACT)
-    r = simulate(p, np.array([0, 1]), schedule="gpipe")
+    r = simulate_step(p, np.array([0, 1]), schedule="gpipe")
     assert not r.feasible
     # gpipe holds both microbatches' activations: the whole batch
     np.testing.assert_allclose(r.peak_mem_bytes, p.device_memory(np.array([0, 1])))
     np.testing.assert_allclose(r.memory_excess_bytes, np.array(r.peak_mem_bytes) - 1000)
-    ok = simulate(PlacementProblem(chain(2), load_cluster("2xA100")), np.array([0, 1]))
+    ok = simulate_step(PlacementProblem(chain(2), load_cluster("2xA100")), np.array([0, 1]))
     assert ok.feasible and ok.memory_excess_bytes == (0.0, 0.0)
 
 
 def test_energy_and_mfu():
     p = PlacementProblem(chain(2), load_cluster("2xA100"))
-    r = simulate(p, np.array([0, 0]))
+    r = simulate_step(p, np.array([0, 0]))
     ty = p.cluster.devices[0].type
     assert r.energy_per_step_j == pytest.approx(2 * ty.idle_w * r.step_time_s + (ty.tdp_w - ty.idle_w) * r.busy_s[0])
     assert r.mfu[0] == pytest.approx(3 * 4e10 / r.step_time_s / (ty.tensor_tflops * 1e12))
@@ -236,30 +236,30 @@ def test_energy_and_mfu():
 def test_rejects_bad_input():
     p = PlacementProblem(chain(2), load_cluster("2xA100"))
     with pytest.raises(PlacementError, match="zigzag"):
-        simulate(p, np.array([0, 1]), schedule="zigzag")
+        simulate_step(p, np.array([0, 1]), schedule="zigzag")
     with pytest.raises(PlacementError, match="outside"):
-        simulate(p, np.array([0, 5]))
+        simulate_step(p, np.array([0, 5]))
     with pytest.raises(PlacementError, match="shape"):
-        simulate(p, np.array([0, 1, 1]))
+        simulate_step(p, np.array([0, 1, 1]))
     with pytest.raises(PlacementError, match="microbatches"):
         PlacementProblem(chain(2), load_cluster("2xA100"), microbatches=0)
 
 
 def test_options_have_one_set_of_defaults_and_keywords_override_them():
-    from gpualloc.placement.simulate import SimOptions
+    from gpualloc.placement.simulate import StepOptions
 
     p = PlacementProblem(chain(3), load_cluster("2xA100"), microbatches=2)
     a = np.array([0, 1, 1])
-    assert simulate(p, a) == simulate(p, a, SimOptions())
-    g = simulate(p, a, SimOptions(schedule="gpipe", record_events=True))
-    assert g == simulate(p, a, schedule="gpipe", record_events=True)
+    assert simulate_step(p, a) == simulate_step(p, a, StepOptions())
+    g = simulate_step(p, a, StepOptions(schedule="gpipe", record_events=True))
+    assert g == simulate_step(p, a, schedule="gpipe", record_events=True)
     assert g.schedule == "gpipe" and g.events is not None
     # keywords override the options given
-    assert simulate(p, a, SimOptions(schedule="gpipe"), record_events=True) == g
+    assert simulate_step(p, a, StepOptions(schedule="gpipe"), record_events=True) == g
     with pytest.raises(PlacementError, match="zigzag"):
-        SimOptions(schedule="zigzag")
+        StepOptions(schedule="zigzag")
     with pytest.raises(TypeError):
-        simulate(p, a, shedule="gpipe")  # a misspelt option is not silently ignored
+        simulate_step(p, a, shedule="gpipe")  # a misspelt option is not silently ignored
 
 
 def test_task_graph_of_one_microbatch():

@@ -18,7 +18,7 @@ from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.bounds import lower_bound
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import _optimizer_steps, _run, build_tasks, simulate
+from gpualloc.placement.simulate import _optimizer_steps, _run, build_tasks, simulate_step
 
 # 1F1B may trail GPipe by a little where no in-flight limit binds: the two list-schedule the same tasks
 # in different orders (a backward before a later microbatch's forward), and neither order is optimal.
@@ -53,7 +53,7 @@ def test_diamond_joining_on_the_first_device_does_not_stall():
     p = PlacementProblem(DIAMOND, load_cluster("3xV100-16GB"), microbatches=8)
     a = np.array([0, 1, 2, 0])
     assert build_tasks(p, a, gpipe=False).limit.tolist() == [3, 2, 2]
-    one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
+    one, gp = simulate_step(p, a, schedule="1f1b"), simulate_step(p, a, schedule="gpipe")
     assert one.peak_in_flight == (3, 2, 2)
     assert gp.peak_in_flight == (8, 8, 8)
     assert one.step_time_s <= gp.step_time_s * 1.05
@@ -115,7 +115,7 @@ def test_1f1b_on_random_dag_plans_completes_and_keeps_up_with_gpipe(plan):
     end, relaxed = run_kernel(p, a)
     assert relaxed == 0  # deadlock-free: the limits never had to be raised
     assert np.all(np.isfinite(end)) and np.all(end > 0)
-    one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
+    one, gp = simulate_step(p, a, schedule="1f1b"), simulate_step(p, a, schedule="gpipe")
     opt_start, opt_s = _optimizer_steps(p, build_tasks(p, a, gpipe=False), end)
     assert one.step_time_s == pytest.approx(max(float(end.max()), float(np.max(opt_start + opt_s))))
     assert one.step_time_s >= lower_bound(p).value_s * (1 - 1e-9)
@@ -143,7 +143,7 @@ def test_held_out_models_on_six_v100s(zoo_graphs, model, method):
 
     p = PlacementProblem(zoo_graphs[model], load_cluster("6xV100-16GB"), microbatches=8)
     a = place(p, method).plan.assignment
-    one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
+    one, gp = simulate_step(p, a, schedule="1f1b"), simulate_step(p, a, schedule="gpipe")
     assert one.step_time_s <= gp.step_time_s * 1.1
     busiest = max(one.busy_s)
     assert one.step_time_s <= 2.2 * busiest  # the pipeline keeps the busiest GPU mostly busy
@@ -156,7 +156,7 @@ def test_auto_keeps_the_faster_schedule_and_says_which():
 
     p = PlacementProblem(DIAMOND, load_cluster("3xV100-16GB"), microbatches=8)
     a = np.array([0, 1, 2, 0])
-    one, gp = simulate(p, a, schedule="1f1b"), simulate(p, a, schedule="gpipe")
+    one, gp = simulate_step(p, a, schedule="1f1b"), simulate_step(p, a, schedule="gpipe")
     assert gp.step_time_s < one.step_time_s  # this plan is one where GPipe's extra memory buys a little time
     auto = score(p, "plan", a, schedule="auto")
     assert auto.result.schedule == "gpipe" and auto.result.step_time_s == gp.step_time_s

@@ -7,7 +7,7 @@ import pytest
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import Event
-from gpualloc.placement.simulate import simulate as simulate_step
+from gpualloc.placement.simulate import simulate_step
 from gpualloc.reports.gantt import gantt_figure, plot_gantt, row_label
 from gpualloc.reports.sched_plots import plot_runs, run_figures
 from gpualloc.reports.tables import bars_figure, plot_bars

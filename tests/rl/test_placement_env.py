@@ -11,7 +11,7 @@ import gpualloc.rl.envs  # noqa: F401  (registers the environments)
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from gpualloc.rl.envs.placement_env import PlacementEnv, coarsen
 from tests.placement.test_simulate import random_dag
 
@@ -53,7 +53,7 @@ def test_return_telescopes_to_gain_over_base(env):
             obs, r, done, _, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
             total += r
         ep = env._ep
-        final = simulate(ep.problem, env.assignment)
+        final = simulate_step(ep.problem, env.assignment)
         expected = (ep.base_step_s - final.step_time_s) / ep.base_step_s \
             + env.energy_weight * (ep.base_energy_j - final.energy_per_step_j) / ep.base_energy_j
         assert total == pytest.approx(expected, abs=1e-9)

@@ -11,7 +11,7 @@
 4. run ``warmup`` + ``steps`` training steps; the measured step time is the median of the timed ones;
    then one more, untimed, in which every worker measures its memory
    (:class:`~gpualloc.execute.measure.MemoryProbe`);
-5. simulate the same plan (:func:`gpualloc.placement.simulate.simulate`) with the cost model of the
+5. simulate the same plan (:func:`gpualloc.placement.simulate.simulate_step`) with the cost model of the
    given calibration, using its per-op profiles of this model where it has them
    (:func:`gpualloc.cost.microbench.apply_profiles`), else the calibrated roofline; ``error`` is
    ``predicted / measured - 1``.
@@ -38,7 +38,7 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import StepResult, inflight_limits, simulate
+from gpualloc.placement.simulate import StepResult, inflight_limits, simulate_step
 
 __all__ = ["DeviceRun", "ExecuteOptions", "ExecutionResult", "checked_options", "execute_plan", "predict",
            "torch_devices_for", "worker_threads"]
@@ -340,7 +340,7 @@ def predict(graph: OpGraph, assignment: np.ndarray, cluster: ClusterSpec, calibr
     types = [cluster.devices[d].type.name for d in np.unique(a)]
     profiled = apply_profiles(graph, calibration, types) if use_profiles else None
     problem = PlacementProblem(profiled or graph, cluster, CostModel(calibration), microbatches=microbatches)
-    return simulate(problem, a, schedule=schedule), "profiled ops" if profiled is not None else "roofline"
+    return simulate_step(problem, a, schedule=schedule), "profiled ops" if profiled is not None else "roofline"
 
 
 def _leaves(value: Any) -> list[Any]:

@@ -1,7 +1,7 @@
 """Lower bounds on the step time of any placement of a problem (communication ignored).
 
 Every term is valid for every assignment and both pipeline schedules of
-:func:`gpualloc.placement.simulate.simulate`, with ``M = problem.microbatches``: each op takes its
+:func:`gpualloc.placement.simulate.simulate_step`, with ``M = problem.microbatches``: each op takes its
 one-microbatch time (``problem.mb_fwd_s`` / ``mb_bwd_s``, launch overhead included) per microbatch, so
 the step works ``s[i, j] = problem.step_compute_s`` on node ``i`` placed on ``j``. With
 ``smin[i] = min_j s[i, j]`` and ``mmin[i] = min_j (mb_fwd_s + mb_bwd_s)[i, j]``:

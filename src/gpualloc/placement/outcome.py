@@ -19,7 +19,7 @@ from gpualloc.placement.hybrid.cost import plan_notes
 from gpualloc.placement.hybrid.simulate import HybridResult, hybrid_events, simulate_hybrid
 from gpualloc.placement.plan import Plan
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import Event, StepResult, simulate
+from gpualloc.placement.simulate import Event, StepResult, simulate_step
 
 __all__ = ["KINDS", "Kind", "Outcome", "lower_bound_s", "plan_events", "score", "simulate_plan"]
 
@@ -44,8 +44,8 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "assignment": Kind(
-        simulate=lambda p, plan: simulate(_at_microbatches(p, plan), plan.assignment, schedule=plan.schedule),
-        events=lambda p, plan: simulate(_at_microbatches(p, plan), plan.assignment, schedule=plan.schedule,
+        simulate=lambda p, plan: simulate_step(_at_microbatches(p, plan), plan.assignment, schedule=plan.schedule),
+        events=lambda p, plan: simulate_step(_at_microbatches(p, plan), plan.assignment, schedule=plan.schedule,
                                         record_events=True).events,
         notes=lambda p, plan: None),
     "hybrid": Kind(

@@ -147,13 +147,13 @@ def dqn_planner(agent: DQNAgent, *, seed: int = 0, passes: int = 10):
     """Re-planning with the agent: the fastest of KL refinement of the current plan, the agent's plan
     (never worse than the best heuristic), and the agent's plan refined by KL."""
     from gpualloc.placement.partition.kernighan_lin import kl_refine
-    from gpualloc.placement.simulate import simulate
+    from gpualloc.placement.simulate import simulate_step
 
     def plan(problem: PlacementProblem, assignment: np.ndarray) -> np.ndarray:
         mine = place_dqn(problem, agent, seed=seed).plan.assignment
         candidates = [kl_refine(problem, assignment, seed=seed, passes=passes), mine,
                       kl_refine(problem, mine, seed=seed, passes=passes)]
-        results = [simulate(problem, c) for c in candidates]
+        results = [simulate_step(problem, c) for c in candidates]
         i = min(range(len(candidates)), key=lambda i: (not results[i].feasible, results[i].step_time_s, i))
         return candidates[i]
 

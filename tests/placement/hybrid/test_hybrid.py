@@ -20,7 +20,7 @@ from gpualloc.placement.hybrid.baselines import BASELINES, ddp, ddp_speed, large
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
 from gpualloc.placement.hybrid.plan import (
     Replica,
-    Stage,
+    HybridStage,
     Sync,
     make_plan,
     plan_to_dict,
@@ -56,7 +56,7 @@ def profiled(layers: int = 3, types=("A100-40GB",), *, fwd: float = 0.01, mbs=(1
 
 def one_stage(problem: HybridProblem, shares, microbatches: int = 1, **kw):
     reps = tuple(Replica((d,), s) for d, s in enumerate(shares))
-    return make_plan([Stage(0, problem.L - 1, reps)], sum(shares), microbatches, n_devices=problem.k, **kw)
+    return make_plan([HybridStage(0, problem.L - 1, reps)], sum(shares), microbatches, n_devices=problem.k, **kw)
 
 
 # --------------------------------------------------------------------------- known answers
@@ -116,7 +116,7 @@ def test_pipeline_of_equal_stages_takes_m_plus_s_minus_one_slots():
     g = profiled(layers=2, act=0.0)
     p = HybridProblem(g, load_cluster("2xA100"), 4)
     for schedule in ("gpipe", "1f1b"):
-        plan = make_plan([Stage(0, 0, (Replica((0,), 4),)), Stage(1, 1, (Replica((1,), 4),))], 4, 4,
+        plan = make_plan([HybridStage(0, 0, (Replica((0,), 4),)), HybridStage(1, 1, (Replica((1,), 4),))], 4, 4,
                          schedule=schedule, n_devices=2)
         r = simulate_hybrid(p, plan)
         assert r.step_time_s == pytest.approx((4 + 2 - 1) * 0.03), schedule
@@ -128,8 +128,8 @@ def test_event_log_is_the_simulated_step(schedule):
     device's forwards and backwards add up to its replica's, activations cross the stage cut both ways."""
     g = chain(6, batch=64)
     p = HybridProblem(g, load_cluster("4xA100+2xV100"), 64)
-    plan = make_plan([Stage(0, 2, (Replica((0, 1), 32), Replica((2, 3), 32))),
-                      Stage(3, 5, (Replica((4,), 40), Replica((5,), 24)))], 64, 4, schedule=schedule, n_devices=6)
+    plan = make_plan([HybridStage(0, 2, (Replica((0, 1), 32), Replica((2, 3), 32))),
+                      HybridStage(3, 5, (Replica((4,), 40), Replica((5,), 24)))], 64, 4, schedule=schedule, n_devices=6)
     events = hybrid_events(p, plan)
     assert max(e.end_s for e in events) == pytest.approx(simulate_hybrid(p, plan).step_time_s)
     assert list(events) == sorted(events, key=lambda e: (e.start_s, e.resource))
@@ -161,7 +161,8 @@ def test_memory_in_flight_and_sharding():
     exact = MemoryRules(fragmentation=0.0, reserve_bytes=0.0)  # the tensors alone, to count by hand
     g = chain(2, params=1 * GB, act=8 * GB, batch=8)  # 1 GB activations a sample per layer
     p = HybridProblem(g, load_cluster("4xA100"), 8, rules=exact)
-    pipe = make_plan([Stage(0, 0, (Replica((0,), 8),)), Stage(1, 1, (Replica((1,), 8),))], 8, 4, n_devices=4)
+    pipe = make_plan([HybridStage(0, 0, (Replica((0,), 8),)), HybridStage(1, 1, (Replica((1,), 8),))], 8, 4,
+                     n_devices=4)
     r = simulate_hybrid(p, pipe)
     # 1F1B: stage 0 holds min(M, S) = 2 microbatches of 2 samples, stage 1 one; Adam in fp32: 16 bytes a
     # parameter = 4 x the 1 GB of fp32 weights (weights, gradients, two moments), the gradients accumulated
@@ -198,11 +199,11 @@ def test_the_optimizer_step_can_be_the_peak():
     exact = MemoryRules(fragmentation=0.0, reserve_bytes=0.0)
     g = chain(2, params=1 * GB, act=1e3, batch=8)
     gpu = simulate_hybrid(HybridProblem(g, load_cluster("1xA100"), 8, rules=exact),
-                          make_plan([Stage(0, 1, (Replica((0,), 8),))], 8, 1, n_devices=1)).memory[0]
+                          make_plan([HybridStage(0, 1, (Replica((0,), 8),))], 8, 1, n_devices=1)).memory[0]
     assert gpu.phase == "optimizer step" and gpu.activations == 0
     assert gpu.peak == pytest.approx(2 * GB + 2 * GB + 4 * GB + 2 * GB)  # + one fp32 copy of the parameters
     cpu = simulate_hybrid(HybridProblem(g, load_cluster("1xcpu"), 8, rules=exact),
-                          make_plan([Stage(0, 1, (Replica((0,), 8),))], 8, 1, n_devices=1)).memory[0]
+                          make_plan([HybridStage(0, 1, (Replica((0,), 8),))], 8, 1, n_devices=1)).memory[0]
     assert cpu.phase == "optimizer step" and cpu.peak == pytest.approx(8 * GB + 2 * 1 * GB)  # two of a layer
 
 
@@ -212,7 +213,7 @@ def test_tp_and_overlap_change_the_step_as_they_should():
     dp = one_stage(p, [64] * 4)
     no_overlap = make_plan(dp.stages, 256, 1, sync=Sync(overlap=False), n_devices=4)
     assert simulate_hybrid(p, dp).step_time_s <= simulate_hybrid(p, no_overlap).step_time_s
-    tp2 = make_plan([Stage(0, 3, (Replica((0, 1), 128), Replica((2, 3), 128)))], 256, 1, n_devices=4)
+    tp2 = make_plan([HybridStage(0, 3, (Replica((0, 1), 128), Replica((2, 3), 128)))], 256, 1, n_devices=4)
     r = simulate_hybrid(p, tp2)
     # gradients: a ring of 2 replicas moves 2 x 1 x 16 MB; TP: layers 2 and 4 all-reduce their 31.25 kB a sample,
     # forward and backward, ring traffic 2 x (2 - 1), for all 256 samples
@@ -272,7 +273,7 @@ def cases(draw):
         if any(len({int(p.node_of[d]) for d in r}) > 1 for r in reps):
             reps = [(int(d),) for d in group][:G]
         shares = largest_remainder(G, draw(st.lists(st.floats(0.1, 10), min_size=len(reps), max_size=len(reps))))
-        stages.append(Stage(first, last, tuple(Replica(r, b) for r, b in zip(reps, shares, strict=True))))
+        stages.append(HybridStage(first, last, tuple(Replica(r, b) for r, b in zip(reps, shares, strict=True))))
         first = last + 1
     plan = make_plan(stages, G, draw(st.integers(1, min(G, 16))), schedule=draw(st.sampled_from(["1f1b", "gpipe"])),
                      sync=Sync(draw(st.sampled_from(["ring", "hierarchical"])), draw(st.booleans()),
@@ -315,7 +316,7 @@ def profiled_cases(draw):
         tp = draw(st.sampled_from([t for t in (1, 2) if len(group) % t == 0]))
         reps = [tuple(int(d) for d in group[i:i + tp]) for i in range(0, len(group), tp)][:G]
         shares = largest_remainder(G, [1.0] * len(reps))
-        stages.append(Stage(first, last, tuple(Replica(r, b) for r, b in zip(reps, shares, strict=True))))
+        stages.append(HybridStage(first, last, tuple(Replica(r, b) for r, b in zip(reps, shares, strict=True))))
         first = last + 1
     return p, make_plan(stages, G, draw(st.integers(1, min(G, 8))), n_devices=len(c),
                         schedule=draw(st.sampled_from(["1f1b", "gpipe"])))

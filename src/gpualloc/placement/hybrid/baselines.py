@@ -20,7 +20,7 @@ import numpy as np
 
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid.cost import plan_costs
-from gpualloc.placement.hybrid.plan import HybridPlan, Replica, Stage, Sync, make_plan
+from gpualloc.placement.hybrid.plan import HybridPlan, Replica, HybridStage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 
 
@@ -101,7 +101,7 @@ def finish_together(total: int, fixed_s: np.ndarray, slope_s: np.ndarray) -> np.
 
 
 def stage_of(problem: HybridProblem, groups: Sequence[tuple[int, ...]], first: int, last: int,
-             *, by_speed: bool = True, microbatches: int | None = None) -> Stage:
+             *, by_speed: bool = True, microbatches: int | None = None) -> HybridStage:
     """A stage of ``groups`` (replicas) with shares proportional to speed (samples per second once launch
     overheads are amortised, as HetPipe and Cephalo measure it), or equal; with ``microbatches``, shares that
     make every replica finish its ``microbatches`` microbatches together (launch overheads paid per
@@ -117,10 +117,10 @@ def stage_of(problem: HybridProblem, groups: Sequence[tuple[int, ...]], first: i
         else:
             w = finish_together(problem.global_batch, microbatches * lines[:, 0], lines[:, 1]) + 1e-9
     shares = largest_remainder(problem.global_batch, w)
-    return Stage(first, last, tuple(Replica(g, s) for g, s in zip(groups, shares, strict=True)))
+    return HybridStage(first, last, tuple(Replica(g, s) for g, s in zip(groups, shares, strict=True)))
 
 
-def fit_microbatches(problem: HybridProblem, stages: Sequence[Stage], microbatches: int = 1, **kw) -> HybridPlan:
+def fit_microbatches(problem: HybridProblem, stages: Sequence[HybridStage], microbatches: int = 1, **kw) -> HybridPlan:
     """The plan with the fewest microbatches (doubling from ``microbatches``) that fits memory; the last
     tried (infeasible) when none does."""
     smallest = min(r.batch_share for s in stages for r in s.replicas)

@@ -23,7 +23,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.limits import MAX_BATCH, check_size
 from gpualloc.placement.conditions import Conditions
 from gpualloc.placement.hybrid.baselines import largest_remainder
-from gpualloc.placement.hybrid.plan import HybridPlan, Replica, Stage, make_plan
+from gpualloc.placement.hybrid.plan import HybridPlan, Replica, HybridStage, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 
 __all__ = ["ScaledHybridProblem", "rescale_batch", "with_conditions", "with_speed_scale"]
@@ -178,7 +178,8 @@ def rescale_batch(plan: HybridPlan, global_batch: int, *, n_devices: int | None 
     for s in plan.stages:
         reps = s.replicas[:global_batch]
         shares = largest_remainder(global_batch, [r.batch_share for r in reps])
-        stages.append(Stage(s.first, s.last, tuple(Replica(r.devices, n) for r, n in zip(reps, shares, strict=True))))
+        replicas = tuple(Replica(r.devices, n) for r, n in zip(reps, shares, strict=True))
+        stages.append(HybridStage(s.first, s.last, replicas))
     smallest = min(r.batch_share for s in stages for r in s.replicas)
     return make_plan(stages, global_batch, min(plan.microbatches, smallest), schedule=plan.schedule, sync=plan.sync,
                      sharding=plan.sharding, precision=plan.precision, recompute=plan.recompute,

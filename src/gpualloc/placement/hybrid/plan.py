@@ -58,7 +58,7 @@ class Replica:
 
 
 @dataclass(frozen=True)
-class Stage:
+class HybridStage:
     """Layers ``first..last`` (inclusive, indices into the layer sequence) and their replicas."""
 
     first: int
@@ -90,7 +90,7 @@ class HybridPlan(Plan):
 
     kind: ClassVar[str] = "hybrid"
     version: ClassVar[int] = 2
-    stages: tuple[Stage, ...]
+    stages: tuple[HybridStage, ...]
     global_batch: int
     microbatches: int
     schedule: str = "1f1b"
@@ -147,7 +147,7 @@ def replica_microbatches(plan: HybridPlan, replica: Replica) -> tuple[int, int]:
 def make_plan(stages, global_batch: int, microbatches: int, *, schedule: str = "1f1b", sync: Sync | None = None,
               sharding: str = "none", precision: str = "fp32", recompute: bool = False,
               n_devices: int | None = None, where: str = "plan") -> HybridPlan:
-    """Build and validate a plan (``stages``: :class:`Stage` objects)."""
+    """Build and validate a plan (``stages``: :class:`HybridStage` objects)."""
     plan = HybridPlan(tuple(stages), int(global_batch), int(microbatches), schedule, sync or Sync(), sharding,
                       precision, bool(recompute))
     validate(plan, n_devices=n_devices, where=where)
@@ -292,7 +292,7 @@ def plan_from_dict(doc: Any, *, where: str = "plan", n_devices: int | None = Non
             if "tp" in rd and rd["tp"] != len(devs):
                 raise PlacementError(f"{rat}.tp: {rd['tp']!r} does not match the {len(devs)} devices listed")
             reps.append(Replica(tuple(devs), _int(rd, "batch_share", rat)))
-        stages.append(Stage(layers[0], layers[1], tuple(reps)))
+        stages.append(HybridStage(layers[0], layers[1], tuple(reps)))
     sync = _sync_from_dict(doc.get("sync", {}), where)
     recompute = doc.get("recompute", False)
     if not isinstance(recompute, bool):
@@ -317,3 +317,6 @@ def _check_replica_microbatches(plan: HybridPlan, stages_doc: list, where: str) 
                     raise PlacementError(f"{where}: stages[{si}].replicas[{ri}].{key}: {rd[key]!r} does not match "
                                          f"the plan ({value}: batch_share {rep.batch_share} over "
                                          f"{plan.microbatches} microbatches)")
+
+
+Stage = HybridStage  # the old name, until placement/replan.py's commit moves off it (issue 37)

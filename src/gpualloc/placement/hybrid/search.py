@@ -34,7 +34,7 @@ from gpualloc.placement.hybrid import baselines
 from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
 from gpualloc.placement.hybrid.cost import PlanCosts, estimate_step_s, plan_costs
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
-from gpualloc.placement.hybrid.plan import HybridPlan, Stage, Sync, make_plan
+from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 from gpualloc.placement.outcome import Outcome
@@ -181,7 +181,7 @@ VARIANTS = (("none", False), ("zero1", False), ("zero2", False), ("fsdp", False)
 forward again), so none is tried once a cheaper one fits."""
 
 
-def _variants(problem: HybridProblem, stages: list[Stage], m: int) -> Iterator[tuple[HybridPlan, PlanCosts]]:
+def _variants(problem: HybridProblem, stages: list[HybridStage], m: int) -> Iterator[tuple[HybridPlan, PlanCosts]]:
     for sharding, recompute in VARIANTS:
         plan = make_plan(stages, problem.global_batch, m, sharding=sharding, recompute=recompute,
                          precision=problem.precision, n_devices=problem.k)

@@ -24,7 +24,7 @@ from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.partition.memory import require_fit
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 
 __all__ = ["pipeline_partition", "stage_cut"]
 
@@ -133,7 +133,7 @@ def pipeline_partition(problem: PlacementProblem, *, seed: int | np.random.Gener
         a = stage_cut(problem, devices)
         if a is None:
             continue
-        t = simulate(problem, a).step_time_s
+        t = simulate_step(problem, a).step_time_s
         if t < best_time:
             best, best_time = a, t
     if best is None:

@@ -38,7 +38,7 @@ from gpualloc.placement.partition.baselines import contiguous_chunks
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.outcome import Outcome
 from gpualloc.placement.run import best
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 
 DEVICE_FEATURES = 8
 GLOBAL_FEATURES = 5
@@ -87,7 +87,7 @@ def _prepare(problem: PlacementProblem, factor: int, seed: int) -> _Episode:
     cross = gs != gd
     base = best(problem, seed=seed)
     base_sub = np.array([np.bincount(base.plan.assignment[group == s], minlength=problem.k).argmax() for s in range(m)])
-    base_result = simulate(problem, base_sub[group])
+    base_result = simulate_step(problem, base_sub[group])
     return _Episode(
         problem=problem,
         group=group,
@@ -165,7 +165,7 @@ class PlacementEnv(gym.Env):
         self._sub[s] = action
         self._load[action] += ep.sub_time[s, action]
         self._mem[action] += ep.sub_mem[s]
-        result = simulate(ep.problem, self._sub[ep.group])
+        result = simulate_step(ep.problem, self._sub[ep.group])
         step_s, energy_j = result.step_time_s, result.energy_per_step_j
         reward = (self._step_s - step_s) / ep.base_step_s \
             + self.energy_weight * (self._energy_j - energy_j) / ep.base_energy_j - INVALID_PENALTY * invalid
