@@ -131,7 +131,7 @@ def test_measured_speed_order_v100_over_t4():
 
 
 def test_calibration_is_reproducible_from_the_shared_data(shared_data):
-    """The shipped calibration is exactly what `gpualloc cost calibrate` fits on ../shared/data."""
+    """The shipped calibration is exactly what `gpualloc cost fit` fits on ../shared/data."""
     from gpualloc.cost.calibrate import calibrate
 
     fresh = json.loads(json.dumps(calibrate(shared_data).to_dict()))

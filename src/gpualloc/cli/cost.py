@@ -21,7 +21,7 @@ def estimate_cmd(
     batch: int = typer.Option(32, "--batch", max=MAX_BATCH, min=1, help="Batch size when GRAPH is a model to capture."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimates as JSON."),
 ) -> None:
-    """Estimate one training step of a graph on each device (alone, ops in sequence)."""
+    """Estimate one training step of a graph on each device (alone, ops in sequence, then the optimizer step)."""
     g = load_graph(graph, batch)
     if as_json:
         from gpualloc.cost.estimate import estimate
@@ -58,13 +58,29 @@ def calibration_cmd(
     console.print(calibration_view(cal))
 
 
-@app.command("calibrate")
-def calibrate_cmd(
-    data: Path = typer.Option(Path("../shared/data"), "--data", help="The shared data folder (PipeDream, Sia)."),
-    output: Path = typer.Option(..., "-o", "--output", callback=output_file,
-                                help="Where to write the calibration JSON."),
-) -> None:
-    """Fit the efficiencies on the measured data and write a calibration file."""
+_DATA = typer.Option(Path("../shared/data"), "--data", help="The shared data folder (PipeDream, Sia).")
+_OUTPUT = typer.Option(..., "-o", "--output", callback=output_file, help="Where to write the calibration JSON.")
+
+
+@app.command("fit")
+def fit_cmd(data: Path = _DATA, output: Path = _OUTPUT) -> None:
+    """Fit the efficiencies on published measurements (PipeDream, Sia) and write a calibration file.
+
+    Nothing is measured here: `gpualloc calibrate` measures this machine."""
+    _fit(data, output)
+
+
+@app.command("calibrate", hidden=True)
+def calibrate_cmd(data: Path = _DATA, output: Path = _OUTPUT) -> None:
+    """The old name of `gpualloc cost fit`."""
+    from gpualloc.cli.common import err_console
+
+    err_console.print("note: `gpualloc cost calibrate` is now `gpualloc cost fit` (it fits published data; "
+                      "`gpualloc calibrate` measures this machine)", soft_wrap=True)
+    _fit(data, output)
+
+
+def _fit(data: Path, output: Path) -> None:
     from gpualloc.cost.calibrate import calibrate
 
     with console.status("fitting the roofline on PipeDream layers and Sia step times..."):

@@ -264,6 +264,6 @@ def calibrate(data_root: str | Path, catalog: Catalog | None = None) -> Calibrat
         "pipedream": pipedream,
         "sia": sia,
         "leave_one_out": loo,
-        "command": "gpualloc cost calibrate --data ../shared/data -o src/gpualloc/cost/data/calibration.json",
+        "command": "gpualloc cost fit --data ../shared/data -o src/gpualloc/cost/data/calibration.json",
     }
     return Calibration(devices=devices, default=default, cpu_default=CPU_DEFAULT, fit=fit)
