@@ -32,6 +32,7 @@ import _args
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.limits import MAX_MICROBATCHES
 from gpualloc.placement.conditions import DriftSchedule, random_schedule, scripted_schedule
+from gpualloc.placement.plan import OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import ReplanOptions, TrainingRun, best_of_planner, kl_planner, run_training
 from gpualloc.placement.run import place
@@ -65,7 +66,8 @@ def compare(problem: PlacementProblem, schedule: DriftSchedule, args) -> list[di
         ("best", "best-of", best_of_planner(), args.overhead_s, None),
         ("best", "best-of", best_of_planner(), args.overhead_s, args.horizon),
     ):
-        start = place(problem, start_method, seed=args.seed).plan.assignment
+        # the runs simulate 1F1B, whatever schedule scored the start best
+        start = OperatorPlan(place(problem, start_method, seed=args.seed).plan.assignment, problem.microbatches)
         if start_method not in statics:
             t = time.perf_counter()
             statics[start_method] = (run_training(problem, start, replace(common, replan=False)),

@@ -33,6 +33,7 @@ from gpualloc.placement.conditions import random_schedule, scripted_schedule
 from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
+from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import ReplanOptions, run_training
 from rich.table import Table
 
@@ -57,10 +58,12 @@ def main() -> None:
     cluster = load_cluster(args.cluster)
     rows = []
     for model in args.models:
-        problem = HybridProblem(capture(model, batch=32), cluster, args.batch)
+        graph = capture(model, batch=32)
+        problem = PlacementProblem(graph, cluster)  # runs see it layer by layer at the plans' global batch
+        layers = HybridProblem(graph, cluster, args.batch)
         schedules = [("scripted", scripted_schedule(problem, args.iterations))]
         schedules += [(f"random-{s}", random_schedule(problem, args.iterations, seed=s)) for s in args.seeds]
-        for plan_name, plan in (("ddp", ddp(problem)), ("hybrid", plan_hybrid(problem)[0])):
+        for plan_name, plan in (("ddp", ddp(layers)), ("hybrid", plan_hybrid(layers)[0])):
             for sched_name, schedule in schedules:
                 common = ReplanOptions(schedule, args.iterations, check_every=args.check_every, noise=args.noise,
                                        seed=args.seed)

@@ -13,6 +13,7 @@ from gpualloc.placement.conditions import DriftSchedule
 from gpualloc.placement.partition.kernighan_lin import kl_refine
 from gpualloc.placement.partition.listsched import etf_partition
 from gpualloc.placement.partition.pipeline import pipeline_partition
+from gpualloc.placement.plan import OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import (
     ReplanOptions,
@@ -21,7 +22,7 @@ from gpualloc.placement.replan import (
     migration_cost_s,
     run_training,
 )
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from gpualloc.telemetry.sim import SimTelemetry
 from tests.placement.test_simulate import chain
 
@@ -87,18 +88,19 @@ def placed():
 
 def test_power_reaches_the_cost_model_the_step_the_run_and_both_telemetries(monkeypatch, placed):
     p, a = placed
+    plan = OperatorPlan(a, p.microbatches)
     v100 = default_catalog().device("V100")
-    before = (CostModel.power_w(v100, 0.5), CostModel().energy_j(v100, 1.0, 2.0), simulate(p, a).energy_per_step_j,
-              SimulatedTelemetry(p, a, DriftSchedule()).sample().devices[0].power_w,
-              SimTelemetry.from_placement(SimulatedTelemetry(p, a, DriftSchedule())).sample()[0].power_w)
-    run_before = run_training(p, a, ReplanOptions(iterations=10, replan=False)).energy_j
+    before = (CostModel.power_w(v100, 0.5), CostModel().energy_j(v100, 1.0, 2.0), simulate_step(p, a).energy_per_step_j,
+              SimulatedTelemetry(p, plan, DriftSchedule()).sample().devices[0].power_w,
+              SimTelemetry.from_placement(SimulatedTelemetry(p, plan, DriftSchedule())).sample()[0].power_w)
+    run_before = run_training(p, plan, ReplanOptions(iterations=10, replan=False)).energy_j
     calls = doubled(monkeypatch, "power_w")
     after = (CostModel.power_w(v100, 0.5), CostModel().energy_j(v100, 1.0, 2.0),
-             simulate(p, a).energy_per_step_j,
-             SimulatedTelemetry(p, a, DriftSchedule()).sample().devices[0].power_w,
-             SimTelemetry.from_placement(SimulatedTelemetry(p, a, DriftSchedule())).sample()[0].power_w)
+             simulate_step(p, a).energy_per_step_j,
+             SimulatedTelemetry(p, plan, DriftSchedule()).sample().devices[0].power_w,
+             SimTelemetry.from_placement(SimulatedTelemetry(p, plan, DriftSchedule())).sample()[0].power_w)
     np.testing.assert_allclose(after, 2 * np.array(before), rtol=1e-12)
-    assert run_training(p, a, ReplanOptions(iterations=10, replan=False)).energy_j == pytest.approx(
+    assert run_training(p, plan, ReplanOptions(iterations=10, replan=False)).energy_j == pytest.approx(
         2 * run_before, rel=1e-12)
     assert calls
 
@@ -109,19 +111,19 @@ def test_training_memory_reaches_the_cost_model_the_problem_and_the_step(monkeyp
 
     p = PlacementProblem(chain(2), load_cluster("2xA100"))
     a = np.array([0, 1])
-    before = (training_memory_bytes(diamond_graph), p.mem_bytes.copy(), np.array(simulate(p, a).peak_mem_bytes))
+    before = (training_memory_bytes(diamond_graph), p.mem_bytes.copy(), np.array(simulate_step(p, a).peak_mem_bytes))
     monkeypatch.setattr(MemoryRules, "optimizer_bytes_per_param", lambda self: 0)  # no optimizer state at all
     fresh = PlacementProblem(chain(2), load_cluster("2xA100"))
     params = (diamond_graph.total_param_bytes, fresh.graph.param_bytes, np.bincount(a, fresh.graph.param_bytes))
     saved = [8 / 4 * x * 1.05 for x in params]  # Adam's 8 bytes a parameter (4 a fp32 byte), with the margin
     assert training_memory_bytes(diamond_graph) == pytest.approx(before[0] - saved[0])
     np.testing.assert_allclose(fresh.mem_bytes, before[1] - saved[1])
-    np.testing.assert_allclose(simulate(fresh, a).peak_mem_bytes, before[2] - saved[2])
+    np.testing.assert_allclose(simulate_step(fresh, a).peak_mem_bytes, before[2] - saved[2])
 
 
 def test_migration_state_bytes_come_from_physics(monkeypatch):
     p = PlacementProblem(chain(2), load_cluster("2xA100"))
-    old, new = np.array([0, 0]), np.array([0, 1])
+    old, new = OperatorPlan(np.array([0, 0])), OperatorPlan(np.array([0, 1]))
     before = migration_bytes(p, old, new)
     assert before == pytest.approx(3 * 1e6)  # weight and two Adam states; no gradient
     doubled(monkeypatch, "weight_state_bytes")
@@ -131,12 +133,12 @@ def test_migration_state_bytes_come_from_physics(monkeypatch):
 def test_transfer_time_reaches_the_cost_model_the_problem_the_step_the_migration(monkeypatch, placed):
     p, a = placed
     link = LinkType("test", "pcie", bandwidth_bytes_per_s=10e9, latency_s=5e-6)
-    mig = (np.array([0, 0, 0]), a)
-    before = (CostModel.link_time_s(1e9, link), float(p.edge_comm_s(a).sum()), simulate(p, a).comm_time_s,
+    mig = (OperatorPlan(np.array([0, 0, 0]), 2), OperatorPlan(a, 2))
+    before = (CostModel.link_time_s(1e9, link), float(p.edge_comm_s(a).sum()), simulate_step(p, a).comm_time_s,
               migration_cost_s(p, *mig))
     calls = doubled(monkeypatch, "transfer_time_s")
     fresh = PlacementProblem(chain(3), p.cluster, microbatches=2)
-    after = (CostModel.link_time_s(1e9, link), float(fresh.edge_comm_s(a).sum()), simulate(fresh, a).comm_time_s,
+    after = (CostModel.link_time_s(1e9, link), float(fresh.edge_comm_s(a).sum()), simulate_step(fresh, a).comm_time_s,
              migration_cost_s(fresh, *mig))
     np.testing.assert_allclose(after, 2 * np.array(before), rtol=1e-12)
     assert all(b > 0 for b in before) and calls
@@ -155,9 +157,9 @@ def test_partitioners_cost_links_with_physics(monkeypatch):
 
 def test_microbatch_time_reaches_the_step(monkeypatch, placed):
     p, a = placed
-    before = simulate(p, a)
+    before = simulate_step(p, a)
     doubled(monkeypatch, "microbatch_time_s")
     fresh = PlacementProblem(chain(3), p.cluster, microbatches=2)
-    after = simulate(fresh, a)
+    after = simulate_step(fresh, a)
     assert sum(after.busy_s) == pytest.approx(2 * sum(before.busy_s), rel=1e-12)
     assert after.step_time_s > before.step_time_s

@@ -13,6 +13,7 @@ from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import Conditions, DriftEvent, DriftSchedule, conditioned, random_schedule
 from gpualloc.placement.partition.kernighan_lin import kl_refine
+from gpualloc.placement.plan import OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import (
     PLANNERS,
@@ -26,11 +27,16 @@ from gpualloc.placement.replan import (
     should_migrate,
 )
 from gpualloc.placement.run import place
-from gpualloc.placement.simulate import simulate
+from gpualloc.placement.simulate import simulate_step
 from gpualloc.telemetry.base import DeviceSample, StepSample, TelemetrySource
 from tests.placement.test_simulate import chain, random_dag
 
 NO_DRIFT = DriftSchedule()
+
+
+def op(problem: PlacementProblem, assignment) -> OperatorPlan:
+    """An operator plan of ``assignment`` at the problem's microbatches."""
+    return OperatorPlan(np.asarray(assignment), problem.microbatches)
 
 
 def heavy_chain(n: int = 6, params: float = 1.5e9) -> OpGraph:
@@ -83,7 +89,7 @@ def test_horizon_caps_the_iterations_the_gain_is_counted_over():
 # ------------------------------------------------------------------------------------------ migration cost
 def test_migration_cost_of_one_node_over_a_known_link():
     p = PlacementProblem(chain(3), load_cluster("2xA100"))  # chain(): 1e6 parameter bytes per node
-    old, new = np.array([0, 0, 1]), np.array([0, 1, 1])
+    old, new = op(p, [0, 0, 1]), op(p, [0, 1, 1])
     state = 1e6 * (1 + p.optimizer_states)  # weights + Adam's two states
     assert migration_bytes(p, old, new) == state
     assert migration_cost_s(p, old, new) == pytest.approx(p.latency[0, 1] + state / p.bandwidth[0, 1])
@@ -94,9 +100,9 @@ def test_migration_cost_of_one_node_over_a_known_link():
 
 def test_migration_serialises_per_pair_and_parallelises_across_pairs():
     p = PlacementProblem(chain(4), load_cluster("4xA100"))
-    one = migration_cost_s(p, np.array([0, 0, 0, 0]), np.array([1, 0, 0, 0]))
-    same_pair = migration_cost_s(p, np.array([0, 0, 0, 0]), np.array([1, 1, 0, 0]))
-    two_pairs = migration_cost_s(p, np.array([0, 0, 0, 0]), np.array([1, 2, 0, 0]))
+    one = migration_cost_s(p, op(p, np.array([0, 0, 0, 0])), op(p, np.array([1, 0, 0, 0])))
+    same_pair = migration_cost_s(p, op(p, np.array([0, 0, 0, 0])), op(p, np.array([1, 1, 0, 0])))
+    two_pairs = migration_cost_s(p, op(p, np.array([0, 0, 0, 0])), op(p, np.array([1, 2, 0, 0])))
     assert same_pair == pytest.approx(p.latency[0, 1] + 2 * (one - p.latency[0, 1]))
     assert two_pairs == pytest.approx(one)
 
@@ -105,18 +111,18 @@ def test_migration_cost_sees_degraded_links():
     p = PlacementProblem(chain(3), load_cluster("2xA100"))
     old, new = np.array([0, 0, 1]), np.array([0, 1, 1])
     slow = conditioned(p, Conditions((1.0, 1.0), ((1.0, 0.1), (0.1, 1.0))))
-    transfer = migration_cost_s(p, old, new) - p.latency[0, 1]
-    assert migration_cost_s(slow, old, new) == pytest.approx(p.latency[0, 1] + 10 * transfer)
+    transfer = migration_cost_s(p, op(p, old), op(p, new)) - p.latency[0, 1]
+    assert migration_cost_s(slow, op(p, old), op(p, new)) == pytest.approx(p.latency[0, 1] + 10 * transfer)
 
 
 # ------------------------------------------------------------------------------------------ telemetry + monitor
 def test_simulated_telemetry_is_a_telemetry_source(dag_problem):
     p, a = dag_problem
-    tele = SimulatedTelemetry(p, a, NO_DRIFT)
+    tele = SimulatedTelemetry(p, op(p, a), NO_DRIFT)
     assert isinstance(tele, TelemetrySource)
     tele.advance(10)
     s = tele.sample()
-    r = simulate(p, a)
+    r = simulate_step(p, a)
     assert s.iteration == 9 and s.time_s == pytest.approx(10 * r.step_time_s)
     assert s.step_time_s == r.step_time_s and s.device_busy_s == r.busy_s and s.batch_size == 8
     assert [d.utilization for d in s.devices] == pytest.approx(list(r.busy_fraction))
@@ -125,8 +131,8 @@ def test_simulated_telemetry_is_a_telemetry_source(dag_problem):
 
 
 def monitor_detection(p, a, schedule, *, noise=0.0, checks=40, check_every=100, threshold=0.1):
-    tele = SimulatedTelemetry(p, a, schedule, noise=noise, seed=1)
-    mon = Monitor(p, a, threshold=threshold)
+    tele = SimulatedTelemetry(p, op(p, a), schedule, noise=noise, seed=1)
+    mon = Monitor(p, op(p, a), threshold=threshold)
     for _ in range(checks):
         tele.advance(check_every)
         if mon.observe(tele.sample()):
@@ -180,13 +186,13 @@ def test_monitor_reads_utilisation_when_busy_times_are_missing(dag_problem):
     """An NVML-like sample: utilisation and clocks only, no per-job busy times, no links."""
     p, a = dag_problem
     slow = conditioned(p, Conditions((1.0, 0.5, 1.0, 1.0), Conditions.nominal(4).link_bandwidth))
-    r = simulate(slow, a)
+    r = simulate_step(slow, a)
     sample = StepSample(0, r.step_time_s, r.step_time_s, 8,
                         tuple(DeviceSample(j, r.step_time_s, utilization=u) for j, u in enumerate(r.busy_fraction)))
-    mon = Monitor(p, a, patience=1)
+    mon = Monitor(p, op(p, a), patience=1)
     assert mon.observe(sample)
     assert mon.estimate.device_speed == pytest.approx((1.0, 0.5, 1.0, 1.0))
-    mon.rebase(a, mon.estimate)
+    mon.rebase(op(p, a), mon.estimate)
     assert not mon.observe(sample)
 
 
@@ -194,8 +200,8 @@ def test_monitor_reads_utilisation_when_busy_times_are_missing(dag_problem):
 def test_replanning_beats_the_static_plan_after_an_early_slowdown(dag_problem):
     p, a = dag_problem
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", busiest(p, a), 0.3),))
-    static = run_training(p, a, ReplanOptions(schedule=sched, iterations=5000, replan=False))
-    dynamic = run_training(p, a, ReplanOptions(schedule=sched, iterations=5000))
+    static = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=5000, replan=False))
+    dynamic = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=5000))
     assert static.replans == 0 and static.decisions == () and static.migration_time_s == 0.0
     assert dynamic.replans >= 1 and dynamic.migration_time_s > 0
     assert dynamic.training_time_s < 0.8 * static.training_time_s
@@ -216,29 +222,29 @@ def test_a_late_slowdown_is_not_worth_a_migration():
     runs = {}
     for at in (100, 4990):
         sched = DriftSchedule((DriftEvent(at, "device-slowdown", 1, 0.3),))
-        runs[at] = run_training(p, a, ReplanOptions(schedule=sched, iterations=5000, check_every=4))
+        runs[at] = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=5000, check_every=4))
     early, late = runs[100], runs[4990]
     assert early.replans == 1 and early.migration_time_s > 1.0
     assert late.replans == 0 and late.replans_rejected >= 1 and late.migration_time_s == 0.0
     (d,) = late.decisions
     assert d.remaining_iterations < 10 and 0 < d.predicted_gain_s < d.migration_s
-    static = run_training(p, a, ReplanOptions(DriftSchedule((DriftEvent(4990, "device-slowdown", 1, 0.3),)),
+    static = run_training(p, op(p, a), ReplanOptions(DriftSchedule((DriftEvent(4990, "device-slowdown", 1, 0.3),)),
                                               iterations=5000, replan=False))
     assert late.training_time_s == pytest.approx(static.training_time_s)
 
 
 def test_no_drift_means_no_decisions(dag_problem):
     p, a = dag_problem
-    run = run_training(p, a, ReplanOptions(schedule=NO_DRIFT, iterations=3000))
+    run = run_training(p, op(p, a), ReplanOptions(schedule=NO_DRIFT, iterations=3000))
     assert run.decisions == () and len(run.timeline) == 1
-    assert run.training_time_s == pytest.approx(3000 * simulate(p, a).step_time_s)
+    assert run.training_time_s == pytest.approx(3000 * simulate_step(p, a).step_time_s)
 
 
 def test_runs_are_deterministic_with_seeds(dag_problem):
     p, a = dag_problem
     sched = random_schedule(p, 4000, seed=7, rate=2.0)
-    one = run_training(p, a, ReplanOptions(schedule=sched, iterations=4000, noise=0.02, seed=3))
-    two = run_training(p, a, ReplanOptions(schedule=sched, iterations=4000, noise=0.02, seed=3))
+    one = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=4000, noise=0.02, seed=3))
+    two = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=4000, noise=0.02, seed=3))
     assert one == two and one.to_dict() == two.to_dict()
 
 
@@ -249,7 +255,7 @@ def test_a_planner_that_finds_no_plan_is_a_rejection(dag_problem):
         raise PlacementError("nothing fits")
 
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", 0, 0.3),))
-    run = run_training(p, a, ReplanOptions(schedule=sched, iterations=1000, planner=stuck))
+    run = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=1000, planner=stuck))
     assert run.replans == 0 and run.replans_rejected == 1
     assert run.decisions[0].source == "none" and run.decisions[0].new_step_s == float("inf")
 
@@ -257,9 +263,9 @@ def test_a_planner_that_finds_no_plan_is_a_rejection(dag_problem):
 def test_replans_again_when_the_slowdown_ends(dag_problem):
     p, a = dag_problem
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", busiest(p, a), 0.3, 2000),))
-    run = run_training(p, a, ReplanOptions(schedule=sched, iterations=6000))
+    run = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=6000))
     assert [d.iteration for d in run.decisions if d.adopted] == [300, 2300]
-    assert run.timeline[-1].step_time_s <= simulate(p, a).step_time_s
+    assert run.timeline[-1].step_time_s <= simulate_step(p, a).step_time_s
 
 
 def test_an_earlier_plan_is_a_candidate_when_conditions_recover():
@@ -270,10 +276,10 @@ def test_an_earlier_plan_is_a_candidate_when_conditions_recover():
         return assignment if problem is p else kl_refine(problem, assignment, seed=0)
 
     sched = DriftSchedule((DriftEvent(100, "device-slowdown", busiest(p, a), 0.3, 2000),))
-    run = run_training(p, a, ReplanOptions(schedule=sched, iterations=6000, planner=refine_only_under_drift))
+    run = run_training(p, op(p, a), ReplanOptions(schedule=sched, iterations=6000, planner=refine_only_under_drift))
     assert [(d.source, d.adopted) for d in run.decisions] == [("planner", True), ("plan 0", True)]
     assert run.timeline[-1].plan_hash == run.timeline[0].plan_hash
-    np.testing.assert_array_equal(run.plans[-1], a)
+    np.testing.assert_array_equal(run.plans[-1].assignment, a)
 
 
 def test_best_of_planner_is_no_slower_than_kl_refine(dag_problem):
@@ -281,7 +287,7 @@ def test_best_of_planner_is_no_slower_than_kl_refine(dag_problem):
     slow = conditioned(p, Conditions((0.3, 1.0, 1.0, 1.0), Conditions.nominal(4).link_bandwidth))
     assert set(PLANNERS) == {"kl", "best-of", "hybrid"} and PLANNERS.names("hybrid") == ["hybrid"]
     chosen = best_of_planner()(slow, a)
-    assert simulate(slow, chosen).step_time_s <= simulate(slow, kl_refine(slow, a, seed=0)).step_time_s
+    assert simulate_step(slow, chosen).step_time_s <= simulate_step(slow, kl_refine(slow, a, seed=0)).step_time_s
 
 
 def test_ten_thousand_iterations_on_300_nodes_run_fast():
@@ -290,6 +296,6 @@ def test_ten_thousand_iterations_on_300_nodes_run_fast():
     sched = random_schedule(p, 10_000, seed=0, rate=1.0)
     assert 5 <= len(sched.events) <= 15
     start = time.perf_counter()
-    run = run_training(p, a, ReplanOptions(schedule=sched, noise=0.02))
+    run = run_training(p, op(p, a), ReplanOptions(schedule=sched, noise=0.02))
     assert time.perf_counter() - start < 2.0
     assert run.iterations == 10_000 and run.decisions

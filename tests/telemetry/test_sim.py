@@ -10,9 +10,10 @@ import pytest
 
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import DriftEvent, DriftSchedule
+from gpualloc.placement.plan import OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import SimulatedTelemetry
-from gpualloc.placement.simulate import simulate as simulate_step
+from gpualloc.placement.simulate import simulate_step
 from gpualloc.telemetry.backends import open_backend
 from gpualloc.telemetry.base import DeviceSample, DeviceTelemetry, TelemetryError
 from gpualloc.scheduling.timeline import ClusterTimeline, sim_backend
@@ -129,7 +130,7 @@ def placed():
 
 def test_placement_run_reports_the_simulated_step(placed):
     problem, a = placed
-    tele = SimTelemetry.from_placement(SimulatedTelemetry(problem, a, DriftSchedule()), step_s=1.0)
+    tele = SimTelemetry.from_placement(SimulatedTelemetry(problem, OperatorPlan(a), DriftSchedule()), step_s=1.0)
     step = simulate_step(problem, a)
     records = tele.sample()
     assert [r.utilization for r in records] == pytest.approx(list(step.busy_fraction))
@@ -144,7 +145,7 @@ def test_placement_run_reports_the_simulated_step(placed):
 def test_placement_drift_shows_as_a_throttled_clock(placed):
     problem, a = placed
     slow = DriftSchedule((DriftEvent(0, "device-slowdown", 1, 0.5, cause="thermal throttling"),))
-    tele = SimTelemetry.from_placement(SimulatedTelemetry(problem, a, slow))
+    tele = SimTelemetry.from_placement(SimulatedTelemetry(problem, OperatorPlan(a), slow))
     tele.sample()
     r = tele.sample()
     assert r[1].sm_clock_ratio == 0.5 and "hw_slowdown" in r[1].throttle_reasons
@@ -153,7 +154,7 @@ def test_placement_drift_shows_as_a_throttled_clock(placed):
 
 def test_record_converts_to_a_device_sample(placed):
     problem, a = placed
-    r = SimTelemetry.from_placement(SimulatedTelemetry(problem, a, DriftSchedule())).sample()[0]
+    r = SimTelemetry.from_placement(SimulatedTelemetry(problem, OperatorPlan(a), DriftSchedule())).sample()[0]
     s = r.to_sample()
     assert isinstance(s, DeviceSample)
     assert (s.device, s.utilization, s.power_w, s.sm_clock_ratio) == (r.index, r.utilization, r.power_w, 1.0)

@@ -26,6 +26,7 @@ import numpy as np
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import random_schedule
+from gpualloc.placement.plan import OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import ReplanOptions, best_of_planner, run_training
 from gpualloc.placement.run import gain, operator_plan, place
@@ -75,7 +76,7 @@ def run_table(spec: TableSpec, agent: DQNAgent | None = None,
             for seed in range(spec.seeds):
                 schedule = random_schedule(problem, spec.iterations, seed=seed)
                 for method in METHODS:
-                    run = run_training(problem, plans[method], ReplanOptions(
+                    run = run_training(problem, OperatorPlan(plans[method], problem.microbatches), ReplanOptions(
                         schedule, spec.iterations, replan=method in planners, planner=planners.get(method), seed=seed))
                     raw.setdefault((model, cluster, method), []).append(
                         {k: float(getattr(run, k) if getattr(run, k) is not None else np.nan) for k in METRICS})

@@ -27,9 +27,10 @@ baseline.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -43,13 +44,15 @@ from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
 from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 from gpualloc.placement.partition.kernighan_lin import kl_refine
+from gpualloc.placement.plan import OperatorPlan, Plan
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.simulate import StepResult, simulate
+from gpualloc.placement.simulate import StepResult, simulate_step
 from gpualloc.registry import Registry
 from gpualloc.telemetry.base import DeviceSample, LinkSample, StepSample
 
 __all__ = [
     "PLANNERS",
+    "REPLANNERS",
     "AssignmentReplanner",
     "HybridReplanner",
     "Migration",
@@ -65,7 +68,6 @@ __all__ = [
     "decide",
     "hybrid_planner",
     "kl_planner",
-    "migration",
     "migration_bytes",
     "migration_cost_s",
     "rebalance_shares",
@@ -74,13 +76,12 @@ __all__ = [
     "should_migrate",
 ]
 
-Plan = Any
-"""A plan of either kind: an operator assignment (device index per node) or a
-:class:`~gpualloc.placement.hybrid.plan.HybridPlan`."""
-Problem = Any
-"""The problem a plan is for: a :class:`PlacementProblem` or a :class:`HybridProblem`."""
-Planner = Callable[[Problem, Plan], Plan]
-"""Proposes a plan for a problem (under the estimated conditions), starting from the current one."""
+Planner = Callable[[Any, Any], Any]
+"""Proposes a plan for a problem under the estimated conditions, starting from the current one: for an
+operator plan ``(PlacementProblem, assignment) -> assignment``, for a hybrid plan ``(HybridProblem,
+HybridPlan) -> HybridPlan``."""
+View = PlacementProblem | HybridProblem
+"""A plan kind's view of the problem: the op-level arrays, or the model layer by layer."""
 
 REFERENCE_BATCH = 1024
 """Batch the simulated telemetry reports at nominal conditions for a graph that records none (any
@@ -106,7 +107,6 @@ class ReplanOptions:
         horizon_iterations: count a re-plan's gain over at most this many iterations (None: the rest of
             the run); see :func:`should_migrate`.
         migration_overhead_s: fixed cost of any migration on top of moving the bytes.
-        pipeline: the simulator's pipeline schedule for an assignment (a hybrid plan carries its own).
     """
 
     schedule: DriftSchedule = DriftSchedule()
@@ -121,7 +121,6 @@ class ReplanOptions:
     margin: float = 0.0
     horizon_iterations: int | None = None
     migration_overhead_s: float = 0.0
-    pipeline: str = "1f1b"
 
     def __post_init__(self) -> None:
         if self.iterations < 0 or self.check_every < 1:
@@ -152,7 +151,7 @@ def best_of_planner(*, seed: int | None = 0, passes: int = 10, pipeline: str = "
         fresh = best(problem, seed=seed, schedule=pipeline).plan.assignment
         candidates = [kl_refine(problem, assignment, seed=seed, passes=passes), fresh,
                       kl_refine(problem, fresh, seed=seed, passes=passes)]
-        results = [simulate(problem, c, schedule=pipeline) for c in candidates]
+        results = [simulate_step(problem, c, schedule=pipeline) for c in candidates]
         i = min(range(len(candidates)), key=lambda i: (not results[i].feasible, results[i].step_time_s, i))
         return candidates[i]
 
@@ -237,7 +236,7 @@ class Migration:
     def bytes(self) -> float:
         return float(self.nbytes.sum())
 
-    def time_s(self, problem: Problem, overhead_s: float = 0.0) -> float:
+    def time_s(self, problem: View, overhead_s: float = 0.0) -> float:
         """Everything one directed device pair sends goes back to back over its link (``latency + bytes /
         bandwidth``, bandwidth as ``problem`` has it, so a drifted problem's degraded links count);
         different pairs use their links in parallel, as in the simulator. The slowest pair, plus a fixed
@@ -249,133 +248,151 @@ class Migration:
         return float(times.max(initial=0.0)) + overhead_s
 
 
-def migration(problem: Problem, old: Plan, new: Plan) -> Migration:
-    """What moving from plan ``old`` to plan ``new`` (of the same kind) sends (see the re-planners'
-    ``migration``)."""
-    return replanner_for(problem, old).migration(problem, old, new)
+def migration_bytes(problem: PlacementProblem, old: Plan, new: Plan) -> float:
+    """Bytes that moving from plan ``old`` to ``new`` (of the same kind) sends: weights and optimizer
+    states (the kind's :meth:`Replanner.migration`)."""
+    kind = replanner_for(problem, old)
+    return kind.migration(kind.problem, old, new).bytes
 
 
-def migration_bytes(problem: Problem, old: Plan, new: Plan) -> float:
-    """Bytes that moving from plan ``old`` to ``new`` sends: weights and optimizer states."""
-    return migration(problem, old, new).bytes
-
-
-def migration_cost_s(problem: Problem, old: Plan, new: Plan, *, overhead_s: float = 0.0) -> float:
+def migration_cost_s(problem: PlacementProblem, old: Plan, new: Plan, *, overhead_s: float = 0.0) -> float:
     """Time to move from plan ``old`` to plan ``new`` between two steps (:meth:`Migration.time_s`); 0 when
     nothing moves, whatever ``overhead_s``."""
-    return migration(problem, old, new).time_s(problem, overhead_s)
+    kind = replanner_for(problem, old)
+    return kind.migration(kind.problem, old, new).time_s(kind.problem, overhead_s)
 
 
 # ------------------------------------------------------------------------------------------ re-planners
-class Replanner(Protocol):
-    """A plan kind's side of re-planning: simulating it under conditions, proposing candidates, pricing
-    moves. The run loop, the monitor and the telemetry speak only to this."""
+class Replanner(ABC):
+    """A plan kind's side of re-planning: simulating its plans under conditions (each distinct problem
+    built once, each distinct (conditions, plan) simulated once), proposing candidates, pricing moves. The
+    run loop, the monitor and the telemetry speak only to this; :data:`REPLANNERS` holds one per plan kind,
+    built as ``(problem, plan, planner)``.
 
-    problem: Problem
-    nominal_batch: int | None
-    """Samples per step at nominal conditions (None: unknown, read from the first sample)."""
+    Attributes:
+        problem: the kind's view of the nominal problem (what its plans are simulated on).
+        planner: proposes a plan for drifted conditions.
+        nominal_batch: samples per step at nominal conditions (None: unknown, read from the first sample).
+    """
 
-    def check(self, plan: Plan) -> Plan:
-        """``plan``, validated for the problem (a read-only copy where it is mutable)."""
+    def __init__(self, problem: View, planner: Planner, nominal_batch: int | None) -> None:
+        self.problem = problem
+        self.planner = planner
+        self.nominal_batch = nominal_batch
+        self._problems: dict[Conditions, View] = {}
+        self._steps: dict[tuple[Conditions, Plan], StepResult | HybridResult] = {}
 
-    def under(self, conditions: Conditions) -> Problem:
-        """The problem under ``conditions`` (built once per conditions)."""
+    def under(self, conditions: Conditions) -> View:
+        """The problem under ``conditions``."""
+        if conditions not in self._problems:
+            self._problems[conditions] = self._drift(conditions)
+        return self._problems[conditions]
 
     def step(self, conditions: Conditions, plan: Plan) -> StepResult | HybridResult:
-        """``plan``'s step under ``conditions`` (simulated once per pair)."""
+        """``plan``'s step under ``conditions``."""
+        if (conditions, plan) not in self._steps:
+            self._steps[conditions, plan] = self._simulate(self.under(conditions), plan)
+        return self._steps[conditions, plan]
 
-    def running(self, problem: Problem, plan: Plan) -> Plan:
-        """``plan`` as it runs on the drifted ``problem`` (a hybrid plan follows a new batch)."""
+    @property
+    def simulations(self) -> int:
+        return len(self._steps)
 
-    def candidates(self, problem: Problem, plan: Plan, earlier: Sequence[Plan]) -> list[tuple[str, Plan]]:
-        """Plans to weigh against ``plan`` on ``problem``, each with where it came from, in order of
-        preference on a tie; ``earlier`` are the run's earlier plans."""
+    def check(self, plan: Plan) -> Plan:
+        """``plan``, validated for the problem."""
+        return plan
 
-    def migration(self, problem: Problem, old: Plan, new: Plan) -> Migration:
-        """What moving from ``old`` to ``new`` sends."""
-
-    def nominal_busy(self, plan: Plan) -> np.ndarray:
-        """Each device's compute in one step of ``plan`` at nominal conditions (the monitor's reference)."""
-
-    def plan_hash(self, plan: Plan) -> str:
-        """A short hash that tells plans apart."""
+    def running(self, problem: View, plan: Plan) -> Plan:
+        """``plan`` as it runs on the drifted ``problem``."""
+        return plan
 
     def moved_nodes(self, old: Plan, new: Plan) -> int | None:
         """Graph nodes that change device (None where a plan moves layers, not nodes)."""
+        return None
 
     def achieved_flops(self, result: Any) -> float | None:
-        """FLOP/s a step achieves, summed over the devices with a known peak (None when unknown)."""
+        """FLOP/s a step achieves, summed over the devices with a known peak (None when not counted)."""
+        return None
+
+    @abstractmethod
+    def _drift(self, conditions: Conditions) -> View:
+        """The nominal problem under ``conditions``."""
+
+    @abstractmethod
+    def _simulate(self, problem: View, plan: Plan) -> StepResult | HybridResult:
+        """One step of ``plan`` on ``problem``."""
+
+    @abstractmethod
+    def candidates(self, problem: View, plan: Plan, earlier: Sequence[Plan]) -> list[tuple[str, Plan]]:
+        """Plans to weigh against ``plan`` on ``problem``, each with where it came from, in order of
+        preference on a tie; ``earlier`` are the run's earlier plans."""
+
+    @staticmethod
+    @abstractmethod
+    def migration(problem: View, old: Plan, new: Plan) -> Migration:
+        """What moving from ``old`` to ``new`` sends."""
+
+    @abstractmethod
+    def nominal_busy(self, plan: Plan) -> np.ndarray:
+        """Each device's compute in one step of ``plan`` at nominal conditions (the monitor's reference)."""
+
+    @abstractmethod
+    def plan_hash(self, plan: Plan) -> str:
+        """A short hash that tells plans apart."""
 
 
 def _hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=6).hexdigest()
 
 
-class AssignmentReplanner:
-    """Re-planning an operator assignment (``device index per node`` of a :class:`PlacementProblem`).
+class AssignmentReplanner(Replanner):
+    """Re-planning an :class:`~gpualloc.placement.plan.OperatorPlan` (one device per node).
 
-    A batch change rebuilds the graph, so the problem at each batch scale is built once and device and
-    link factors are applied on top of it (conditioning composes).
+    The plan is simulated at its microbatches and under its schedule. A batch change rebuilds the graph,
+    so the problem at each batch scale is built once and device and link factors are applied on top of
+    it (conditioning composes). The planner works on assignments; its proposals keep the plan's
+    microbatches, schedule and batch.
 
     Args:
         problem: the nominal problem.
+        plan: the plan the run starts from.
         planner: proposes an assignment (default :func:`kl_planner`).
-        pipeline: the simulator's pipeline schedule.
     """
 
-    def __init__(self, problem: PlacementProblem, planner: Planner | None = None, *, pipeline: str = "1f1b") -> None:
-        self.problem = problem
-        self.planner = planner or kl_planner()
-        self.pipeline = pipeline
-        self.nominal_batch = problem.graph.batch_size
-        self._problems: dict[Conditions, PlacementProblem] = {}
+    def __init__(self, problem: PlacementProblem, plan: OperatorPlan, planner: Planner | None = None) -> None:
+        view = problem if plan.microbatches == problem.microbatches else replace(problem,
+                                                                                 microbatches=plan.microbatches)
+        super().__init__(view, planner or kl_planner(), problem.graph.batch_size)
         self._at_batch: dict[float, PlacementProblem] = {}
-        self._steps: dict[tuple[Conditions, bytes], StepResult] = {}
 
-    def check(self, plan: np.ndarray) -> np.ndarray:
-        a = self.problem.check_assignment(plan).copy()
-        a.setflags(write=False)
-        return a
-
-    def under(self, conditions: Conditions) -> PlacementProblem:
-        p = self._problems.get(conditions)
-        if p is None:
-            k, scale = conditions.k, conditions.batch_scale
-            base = self._at_batch.get(scale)
-            if base is None:
-                nominal = Conditions.nominal(k)
-                base = self._at_batch[scale] = conditioned(
-                    self.problem, Conditions(nominal.device_speed, nominal.link_bandwidth, scale))
-            p = self._problems[conditions] = conditioned(
-                base, Conditions(conditions.device_speed, conditions.link_bandwidth, 1.0))
-        return p
-
-    def step(self, conditions: Conditions, plan: np.ndarray) -> StepResult:
-        key = (conditions, np.ascontiguousarray(plan, dtype=np.int64).tobytes())
-        r = self._steps.get(key)
-        if r is None:
-            r = self._steps[key] = simulate(self.under(conditions), plan, schedule=self.pipeline)
-        return r
-
-    @property
-    def simulations(self) -> int:
-        return len(self._steps)
-
-    def running(self, problem: PlacementProblem, plan: np.ndarray) -> np.ndarray:
+    def check(self, plan: OperatorPlan) -> OperatorPlan:
+        self.problem.check_assignment(plan.assignment)
         return plan
 
-    def candidates(self, problem: PlacementProblem, plan: np.ndarray,
-                   earlier: Sequence[np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    def _drift(self, conditions: Conditions) -> PlacementProblem:
+        k, scale = conditions.k, conditions.batch_scale
+        base = self._at_batch.get(scale)
+        if base is None:
+            nominal = Conditions.nominal(k)
+            base = self._at_batch[scale] = conditioned(
+                self.problem, Conditions(nominal.device_speed, nominal.link_bandwidth, scale))
+        return conditioned(base, Conditions(conditions.device_speed, conditions.link_bandwidth, 1.0))
+
+    def _simulate(self, problem: PlacementProblem, plan: OperatorPlan) -> StepResult:
+        return simulate_step(problem, plan.assignment, schedule=plan.schedule)
+
+    def candidates(self, problem: PlacementProblem, plan: OperatorPlan,
+                   earlier: Sequence[OperatorPlan]) -> list[tuple[str, OperatorPlan]]:
         """The planner's proposal, then every earlier plan of the run (returning to the plan that suited
         the conditions before a slowdown is often better than refining the current one further)."""
-        out: list[tuple[str, np.ndarray]] = []
+        out: list[tuple[str, OperatorPlan]] = []
         try:
-            proposal = self.planner(problem, plan)
+            proposal = self.planner(problem, plan.assignment)
         except PlacementError:  # no plan fits under the estimated conditions
             proposal = None
         if proposal is not None:
             # outside the try: a malformed proposal is the planner's bug, not "no plan"
-            out.append(("planner", problem.check_assignment(proposal)))
+            out.append(("planner", replace(plan, assignment=problem.check_assignment(proposal))))
         seen = {self.plan_hash(plan)}
         for i, old in enumerate(earlier):
             h = self.plan_hash(old)
@@ -384,11 +401,12 @@ class AssignmentReplanner:
                 out.append((f"plan {i}", old))
         return out
 
-    def migration(self, problem: PlacementProblem, old: np.ndarray, new: np.ndarray) -> Migration:
+    @staticmethod
+    def migration(problem: PlacementProblem, old: OperatorPlan, new: OperatorPlan) -> Migration:
         """Each moved node sends its weights and optimizer states, ``param_bytes x (1 + optimizer_states)``,
         from its old device to its new one."""
-        a = problem.check_assignment(old)
-        b = problem.check_assignment(new)
+        a = problem.check_assignment(old.assignment)
+        b = problem.check_assignment(new.assignment)
         moved = a != b
         state = physics.weight_state_bytes(problem.graph.param_bytes[moved], problem.optimizer_states,
                                            gradients=False)
@@ -397,56 +415,46 @@ class AssignmentReplanner:
         pairs = np.flatnonzero(per_pair > 0)
         return Migration(pairs // k, pairs % k, per_pair[pairs], bool(moved.any()))
 
-    def nominal_busy(self, plan: np.ndarray) -> np.ndarray:
-        p = self.problem
-        a = p.check_assignment(plan)
+    def nominal_busy(self, plan: OperatorPlan) -> np.ndarray:
+        p, a = self.problem, plan.assignment
         return np.bincount(a, weights=p.step_compute_s[np.arange(p.n), a], minlength=p.k)
 
-    def plan_hash(self, plan: np.ndarray) -> str:
-        return _hash(np.ascontiguousarray(plan, dtype=np.int64).tobytes())
+    def plan_hash(self, plan: OperatorPlan) -> str:
+        return _hash(plan.assignment.tobytes())
 
-    def moved_nodes(self, old: np.ndarray, new: np.ndarray) -> int:
-        return int(np.count_nonzero(np.asarray(new) != np.asarray(old)))
+    def moved_nodes(self, old: OperatorPlan, new: OperatorPlan) -> int:
+        return int(np.count_nonzero(new.assignment != old.assignment))
 
     def achieved_flops(self, result: StepResult) -> float:
         peaks = np.array([(d.type.tensor_tflops or 0.0) * 1e12 for d in self.problem.cluster.devices])
         return float(np.dot(np.nan_to_num(np.array(result.mfu, dtype=float)), peaks))
 
 
-class HybridReplanner:
+class HybridReplanner(Replanner):
     """Re-planning a hybrid plan (:class:`HybridPlan` on a :class:`HybridProblem`).
 
-    Under conditions the problem is rebuilt by :func:`~gpualloc.placement.hybrid.drift.with_conditions`
+    The problem is seen layer by layer at the plan's global batch (``problem.hybrid`` when that is the
+    graph's batch). Under conditions it is rebuilt by :func:`~gpualloc.placement.hybrid.drift.with_conditions`
     (slowed devices, degraded links, a new global batch), and the plan runs on at the new batch with its
     shares in proportion (:func:`~gpualloc.placement.hybrid.drift.rescale_batch`).
 
     Args:
         problem: the nominal problem.
+        plan: the plan the run starts from.
         planner: proposes new stages (default :func:`hybrid_planner`).
     """
 
-    def __init__(self, problem: HybridProblem, planner: Planner | None = None) -> None:
-        self.problem = problem
-        self.planner = planner or hybrid_planner()
-        self.nominal_batch = problem.global_batch
-        self._problems: dict[Conditions, HybridProblem] = {}
-        self._steps: dict[tuple[Conditions, HybridPlan], HybridResult] = {}
+    def __init__(self, problem: PlacementProblem, plan: HybridPlan, planner: Planner | None = None) -> None:
+        view = problem.hybrid
+        if view.global_batch != plan.global_batch:
+            view = HybridProblem(problem.graph, problem.cluster, plan.global_batch, problem.cost, problem.rules)
+        super().__init__(view, planner or hybrid_planner(), view.global_batch)
 
-    def check(self, plan: HybridPlan) -> HybridPlan:
-        if not isinstance(plan, HybridPlan):
-            raise PlacementError("a hybrid problem's plan must be a HybridPlan")
-        return plan
+    def _drift(self, conditions: Conditions) -> HybridProblem:
+        return with_conditions(self.problem, conditions)
 
-    def under(self, conditions: Conditions) -> HybridProblem:
-        if conditions not in self._problems:
-            self._problems[conditions] = with_conditions(self.problem, conditions)
-        return self._problems[conditions]
-
-    def step(self, conditions: Conditions, plan: HybridPlan) -> HybridResult:
-        if (conditions, plan) not in self._steps:
-            q = self.under(conditions)
-            self._steps[conditions, plan] = simulate_hybrid(q, self.running(q, plan))
-        return self._steps[conditions, plan]
+    def _simulate(self, problem: HybridProblem, plan: HybridPlan) -> HybridResult:
+        return simulate_hybrid(problem, self.running(problem, plan))
 
     def running(self, problem: HybridProblem, plan: HybridPlan) -> HybridPlan:
         return rescale_batch(plan, problem.global_batch, n_devices=problem.k)
@@ -462,7 +470,8 @@ class HybridReplanner:
             pass
         return out
 
-    def migration(self, problem: HybridProblem, old: HybridPlan, new: HybridPlan) -> Migration:
+    @staticmethod
+    def migration(problem: HybridProblem, old: HybridPlan, new: HybridPlan) -> Migration:
         """Every device that holds layers in ``new`` it did not hold with the same TP degree in ``old``
         receives their weights and optimizer states (its TP shard of them) from the old holder with the
         fastest link to it. Re-balancing batch shares moves nothing. Sharded optimizer states (ZeRO-1,
@@ -498,12 +507,6 @@ class HybridReplanner:
     def plan_hash(self, plan: HybridPlan) -> str:
         return _hash(repr(plan).encode())
 
-    def moved_nodes(self, old: HybridPlan, new: HybridPlan) -> None:
-        return None
-
-    def achieved_flops(self, result: HybridResult) -> None:
-        return None
-
 
 def _holdings(plan: HybridPlan, k: int) -> list[tuple[int, int, int] | None]:
     """Per device: the layers ``(first, last)`` it holds and its TP degree (None when unused)."""
@@ -515,12 +518,14 @@ def _holdings(plan: HybridPlan, k: int) -> list[tuple[int, int, int] | None]:
     return out
 
 
-def replanner_for(problem: Problem, plan: Plan, options: ReplanOptions | None = None) -> Replanner:
-    """The re-planner of ``plan``'s kind for ``problem``, with ``options``' planner and pipeline."""
-    o = options or ReplanOptions()
-    if isinstance(plan, HybridPlan) or isinstance(problem, HybridProblem):
-        return HybridReplanner(problem, o.planner)
-    return AssignmentReplanner(problem, o.planner, pipeline=o.pipeline)
+REPLANNERS: dict[str, Callable[[PlacementProblem, Any, Planner | None], Replanner]] = {
+    "assignment": AssignmentReplanner, "hybrid": HybridReplanner}
+"""Plan kind -> its re-planner."""
+
+
+def replanner_for(problem: PlacementProblem, plan: Plan, options: ReplanOptions | None = None) -> Replanner:
+    """The re-planner of ``plan``'s kind for ``problem``, with ``options``' planner."""
+    return REPLANNERS[plan.kind](problem, plan, (options or ReplanOptions()).planner)
 
 
 # ------------------------------------------------------------------------------------------ simulation
@@ -590,14 +595,14 @@ class SimulatedTelemetry:
         replanner: the plan kind's re-planner, whose simulations it shares (default: a new one).
     """
 
-    def __init__(self, problem: Problem, plan: Plan, schedule: DriftSchedule, *, noise: float = 0.0,
+    def __init__(self, problem: PlacementProblem, plan: Plan, schedule: DriftSchedule, *, noise: float = 0.0,
                  seed: int | np.random.Generator | None = None, replanner: Replanner | None = None) -> None:
         if noise < 0:
             raise PlacementError(f"noise must be >= 0, got {noise!r}")
-        self.problem = problem
+        self.replanner = replanner if replanner is not None else replanner_for(problem, plan)
+        self.problem = self.replanner.problem
         self.schedule = schedule
         self.noise = noise
-        self.replanner = replanner if replanner is not None else replanner_for(problem, plan)
         self.iteration = 0
         self.time_s = 0.0
         self.plan_index = 0
@@ -712,19 +717,19 @@ class Monitor:
             first sample's).
     """
 
-    def __init__(self, problem: Problem, plan: Plan, *, threshold: float = 0.1, alpha: float = 0.5,
+    def __init__(self, problem: PlacementProblem, plan: Plan, *, threshold: float = 0.1, alpha: float = 0.5,
                  patience: int = 2, planned_for: Conditions | None = None, nominal_batch_size: int | None = None,
                  replanner: Replanner | None = None) -> None:
         if threshold <= 0 or not 0 < alpha <= 1 or patience < 1:
             raise PlacementError("need threshold > 0, 0 < alpha <= 1 and patience >= 1")
-        self.problem = problem
+        self._kind = replanner if replanner is not None else replanner_for(problem, plan)
+        self.problem = self._kind.problem
         self.threshold = threshold
         self.alpha = alpha
         self.patience = patience
-        self._kind = replanner if replanner is not None else replanner_for(problem, plan)
         self._nominal_batch = nominal_batch_size or self._kind.nominal_batch
-        k = problem.k
-        self._nominal_bw = problem.bandwidth
+        k = self.problem.k
+        self._nominal_bw = self.problem.bandwidth
         self._speed = np.ones(k)
         self._links = np.ones((k, k))
         self._batch = 1.0
@@ -839,7 +844,7 @@ class ReplanDecision:
                 "estimate": self.estimate.to_dict()}
 
 
-def decide(problem: Problem, plan: Plan, conditions: Conditions, remaining_iterations: int,
+def decide(problem: PlacementProblem, plan: Plan, conditions: Conditions, remaining_iterations: int,
            options: ReplanOptions | None = None, *, iteration: int = 0, earlier: Sequence[Plan] = ()) -> ReplanDecision:
     """Re-plan ``plan`` after the conditions drifted to ``conditions`` (factors on ``problem``, as
     :attr:`Monitor.estimate` reports them), with ``options``' planner, margin, horizon and overhead.
@@ -925,13 +930,13 @@ class TrainingRun:
                 "decisions": [d.to_dict() for d in self.decisions]}
 
 
-def run_training(problem: Problem, plan: Plan, options: ReplanOptions | None = None) -> TrainingRun:
+def run_training(problem: PlacementProblem, plan: Plan, options: ReplanOptions | None = None) -> TrainingRun:
     """Train ``options.iterations`` steps of ``plan`` under ``options.schedule``, re-planning when the
     monitor reports drift and the move pays (see the module).
 
     Args:
         problem: the nominal problem.
-        plan: the initial plan (made for nominal conditions): an assignment or a hybrid plan.
+        plan: the initial plan (made for nominal conditions), of either kind.
         options: the run (:class:`ReplanOptions`; default its defaults).
 
     Returns:

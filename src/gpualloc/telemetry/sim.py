@@ -97,7 +97,7 @@ class PlacementLoad:
     sample carries no memory-bandwidth or PCIe readings, so those are NaN (None in the records).
 
     Args:
-        source: the job, e.g. ``SimulatedTelemetry(problem, assignment, DriftSchedule())``.
+        source: the job, e.g. ``SimulatedTelemetry(problem, plan, DriftSchedule())``.
     """
 
     def __init__(self, source: Any) -> None:
