@@ -43,16 +43,21 @@ SCHEDULE_HELP = "Pipeline schedule: 1f1b, gpipe, or auto (simulate both, keep th
 def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None,
                  precision: str = "fp32", reserve_gib: float | None = None, launch: str = "serial"):
     """The placement problem of the command-line arguments (graph source, cluster spec, calibration file,
-    precision and reserve)."""
+    precision and reserve). A calibration with per-op profiles of the model on every device type of the
+    cluster gives the op times, as `gpualloc run` predicts with them."""
     from gpualloc.cost.memory import MemoryRules
     from gpualloc.cost.model import Calibration, CostModel
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
 
     rules = MemoryRules(precision=precision, reserve_bytes=None if reserve_gib is None else reserve_gib * 2**30)
-    cost = CostModel(Calibration.load(calibration) if calibration is not None else None, launch=launch)
-    return PlacementProblem(load_graph(graph, batch), load_cluster(cluster), cost, microbatches=microbatches,
-                            rules=rules)
+    cal = Calibration.load(calibration) if calibration is not None else None
+    g, clus = load_graph(graph, batch), load_cluster(cluster)
+    if cal is not None:
+        from gpualloc.cost.microbench import apply_profiles  # imports torch: only with a calibration file
+
+        g = apply_profiles(g, cal, [d.type.name for d in clus.devices]) or g
+    return PlacementProblem(g, clus, CostModel(cal, launch=launch), microbatches=microbatches, rules=rules)
 
 
 def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1b") -> list:

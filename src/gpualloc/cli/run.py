@@ -18,7 +18,9 @@ MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSO
 def run_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o` (version 1: op-level, "
-                                                  "or 2: hybrid, run as DDP replicas and pipeline stages)."),
+                                                  "or 2: hybrid, run as DDP replicas and pipeline stages), trained "
+                                                  "with the optimizer it was costed with (SGD for files that name "
+                                                  "none)."),
     steps: int = typer.Option(5, "--steps", max=MAX_STEPS, min=1,
                               help="Timed training steps (the median is reported)."),
     warmup: int = typer.Option(1, "--warmup", max=MAX_STEPS, min=0, help="Untimed training steps run first."),
@@ -119,7 +121,8 @@ def _run_operators(model: str, saved, clus, *, batch: int | None, microbatches: 
         result = execute_plan(
             model_name, graph, op_plan.assignment, clus, microbatches=op_plan.microbatches, calibration=cal,
             calibration_name=cal_info["path"] or "shipped", steps=steps, warmup=warmup, schedule=op_plan.schedule,
-            torch_devices=torch_devices, threads=threads, use_profiles=not roofline, seed=seed, progress=progress)
+            torch_devices=torch_devices, threads=threads, use_profiles=not roofline, seed=seed, progress=progress,
+            optimizer=saved.optimizer or "sgd")
     if as_json:
         print_json({**result.to_dict(), "plan": str(saved.path), "calibration": cal_info})
         return
@@ -158,7 +161,7 @@ def _run_hybrid(model: str, saved, clus, *, batch: int | None, microbatches: int
         task = bar.add_task("starting", total=1)
         run = execute_hybrid(model, graph, hp, clus, calibration=cal, calibration_name=cal_info["path"] or "shipped",
                              steps=steps, warmup=warmup, torch_devices=torch_devices, threads=threads,
-                             use_profiles=not roofline, seed=seed,
+                             use_profiles=not roofline, seed=seed, optimizer=saved.optimizer or "sgd",
                              progress=lambda p, d, t: bar.update(task, description=p, completed=d, total=t))
     if as_json:
         print_json({**run.to_dict(), "plan": str(saved.path), "calibration": cal_info})

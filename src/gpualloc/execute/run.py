@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpualloc.cost.memory import MemoryRules
 from gpualloc.cost.microbench import apply_profiles
 from gpualloc.cost.model import Calibration, CostModel
 from gpualloc.errors import ExecutionError
@@ -304,7 +305,7 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
         note("training", o.warmup + o.steps, o.warmup + o.steps)
 
     sim, how = predict(graph, a, cluster, cal, microbatches=microbatches, schedule=schedule,
-                       use_profiles=o.use_profiles)
+                       use_profiles=o.use_profiles, optimizer=o.optimizer)
     measured = summarize(step_times).median_s
 
     warnings = _calibration_warnings(cal, cluster, used, placed, per_worker)
@@ -333,13 +334,16 @@ def execute_plan(model: str, graph: OpGraph, assignment: np.ndarray, cluster: Cl
 
 
 def predict(graph: OpGraph, assignment: np.ndarray, cluster: ClusterSpec, calibration: Calibration, *,
-            microbatches: int = 1, schedule: str = "1f1b", use_profiles: bool = True) -> tuple[StepResult, str]:
-    """The simulator's step for a plan, and how op times were estimated (``"profiled ops"`` when the
-    calibration has per-op profiles of this model for every device type used, else ``"roofline"``)."""
+            microbatches: int = 1, schedule: str = "1f1b", use_profiles: bool = True,
+            optimizer: str = "sgd") -> tuple[StepResult, str]:
+    """The simulator's step for a plan trained with ``optimizer``, and how op times were estimated
+    (``"profiled ops"`` when the calibration has per-op profiles of this model for every device type used,
+    else ``"roofline"``)."""
     a = np.asarray(assignment, dtype=np.int64)
     types = [cluster.devices[d].type.name for d in np.unique(a)]
     profiled = apply_profiles(graph, calibration, types) if use_profiles else None
-    problem = PlacementProblem(profiled or graph, cluster, CostModel(calibration), microbatches=microbatches)
+    problem = PlacementProblem(profiled or graph, cluster, CostModel(calibration), microbatches=microbatches,
+                               rules=MemoryRules(precision="fp32", optimizer=optimizer))
     return simulate_step(problem, a, schedule=schedule), "profiled ops" if profiled is not None else "roofline"
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from gpualloc.errors import PlacementError, read_json, write_text
-from gpualloc.cost.memory import PRECISIONS
+from gpualloc.cost.memory import OPTIMIZER_STATES, PRECISIONS
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES
 from gpualloc.placement.hybrid.plan import HybridPlan, plan_from_dict, validate
 from gpualloc.placement.plan import OperatorPlan, Plan
@@ -51,6 +51,14 @@ class _Header(BaseModel):
     cluster: str | None = None
     devices: list[str] | None = None
     method: str | None = None
+    optimizer: str | None = None
+
+    @field_validator("optimizer")
+    @classmethod
+    def _known_optimizer(cls, value: str | None) -> str | None:
+        if value is not None and value not in OPTIMIZER_STATES:
+            raise ValueError(f"expected one of {', '.join(OPTIMIZER_STATES)}")
+        return value
 
 
 class _AssignmentBody(_Header):
@@ -93,6 +101,7 @@ class PlanFile:
         microbatches: pipeline microbatches per step.
         schedule: the pipeline schedule (None when an old version 1 file names none).
         precision: the training precision the plan was costed in.
+        optimizer: the optimizer the plan was costed with (None in files written before it was recorded).
         doc: the whole JSON object (the scored outcome and notes written beside the plan).
     """
 
@@ -106,6 +115,7 @@ class PlanFile:
     microbatches: int
     schedule: str | None
     precision: str
+    optimizer: str | None
     doc: Mapping[str, Any]
     _hybrid: HybridPlan | None = None
 
@@ -151,16 +161,18 @@ def read_plan(path: str | Path) -> PlanFile:
     if version == 2:
         hp = plan_from_dict(doc, where=where)
         return PlanFile(Path(path), 2, head.graph, head.cluster, head.method, devices, hp.global_batch,
-                        hp.microbatches, hp.schedule, hp.precision, doc, hp)
+                        hp.microbatches, hp.schedule, hp.precision, head.optimizer, doc, hp)
     return PlanFile(Path(path), 1, head.graph, head.cluster, head.method, devices,
-                    head.batch_size or _scored_batch(doc), head.microbatches, head.schedule, head.precision, doc)
+                    head.batch_size or _scored_batch(doc), head.microbatches, head.schedule, head.precision,
+                    head.optimizer, doc)
 
 
 def write_plan(path: str | Path, problem: PlacementProblem, plan: Plan, cluster: str,
                extra: Mapping[str, Any] | None = None) -> None:
     """Write ``plan`` for ``problem`` as a plan file; ``extra`` (the scored outcome, notes) is stored beside it."""
     doc = {"format": PLAN_FORMAT, "version": plan.version, "graph": problem.graph.name, "cluster": cluster,
-           "devices": [d.label for d in problem.cluster.devices], **dict(extra or {}), **plan.body(problem.graph)}
+           "devices": [d.label for d in problem.cluster.devices], "optimizer": problem.rules.optimizer,
+           **dict(extra or {}), **plan.body(problem.graph)}
     write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
