@@ -679,7 +679,3 @@ def _run(dur, res, succ_ptr, succ_idx, indeg_base, prio_base, stride, limit, nod
                         touched[pending] = rs
                         pending += 1
     return start, end, peak, relaxed
-
-
-simulate = simulate_step  # the old names, until placement/replan.py's commit moves off them (issue 37)
-SimOptions = StepOptions

@@ -317,6 +317,3 @@ def _check_replica_microbatches(plan: HybridPlan, stages_doc: list, where: str) 
                     raise PlacementError(f"{where}: stages[{si}].replicas[{ri}].{key}: {rd[key]!r} does not match "
                                          f"the plan ({value}: batch_share {rep.batch_share} over "
                                          f"{plan.microbatches} microbatches)")
-
-
-Stage = HybridStage  # the old name, until placement/replan.py's commit moves off it (issue 37)
