@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import datetime
 import os
-import queue
 import shutil
 import tempfile
 import time
@@ -77,6 +76,7 @@ from gpualloc.execute.worker import (
     serve_worker,
     spawn_workers,
     stop_workers,
+    to_host,
 )
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.runnable import build_model, export_runnable
@@ -369,10 +369,6 @@ def _rows(value: Any, layout: Layout, start: int, count: int) -> Any:
 
 
 class _Worker(WorkerLoop):
-    def __init__(self, spec: _Spec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
-        super().__init__(spec, inbox, outbox, peers)
-        self.step_id = -1
-
     def connect(self) -> None:
         dist.init_process_group("gloo", init_method=f"file://{self.spec.store}", rank=self.spec.rank,
                                 world_size=self.spec.world, timeout=datetime.timedelta(seconds=self.spec.timeout_s))
@@ -415,28 +411,37 @@ class _Worker(WorkerLoop):
 
     # ------------------------------------------------------------------ one step
     def step(self, program: str, step: int, train: bool) -> dict[str, Any]:
-        routes = self.spec.routes[program]
-        state = _State()
-        self.step_id = step
+        routes = self.routes = self.spec.routes[program]
+        state = self.state = _State()
         start = time.perf_counter()
-        pending, self.early = self.early, []
-        for msg in pending:
-            self._receive(msg, state, step)
         n = len(self.spec.pieces)
-        fwd_next, bwd_done, wait_s = 0, set(), 0.0
-        while fwd_next < n or (train and len(bwd_done) < n):
-            self._drain(state, step)
-            task = self._pick(routes, state, fwd_next, bwd_done, train)
-            if task is None:
-                t0 = time.perf_counter()
-                self._receive(self._get(), state, step)
-                wait_s += time.perf_counter() - t0
-            elif task[0] == "F":
-                self._forward(program, routes, state, task[1], train)
-                fwd_next += 1
+        done = {"F": 0, "B": set()}  # forwards run (in piece order), backwards run
+
+        def run(task: tuple[str, int]) -> None:
+            if task[0] == "F":
+                self._forward(program, task[1], train)
+                done["F"] += 1
             else:
-                self._backward(routes, state, task[1])
-                bwd_done.add(task[1])
+                self._backward(task[1])
+                done["B"].add(task[1])
+
+        def backward() -> tuple[str, int] | None:
+            return next((("B", i) for i in sorted(state.saved) if i not in done["B"] and self._grads_ready(i)),
+                        None)
+
+        def forward() -> tuple[str, int] | None:
+            if done["F"] == n:
+                return None
+            k = self.spec.pieces[done["F"]].k
+            ready = all(len(state.parts.get(key, ())) == len(parts) for key, parts in routes.recv.items()
+                        if key[1] == k)
+            inflight = done["F"] - len(done["B"])
+            if ready and (not train or self.spec.schedule == "gpipe" or inflight < self.spec.inflight_limit):
+                return "F", done["F"]
+            return None
+
+        wait_s = self.run_tasks(step, lambda: done["F"] < n or (train and len(done["B"]) < n),
+                                lambda: self.pick(train, done["F"] < n, backward, forward), run)
         sync_s = 0.0
         if train:
             t0 = time.perf_counter()
@@ -446,39 +451,16 @@ class _Worker(WorkerLoop):
         return {"start": start, "end": end, "wait_s": wait_s, "sync_s": sync_s, "optimizer_s": opt_s,
                 "busy_s": sum(totals.values())}
 
-    def _drain(self, state: _State, step: int) -> None:
-        while True:
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                return
-            self._receive(msg, state, step)
-
-    def _pick(self, routes: _Routes, state: _State, fwd_next: int, bwd_done: set[int],
-              train: bool) -> tuple[str, int] | None:
-        n = len(self.spec.pieces)
-        if train and (self.spec.schedule != "gpipe" or fwd_next == n):
-            for i in sorted(state.saved):
-                if i not in bwd_done and self._grads_ready(routes, state, i):
-                    return "B", i
-        if fwd_next < n:
-            inflight = fwd_next - len(bwd_done)
-            k = self.spec.pieces[fwd_next].k
-            ready = all(len(state.parts.get(key, ())) == len(parts) for key, parts in routes.recv.items()
-                        if key[1] == k)
-            if ready and (not train or self.spec.schedule == "gpipe" or inflight < self.spec.inflight_limit):
-                return "F", fwd_next
-        return None
-
-    def _grads_ready(self, routes: _Routes, state: _State, i: int) -> bool:
+    def _grads_ready(self, i: int) -> bool:
         k = self.spec.pieces[i].k
-        for name in state.saved[i][0]:
-            expected = len(routes.send.get((name, k), ())) + (name in routes.outputs)
-            if len(state.grads.get((name, k), ())) < expected:
+        for name in self.state.saved[i][0]:
+            expected = len(self.routes.send.get((name, k), ())) + (name in self.routes.outputs)
+            if len(self.state.grads.get((name, k), ())) < expected:
                 return False
         return True
 
-    def _forward(self, program: str, routes: _Routes, state: _State, i: int, train: bool) -> None:
+    def _forward(self, program: str, i: int, train: bool) -> None:
+        routes, state = self.routes, self.state
         piece = self.spec.pieces[i]
         values: dict[str, Any] = {name: mbs[piece.k] for name, mbs in self.inputs.items()}
         leaves: dict[str, tuple[torch.Tensor, tuple]] = {}
@@ -493,11 +475,12 @@ class _Worker(WorkerLoop):
                 leaves[name] = (value, tuple(got))
             values[name] = value
         stages = self.spec.modules[program][piece.n]
-        self.clock.start(("F", i))
-        with torch.set_grad_enabled(train):
+
+        def run() -> None:
             for st in stages:
                 values.update(zip(st.outputs, st.module(*(values[v] for v in st.inputs)), strict=False))
-        self.clock.stop(("F", i))
+
+        self.timed_forward(("F", i), train, run)
         out = {name: values[name] for name in {*(v for v, k in routes.send if k == piece.k), *routes.outputs}}
         if train:
             state.saved[i] = ({n: v for n, v in out.items() if self._needs_grad(v)}, leaves)
@@ -506,22 +489,22 @@ class _Worker(WorkerLoop):
                 for dst, dst_k, lo, hi in parts:
                     value = out[name]
                     rows = _rows(value, routes.layout.get(name), lo - piece.offset, hi - lo)
-                    self.peers[dst].put(("data", "act", self.step_id, name, dst_k,
-                                         (lo, hi, self.spec.rank, piece.k, train and self._needs_grad(value)),
-                                         _host(rows)))
+                    self.send(dst, "act", name, dst_k,
+                              (lo, hi, self.spec.rank, piece.k, train and self._needs_grad(value)), rows)
         for name in routes.outputs:
             value = out[name]
             if train and self._needs_grad(value):  # the global-batch mean's gradient
                 grad = torch.full_like(value, piece.n / (self.spec.batch * max(value.numel(), 1)))
                 state.grads.setdefault((name, piece.k), []).append((piece.offset, piece.end, grad))
             elif not train:
-                self.outbox.put(("out", self.spec.rank, name, piece.offset, piece.n, _host(value)))
+                self.outbox.put(("out", self.spec.rank, name, piece.offset, piece.n, to_host(value)))
 
     @staticmethod
     def _needs_grad(value: Any) -> bool:
         return isinstance(value, torch.Tensor) and value.requires_grad
 
-    def _backward(self, routes: _Routes, state: _State, i: int) -> None:
+    def _backward(self, i: int) -> None:
+        routes, state = self.routes, self.state
         piece = self.spec.pieces[i]
         outs, leaves = state.saved.pop(i)
         tensors, grads = [], []
@@ -532,29 +515,18 @@ class _Worker(WorkerLoop):
                     _rows(grad, routes.layout.get(name), lo - piece.offset, hi - lo).add_(g)
             tensors.append(value)
             grads.append(grad)
-        self.clock.start(("B", i))
-        if tensors:
-            torch.autograd.backward(tensors, grads)
-        self.clock.stop(("B", i))
+        self.timed_backward(("B", i), tensors, grads)
         for name, (leaf, parts) in leaves.items():
             start = parts[0][0]
             for lo, hi, src, src_k, _, _ in parts:
                 g = None if leaf.grad is None else _rows(leaf.grad, routes.layout.get(name), lo - start, hi - lo)
-                self.peers[src].put(("data", "grad", self.step_id, name, src_k, (lo, hi),
-                                     _host(g.contiguous() if g is not None else None)))
+                self.send(src, "grad", name, src_k, (lo, hi), g.contiguous() if g is not None else None)
 
-    def _receive(self, msg: tuple[Any, ...], state: _State, step: int) -> None:
-        if msg[0] != "data":
-            raise ExecutionError(f"worker {self.spec.rank}: unexpected {msg[0]!r} message during a step")
-        _, kind, msg_step, name, k, where, value = msg
-        if msg_step != step:
-            raise ExecutionError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
-        if isinstance(value, torch.Tensor):  # own memory, not the queue's shared segment (see _host)
-            value = value.to(self.device, copy=True)
+    def accept(self, kind: str, name: str, k: int, where: Any, value: Any) -> None:
         if kind == "act":  # where = (lo, hi, src rank, src microbatch, needs a gradient back)
-            state.parts.setdefault((name, k), []).append((*where, value))
+            self.state.parts.setdefault((name, k), []).append((*where, value))
         else:  # where = (lo, hi)
-            state.grads.setdefault((name, k), []).append((*where, value))
+            self.state.grads.setdefault((name, k), []).append((*where, value))
 
     def _all_reduce(self) -> None:
         for group, names in self.groups:
@@ -566,15 +538,6 @@ class _Worker(WorkerLoop):
             for p in params:
                 p.grad = flat[offset: offset + p.numel()].view_as(p).to(self.device)
                 offset += p.numel()
-
-
-def _host(value: Any) -> Any:
-    """A CPU copy of ``value`` to send: the queue moves what it sends into shared memory, which would take
-    the whole tensor the rows are cut from (an activation kept for the backward) out of the sender's
-    ``malloc``-ed, measured memory."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    return value
 
 
 # ----------------------------------------------------------------------------------------- parent

@@ -47,7 +47,7 @@ from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryProbe, MemoryReport, TaskClock, synchronize, tensor_bytes
 from gpualloc.execute.split import Stage
 
-__all__ = ["OPTIMIZERS", "ProgramTable", "WorkerSpec", "make_optimizer", "worker_main"]
+__all__ = ["OPTIMIZERS", "ProgramTable", "WorkerLoop", "WorkerSpec", "make_optimizer", "to_host", "worker_main"]
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 """The optimizers the runners train with, by name (torch's defaults but the learning rate)."""
@@ -174,6 +174,7 @@ class WorkerLoop(ABC):
             torch.cuda.set_device(self.device)
             set_tf32(False)  # every worker trains in FP32, as the plans are scored
         self.early: list[tuple[Any, ...]] = []
+        self.step_id = -1
         self.probe = MemoryProbe(self.device)
         self._grads_bytes = 0
 
@@ -191,6 +192,81 @@ class WorkerLoop(ABC):
     def answer(self, msg: tuple[Any, ...]) -> bool:
         """Answer a command other than a step; whether it was one (none here)."""
         return False
+
+    # ------------------------------------------------------------------ the step's tasks, shared
+    def accept(self, kind: str, name: str, m: int, where: Any, value: Any) -> None:
+        """Keep a value that arrived during the step: an activation (``kind == "act"``) or a gradient of
+        value ``name`` of microbatch ``m``; ``where`` is what the sender said about its rows. A worker whose
+        steps exchange no data takes none."""
+        raise ExecutionError(f"worker {self.spec.rank}: unexpected {kind!r} data during a step")
+
+    def send(self, rank: int, kind: str, name: str, m: int, where: Any, value: Any) -> None:
+        """Send a value of this step to worker ``rank`` (a CPU copy: see :func:`to_host`)."""
+        self.peers[rank].put(("data", kind, self.step_id, name, m, where, to_host(value)))
+
+    def receive(self, msg: tuple[Any, ...], step: int) -> None:
+        """Check that ``msg`` is data of ``step`` and :meth:`accept` it, in this worker's own memory (the
+        queue's shared segment is not ``malloc``-ed, and a GPU needs it on the device anyway)."""
+        if msg[0] != "data":
+            raise ExecutionError(f"worker {self.spec.rank}: unexpected {msg[0]!r} message during a step")
+        _, kind, msg_step, name, m, where, value = msg
+        if msg_step != step:
+            raise ExecutionError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
+        if isinstance(value, torch.Tensor):
+            value = value.to(self.device, copy=True)
+        self.accept(kind, name, m, where, value)
+
+    def run_tasks(self, step: int, left: Callable[[], bool], pick: Callable[[], Any],
+                  run: Callable[[Any], None]) -> float:
+        """The step's loop: take the data that came early, then while ``left()``, take what has arrived and
+        ``run`` the task ``pick`` chooses, or wait for the next message when none is ready. Returns the
+        seconds spent waiting."""
+        self.step_id = step
+        pending, self.early = self.early, []
+        for msg in pending:
+            self.receive(msg, step)
+        wait_s = 0.0
+        while left():
+            while True:  # drain what has arrived
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                self.receive(msg, step)
+            task = pick()
+            if task is None:
+                t0 = time.perf_counter()
+                self.receive(self._get(), step)
+                wait_s += time.perf_counter() - t0
+            else:
+                run(task)
+        return wait_s
+
+    def pick(self, train: bool, forwards_left: bool, backward: Callable[[], Any],
+             forward: Callable[[], Any]) -> Any:
+        """The schedule's next task: under ``"1f1b"`` a ready backward first, else a ready forward; under
+        ``"gpipe"`` backwards only once every forward of the worker is done. ``backward()`` and
+        ``forward()`` return a ready task or None."""
+        if train and (self.spec.schedule != "gpipe" or not forwards_left):
+            task = backward()
+            if task is not None:
+                return task
+        return forward()
+
+    def timed_forward(self, key: Any, train: bool, run: Callable[[], Any]) -> Any:
+        """``run()`` (the stage modules' forward), timed under ``key``, recording the graph when training."""
+        self.clock.start(key)
+        with torch.set_grad_enabled(train):
+            out = run()
+        self.clock.stop(key)
+        return out
+
+    def timed_backward(self, key: Any, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """Back-propagate ``grads`` into ``tensors``, timed under ``key``."""
+        self.clock.start(key)
+        if tensors:
+            torch.autograd.backward(tensors, grads)
+        self.clock.stop(key)
 
     def finish_step(self, train: bool) -> tuple[float, float, dict[Any, float]]:
         """The optimizer step (when training, and there are weights here), then wait for the device:
@@ -261,10 +337,6 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> 
 
 
 class _Worker(WorkerLoop):
-    def __init__(self, spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
-        super().__init__(spec, inbox, outbox, peers)
-        self._current_step = -1
-
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
         params: dict[int, torch.nn.Parameter] = {}
@@ -282,10 +354,9 @@ class _Worker(WorkerLoop):
 
     # ------------------------------------------------------------------ one step
     def step(self, program: str, step: int, train: bool) -> dict[str, Any]:
-        table = self.spec.programs[program]
+        table = self.table = self.spec.programs[program]
         M = self.spec.microbatches
-        state = _StepState()
-        self._current_step = step
+        state = self.state = _StepState()
         start = time.perf_counter()
         for m in range(M):
             for name, mbs in self.inputs.items():
@@ -294,40 +365,43 @@ class _Worker(WorkerLoop):
         fwd_todo = {(s, m) for s in own for m in range(M)}
         bwd_todo = set(fwd_todo) if train else set()
         fwd_done: set[tuple[int, int]] = set()
-        admitted = 0
+        counts = {"admitted": 0, "inflight": 0}
         finished = [0] * M  # backwards done per microbatch
-        inflight = 0
-        wait_s = 0.0
-        pending, self.early = self.early, []
-        for msg in pending:
-            self._receive(msg, table, state, step)
-        while fwd_todo or bwd_todo:
-            while True:  # drain what has arrived
-                try:
-                    msg = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                self._receive(msg, table, state, step)
-            task = self._pick(table, state, fwd_todo, bwd_todo, fwd_done, admitted, inflight, train)
-            if task is None:
-                t0 = time.perf_counter()
-                self._receive(self._get(), table, state, step)
-                wait_s += time.perf_counter() - t0
-                continue
+
+        def run(task: tuple[str, int, int]) -> None:
             kind, s, m = task
             if kind == "F":
                 if not any((x, m) in fwd_done for x in own):
-                    admitted += 1
-                    inflight += 1
-                self._forward(table, state, s, m, train)
+                    counts["admitted"] += 1
+                    counts["inflight"] += 1
+                self._forward(s, m, train)
                 fwd_todo.discard((s, m))
                 fwd_done.add((s, m))
             else:
-                self._backward(table, state, s, m)
+                self._backward(s, m)
                 bwd_todo.discard((s, m))
                 finished[m] += 1
                 if finished[m] == len(own):
-                    inflight -= 1
+                    counts["inflight"] -= 1
+
+        def backward() -> tuple[str, int, int] | None:
+            ready = [(m, -s) for s, m in bwd_todo if (s, m) in fwd_done and self._grads_ready(s, m)]
+            return ("B", -min(ready)[1], min(ready)[0]) if ready else None
+
+        def forward() -> tuple[str, int, int] | None:
+            ready = [(m, s) for s, m in fwd_todo if all((name, m) in state.values for name in table.stages[s].inputs)]
+            if not ready:
+                return None
+            m, s = min(ready)
+            if self.spec.schedule == "gpipe" or not train or m < counts["admitted"]:
+                return "F", s, m  # a forward-only pass holds nothing for a backward
+            started = any((x, m) in fwd_done for x in own)
+            if started or (m == counts["admitted"] and counts["inflight"] < self.spec.inflight_limit):
+                return "F", s, m
+            return None
+
+        wait_s = self.run_tasks(step, lambda: bool(fwd_todo or bwd_todo),
+                                lambda: self.pick(train, bool(fwd_todo), backward, forward), run)
         end, opt_s, totals = self.finish_step(train)
         return {
             "start": start, "end": end, "wait_s": wait_s, "optimizer_s": opt_s,
@@ -335,30 +409,8 @@ class _Worker(WorkerLoop):
             "bwd_s": {s: sum(v for k, v in totals.items() if k[0] == "B" and k[1] == s) for s in own},
         }
 
-    def _pick(self, table: ProgramTable, state: _StepState, fwd_todo, bwd_todo, fwd_done, admitted: int,
-              inflight: int, train: bool) -> tuple[str, int, int] | None:
-        gpipe = self.spec.schedule == "gpipe"
-        if not gpipe or not fwd_todo:
-            ready_b = [(m, -s) for s, m in bwd_todo if (s, m) in fwd_done and self._grads_ready(table, state, s, m)]
-            if ready_b:
-                m, s = min(ready_b)
-                return "B", -s, m
-        ready_f = []
-        for s, m in fwd_todo:
-            if all((name, m) in state.values for name in table.stages[s].inputs):
-                ready_f.append((m, s))
-        if not ready_f:
-            return None
-        m, s = min(ready_f)
-        if gpipe or not train or m < admitted:  # a forward-only pass holds nothing for a backward
-            return "F", s, m
-        own = table.stages
-        started = any((x, m) in fwd_done for x in own)
-        if started or (m == admitted and inflight < self.spec.inflight_limit):
-            return "F", s, m
-        return None
-
-    def _grads_ready(self, table: ProgramTable, state: _StepState, s: int, m: int) -> bool:
+    def _grads_ready(self, s: int, m: int) -> bool:
+        table, state = self.table, self.state
         for name in table.stages[s].outputs:
             if name not in table.differentiable:
                 continue
@@ -368,7 +420,8 @@ class _Worker(WorkerLoop):
         return True
 
     # ------------------------------------------------------------------ tasks
-    def _forward(self, table: ProgramTable, state: _StepState, s: int, m: int, train: bool) -> None:
+    def _forward(self, s: int, m: int, train: bool) -> None:
+        table, state = self.table, self.state
         stage = table.stages[s]
         leaves: dict[str, torch.Tensor] = {}
         args = []
@@ -378,19 +431,14 @@ class _Worker(WorkerLoop):
                 value = value.detach().requires_grad_()
                 leaves[name] = value
             args.append(value)
-        self.clock.start(("F", s, m))
-        if train:
-            out = stage.module(*args)
-        else:
-            with torch.no_grad():
-                out = stage.module(*args)
-        self.clock.stop(("F", s, m))
+        out = self.timed_forward(("F", s, m), train, lambda: stage.module(*args))
         if train:
             state.saved[(s, m)] = (leaves, tuple(out))
         for name, value in zip(stage.outputs, out, strict=False):
-            self._route_value(table, state, name, m, value, train)
+            self._route_value(name, m, value, train)
 
-    def _backward(self, table: ProgramTable, state: _StepState, s: int, m: int) -> None:
+    def _backward(self, s: int, m: int) -> None:
+        table, state = self.table, self.state
         stage = table.stages[s]
         leaves, out = state.saved.pop((s, m))
         tensors, grads = [], []
@@ -399,49 +447,39 @@ class _Worker(WorkerLoop):
             if g is not None and isinstance(value, torch.Tensor) and value.requires_grad:
                 tensors.append(value)
                 grads.append(g)
-        self.clock.start(("B", s, m))
-        if tensors:
-            torch.autograd.backward(tensors, grads)
-        self.clock.stop(("B", s, m))
+        self.timed_backward(("B", s, m), tensors, grads)
         for name, leaf in leaves.items():
             producer_worker = table.stage_worker[table.producer[name]]
-            grad = leaf.grad
             if producer_worker == self.spec.rank:
-                self._add_grad(state, name, m, grad)
+                self._add_grad(name, m, leaf.grad)
             else:
-                self.peers[producer_worker].put(("data", "grad", self._current_step, name, m, _to_host(grad)))
+                self.send(producer_worker, "grad", name, m, None, leaf.grad)
 
-    def _route_value(self, table: ProgramTable, state: _StepState, name: str, m: int, value: Any, train: bool) -> None:
-        readers = table.consumers.get(name, ())
+    def _route_value(self, name: str, m: int, value: Any, train: bool) -> None:
+        table, state = self.table, self.state
         sent: set[int] = set()
-        for c in readers:
+        for c in table.consumers.get(name, ()):
             w = table.stage_worker[c]
             if w == self.spec.rank:
                 state.values[(name, m)] = value
             elif w not in sent:
                 sent.add(w)
-                self.peers[w].put(("data", "act", self._current_step, name, m, _to_host(_detach(value))))
+                self.send(w, "act", name, m, None, value)
         if name in table.outputs:
             if train:
                 if name in table.differentiable and isinstance(value, torch.Tensor):
-                    self._add_grad(state, name, m, torch.full_like(value, 1.0 / max(value.numel(), 1)))
+                    self._add_grad(name, m, torch.full_like(value, 1.0 / max(value.numel(), 1)))
             else:
-                self.outbox.put(("out", self.spec.rank, name, m, _to_host(_detach(value))))
+                self.outbox.put(("out", self.spec.rank, name, m, to_host(value)))
 
-    def _receive(self, msg: tuple[Any, ...], table: ProgramTable, state: _StepState, step: int) -> None:
-        if msg[0] != "data":
-            raise ExecutionError(f"worker {self.spec.rank}: unexpected {msg[0]!r} message during a step")
-        _, kind, msg_step, name, m, value = msg
-        if msg_step != step:
-            raise ExecutionError(f"worker {self.spec.rank}: data of step {msg_step} during step {step}")
-        value = _to_device(value, self.device)
+    def accept(self, kind: str, name: str, m: int, where: Any, value: Any) -> None:
         if kind == "act":
-            state.values[(name, m)] = value
+            self.state.values[(name, m)] = value
         else:
-            self._add_grad(state, name, m, value)
+            self._add_grad(name, m, value)
 
-    def _add_grad(self, state: _StepState, name: str, m: int, grad: torch.Tensor | None) -> None:
-        key = (name, m)
+    def _add_grad(self, name: str, m: int, grad: torch.Tensor | None) -> None:
+        state, key = self.state, (name, m)
         state.grad_count[key] = state.grad_count.get(key, 0) + 1
         if grad is None:
             state.grads.setdefault(key, None)
@@ -450,23 +488,12 @@ class _Worker(WorkerLoop):
         state.grads[key] = grad if prev is None else prev + grad
 
 
-def _detach(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-def _to_host(value: Any) -> Any:
-    """A CPU copy of ``value`` to send: the queue moves a tensor it sends into shared memory, which would
-    take the sender's own tensor (an activation kept for the backward) out of its measured memory."""
+def to_host(value: Any) -> Any:
+    """A detached CPU copy of ``value`` to send: the queue moves a tensor it sends into shared memory, which
+    would take the sender's own tensor (an activation kept for the backward, the whole tensor the rows are
+    cut from) out of its ``malloc``-ed, measured memory."""
     if isinstance(value, torch.Tensor):
-        return value.to("cpu", copy=True)
-    return value
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    """A copy of a received ``value`` in this worker's own memory (the queue's shared segment is not
-    ``malloc``-ed, and a GPU needs it on the device anyway)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device, copy=True)
+        return value.detach().to("cpu", copy=True)
     return value
 
 
