@@ -28,7 +28,7 @@ _KIB = 1024
 
 def load_pynvml() -> ModuleType:
     """Import ``pynvml`` (``nvidia-ml-py``, the ``nvml`` extra); a missing package is a :class:`TelemetryError`."""
-    return require("nvml", "pynvml", by="the nvml telemetry backend", error=TelemetryError)
+    return require("nvml", "pynvml", by="nvml: the telemetry backend", error=TelemetryError)
 
 
 def _text(value: Any) -> str:
