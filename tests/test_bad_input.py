@@ -380,6 +380,7 @@ def test_model_computing_nothing(models):
         capture(f"{models}:constant")
 
 
+@pytest.mark.slow
 def test_wrong_input_shape_is_one_line_without_torch_logs(models, tmp_path):
     """A subprocess: torch's log handlers hold the real stderr, which capsys would not see."""
     import subprocess

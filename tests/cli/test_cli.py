@@ -128,6 +128,7 @@ def test_graph_capture_writes_batch_and_round_trips(tmp_path):
     assert times["A100-40GB"] < times["V100-16GB"] < times["T4"]
 
 
+@pytest.mark.slow
 def test_capture_user_factory_and_untraceable_model(tmp_path):
     (tmp_path / "usermodels.py").write_text(
         "import torch\n"

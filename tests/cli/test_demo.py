@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 GPUALLOC = Path(sys.executable).parent / "gpualloc"
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run([str(GPUALLOC), "demo", "--out", str(out), "--batch", "8"], capture_output=True,

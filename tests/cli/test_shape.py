@@ -115,6 +115,7 @@ def test_simulate_forms(tmp_path):
     assert rows["sjf"]["x_bound"] == pytest.approx(rows["sjf"]["avg_jct_s"] / rows["sjf"]["lower_bound_avg_jct_s"])
 
 
+@pytest.mark.slow
 def test_capture_factory_from_the_current_folder(tmp_path):
     pkg = tmp_path / "mypkg_shape"
     pkg.mkdir()

@@ -101,6 +101,7 @@ def test_dqn_policy_and_train_scheduler_cli(tmp_path):
     assert row["policy"] == "dqn" and row["jobs"] == 30
 
 
+@pytest.mark.slow
 def test_train_scheduler_names_a_train_windows_folder_without_traces(tmp_path):
     proc = run_main("train", "scheduler", "--experts", "gavel,srtf", "--steps", "0", "--train-windows",
                     str(tmp_path / "typo"), "-o", str(tmp_path / "s.pt"))

@@ -38,6 +38,7 @@ def _ddp(layers: int, shares=(3, 1), sharding="none"):
                      n_devices=4, sharding=sharding)
 
 
+@pytest.mark.slow
 def test_pieces_tile_each_stage_and_the_1f1b_window_covers_shifted_microbatches(graph):
     plan = _two_by_two(layer_count(graph))
     pieces = plan_pieces(plan)
@@ -58,6 +59,7 @@ def test_pieces_tile_each_stage_and_the_1f1b_window_covers_shifted_microbatches(
     assert _inflight_limits(plan_pieces(shifted), prog, 1, 2)[0] == 2
 
 
+@pytest.mark.slow
 def test_a_two_by_two_plan_with_unequal_shares_matches_the_unsplit_output_and_step(graph):
     run = execute_hybrid(MODEL, graph, _two_by_two(layer_count(graph)), load_cluster("4xcpu"), steps=1, warmup=0,
                          threads=2, lr=0.05, timeout_s=120)
@@ -93,6 +95,7 @@ def _save(path, plan, cluster="4xcpu"):
     return path
 
 
+@pytest.mark.slow
 def test_cli_runs_a_ddp_plan_with_shares_3_to_1(graph, tmp_path, cli):
     plan = _save(tmp_path / "ddp.json", _ddp(layer_count(graph)))
     code, out, err = cli("run", MODEL, "--plan", plan, "--steps", "1", "--warmup", "0", "--threads", "2",
@@ -139,6 +142,7 @@ def test_the_library_refuses_tensor_parallel_replicas_and_a_plan_for_another_mod
         execute_hybrid(MODEL, graph, short, load_cluster("4xcpu"))
 
 
+@pytest.mark.slow
 def test_adam_ddp_with_shares_3_to_1_takes_the_unsplit_adam_step(graph):
     run = execute_hybrid(MODEL, graph, _ddp(layer_count(graph)), load_cluster("2xcpu"), steps=1, warmup=0,
                          threads=2, lr=0.05, timeout_s=120, optimizer="adam")
@@ -150,6 +154,7 @@ def test_adam_ddp_with_shares_3_to_1_takes_the_unsplit_adam_step(graph):
         assert m.peak_bytes >= m.weights_bytes + m.grads_bytes + m.optimizer_bytes
 
 
+@pytest.mark.slow
 def test_zero1_shards_adam_state_between_the_replicas_and_takes_the_unsplit_step(graph):
     run = execute_hybrid(MODEL, graph, _ddp(layer_count(graph), (2, 2), sharding="zero1"), load_cluster("2xcpu"),
                          steps=1, warmup=0, threads=2, lr=0.05, timeout_s=120, optimizer="adam")

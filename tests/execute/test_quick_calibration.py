@@ -42,6 +42,7 @@ def test_the_cache_key_names_cpu_threads_workers_and_torch():
     assert quick_cache_name(2, 1, cpu_model="x") != quick_cache_name(2, 3, cpu_model="x")
 
 
+@pytest.mark.slow
 def test_a_damaged_cache_entry_is_measured_again(private_cache):
     path = private_cache / quick_cache_name(1, 1)
     private_cache.mkdir(parents=True)
@@ -59,6 +60,7 @@ def _plan(tmp_path, batch: int = 4):
     return plan
 
 
+@pytest.mark.slow
 def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache, monkeypatch):
     plan = _plan(tmp_path)
     screen = io.StringIO()
@@ -83,6 +85,7 @@ def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache
     assert files[0].stat().st_mtime_ns == mtime  # read, not measured again
 
 
+@pytest.mark.slow
 def test_no_calibrate_warns_in_one_line_and_uses_the_shipped_guess(tmp_path, private_cache):
     plan = _plan(tmp_path)
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
@@ -95,6 +98,7 @@ def test_no_calibrate_warns_in_one_line_and_uses_the_shipped_guess(tmp_path, pri
     assert not list(private_cache.glob("cpu-*.json"))  # (the folder may hold the traced graph: graphs/)
 
 
+@pytest.mark.slow
 def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
     cal = tmp_path / "cal.json"
     Calibration.load().save(cal)
@@ -106,6 +110,7 @@ def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
     assert not list(private_cache.glob("cpu-*.json"))
 
 
+@pytest.mark.slow
 def test_the_quick_calibration_predicts_far_closer_than_the_shipped_guess(private_cache):
     graph = capture("resnet-tiny", batch=8)
     plan = (np.arange(len(graph)) >= len(graph) // 2).astype(np.int64)

@@ -20,6 +20,7 @@ from gpualloc.hardware.cluster import load_cluster
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_a_pipelined_plan_matches_the_unsplit_model_and_is_timed():
     graph = capture("resnet-tiny", batch=4)
     plan = (np.arange(len(graph)) >= len(graph) // 2).astype(np.int64)
@@ -39,6 +40,7 @@ def test_a_pipelined_plan_matches_the_unsplit_model_and_is_timed():
     json.dumps(doc)
 
 
+@pytest.mark.slow
 def test_a_back_and_forth_plan_runs_under_gpipe_with_several_stages_per_worker():
     graph = capture("bert-tiny", batch=4)
     plan = ((np.arange(len(graph)) * 3) // len(graph) % 2).astype(np.int64)  # 0 .. 1 .. 0
@@ -49,6 +51,7 @@ def test_a_back_and_forth_plan_runs_under_gpipe_with_several_stages_per_worker()
     assert result.measured_step_s > 0
 
 
+@pytest.mark.slow
 def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
     plan = tmp_path / "plan.json"
     placed = runner.invoke(app, ["place", "resnet-tiny", "--cluster", "2xcpu", "--method", "pipeline",
@@ -66,6 +69,7 @@ def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
         assert dev["memory"]["peak_bytes"] >= dev["memory"]["weights_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_a_plan_for_another_graph_is_a_one_line_error(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"format": "gpualloc-plan", "cluster": "2xcpu", "microbatches": 1,

@@ -61,6 +61,7 @@ def test_serial_executor_keeps_order_and_reports_each_result():
     assert seen == [(0, 0), (1, 1), (2, 4), (3, 9), (4, 16)]
 
 
+@pytest.mark.slow
 def test_process_executor_keeps_order_when_items_finish_out_of_order():
     seen = []
     with ProcessExecutor(2) as ex:
@@ -69,6 +70,7 @@ def test_process_executor_keeps_order_when_items_finish_out_of_order():
     assert sorted(seen) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_ray_executor_keeps_order(ray_executor):
     seen = []
     assert ray_executor.map(square_after, ITEMS, on_result=lambda i, r: seen.append(i)) == [0, 1, 4, 9, 16]
@@ -88,12 +90,14 @@ def test_make_executor_picks_by_options(ray_executor):
     assert ray_executor.map(square_after, [(3, 0.0)]) == [9]
 
 
+@pytest.mark.slow
 def test_run_table_rows_are_the_same_in_processes(serial_table):
     assert {r["policy"] for r in serial_table} == {"fcfs", "sjf", "dqn", "oracle-lb"}
     with ProcessExecutor(2) as ex:
         assert rows_json(run_table(SPEC, executor=ex)["rows"]) == rows_json(serial_table)
 
 
+@pytest.mark.slow
 def test_run_table_rows_are_the_same_on_ray(serial_table, ray_executor):
     progress = []
     rows = run_table(SPEC, executor=ray_executor, progress=progress.append)["rows"]
@@ -101,6 +105,7 @@ def test_run_table_rows_are_the_same_on_ray(serial_table, ray_executor):
     assert len(progress) == 2 * 3 and all(p.startswith("load 0.8 seed") for p in progress)
 
 
+@pytest.mark.slow
 def test_reproduce_scheduling_quick_on_ray(tmp_path, ray_executor, serial_table):
     doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--ray", "--json", "--no-real-traces",
                             "--loads", "0.8", "--jobs", "30", "--out", str(tmp_path)).stdout)

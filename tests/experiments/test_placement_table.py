@@ -47,6 +47,7 @@ def test_hybrid_rows_beside_the_op_level_best(small):
     assert md.count("\n") == len(rows) + 2 and "| resnet-tiny | 2xA100+2xV100 | 8 | hybrid |" in md
 
 
+@pytest.mark.slow
 def test_reproduce_placement_quick_cli(tmp_path):
     from tests.cli.test_cli import invoke
 

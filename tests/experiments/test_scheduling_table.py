@@ -24,6 +24,7 @@ def test_scale_to_load_sets_the_offered_load():
     assert [j.id for j in scaled.jobs] == [j.id for j in trace.jobs]
 
 
+@pytest.mark.slow
 def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     from tests.cli.test_cli import invoke
 

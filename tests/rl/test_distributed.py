@@ -24,6 +24,7 @@ def weights_of(agent: DQNAgent) -> dict:
     return {k: v.clone() for k, v in agent.qnet.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_two_actors_learn_the_chains_analytic_q_values():
     cfg = fast_config(gamma=0.9, eps_start=1.0, eps_end=1.0, hidden=(32, 32), batch_size=64,
                       target_update_interval=50)
@@ -63,6 +64,7 @@ def test_replay_ratio_matches_the_single_process_loop():
     assert log.steps == 200 and len(log.losses) == 226 == agent.num_updates
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_executor():
     cfg = fast_config(learning_starts=20, batch_size=16, hidden=(16,))
     make = partial(MaskedEnv, 5, 7)

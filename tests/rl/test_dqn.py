@@ -246,6 +246,7 @@ def test_replay_buffer_ring_and_dict_observations():
 
 
 # ---------------------------------------------------------------------------------- (1) learning
+@pytest.mark.slow
 def test_identity_env_reaches_optimal_return():
     env, eval_env = IdentityEnv(), IdentityEnv()
     agent = DQNAgent(env.observation_space, env.action_space, fast_config())
@@ -259,6 +260,7 @@ def test_identity_env_reaches_optimal_return():
 
 
 # -------------------------------------------------------------------------------- (6) known Q*
+@pytest.mark.slow
 def test_two_state_chain_q_converges_to_analytic_values():
     env = ChainEnv()
     cfg = fast_config(gamma=0.9, eps_start=1.0, eps_end=1.0, hidden=(32, 32), batch_size=64,

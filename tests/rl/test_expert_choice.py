@@ -119,6 +119,7 @@ def test_always_choosing_the_teacher_replays_it_exactly():
     np.testing.assert_array_equal(env.last_result.finish_s, alone.finish_s)
 
 
+@pytest.mark.slow
 def test_behaviour_cloning_reproduces_its_teacher_exactly():
     cluster = load_cluster("4xV100+2xT4+2xK80")
     trace = generate(20, cluster, 1.0, seed=11)

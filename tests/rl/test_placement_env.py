@@ -94,6 +94,7 @@ def test_rejects_too_many_devices():
         PlacementEnv([problem(0, "8xA100")], max_devices=4)
 
 
+@pytest.mark.slow
 def test_sb3_dqn_runs_unchanged(env):
     from stable_baselines3 import DQN
 

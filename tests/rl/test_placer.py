@@ -31,6 +31,7 @@ def trained(tmp_path_factory):
     return agent, log, out
 
 
+@pytest.mark.slow
 def test_training_writes_a_checkpoint_with_env_settings(trained):
     agent, log, out = trained
     assert out.exists() and len(log.evals) == 2

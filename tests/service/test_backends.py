@@ -148,6 +148,7 @@ def _available(ray, res: str) -> float:
     return ray.available_resources().get(res, 0.0)
 
 
+@pytest.mark.slow
 def test_ray_backend_gang_resources_restart_and_lost_worker(ray_cluster, tmp_path):
     ray = ray_cluster
     b = RayBackend(TYPES, "t1", log_dir=tmp_path / "logs", launch_timeout_s=30)
@@ -185,6 +186,7 @@ def test_ray_backend_gang_resources_restart_and_lost_worker(ray_cluster, tmp_pat
     wait_for(lambda: _available(ray, "gpu_MI50") == 2.0, 30, what="MI50s to be released")
 
 
+@pytest.mark.slow
 def test_ray_cleanup_and_unschedulable_runs(ray_cluster):
     b = RayBackend(TYPES, "t2", launch_timeout_s=2.0)
     orphan = RunRef(7, 1, b.launch(request(7, {"argv": ["sleep", "30"]}, device_type="T4")))
@@ -204,6 +206,7 @@ def test_ray_cleanup_and_unschedulable_runs(ray_cluster):
     wait_for(lambda: _available(ray_cluster, "gpu_T4") == 2.0, 30, what="T4s to be released")
 
 
+@pytest.mark.slow
 def test_service_on_ray_requeues_jobs_of_a_lost_worker(ray_cluster, local_service):
     svc = local_service(backend="ray", cluster="4xV100+2xT4+2xMI50")
     c = svc.client

@@ -296,6 +296,7 @@ def test_concurrent_jobs_never_share_a_visible_device_on_4xV100_plus_2xT4(local_
     assert clashes == []
 
 
+@pytest.mark.slow
 def test_a_ray_started_on_this_host_numbers_devices_host_wide(local_service):
     """The service's own local Ray holds every node on this host, as the local backend does: a T4 job on
     4xV100+2xT4 sees devices 4,5 there too (a Ray joined with --ray-address keeps per-node indices)."""

@@ -13,6 +13,8 @@ import threading
 import time
 from collections import Counter, defaultdict
 
+import pytest
+
 from gpualloc.service.client import Client, ClientError
 from gpualloc.service.store import Store
 from tests.service.conftest import GPUALLOC, wait_for
@@ -47,6 +49,7 @@ def gpu_intervals_never_overlap(store_path) -> None:
             assert b0 >= a1, f"GPU {g} held by job {ja} [{a0}, {a1}] and job {jb} from {b0}"
 
 
+@pytest.mark.slow
 def test_kill9_mid_stream_then_restart_loses_and_duplicates_nothing(server, tmp_path):
     srv = server("--cluster", "4xV100+2xT4+2xMI50").start()
     token = srv.token
@@ -101,6 +104,7 @@ def test_kill9_mid_stream_then_restart_loses_and_duplicates_nothing(server, tmp_
     gpu_intervals_never_overlap(srv.store)
 
 
+@pytest.mark.slow
 def test_restart_reconciles_runs_that_ended_or_vanished_while_down(server, tmp_path):
     srv = server("--cluster", "1xV100+1xT4+1xMI50", "--max-attempts", "2").start()
     token = srv.token
@@ -138,6 +142,7 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*GPUALLOC, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_walkthrough_on_local_ray_with_virtual_device_types(server):
     srv = server("--ray-num-cpus", "1", backend="ray", cluster="4xV100+2xT4+2xMI50").start(timeout_s=90)
     log = srv.log.read_text()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpualloc.service.client import Client, ClientError
 from gpualloc.service.runner import Execution
 from tests.service.conftest import GPUALLOC, wait_for, wait_state
@@ -26,6 +28,7 @@ def _cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProc
     return subprocess.run([*GPUALLOC, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_readme_walkthrough(server, tmp_path, monkeypatch):
     # `python` on PATH is this interpreter, as in an activated venv
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -187,6 +190,7 @@ def teams_walkthrough() -> str:
     return TEAMS_WALKTHROUGH
 
 
+@pytest.mark.slow
 def test_two_teams_with_quotas_walkthrough(tmp_path):
     """The walkthrough's lines run as written, in a bash shell, in a fresh folder holding
     ``examples/quotas.toml``; only ``--port`` is added to ``serve`` (a free port, named by

@@ -21,7 +21,7 @@ from tests.service.conftest import GPUALLOC, LocalService, wait_for, wait_state
 from tests.service.test_restart import gpu_intervals_never_overlap
 from tests.slurm.conftest import expected_gres, slurm_job_id
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
