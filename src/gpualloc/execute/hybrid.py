@@ -70,12 +70,9 @@ from gpualloc.execute.split import SplitModel, Stage, split_model
 from gpualloc.execute.worker import (
     OPTIMIZERS,
     WorkerLoop,
+    WorkerPool,
     make_optimizer,
-    next_message,
-    run_step,
     serve_worker,
-    spawn_workers,
-    stop_workers,
     to_host,
 )
 from gpualloc.graph.ir import OpGraph
@@ -541,55 +538,23 @@ class _Worker(WorkerLoop):
 
 
 # ----------------------------------------------------------------------------------------- parent
-class _Workers:
-    """The worker processes of one plan: spawned on enter, stopped (killed if need be) on exit."""
+class _Workers(WorkerPool):
+    """The worker processes of one plan: one per (stage, replica)."""
 
     def __init__(self, specs: Sequence[_Spec], timeout_s: float) -> None:
-        self.specs = list(specs)
-        self.timeout_s = timeout_s
-        self._procs: list[Any] = []
-        self._inboxes: list[Any] = []
-        self._outbox: Any = None
-        self._step = 0
-
-    def __enter__(self) -> _Workers:
-        self._outbox, self._inboxes, self._procs = spawn_workers(
-            _worker_main, self.specs, lambda spec: f"gpualloc-hybrid-{spec.stage}.{spec.rank}")
-        ready = 0
-        try:
-            while ready < len(self.specs):
-                ready += self._next()[0] == "ready"
-        except BaseException:
-            self.__exit__()  # the others would wait for the failed one in the gloo rendezvous
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stop_workers(self._inboxes, self._procs)
-        self._procs = []
-
-    def _next(self) -> tuple[Any, ...]:
-        return next_message(self._outbox, self._procs, self.timeout_s, self._describe)
-
-    def _describe(self, index: int) -> str:
-        spec = self.specs[index]
-        return f"stage {spec.stage} (rank {spec.rank})"
-
-    def command(self, program: str, *, train: bool, sink: dict | None = None,
-                memory: bool = False) -> list[dict[str, Any]]:
-        self._step += 1
-
-        def output(msg: tuple[Any, ...]) -> None:
-            if msg[0] == "out" and sink is not None:
-                _, _, name, offset, n, value = msg
-                sink.setdefault(name, []).append((offset, n, value.clone()))
-
-        return run_step(self._inboxes, self._next, program, self._step, train, output, memory=memory)
+        super().__init__(_worker_main, specs, timeout_s, lambda spec: f"gpualloc-hybrid-{spec.stage}.{spec.rank}",
+                         lambda i: f"stage {self.specs[i].stage} (rank {self.specs[i].rank})")
 
     def forward(self, prog: _Program) -> tuple[torch.Tensor, ...]:
         """A forward-only pass of the eval trace; the model's flat outputs for the whole batch."""
         sink: dict[str, list] = {}
-        self.command("check", train=False, sink=sink)
+
+        def output(msg: tuple[Any, ...]) -> None:
+            if msg[0] == "out":
+                _, _, name, offset, n, value = msg
+                sink.setdefault(name, []).append((offset, n, value.clone()))
+
+        self.command("check", train=False, output=output)
         out = []
         for name in prog.outputs:
             parts = sorted(sink[name], key=lambda p: p[0])
@@ -603,7 +568,7 @@ class _Workers:
             box.put(("params",))
         got: dict[int, dict[str, torch.Tensor]] = {}
         while len(got) < len(self.specs):
-            msg = self._next()
+            msg = self.next()
             if msg[0] == "params":
                 got[msg[1]] = {n: t.clone() for n, t in msg[2].items()}
         return got

@@ -17,15 +17,7 @@ import torch
 from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryReport
 from gpualloc.execute.split import SplitModel
-from gpualloc.execute.worker import (
-    ProgramTable,
-    WorkerSpec,
-    next_message,
-    run_step,
-    spawn_workers,
-    stop_workers,
-    worker_main,
-)
+from gpualloc.execute.worker import ProgramTable, WorkerPool, WorkerSpec, worker_main
 
 __all__ = ["Pipeline", "StepTiming", "WorkerTiming"]
 
@@ -60,7 +52,7 @@ class StepTiming:
     workers: tuple[WorkerTiming, ...]
 
 
-class Pipeline:
+class Pipeline(WorkerPool):
     """Worker processes running the stages of one or more split models of the same plan.
 
     Args:
@@ -88,7 +80,6 @@ class Pipeline:
             raise ExecutionError(f"{microbatches} microbatches do not divide the batch of {batch}")
         self.programs = dict(programs)
         self.microbatches = microbatches
-        self.timeout_s = timeout_s
         first = next(iter(self.programs.values()))
         self.devices = tuple(dict.fromkeys(d for p in self.programs.values() for d in p.devices))
         missing = [d for d in self.devices if d not in torch_devices]
@@ -97,7 +88,7 @@ class Pipeline:
         rank = {d: r for r, d in enumerate(self.devices)}
         chunks = {name: tuple(t.contiguous().clone() for t in x.chunk(microbatches)) for name, x in
                   zip(first.inputs, inputs, strict=False)}
-        self.specs = []
+        specs = []
         for d in self.devices:
             tables = {}
             needed: set[str] = set()
@@ -107,37 +98,12 @@ class Pipeline:
                 tables[pname] = ProgramTable(
                     stages=own, stage_worker=tuple(rank[s.device] for s in prog.stages), producer=prog.producer,
                     consumers=prog.consumers, differentiable=prog.differentiable, outputs=prog.outputs)
-            self.specs.append(WorkerSpec(
+            specs.append(WorkerSpec(
                 rank=rank[d], torch_device=torch_devices[d], threads=int(threads.get(d, 1)), programs=tables,
                 inputs={n: chunks[n] for n in sorted(needed)}, microbatches=microbatches, schedule=schedule,
                 inflight_limit=int(inflight_limits[d]), lr=lr, optimizer=optimizer))
-        self._procs: list[Any] = []
-        self._inboxes: list[Any] = []
-        self._outbox: Any = None
-        self._step = 0
-
-    # ------------------------------------------------------------------ life cycle
-    def start(self) -> Pipeline:
-        """Spawn the workers and wait until each has set up its stages."""
-        self._outbox, self._inboxes, self._procs = spawn_workers(worker_main, self.specs,
-                                                                 lambda spec: f"gpualloc-worker-{spec.rank}")
-        ready = 0
-        while ready < len(self.specs):
-            msg = self._next()
-            if msg[0] == "ready":
-                ready += 1
-        return self
-
-    def close(self) -> None:
-        """Ask the workers to stop; kill any that has not within a few seconds."""
-        stop_workers(self._inboxes, self._procs)
-        self._procs = []
-
-    def __enter__(self) -> Pipeline:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(worker_main, specs, timeout_s, lambda spec: f"gpualloc-worker-{spec.rank}",
+                         lambda i: f"device {self.devices[i]} ({self.specs[i].torch_device})")
 
     # ------------------------------------------------------------------ steps
     def forward(self, program: str) -> tuple[torch.Tensor, ...]:
@@ -145,7 +111,13 @@ class Pipeline:
         microbatches concatenated along dim 0."""
         prog = self.programs[program]
         got: dict[tuple[str, int], torch.Tensor] = {}
-        self._command(program, train=False, sink=got)
+
+        def output(msg: tuple[Any, ...]) -> None:
+            if msg[0] == "out":
+                _, _, name, m, value = msg
+                got[(name, m)] = value.clone()
+
+        self.command(program, train=False, output=output)
         out = []
         for name in prog.outputs:
             parts = [got[(name, m)] for m in range(self.microbatches)]
@@ -155,7 +127,7 @@ class Pipeline:
     def train_step(self, program: str, *, memory: bool = False) -> StepTiming:
         """One training step (forward, backward, optimizer) of ``program``; its measured times, and with
         ``memory`` each worker's memory (the probe slows the step: do not time it)."""
-        reports = self._command(program, train=True, sink=None, memory=memory)
+        reports = self.command(program, train=True, memory=memory)
         workers = []
         for d, rep in zip(self.devices, reports, strict=False):
             fwd = {int(k): float(v) for k, v in rep["fwd_s"].items()}
@@ -164,19 +136,3 @@ class Pipeline:
                                         float(rep["optimizer_s"]), float(rep["wait_s"]), rep.get("memory")))
         step = max(r["end"] for r in reports) - min(r["start"] for r in reports)
         return StepTiming(float(step), tuple(workers))
-
-    def _command(self, program: str, *, train: bool, sink: dict | None, memory: bool = False) -> list[dict[str, Any]]:
-        if not self._procs:
-            raise ExecutionError("the pipeline is not started")
-        self._step += 1
-
-        def output(msg: tuple[Any, ...]) -> None:
-            if msg[0] == "out" and sink is not None:
-                _, _, name, m, value = msg
-                sink[(name, m)] = value.clone()
-
-        return run_step(self._inboxes, self._next, program, self._step, train, output, memory=memory)
-
-    def _next(self) -> tuple[Any, ...]:
-        return next_message(self._outbox, self._procs, self.timeout_s,
-                            lambda i: f"device {self.devices[i]} ({self.specs[i].torch_device})", self.close)

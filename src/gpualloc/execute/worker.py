@@ -31,7 +31,7 @@ import time
 import traceback
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,8 @@ from gpualloc.errors import ExecutionError
 from gpualloc.execute.measure import MemoryProbe, MemoryReport, TaskClock, synchronize, tensor_bytes
 from gpualloc.execute.split import Stage
 
-__all__ = ["OPTIMIZERS", "ProgramTable", "WorkerLoop", "WorkerSpec", "make_optimizer", "to_host", "worker_main"]
+__all__ = ["OPTIMIZERS", "ProgramTable", "WorkerLoop", "WorkerPool", "WorkerSpec", "make_optimizer", "to_host",
+           "worker_main"]
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 """The optimizers the runners train with, by name (torch's defaults but the learning rate)."""
@@ -512,6 +513,59 @@ def run_step(inboxes: list[Any], receive: Callable[[], tuple[Any, ...]], program
         elif other is not None:
             other(msg)
     return reports  # type: ignore[return-value]
+
+
+class WorkerPool:
+    """The worker processes of one plan, one per spec (``target(spec, inbox, outbox, inboxes)``): spawned
+    on enter, each setting up and reporting ``ready``; stopped on exit (killed if need be). A worker's
+    failure, death or silence for ``timeout_s`` stops the pool and is one ExecutionError naming the worker
+    (``describe(rank)``). Subclasses say what their steps return."""
+
+    def __init__(self, target: Any, specs: Sequence[Any], timeout_s: float, name: Callable[[Any], str],
+                 describe: Callable[[int], str]) -> None:
+        self.specs = list(specs)
+        self.timeout_s = timeout_s
+        self._target, self._name, self._describe = target, name, describe
+        self._procs: list[Any] = []
+        self._inboxes: list[Any] = []
+        self._outbox: Any = None
+        self._step = 0
+
+    def start(self) -> Any:
+        """Spawn the workers and wait until each has set up."""
+        self._outbox, self._inboxes, self._procs = spawn_workers(self._target, self.specs, self._name)
+        ready = 0
+        try:
+            while ready < len(self.specs):
+                ready += self.next()[0] == "ready"
+        except BaseException:
+            self.close()  # the others would wait for the failed one (a gloo rendezvous)
+            raise
+        return self
+
+    def close(self) -> None:
+        """Ask the workers to stop; kill any that has not within a few seconds."""
+        stop_workers(self._inboxes, self._procs)
+        self._procs = []
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next(self) -> tuple[Any, ...]:
+        """The next message from any worker."""
+        return next_message(self._outbox, self._procs, self.timeout_s, self._describe, self.close)
+
+    def command(self, program: str, *, train: bool, output: Callable[[tuple[Any, ...]], None] | None = None,
+                memory: bool = False) -> list[dict[str, Any]]:
+        """One step of ``program`` on every worker (:func:`run_step`); their reports in rank order, any other
+        message (a forward pass's outputs) to ``output``."""
+        if not self._procs:
+            raise ExecutionError("the workers are not started")
+        self._step += 1
+        return run_step(self._inboxes, self.next, program, self._step, train, output, memory=memory)
 
 
 def spawn_workers(target: Any, specs: list[Any], name: Any) -> tuple[Any, list[Any], list[Any]]:
