@@ -5,6 +5,7 @@ failures (no GPU over-allocated, no job lost, single-node jobs on one node)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -259,3 +260,8 @@ def test_compare_and_the_results_table_migrate_with_the_flag_only(tmp_path):
     moved, orc = run_one(SchedRun(**{**run.__dict__, "migrate": True}))
     assert "migrations" not in plain and moved["migrations"] == 2.0
     assert _aggregate([moved], [orc])["migrations"] == 2.0 and "migrations" not in _aggregate([plain], [orc])
+    from gpualloc.experiments.scheduling_table import SchedTableSpec, _planned_runs
+
+    spec = SchedTableSpec(loads=(0.8,), seeds=2, policies=("fcfs", "las"))
+    assert not any(r.migrate for _, r in _planned_runs(spec, [], None))  # off by default
+    assert all(r.migrate for _, r in _planned_runs(replace(spec, migrate=True), [], None))  # --migrate
