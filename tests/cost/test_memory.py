@@ -21,7 +21,8 @@ from gpualloc.hardware.catalog import default_catalog
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import BASELINES, ddp_speed
 from gpualloc.placement.hybrid.cost import plan_costs, stage_collectives
-from gpualloc.placement.hybrid.plan import Replica, HybridStage, make_plan, plan_from_dict, plan_to_dict
+from gpualloc.placement.document import parse_hybrid
+from gpualloc.placement.hybrid.plan import HybridStage, Replica, make_plan, plan_to_dict
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import plan_hybrid
 from gpualloc.placement.hybrid.simulate import simulate_hybrid
@@ -138,10 +139,10 @@ def test_a_plan_records_its_precision_and_each_replicas_microbatches():
     doc = plan_to_dict(plan)
     assert doc["precision"] == "fp32" and doc["microbatch_size"] == 3  # the global microbatch, as before
     assert [(r["microbatch_size"], r["microbatches"]) for r in doc["stages"][0]["replicas"]] == [(2, 4), (1, 3)]
-    assert plan_from_dict(doc) == plan
+    assert parse_hybrid(doc) == plan
     doc["stages"][0]["replicas"][0]["microbatch_size"] = 5
     with pytest.raises(PlacementError, match=r"replicas\[0\]\.microbatch_size"):
-        plan_from_dict(doc)
+        parse_hybrid(doc)
     with pytest.raises(PlacementError, match="precision"):
         plan_costs(HybridProblem(chain(2), load_cluster("2xA100"), 10, rules=MemoryRules(precision="bf16")), plan)
     assert simulate_hybrid(p, plan).memory[1].activations < simulate_hybrid(p, plan).memory[0].activations

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from gpualloc.cli.main import app
 from gpualloc.cli.place import make_problem
 from gpualloc.cost.estimate import estimate
+from gpualloc.errors import PlacementError
 from gpualloc.placement.bounds import lower_bound
 from gpualloc.placement.document import read_plan, write_plan
 from gpualloc.placement.outcome import lower_bound_s, simulate_plan
@@ -122,3 +123,19 @@ def test_an_old_v1_file_without_batch_or_version_still_reads(tmp_path):
     saved = read_plan(path)
     assert saved.version == 1 and saved.global_batch == 32 and saved.schedule == "1f1b"
     assert saved.plan_for(problem) == outcome.plan
+
+
+def test_the_plan_file_carries_what_scored_it(tmp_path):
+    """`run` predicts with the calibration and optimizer the plan was scored with, unless told otherwise."""
+    from importlib import resources
+
+    shipped = resources.files("gpualloc.cost") / "data" / "calibration.json"
+    path = tmp_path / "plan.json"
+    invoke("place", "gpt-tiny", "--cluster", "2xA100", "--method", "hybrid", "--calibration", shipped, "-o", path,
+           "--json")
+    saved = read_plan(path)
+    assert saved.calibration == str(shipped) and saved.optimizer == "adam" and saved.kind == "hybrid"
+    problem = make_problem("gpt-tiny", "2xA100", 1, 32)
+    assert saved.plan_for(problem, microbatches=saved.microbatches) == saved.plan_for(problem)
+    with pytest.raises(PlacementError, match="microbatches: the hybrid plan fixes it at"):
+        saved.plan_for(problem, microbatches=saved.microbatches + 1)

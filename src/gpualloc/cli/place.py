@@ -121,7 +121,7 @@ def run_cmd(
     problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
     outcome = place(problem, method, seed=seed, hybrid=True, schedule=schedule,
                     **({"agent": agent} if agent is not None else {}))
-    _finish(problem, outcome, cluster, as_json, output, plot)
+    _finish(problem, outcome, cluster, as_json, output, plot, calibration)
 
 
 @app.command("evaluate")
@@ -175,11 +175,15 @@ def compare_cmd(
                                       f"plans at {microbatches} microbatch(es), hybrid plans pick their own)")
 
 
-def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None) -> None:
+def _finish(problem, outcome, cluster: str, as_json: bool, output: Path | None, plot: Path | None,
+            calibration: Path | None = None) -> None:
     if output is not None:
         from gpualloc.placement.document import write_plan
 
-        write_plan(output, problem, outcome.plan, cluster, extra=outcome.to_dict(problem))
+        # the calibration the plan was scored with: `run` predicts with it unless told otherwise
+        scored_with = str(calibration.resolve()) if calibration is not None else None
+        write_plan(output, problem, outcome.plan, cluster,
+                   extra={**outcome.to_dict(problem), "calibration": scored_with})
     if plot is not None:
         from gpualloc.placement.outcome import plan_events
         from gpualloc.reports.gantt import plot_gantt

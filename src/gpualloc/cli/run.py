@@ -25,8 +25,9 @@ def run_cmd(
                               help="Timed training steps (the median is reported)."),
     warmup: int = typer.Option(1, "--warmup", max=MAX_STEPS, min=0, help="Untimed training steps run first."),
     calibration: Path = typer.Option(None, "--calibration",
-                                     help="A calibration file from `gpualloc calibrate` (default: a quick CPU "
-                                          "calibration, measured once and cached, where the plan uses a CPU; "
+                                     help="A calibration file from `gpualloc calibrate` (default: the one the "
+                                          "plan was scored with, else a quick CPU calibration, measured once and "
+                                          "cached, where the plan uses a CPU; "
                                           "else the shipped one)."),
     no_calibrate: bool = typer.Option(False, "--no-calibrate",
                                       help="Predict CPU devices with the shipped, uncalibrated efficiency instead "
@@ -60,18 +61,36 @@ def run_cmd(
     from gpualloc.errors import ExecutionError
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.document import read_plan
+    from gpualloc.placement.problem import PlacementProblem
 
     _check_precision(precision)
     saved = read_plan(plan)
     if saved.precision != precision:
         raise ExecutionError(f"{plan}: precision: the plan trains in {saved.precision}; `gpualloc run` trains "
                              f"in fp32 only (re-plan with --precision fp32)")
-    cluster_spec = cluster or saved.cluster
-    if not cluster_spec:
+    if not (cluster or saved.cluster):
         raise ExecutionError(f"{plan}: the plan names no cluster: pass --cluster")
-    RUNNERS[saved.kind](model, saved, load_cluster(cluster_spec), batch=batch, microbatches=microbatches,
-                        schedule=schedule, calibration=calibration, no_calibrate=no_calibrate, devices=devices,
-                        threads=threads, steps=steps, warmup=warmup, roofline=roofline, seed=seed, as_json=as_json)
+    clus = load_cluster(cluster or saved.cluster)
+    model_name, graph = _model_graph(model, batch or saved.global_batch or 32, saved.node_ids)
+    the_plan = saved.plan_for(PlacementProblem(graph, clus), microbatches=microbatches, schedule=schedule,
+                              global_batch=batch)
+    check, execute, show = EXECUTE[the_plan.kind]
+    check(the_plan, graph, clus)  # before calibrating: what cannot run is one line, and nothing else printed
+    torch_devices = devices.split(",") if devices else None
+    scored_with = Path(saved.calibration) if saved.calibration and Path(saved.calibration).is_file() else None
+    cal, cal_info = _calibration(calibration or scored_with, no_calibrate, clus, list(the_plan.devices), torch_devices,
+                                 threads, seed)
+    with progress_bar() as bar:
+        task = bar.add_task("starting", total=1)
+        run = execute(
+            model_name, graph, the_plan, clus, calibration=cal, calibration_name=cal_info["path"] or "shipped",
+            steps=steps, warmup=warmup, torch_devices=torch_devices, threads=threads, use_profiles=not roofline,
+            seed=seed, optimizer=saved.optimizer or "sgd",
+            progress=lambda phase, done, total: bar.update(task, description=phase, completed=done, total=total))
+    if as_json:
+        print_json({**run.to_dict(), "plan": str(plan), "calibration": cal_info})
+        return
+    show(run, cal_info)
 
 
 def _check_precision(precision: str) -> None:
@@ -87,7 +106,7 @@ def _check_precision(precision: str) -> None:
 
 def _model_graph(model: str, batch: int, node_ids) -> tuple[str, Any]:
     """The model's name and graph: a captured graph JSON (its meta.model names the model), else ``model``
-    traced at ``batch`` at the granularity of ``node_ids`` (an operator plan's)."""
+    traced at ``batch`` at the granularity of ``node_ids`` (an operator plan's; op level for a hybrid one)."""
     from gpualloc.errors import ExecutionError
     from gpualloc.graph.ir import OpGraph
 
@@ -101,71 +120,21 @@ def _model_graph(model: str, batch: int, node_ids) -> tuple[str, Any]:
     return model, _capture(model, batch, set(node_ids))
 
 
-def _run_operators(model: str, saved, clus, *, batch: int | None, microbatches: int | None, schedule: str | None,
-                   calibration: Path | None, no_calibrate: bool, devices: str | None, threads: int | None,
-                   steps: int, warmup: int, roofline: bool, seed: int, as_json: bool) -> None:
-    """``gpualloc run`` of an operator assignment (version 1): one worker per device, stages pipelined."""
+def _execute_operators(model: str, graph, plan, cluster, **options):
     from gpualloc.execute.run import execute_plan
-    from gpualloc.placement.problem import PlacementProblem
 
-    model_name, graph = _model_graph(model, batch or saved.global_batch or 32, saved.node_ids)
-    op_plan = saved.plan_for(PlacementProblem(graph, clus), microbatches=microbatches, schedule=schedule)
-    torch_devices = devices.split(",") if devices else None
-    cal, cal_info = _calibration(calibration, no_calibrate, clus, op_plan.assignment, torch_devices, threads, seed)
-    with progress_bar() as bar:
-        task = bar.add_task("starting", total=1)
-
-        def progress(phase: str, done: int, total: int) -> None:
-            bar.update(task, description=phase, completed=done, total=total)
-
-        result = execute_plan(
-            model_name, graph, op_plan.assignment, clus, microbatches=op_plan.microbatches, calibration=cal,
-            calibration_name=cal_info["path"] or "shipped", steps=steps, warmup=warmup, schedule=op_plan.schedule,
-            torch_devices=torch_devices, threads=threads, use_profiles=not roofline, seed=seed, progress=progress,
-            optimizer=saved.optimizer or "sgd")
-    if as_json:
-        print_json({**result.to_dict(), "plan": str(saved.path), "calibration": cal_info})
-        return
-    _print(result, cal_info)
+    return execute_plan(model, graph, plan.assignment, cluster, microbatches=plan.microbatches,
+                        schedule=plan.schedule, **options)
 
 
-def _run_hybrid(model: str, saved, clus, *, batch: int | None, microbatches: int | None, schedule: str | None,
-                calibration: Path | None, no_calibrate: bool, devices: str | None, threads: int | None, steps: int,
-                warmup: int, roofline: bool, seed: int, as_json: bool) -> None:
-    """``gpualloc run`` of a hybrid plan (version 2): its global batch, microbatches and schedule are the plan's."""
-    from gpualloc.errors import ExecutionError
-    from gpualloc.execute.hybrid import check_plan, execute_hybrid
-    from gpualloc.graph.capture import capture
-    from gpualloc.graph.ir import OpGraph
-    from gpualloc.placement.problem import PlacementProblem
+def _execute_hybrid(model: str, graph, plan, cluster, **options):
+    from gpualloc.execute.hybrid import execute_hybrid
 
-    for option, given, fixed in (("--batch", batch, saved.global_batch),
-                                 ("--microbatches", microbatches, saved.microbatches),
-                                 ("--schedule", schedule, saved.schedule)):
-        if given is not None and given != fixed:
-            raise ExecutionError(f"{option} {given}: the hybrid plan {saved.path} fixes it at {fixed}")
-    path = Path(model)
-    if path.suffix == ".json" and path.is_file():
-        graph = OpGraph.load(path)
-        model = graph.meta.get("model")
-        if not isinstance(model, str):
-            raise ExecutionError(f"{path}: meta.model: the graph does not say which model it was captured from")
-    else:
-        with console.status(f"tracing {model} at batch {saved.global_batch}..."):
-            graph = capture(model, batch=saved.global_batch)
-    hp = saved.plan_for(PlacementProblem(graph, clus))
-    check_plan(hp, graph, clus)
-    torch_devices = devices.split(",") if devices else None
-    cal, cal_info = _calibration(calibration, no_calibrate, clus, list(hp.devices), torch_devices, threads, seed)
-    with progress_bar() as bar:
-        task = bar.add_task("starting", total=1)
-        run = execute_hybrid(model, graph, hp, clus, calibration=cal, calibration_name=cal_info["path"] or "shipped",
-                             steps=steps, warmup=warmup, torch_devices=torch_devices, threads=threads,
-                             use_profiles=not roofline, seed=seed, optimizer=saved.optimizer or "sgd",
-                             progress=lambda p, d, t: bar.update(task, description=p, completed=d, total=t))
-    if as_json:
-        print_json({**run.to_dict(), "plan": str(saved.path), "calibration": cal_info})
-        return
+    return execute_hybrid(model, graph, plan, cluster, **options)
+
+
+def _show_hybrid(run, cal_info: dict[str, Any]) -> None:
+    """The run, and whether one step's weights equal the unsplit model's."""
     _print(run.result, cal_info)
     check = ("not checked (BatchNorm or dropout)" if run.weight_match is None else
              f"{'[green]yes[/]' if run.weight_match else '[red]NO[/]'} (max |diff| {run.max_weight_diff:.2e}, "
@@ -173,8 +142,10 @@ def _run_hybrid(model: str, saved, clus, *, batch: int | None, microbatches: int
     console.print(f"plan: {run.describe}\nweights after one step equal the unsplit model's: {check}")
 
 
-RUNNERS = {"assignment": _run_operators, "hybrid": _run_hybrid}
-"""Plan kind -> how ``gpualloc run`` runs it."""
+def _check_hybrid(plan, graph, cluster) -> None:
+    from gpualloc.execute.hybrid import check_plan
+
+    check_plan(plan, graph, cluster)
 
 
 def _calibration(given: Path | None, no_calibrate: bool, cluster, assignment, torch_devices, threads: int | None,
@@ -226,3 +197,8 @@ def _print(r, cal_info: dict[str, Any]) -> None:
     from gpualloc.reports.execution import run_view
 
     console.print(run_view(r, cal_info))
+
+
+EXECUTE = {"assignment": (lambda plan, graph, cluster: None, _execute_operators, _print),
+           "hybrid": (_check_hybrid, _execute_hybrid, _show_hybrid)}
+"""Plan kind -> how ``gpualloc run`` checks, executes and shows it (the rest of the command is shared)."""

@@ -25,18 +25,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpualloc.errors import PlacementError, read_json, write_text
 from gpualloc.cost.memory import OPTIMIZER_STATES, PRECISIONS
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES
-from gpualloc.placement.hybrid.plan import HybridPlan, plan_from_dict, validate
+from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Replica, Sync, replica_microbatches, validate
 from gpualloc.placement.plan import OperatorPlan, Plan
 
 if TYPE_CHECKING:
     from gpualloc.placement.problem import PlacementProblem
 
-__all__ = ["PLAN_FORMAT", "PlanFile", "read_plan", "write_plan"]
+__all__ = ["PLAN_FORMAT", "PlanFile", "parse_hybrid", "read_plan", "write_plan"]
 
 PLAN_FORMAT = "gpualloc-plan"
 
@@ -52,6 +62,7 @@ class _Header(BaseModel):
     devices: list[str] | None = None
     method: str | None = None
     optimizer: str | None = None
+    calibration: str | None = None
 
     @field_validator("optimizer")
     @classmethod
@@ -77,14 +88,76 @@ class _AssignmentBody(_Header):
         return value
 
 
-class _HybridHeader(_Header):
+class _Sync(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: str = "ring"
+    overlap: StrictBool = True
+    bucket_mb: StrictFloat | StrictInt = 25.0
+
+
+class _Replica(BaseModel):
+    devices: list[StrictInt]
+    tp: StrictInt | None = None
+    batch_share: StrictInt
+    microbatch_size: StrictInt | None = None
+    microbatches: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _tp_matches(self) -> _Replica:
+        if self.tp is not None and self.tp != len(self.devices):
+            raise ValueError(f"tp {self.tp} does not match the {len(self.devices)} devices listed")
+        return self
+
+
+class _Stage(BaseModel):
+    layers: tuple[StrictInt, StrictInt]
+    replicas: list[_Replica]
+
+
+class _HybridBody(_Header):
     version: Literal[2]
+    global_batch: StrictInt
+    microbatches: StrictInt
+    stages: list[_Stage]
+    schedule: str = "1f1b"
+    sync: _Sync = _Sync()
+    sharding: str = "none"
+    precision: str = "fp32"
+    recompute: StrictBool = False
+    layer_count: StrictInt | None = None
+
+
+def parse_hybrid(doc: Mapping[str, Any], *, where: str = "plan") -> HybridPlan:
+    """A version 2 plan's body as a validated :class:`HybridPlan`; errors name the field. A replica's
+    ``microbatch_size`` and ``microbatches``, derived fields written for the reader, must be what the plan
+    implies (a hand edit that disagrees is an error, not a silent override)."""
+    try:
+        body = _HybridBody.model_validate({"version": 2, **doc})
+    except ValidationError as err:
+        raise _pydantic_error(where, err) from err
+    stages = [HybridStage(st.layers[0], st.layers[1], tuple(Replica(tuple(r.devices), r.batch_share)
+                                                            for r in st.replicas)) for st in body.stages]
+    plan = HybridPlan(tuple(stages), body.global_batch, body.microbatches, body.schedule,
+                      Sync(body.sync.algorithm, body.sync.overlap, float(body.sync.bucket_mb)), body.sharding,
+                      body.precision, body.recompute)
+    validate(plan, layer_count=body.layer_count, where=where)
+    for si, (stage, st) in enumerate(zip(plan.stages, body.stages, strict=True)):
+        for ri, (rep, given) in enumerate(zip(stage.replicas, st.replicas, strict=True)):
+            for key, value in zip(("microbatch_size", "microbatches"), replica_microbatches(plan, rep), strict=True):
+                if getattr(given, key) not in (None, value):
+                    raise PlacementError(f"{where}: stages[{si}].replicas[{ri}].{key}: {getattr(given, key)!r} does "
+                                         f"not match the plan ({value}: batch_share {rep.batch_share} over "
+                                         f"{plan.microbatches} microbatches)")
+    return plan
 
 
 def _pydantic_error(where: str, err: ValidationError) -> PlacementError:
+    """The first error as one line naming the field (``stages[0].replicas[1].devices``)."""
     first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "plan"
-    return PlacementError(f"{where}: {field}: {first['msg'].lower()}, got {first.get('input')!r}")
+    field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".") or "plan"
+    msg = first["msg"].removeprefix("Value error, ")
+    return PlacementError(f"{where}: {field}: {msg[:1].lower() + msg[1:]}, got {first.get('input')!r}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +175,7 @@ class PlanFile:
         schedule: the pipeline schedule (None when an old version 1 file names none).
         precision: the training precision the plan was costed in.
         optimizer: the optimizer the plan was costed with (None in files written before it was recorded).
+        calibration: the calibration file the plan was scored with (None: the shipped one).
         doc: the whole JSON object (the scored outcome and notes written beside the plan).
     """
 
@@ -116,6 +190,7 @@ class PlanFile:
     schedule: str | None
     precision: str
     optimizer: str | None
+    calibration: str | None
     doc: Mapping[str, Any]
     _hybrid: HybridPlan | None = None
 
@@ -130,16 +205,22 @@ class PlanFile:
         return frozenset(self.doc["assignment"]) if self.version == 1 else frozenset()
 
     def plan_for(self, problem: PlacementProblem, *, schedule: str | None = None,
-                 microbatches: int | None = None) -> Plan:
-        """The plan on ``problem``'s graph and cluster; ``schedule`` and ``microbatches`` override an operator
-        assignment's (a hybrid plan fixes its own). Errors name the file and field."""
+                 microbatches: int | None = None, global_batch: int | None = None) -> Plan:
+        """The plan on ``problem``'s graph and cluster; ``schedule``, ``microbatches`` and ``global_batch``
+        override an operator assignment's (a hybrid plan fixes its own: another value is an error). Errors
+        name the file and field."""
         _check_devices(str(self.path), self.devices, problem)
         if self._hybrid is not None:
-            validate(self._hybrid, n_devices=problem.k, where=str(self.path))
-            return self._hybrid
+            hp = self._hybrid
+            for name, given, fixed in (("schedule", schedule, hp.schedule), ("microbatches", microbatches,
+                                       hp.microbatches), ("global_batch", global_batch, hp.global_batch)):
+                if given is not None and given != fixed:
+                    raise PlacementError(f"{self.path}: {name}: the hybrid plan fixes it at {fixed}, not {given}")
+            validate(hp, n_devices=problem.k, where=str(self.path))
+            return hp
         return OperatorPlan(_assignment(str(self.path), self.doc["assignment"], problem),
                             microbatches or self.microbatches, schedule or self.schedule or "1f1b",
-                            self.global_batch or int(problem.graph.batch_size or 1), self.precision)
+                            global_batch or self.global_batch or int(problem.graph.batch_size or 1), self.precision)
 
 
 def read_plan(path: str | Path) -> PlanFile:
@@ -154,17 +235,17 @@ def read_plan(path: str | Path) -> PlanFile:
     if version == 1 and not isinstance(doc.get("assignment"), dict):
         raise PlacementError(f"{where}: assignment: expected an object mapping node id -> device index")
     try:
-        head = (_AssignmentBody if version == 1 else _HybridHeader).model_validate(doc)
+        head = (_AssignmentBody if version == 1 else _HybridBody).model_validate(doc)
     except ValidationError as err:
         raise _pydantic_error(where, err) from err
     devices = tuple(head.devices) if head.devices is not None else None
     if version == 2:
-        hp = plan_from_dict(doc, where=where)
+        hp = parse_hybrid(doc, where=where)
         return PlanFile(Path(path), 2, head.graph, head.cluster, head.method, devices, hp.global_batch,
-                        hp.microbatches, hp.schedule, hp.precision, head.optimizer, doc, hp)
+                        hp.microbatches, hp.schedule, hp.precision, head.optimizer, head.calibration, doc, hp)
     return PlanFile(Path(path), 1, head.graph, head.cluster, head.method, devices,
                     head.batch_size or _scored_batch(doc), head.microbatches, head.schedule, head.precision,
-                    head.optimizer, doc)
+                    head.optimizer, head.calibration, doc)
 
 
 def write_plan(path: str | Path, problem: PlacementProblem, plan: Plan, cluster: str,

@@ -86,7 +86,7 @@ class Sync:
 @dataclass(frozen=True)
 class HybridPlan(Plan):
     """A DP × PP × TP plan (:class:`~gpualloc.placement.plan.Plan` of kind ``hybrid``); construct through
-    :func:`make_plan` or :func:`plan_from_dict` (both validate)."""
+    :func:`make_plan` or :func:`gpualloc.placement.document.parse_hybrid` (both validate)."""
 
     kind: ClassVar[str] = "hybrid"
     version: ClassVar[int] = 2
@@ -238,82 +238,3 @@ def plan_to_dict(plan: HybridPlan) -> dict[str, Any]:
         "precision": plan.precision,
         "recompute": plan.recompute,
     }
-
-
-def _int(doc: dict, key: str, where: str) -> int:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PlacementError(f"{where}.{key}: expected an integer, got {value!r}")
-    return value
-
-
-def _sync_from_dict(sync_doc: Any, where: str) -> Sync:
-    if not isinstance(sync_doc, dict):
-        raise PlacementError(f"{where}: sync: expected an object")
-    unknown = sorted(set(sync_doc) - {"algorithm", "overlap", "bucket_mb"})
-    if unknown:
-        raise PlacementError(f"{where}: sync.{unknown[0]}: unknown field")
-    overlap = sync_doc.get("overlap", True)
-    bucket = sync_doc.get("bucket_mb", 25.0)
-    if not isinstance(overlap, bool):
-        raise PlacementError(f"{where}: sync.overlap: expected true or false, got {overlap!r}")
-    if isinstance(bucket, bool) or not isinstance(bucket, int | float):
-        raise PlacementError(f"{where}: sync.bucket_mb: expected a number, got {bucket!r}")
-    return Sync(str(sync_doc.get("algorithm", "ring")), overlap, float(bucket))
-
-
-def plan_from_dict(doc: Any, *, where: str = "plan", n_devices: int | None = None) -> HybridPlan:
-    """Parse and validate a v2 plan object; errors name the field."""
-    if not isinstance(doc, dict):
-        raise PlacementError(f"{where}: expected a JSON object")
-    stages_doc = doc.get("stages")
-    if not isinstance(stages_doc, list):
-        raise PlacementError(f"{where}: stages: expected a list")
-    stages = []
-    for si, sd in enumerate(stages_doc):
-        at = f"{where}: stages[{si}]"
-        if not isinstance(sd, dict):
-            raise PlacementError(f"{at}: expected an object")
-        layers = sd.get("layers")
-        if (not isinstance(layers, list) or len(layers) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
-            raise PlacementError(f"{at}.layers: expected [first, last] integers, got {layers!r}")
-        reps_doc = sd.get("replicas")
-        if not isinstance(reps_doc, list):
-            raise PlacementError(f"{at}.replicas: expected a list")
-        reps = []
-        for ri, rd in enumerate(reps_doc):
-            rat = f"{at}.replicas[{ri}]"
-            if not isinstance(rd, dict):
-                raise PlacementError(f"{rat}: expected an object")
-            devs = rd.get("devices")
-            if not isinstance(devs, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in devs):
-                raise PlacementError(f"{rat}.devices: expected a list of device indices, got {devs!r}")
-            if "tp" in rd and rd["tp"] != len(devs):
-                raise PlacementError(f"{rat}.tp: {rd['tp']!r} does not match the {len(devs)} devices listed")
-            reps.append(Replica(tuple(devs), _int(rd, "batch_share", rat)))
-        stages.append(HybridStage(layers[0], layers[1], tuple(reps)))
-    sync = _sync_from_dict(doc.get("sync", {}), where)
-    recompute = doc.get("recompute", False)
-    if not isinstance(recompute, bool):
-        raise PlacementError(f"{where}: recompute: expected true or false, got {recompute!r}")
-    plan = HybridPlan(tuple(stages), _int(doc, "global_batch", where), _int(doc, "microbatches", where),
-                      str(doc.get("schedule", "1f1b")), sync, str(doc.get("sharding", "none")),
-                      str(doc.get("precision", "fp32")), recompute)
-    layer_count = doc.get("layer_count")
-    validate(plan, n_devices=n_devices, layer_count=layer_count if isinstance(layer_count, int) else None,
-             where=where)
-    _check_replica_microbatches(plan, stages_doc, where)
-    return plan
-
-
-def _check_replica_microbatches(plan: HybridPlan, stages_doc: list, where: str) -> None:
-    """A replica's ``microbatch_size`` / ``microbatches``, when a file gives them, must be what the plan implies
-    (they are derived, written for the reader: a hand edit that disagrees is an error, not a silent override)."""
-    for si, (stage, sd) in enumerate(zip(plan.stages, stages_doc, strict=True)):
-        for ri, (rep, rd) in enumerate(zip(stage.replicas, sd["replicas"], strict=True)):
-            for key, value in zip(("microbatch_size", "microbatches"), replica_microbatches(plan, rep), strict=True):
-                if key in rd and rd[key] != value:
-                    raise PlacementError(f"{where}: stages[{si}].replicas[{ri}].{key}: {rd[key]!r} does not match "
-                                         f"the plan ({value}: batch_share {rep.batch_share} over "
-                                         f"{plan.microbatches} microbatches)")
