@@ -12,12 +12,14 @@ from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import Conditions, DriftEvent, DriftSchedule, conditioned, random_schedule
+from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.partition.kernighan_lin import kl_refine
 from gpualloc.placement.plan import OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.replan import (
     PLANNERS,
     Monitor,
+    ReplanDecision,
     ReplanOptions,
     SimulatedTelemetry,
     best_of_planner,
@@ -299,3 +301,23 @@ def test_ten_thousand_iterations_on_300_nodes_run_fast():
     run = run_training(p, op(p, a), ReplanOptions(schedule=sched, noise=0.02))
     assert time.perf_counter() - start < 2.0
     assert run.iterations == 10_000 and run.decisions
+
+
+# ------------------------------------------------------------------------------------------ both plan kinds
+@pytest.mark.parametrize("kind", ["assignment", "hybrid"])
+def test_one_loop_re_plans_either_plan_kind_around_a_slowed_device(kind):
+    """The same problem, drift and options for an operator plan and a hybrid plan: one loop, one result
+    type, one decision type, migrations priced by the plan's kind."""
+    nodes = [OpNode(f"l{i}", f"l{i}", "matmul", flops=4e11, bytes_read=1.2e7, bytes_written=8e6, param_bytes=4e6,
+                    output_bytes=8e6, layer=f"layer{i}") for i in range(4)]
+    graph = OpGraph("chain", nodes, [OpEdge(f"l{i}", f"l{i + 1}", 8e6) for i in range(3)], batch_size=64)
+    p = PlacementProblem(graph, load_cluster("4xV100-16GB"))
+    plan = op(p, [0, 1, 2, 3]) if kind == "assignment" else ddp(p.hybrid)
+    sched = DriftSchedule((DriftEvent(100, "device-slowdown", 1, 0.3),))
+    static = run_training(p, plan, ReplanOptions(sched, 2_000, replan=False))
+    run = run_training(p, plan, ReplanOptions(sched, 2_000))
+    assert run.replans >= 1 and run.training_time_s < static.training_time_s
+    assert run.plans[0] == plan and all(x.kind == kind for x in run.plans)
+    assert all(isinstance(d, ReplanDecision) for d in run.decisions)
+    assert (run.mfu is None) == (kind == "hybrid") and run.energy_j > 0
+    assert migration_bytes(p, plan, plan) == 0.0 and migration_cost_s(p, plan, plan, overhead_s=5.0) == 0.0
