@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpualloc.errors import PlacementError
+from gpualloc.options import OptionsError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import Conditions, DriftEvent, DriftSchedule, conditioned, random_schedule
@@ -23,6 +24,7 @@ from gpualloc.placement.replan import (
     ReplanOptions,
     SimulatedTelemetry,
     best_of_planner,
+    kl_planner,
     migration_bytes,
     migration_cost_s,
     run_training,
@@ -321,3 +323,22 @@ def test_one_loop_re_plans_either_plan_kind_around_a_slowed_device(kind):
     assert all(isinstance(d, ReplanDecision) for d in run.decisions)
     assert (run.mfu is None) == (kind == "hybrid") and run.energy_j > 0
     assert migration_bytes(p, plan, plan) == 0.0 and migration_cost_s(p, plan, plan, overhead_s=5.0) == 0.0
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    (dict(check_every=0), OptionsError, "check_every: expected a number in 1"),
+    (dict(noise=-0.1), OptionsError, "noise: expected a number in 0"),
+    (dict(seed=-1), PlacementError, "ReplanOptions: seed: expected an integer"),
+    (dict(seed=1.5), PlacementError, "ReplanOptions: seed: expected an integer"),
+])
+def test_bad_options_are_one_line_errors_naming_the_field(options, error, message):
+    with pytest.raises(error, match=message):
+        ReplanOptions(**options)
+
+
+def test_the_planners_and_the_telemetry_check_their_seed(dag_problem):
+    p, a = dag_problem
+    with pytest.raises(PlacementError, match="kl_planner: seed"):
+        kl_planner(seed=-3)
+    with pytest.raises(PlacementError, match="SimulatedTelemetry: seed"):
+        SimulatedTelemetry(p, op(p, a), NO_DRIFT, seed="7")

@@ -36,6 +36,8 @@ import numpy as np
 
 from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
+from gpualloc.limits import MAX_STEPS
+from gpualloc.options import check_options, option
 from gpualloc.placement.conditions import Conditions, DriftSchedule, conditioned
 from gpualloc.placement.hybrid.baselines import stage_of
 from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions
@@ -48,6 +50,7 @@ from gpualloc.placement.plan import OperatorPlan, Plan
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import StepResult, simulate_step
 from gpualloc.registry import Registry
+from gpualloc.seeding import check_seed, seeded
 from gpualloc.telemetry.base import DeviceSample, LinkSample, StepSample
 
 __all__ = [
@@ -110,26 +113,25 @@ class ReplanOptions:
     """
 
     schedule: DriftSchedule = DriftSchedule()
-    iterations: int = 10_000
+    iterations: int = option(10_000, min=0, max=MAX_STEPS)
     replan: bool = True
     planner: Planner | None = None
-    check_every: int = 100
-    threshold: float = 0.1
-    patience: int = 2
-    noise: float = 0.0
+    check_every: int = option(100, min=1)
+    threshold: float = option(0.1, min=0.0)
+    patience: int = option(2, min=1)
+    noise: float = option(0.0, min=0.0)
     seed: int | np.random.Generator | None = 0
-    margin: float = 0.0
-    horizon_iterations: int | None = None
-    migration_overhead_s: float = 0.0
+    margin: float = option(0.0, min=0.0)
+    horizon_iterations: int | None = option(None, min=0)
+    migration_overhead_s: float = option(0.0, min=0.0)
 
     def __post_init__(self) -> None:
-        if self.iterations < 0 or self.check_every < 1:
-            raise PlacementError("need iterations >= 0 and check_every >= 1")
-        if self.noise < 0:
-            raise PlacementError(f"noise must be >= 0, got {self.noise!r}")
+        check_options(self)
+        object.__setattr__(self, "seed", check_seed(self.seed, "ReplanOptions: seed", PlacementError))
 
 
 # ------------------------------------------------------------------------------------------ planners
+@seeded(error=PlacementError)
 def kl_planner(*, seed: int | None = 0, passes: int = 10) -> Planner:
     """KL refinement from the current assignment: few moves, so a cheap migration."""
 
@@ -139,6 +141,7 @@ def kl_planner(*, seed: int | None = 0, passes: int = 10) -> Planner:
     return plan
 
 
+@seeded(error=PlacementError)
 def best_of_planner(*, seed: int | None = 0, passes: int = 10, pipeline: str = "1f1b") -> Planner:
     """KL refinement from the current assignment, a fresh ``best`` placement, and ``best`` refined by KL.
 
@@ -158,6 +161,7 @@ def best_of_planner(*, seed: int | None = 0, passes: int = 10, pipeline: str = "
     return plan
 
 
+@seeded(error=PlacementError)
 def hybrid_planner(*, seed: int | None = 0, time_limit_s: float | None = None) -> Planner:
     """A fresh :func:`~gpualloc.placement.hybrid.search.plan_hybrid` search (stages, device groups, TP,
     shares) for the estimated speeds. The hybrid re-planner weighs it against re-balancing the current
@@ -595,6 +599,7 @@ class SimulatedTelemetry:
         replanner: the plan kind's re-planner, whose simulations it shares (default: a new one).
     """
 
+    @seeded(error=PlacementError)
     def __init__(self, problem: PlacementProblem, plan: Plan, schedule: DriftSchedule, *, noise: float = 0.0,
                  seed: int | np.random.Generator | None = None, replanner: Replanner | None = None) -> None:
         if noise < 0:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpualloc.errors import PlacementError
+from gpualloc.options import OptionsError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import ddp
@@ -323,7 +324,7 @@ def test_a_hybrid_run_without_drift_is_its_step_times_the_iterations(four_v100):
         assert run.decisions == () and run.replans == 0 and run.plans == (plan,)
         (seg,) = run.timeline
         assert (seg.start_iteration, seg.end_iteration, seg.plan, seg.step_time_s) == (0, 1_000, 0, step)
-    with pytest.raises(PlacementError, match="need iterations >= 0"):
+    with pytest.raises(OptionsError, match="iterations: expected a number in 0"):
         run_training(placed(p), plan, ReplanOptions(iterations=-1))
 
 
