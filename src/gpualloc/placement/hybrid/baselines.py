@@ -76,13 +76,6 @@ def replica_line(problem: HybridProblem, devices: Sequence[int], first: int, las
     return hit
 
 
-def replica_speed(problem: HybridProblem, devices: Sequence[int], first: int, last: int) -> float:
-    """Samples per second of a TP group on layers ``first..last`` (its slowest type, a moderate microbatch)."""
-    mb = max(1, min(problem.global_batch, 8))
-    fixed, slope = replica_line(problem, devices, first, last, mb)
-    return mb / (fixed + slope * mb)
-
-
 def finish_together(total: int, fixed_s: np.ndarray, slope_s: np.ndarray) -> np.ndarray:
     """Real shares ``b`` with ``fixed + slope x b`` equal for every replica and ``sum b = total`` (replicas too
     slow to take any get 0): the small LP of balancing a stage, solved in closed form."""
