@@ -46,8 +46,7 @@ def calibrate_cmd(
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the timed models' weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the device's calibration record as JSON."),
 ) -> None:
-    """Measure a device of this machine and write the calibration file that `run --calibration` and the
-    cost model read.
+    """Measure a device of this machine and write a calibration file for `run --calibration` and the cost model.
 
     Times matmuls, copies and the ops of captured models on DEVICE and fits the cost model's
     efficiencies for its device type (`gpualloc cost fit` fits published data instead)."""
