@@ -29,7 +29,8 @@ import pandas as pd
 from gpualloc.errors import CatalogError, TraceError, atomic_output, cannot_read, not_utf8
 from gpualloc.hardware.catalog import Catalog, default_catalog
 from gpualloc.hardware.cluster import DEFAULT_NETWORK, ClusterSpec, build_cluster, node_link
-from gpualloc.limits import MAX_JOBS, MAX_WORK_S, check_seed, check_trace_fields
+from gpualloc.limits import MAX_JOBS, MAX_WORK_S, check_trace_fields
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Job, JobType, Trace
 from gpualloc.workload.speed import (gavel_steps_per_s, load_measured_speeds, mean_speed,
                                      measured_models, speed_matrix)
@@ -821,6 +822,7 @@ def _exp10(x: np.ndarray) -> np.ndarray:
     return np.array([math.pow(10.0, v) for v in x.tolist()], dtype=float)
 
 
+@seeded(to="generator", error=TraceError)
 def generate(num_jobs: int, cluster: ClusterSpec, load: float,
              seed: int | np.random.Generator | None = None,
              mix: Mapping[JobType | str, float] | None = None) -> Trace:
@@ -844,7 +846,7 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
       generated jobs themselves, so the offered load is ``load`` up to the arrival noise
       (``meta["arrival_rate_per_s"]`` holds ``lambda``).
 
-    ``seed`` is normalised once with ``numpy.random.default_rng``; global RNG state is not touched.
+    ``seed`` is normalised once (:func:`gpualloc.seeding.seeded`); global RNG state is not touched.
     """
     if isinstance(num_jobs, bool) or not isinstance(num_jobs, (int, np.integer)) or not 0 <= num_jobs <= MAX_JOBS:
         raise TraceError(f"generate: num_jobs: expected a non-negative integer <= {MAX_JOBS:,}, got {num_jobs!r}")
@@ -854,7 +856,7 @@ def generate(num_jobs: int, cluster: ClusterSpec, load: float,
     if not counts:
         raise TraceError(f"generate: cluster {cluster.name!r} has no devices")
     types, p_types = _normalise_mix(mix)
-    rng = np.random.default_rng(check_seed(seed, TraceError, "generate: seed"))
+    rng = seed  # a Generator: @seeded made it
     n = int(num_jobs)
     models = measured_models()
 
