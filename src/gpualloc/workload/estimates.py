@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.errors import TraceError
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Job
 
 _MIN = 60.0
@@ -76,6 +77,7 @@ class EstimateModel:
             raise TraceError("estimate model: popular_s must be positive, finite values")
 
 
+@seeded(error=TraceError)
 def model_estimates(work_s: np.ndarray, model: EstimateModel = EstimateModel(),
                     seed: int | np.random.Generator | None = 0) -> np.ndarray:
     """One drawn limit per job of run time ``work_s`` (reference seconds): each is ``>= work_s``.
@@ -111,6 +113,7 @@ def trace_limits(jobs: Sequence[Job]) -> np.ndarray:
     return np.fromiter((np.nan if j.time_limit_s is None else j.time_limit_s for j in jobs), float, len(jobs))
 
 
+@seeded(error=TraceError)
 def user_estimates(jobs: Sequence[Job], model: EstimateModel = EstimateModel(),
                    seed: int | np.random.Generator | None = 0, work_s: np.ndarray | None = None) -> np.ndarray:
     """Each job's time limit in reference seconds: its own ``time_limit_s`` where the trace gives one,
