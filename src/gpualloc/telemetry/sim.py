@@ -36,6 +36,7 @@ import numpy as np
 
 from gpualloc.cost import physics
 from gpualloc.hardware.cluster import ClusterSpec
+from gpualloc.seeding import seeded
 from gpualloc.telemetry.base import DeviceInfo, DeviceRecord, TelemetryError
 
 __all__ = [
@@ -131,6 +132,7 @@ class SimTelemetry:
         seed: the noise's seed.
     """
 
+    @seeded(error=TelemetryError)
     def __init__(self, cluster: ClusterSpec, load: DeviceLoad, *, step_s: float = 1.0, start_s: float = 0.0,
                  noise: float = 0.0, seed: int | np.random.Generator | None = 0) -> None:
         if not step_s > 0:
@@ -155,6 +157,7 @@ class SimTelemetry:
         self._last_s: float | None = None
 
     @classmethod
+    @seeded(error=TelemetryError)
     def from_placement(cls, source: Any, *, step_s: float = 1.0, noise: float = 0.0,
                        seed: int | np.random.Generator | None = 0) -> SimTelemetry:
         """Devices of a placed training job (:class:`PlacementLoad` over a ``SimulatedTelemetry``)."""
