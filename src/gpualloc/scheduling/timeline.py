@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.scheduling.base import ClusterView, Decision, Policy
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import SimResult, simulate
+from gpualloc.seeding import seeded
 from gpualloc.telemetry.sim import LoadState, SimTelemetry
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate, read_trace
@@ -93,6 +95,7 @@ class ClusterTimeline:
         seed: the jobs' intensities.
     """
 
+    @seeded(error=SchedulingError)
     def __init__(self, cluster: ClusterSpec, gpu: Sequence[int], job: Sequence[int], start_s: Sequence[float],
                  end_s: Sequence[float], n_jobs: int, run_end_s: float, *, loop: bool = False,
                  seed: int | np.random.Generator | None = 0) -> None:
@@ -111,6 +114,7 @@ class ClusterTimeline:
         self._mem_cap = cluster.gpu_mem_bytes
 
     @classmethod
+    @seeded(error=SchedulingError)
     def run(cls, trace: Trace, cluster: ClusterSpec, policy: Policy | str = "fcfs", *,
             seed: int | None = 0, loop: bool = False, **simulate_options: Any) -> tuple[ClusterTimeline, SimResult]:
         """Simulate ``trace`` on ``cluster`` under ``policy`` and keep the GPUs' occupancy.
@@ -154,6 +158,7 @@ class ClusterTimeline:
         return LoadState(util, mem, procs, mem_bw, np.ones(k), tx, rx)
 
 
+@seeded(error=SchedulingError)
 def cluster_run_telemetry(cluster: ClusterSpec, trace: Trace, policy: Policy | str = "fcfs", *,
                           seed: int | None = 0, step_s: float = 600.0, start_s: float | None = None,
                           noise: float = 0.02, loop: bool = True, **simulate_options: Any) -> SimTelemetry:
@@ -169,6 +174,7 @@ def cluster_run_telemetry(cluster: ClusterSpec, trace: Trace, policy: Policy | s
     return SimTelemetry(cluster, timeline, step_s=step_s, start_s=start_s, noise=noise, seed=seed)
 
 
+@seeded(error=SchedulingError)
 def sim_backend(cluster: str | Path | ClusterSpec = "adlro16", *, trace: str | Path | None = None, jobs: int = 200,
                 load: float = 0.8, policy: str = "fcfs", seed: int = 0, step_s: float = 600.0,
                 noise: float = 0.02) -> SimTelemetry:
