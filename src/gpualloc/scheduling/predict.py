@@ -54,6 +54,7 @@ import numpy as np
 
 from gpualloc.errors import SchedulingError
 from gpualloc.scheduling.base import DONE, ClusterView
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import JOB_TYPES, Job, SubmitFeatures
 
 STAGES = ("prior", "empirical", "model")
@@ -188,10 +189,9 @@ class DurationPredictor:
         fits: model fits so far (trees, not the prior or empirical stages).
     """
 
+    @seeded(to="int", error=SchedulingError)
     def __init__(self, seed: int = 0, config: PredictorConfig | None = None, *,
                  history: tuple[SubmitFeatures, np.ndarray] | None = None, **overrides: Any) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise SchedulingError(f"duration predictor: seed must be an integer, got {seed!r}")
         known = {f.name for f in fields(PredictorConfig)}
         bad = sorted(set(overrides) - known)
         if bad:
