@@ -22,6 +22,7 @@ import numpy as np
 from gpualloc.errors import SchedulingError
 from gpualloc.scheduling.base import DONE, ClusterView, Decision, Policy
 from gpualloc.scheduling.predict import DurationPredictor, done_work_s
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import SubmitFeatures
 
 _SHARED = ("arrival_s", "num_gpus", "priority", "type_code", "single_node", "speed", "team", "team_names",
@@ -73,6 +74,7 @@ class PredictionDriven:
 
     learned = True
 
+    @seeded(error=SchedulingError)
     def __init__(self, inner: Policy, predictor: DurationPredictor | None = None, *, seed: int = 0,
                  quantile: float = 0.5, name: str | None = None) -> None:
         if not 0.0 < float(quantile) < 1.0:
@@ -142,6 +144,7 @@ def _predictor(seed: int, predictor: DurationPredictor | None, history: Any) -> 
     return DurationPredictor(seed=seed, history=history)
 
 
+@seeded(error=SchedulingError)
 def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
               history: tuple[SubmitFeatures, np.ndarray] | None = None) -> PredictionDriven:
     """SRTF on predicted remaining work (``srtf-pred``). ``history``: finished jobs known before the
@@ -151,6 +154,7 @@ def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quan
     return PredictionDriven(SRTF(), _predictor(seed, predictor, history), quantile=quantile, name="srtf-pred")
 
 
+@seeded(error=SchedulingError)
 def sjf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
              history: tuple[SubmitFeatures, np.ndarray] | None = None) -> PredictionDriven:
     """SJF on predicted work (``sjf-pred``): done work plus the predicted remaining work."""
@@ -159,6 +163,7 @@ def sjf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quant
     return PredictionDriven(SJF(), _predictor(seed, predictor, history), quantile=quantile, name="sjf-pred")
 
 
+@seeded(error=SchedulingError)
 def gavel_srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
                     history: tuple[SubmitFeatures, np.ndarray] | None = None, **options: Any) -> PredictionDriven:
     """``gavel-srtf`` on predicted remaining work (``gavel-srtf-pred``); ``options`` go to
