@@ -52,6 +52,7 @@ from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, roofline_s
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, Catalog, DeviceType, default_catalog
+from gpualloc.seeding import seeded
 
 __all__ = [
     "CopyPoint",
@@ -319,6 +320,7 @@ def _loss(out: Any) -> torch.Tensor:
     return sum(o.float().mean() for o in _leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point())
 
 
+@seeded(to="int", error=CostModelError)
 def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3, seed: int = 0) -> GraphTiming:
     """Per-op forward and backward times, and whole-pass times, of ``model`` training at ``batch``."""
     from gpualloc.graph.capture import capture
@@ -549,6 +551,7 @@ def _neighbour(model: str, batch: int, threads: int, seed: int, ready: Any, stop
 
 
 @contextmanager
+@seeded(to="int", error=CostModelError)
 def neighbours(count: int, model: str, batch: int, threads: int, seed: int = 0) -> Iterator[None]:
     """Run ``count`` processes training ``model`` beside the measurement (CPU workers of one pipeline
     share caches, memory bandwidth and the package's power budget: a share of a CPU measured alone is
@@ -581,6 +584,7 @@ def neighbours(count: int, model: str, batch: int, threads: int, seed: int = 0) 
                 proc.join(timeout=5)
 
 
+@seeded(to="int", error=CostModelError)
 def measure_device(torch_device: str, device_type: DeviceType, *, threads: int | None = None,
                    models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
                    matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None, seed: int = 0,
@@ -691,6 +695,7 @@ def merge_calibration(base: Calibration, device_type: str, eff: Efficiency, rec:
                        cpu_default=base.cpu_default, fit=fit)
 
 
+@seeded(to="int", error=CostModelError)
 def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
                      models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
                      base: Calibration | None = None, device_type: str | None = None, chunks: int = 4,
@@ -770,6 +775,7 @@ def quick_cache_name(threads: int, concurrent: int = 1, cpu_model: str | None = 
     return f"cpu-{'-'.join(p for p in slug.split('-') if p)}.json"
 
 
+@seeded(to="int", error=CostModelError)
 def cached_cpu_calibration(folder: str | Path, *, threads: int, concurrent: int = 1,
                            base: Calibration | None = None, seed: int = 0,
                            progress: Progress | None = None) -> tuple[Calibration, Path, bool]:

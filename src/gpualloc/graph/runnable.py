@@ -24,6 +24,7 @@ from gpualloc.errors import CaptureError
 from gpualloc.graph.capture import _deepest_module, _export, _one_line, build_from_factory
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.zoo import get_model
+from gpualloc.seeding import seeded
 
 __all__ = ["Runnable", "build_model", "export_runnable", "owners"]
 
@@ -43,6 +44,7 @@ class Runnable:
     training: bool
 
 
+@seeded(to="int", error=CaptureError)
 def build_model(model: str, batch: int, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """Build ``model`` (a zoo name or ``package.module:factory``) with seeded weights and inputs.
 
