@@ -37,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.errors import SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.scheduling.predict import DurationPredictor, Prediction, PredictorConfig
+from gpualloc.seeding import seeded
 from gpualloc.service.models import JobRecord, JobState
 from gpualloc.workload.jobs import Job, JobType, SubmitFeatures
 from gpualloc.workload.speed import speed_matrix
@@ -106,6 +108,7 @@ class StoreHistory:
         lock: held while the predictor is refitted or read outside the scheduler's thread.
     """
 
+    @seeded(error=SchedulingError)
     def __init__(self, store: Any, cluster: ClusterSpec, *, seed: int = 0, options: dict[str, Any] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.store, self.cluster = store, cluster
