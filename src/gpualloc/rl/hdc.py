@@ -42,8 +42,9 @@ from typing import NamedTuple
 import numpy as np
 
 from gpualloc.errors import AgentError
-from gpualloc.limits import MAX_SEED, check_seed, check_size
+from gpualloc.limits import check_size
 from gpualloc.scheduling.base import ClusterView
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import JOB_TYPES, JobType
 
 __all__ = ["HDEncoder", "JobCodes", "bind", "cosine", "hd_features", "table_codes"]
@@ -97,13 +98,11 @@ class HDEncoder:
         AgentError: an argument out of range.
     """
 
+    @seeded(to="int", error=AgentError)
     def __init__(self, dim: int = 4096, out_dim: int = 32, levels: int = 16, seed=0) -> None:
         self.dim = check_size(dim, "HDEncoder dim", MAX_DIM, AgentError, minimum=64)
         self.out_dim = check_size(out_dim, "HDEncoder out_dim", dim, AgentError)
         self.levels = check_size(levels, "HDEncoder levels", dim // 2, AgentError, minimum=2)
-        seed = check_seed(seed, AgentError)
-        if not isinstance(seed, int):
-            seed = int(np.random.default_rng(seed).integers(MAX_SEED + 1))
         self.seed = seed
         # Hypervectors are int8 throughout: 4x less memory traffic than float32, and a (jobs x dim)
         # temporary stays under malloc's mmap threshold (128 KiB), which float32 crosses at 8 jobs.
