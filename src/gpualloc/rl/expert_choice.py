@@ -28,6 +28,7 @@ from gpualloc.scheduling.base import ClusterView, Decision
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.rl.train_config import DEFAULT_EXPERTS
 from gpualloc.scheduling.rules import validate_decision
+from gpualloc.seeding import seeded
 
 __all__ = ["BLIND_EXPERTS", "DEFAULT_EXPERTS", "ESTIMATE_EXPERTS", "EXPERTS_AT", "EXPERT_FEATURES", "GLOBAL_FEATURES",
            "KNOWLEDGE_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel", "GateResult", "HDFeatures",
@@ -176,6 +177,7 @@ class PredictedWork:
         seed: the own predictor's seed when no expert has one.
     """
 
+    @seeded(error=AgentError)
     def __init__(self, panel: ExpertPanel | None = None, seed: int = 0) -> None:
         from gpualloc.scheduling.predict import DurationPredictor
 
@@ -322,6 +324,7 @@ class HDFeatures:
         seed: the encoder's seed (the same seed gives the same features).
     """
 
+    @seeded(error=AgentError)
     def __init__(self, out_dim: int = 32, dim: int = 4096, seed: int = 0) -> None:
         from gpualloc.rl.hdc import HDEncoder
 
