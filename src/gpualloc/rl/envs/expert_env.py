@@ -26,6 +26,7 @@ from gpualloc.rl.envs.scheduling_env import DEFAULT_IDLE_WEIGHT, potential
 from gpualloc.rl.expert_choice import DEFAULT_EXPERTS, ExpertPanel, PredictedWork, distinct, obs_dim, observe
 from gpualloc.scheduling.knowledge import check_knowledge
 from gpualloc.scheduling.simulator import Simulation
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
 
@@ -58,6 +59,7 @@ class ExpertChoiceEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
+    @seeded(error=AgentError)
     def __init__(self, problems: Sequence[Problem] | None = None, *,
                  clusters: Sequence[ClusterSpec | str] = ("adlro16",), num_jobs: tuple[int, int] = (60, 160),
                  loads: tuple[float, float] = (0.5, 1.0), experts: Sequence[str] = DEFAULT_EXPERTS,
@@ -91,6 +93,7 @@ class ExpertChoiceEnv(gym.Env):
         self._sim: Simulation | None = None
         self.last_result = None
 
+    @seeded(error=AgentError)
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Start an episode; ``options={"problem": (cluster, trace)}`` plays that one, ``{"index": k}``
         the ``k``-th of ``problems``."""
