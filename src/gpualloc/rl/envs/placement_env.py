@@ -39,6 +39,7 @@ from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.outcome import Outcome
 from gpualloc.placement.run import best
 from gpualloc.placement.simulate import simulate_step
+from gpualloc.seeding import seeded
 
 DEVICE_FEATURES = 8
 GLOBAL_FEATURES = 5
@@ -118,6 +119,7 @@ class PlacementEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
+    @seeded(error=AgentError)
     def __init__(self, problems: Sequence[PlacementProblem] | None = None, *, max_devices: int = 16,
                  factor: int = 4, energy_weight: float = 0.1, seed: int = 0) -> None:
         super().__init__()
@@ -138,6 +140,7 @@ class PlacementEnv(gym.Env):
         self._ep: _Episode | None = None
 
     # ------------------------------------------------------------------ gymnasium API
+    @seeded(error=AgentError)
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         index = (options or {}).get("problem")
