@@ -64,6 +64,7 @@ from gpualloc.scheduling.base import PENDING, QUEUED, RUNNING, Decision
 from gpualloc.rl.features import (SLOT_ORDERS, DecisionPoint, FeatureLayout, FeatureScaler, GridHistory,
                                           JobRequests, MetricsSource, simulated_metrics)
 from gpualloc.scheduling.simulator import SimResult, Simulation
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Trace
 from gpualloc.workload.traces import generate
 
@@ -74,6 +75,7 @@ DEFAULT_IDLE_WEIGHT = 0.1
 """The design's lambda: weight of idle GPU time against job completion time."""
 
 
+@seeded(error=AgentError)
 def default_scaler(cluster: ClusterSpec, *, num_jobs: int = 300, load: float = 0.8, traces: int = 8,
                    seed: int = 0) -> FeatureScaler:
     """Statistics fitted on ``traces`` generated traces of the cluster (seeds ``seed``, ``seed + 1``, ...)."""
@@ -173,6 +175,7 @@ class SchedulingEnv(gym.Env):
         self.last_result: SimResult | None = None
 
     # ------------------------------------------------------------------------ gymnasium API
+    @seeded(error=AgentError)
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Start an episode. ``options``: ``{"trace": Trace}`` to play a given trace, or
         ``{"trace_index": i}`` to pick one of ``traces``."""
