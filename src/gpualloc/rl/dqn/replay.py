@@ -15,6 +15,7 @@ from gymnasium import spaces
 
 from gpualloc.errors import AgentError
 from gpualloc.rl.dqn.networks import TensorObs
+from gpualloc.seeding import seeded
 
 __all__ = ["ReplayBatch", "ReplayBuffer"]
 
@@ -55,6 +56,7 @@ class ReplayBuffer:
         device: Torch device of sampled batches.
     """
 
+    @seeded(error=AgentError)
     def __init__(self, capacity: int, obs_space: spaces.Space, n_actions: int, *,
                  seed: int | np.random.Generator | None = None, device: str | torch.device = "cpu") -> None:
         if capacity < 1:
