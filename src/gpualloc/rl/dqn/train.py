@@ -24,6 +24,7 @@ import numpy as np
 from gpualloc.errors import AgentError
 from gpualloc.rl.dqn.agent import DQNAgent
 from gpualloc.rl.dqn.replay import ReplayBuffer
+from gpualloc.seeding import seeded
 
 __all__ = ["EvalResult", "TrainLog", "action_mask", "evaluate", "train"]
 
@@ -79,6 +80,7 @@ def action_mask(env: gym.Env, info: dict) -> np.ndarray | None:
     return np.asarray(masks(), dtype=bool)
 
 
+@seeded(error=AgentError)
 def train(
     env: gym.Env,
     agent: DQNAgent,
@@ -175,6 +177,7 @@ def train(
     return log
 
 
+@seeded(error=AgentError)
 def evaluate(env: gym.Env, agent: DQNAgent, episodes: int,
              seed: int | np.random.Generator | None = None) -> list[float]:
     """Undiscounted returns of ``episodes`` greedy episodes (the env must end its episodes, e.g. by
