@@ -29,6 +29,7 @@ from gpualloc.rl.dqn.agent import DQNAgent
 from gpualloc.rl.dqn.config import DQNConfig
 from gpualloc.rl.dqn.replay import ReplayBuffer
 from gpualloc.rl.dqn.train import _SEED_MAX, TrainLog, action_mask
+from gpualloc.seeding import seeded
 
 __all__ = ["Rollout", "RolloutTask", "collect", "train_distributed"]
 
@@ -139,6 +140,7 @@ def collect(task: RolloutTask) -> Rollout:
                    tuple(lengths))
 
 
+@seeded(error=AgentError)
 def train_distributed(
     env_fn: Callable[[], gym.Env],
     agent: DQNAgent,
