@@ -25,6 +25,7 @@ from gpualloc.placement.outcome import Outcome
 from gpualloc.placement.run import best, operator_plan
 from gpualloc.rl.dqn import DQNAgent, DQNConfig, TrainLog, train
 from gpualloc.rl.envs.placement_env import PlacementEnv
+from gpualloc.seeding import seeded
 
 BUNDLED_AGENT = "placer.pt"
 """File name of the bundled agent in ``gpualloc/rl/data``."""
@@ -40,6 +41,7 @@ def bundled_agent_path() -> Path:
     return Path(str(resources.files("gpualloc.rl") / "data" / BUNDLED_AGENT))
 
 
+@seeded(error=AgentError)
 def train_placer(problems: Sequence[PlacementProblem], steps: int, out: str | Path, *, seed: int = 0,
                  eval_problems: Sequence[PlacementProblem] | None = None, eval_every: int | None = None,
                  config: DQNConfig | None = None, max_devices: int = 16, factor: int = 4,
@@ -81,6 +83,7 @@ def load_placer(path: str | Path | None = None) -> DQNAgent:
     return agent
 
 
+@seeded(error=AgentError)
 def agent_plan(agent: DQNAgent, problem: PlacementProblem, *, seed: int = 0) -> tuple[np.ndarray, Outcome]:
     """The agent's greedy plan for ``problem``, and the best heuristic's outcome it started from."""
     env = PlacementEnv([problem], max_devices=int(agent.extra["max_devices"]), factor=int(agent.extra["factor"]),
@@ -92,6 +95,7 @@ def agent_plan(agent: DQNAgent, problem: PlacementProblem, *, seed: int = 0) -> 
     return env.assignment, env.base_outcome
 
 
+@seeded(error=AgentError)
 def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = None, *, seed: int = 0,
               schedule: str = "1f1b") -> Outcome:
     """Place with the agent; fall back to the best heuristic's plan when that simulates faster."""
@@ -107,6 +111,7 @@ def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = N
                    note=f"agent plan slower; kept best heuristic ({heuristic.note})")
 
 
+@seeded(error=AgentError)
 def dqn_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = 0,
                   agent: DQNAgent | str | Path | None = None) -> Partitioned:
     """The ``dqn`` entry of :data:`gpualloc.placement.partition.PARTITIONERS`: :func:`place_dqn`'s plan.
@@ -126,6 +131,7 @@ def dqn_partition(problem: PlacementProblem, *, seed: int | np.random.Generator 
     return Partitioned(outcome.plan.assignment, outcome.note)
 
 
+@seeded(error=AgentError)
 def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, seed: int = 0) -> list[dict[str, Any]]:
     """Per problem: the agent's own plan vs the best heuristic (step times and gain)."""
     rows = []
@@ -143,6 +149,7 @@ __all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "agent_plan", "bundled_agent_path"
            "evaluate_placer", "load_placer", "place_dqn", "train_placer"]
 
 
+@seeded(error=AgentError)
 def dqn_planner(agent: DQNAgent, *, seed: int = 0, passes: int = 10):
     """Re-planning with the agent: the fastest of KL refinement of the current plan, the agent's plan
     (never worse than the best heuristic), and the agent's plan refined by KL."""
