@@ -25,6 +25,7 @@ from gpualloc.errors import AgentError
 from gpualloc.rl.dqn import DQNAgent
 from gpualloc.rl.dqn.replay import ReplayBuffer
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
+from gpualloc.seeding import seeded
 
 __all__ = ["CloneLog", "clone_teacher", "margin_loss"]
 
@@ -63,6 +64,7 @@ def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store:
     return n
 
 
+@seeded(error=AgentError)
 def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, episodes: int | None = 2,
                   epochs: int = 4, batch_size: int = 64, margin: float = 0.5, td_weight: float = 1.0,
                   seed: int = 0) -> CloneLog:
