@@ -36,6 +36,7 @@ from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.rl.expert_choice import ExpertPanel, distinct, observe
 from gpualloc.scheduling.simulator import Simulation
+from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Trace
 
 __all__ = ["RolloutLabels", "choice_points", "improve_agent", "label_points", "rollout_cost"]
@@ -161,6 +162,7 @@ def rollout_cost(problem: Problem, experts: Sequence[str], point: int, choice: i
                    follow_s=follow_s)[0]
 
 
+@seeded(error=AgentError)
 def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher: int = 0, points: int = 8,
                  base: int | None = None, horizon_s: float | None = 6 * 3600.0, idle_weight: float = 0.0,
                  min_gain: float = 0.01, follow_s: float = 0.0, seed: int | np.random.Generator | None = 0,
@@ -216,6 +218,7 @@ def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher
                          np.asarray(tacts, np.int64), np.asarray(labels, np.int64))
 
 
+@seeded(error=AgentError)
 def improve_agent(agent, labels: RolloutLabels, *, epochs: int = 20, batch_size: int = 64, margin: float = 0.5,
                   seed: int = 0) -> float:
     """Train ``agent``'s Q-network in place on rollout labels with DQfD's large-margin loss
