@@ -29,6 +29,7 @@ from gpualloc.cache import DiskCache, code_key, file_hash
 from gpualloc.errors import AgentError, GpuallocWarning
 from gpualloc.rl.expert_choice import ExpertPanel, GateResult, HDFeatures, PredictedWork, distinct, observe
 from gpualloc.scheduling.base import ClusterView, Decision, JobTable
+from gpualloc.seeding import seeded
 
 if TYPE_CHECKING:
     from gpualloc.rl.dqn import DQNAgent
@@ -89,6 +90,7 @@ class ExpertChoicePolicy:
     name = "dqn"
     preemptive = True
 
+    @seeded(error=AgentError)
     def __init__(self, agent: DQNAgent | None, experts: tuple[str, ...] | list[str], teacher: int = 0, *,
                  gate: GateResult | None = None, encoder=None, agent_path: str | Path | None = None,
                  knowledge: str = "oracle", round_s: float | None = None, seed: int = 0) -> None:
