@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.options import options_dict, with_overrides
 from gpualloc.rl.dqn import DQNAgent, train
@@ -23,6 +24,7 @@ from gpualloc.rl.train_config import EXPERT_CONFIG, LEVEL_ROUND_S, TRAIN_CLUSTER
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import simulate
+from gpualloc.seeding import seeded
 from gpualloc.workload.traces import generate
 
 __all__ = ["EXPERT_CONFIG", "LEVEL_ROUND_S", "TRAIN_CLUSTERS", "ExpertTrainReport", "TrainConfig", "agent_jcts",
@@ -75,6 +77,7 @@ def expert_jcts(problems: Sequence, experts: Sequence[str], knowledge: str = "or
     return {name: [_jct(p, make_policy(name), knowledge) for p in problems] for name in experts}
 
 
+@seeded(error=AgentError)
 def agent_jcts(agent: DQNAgent, problems: Sequence, experts: Sequence[str], teacher: int, encoder=None,
                knowledge: str = "oracle", round_s: float | None = None, seed: int = 0) -> list[float]:
     """Average JCT of the greedy expert-choice agent (no gate) on each problem."""
