@@ -84,3 +84,34 @@ def test_check_seed_alone():
     with pytest.raises(TraceError, match="^generate: seed: "):
         check_seed(-1, "generate: seed", TraceError)
 
+
+# placement/ and execute/ are being restructured (issue 37's one Plan abstraction); their public seed
+# arguments get @seeded once that lands (placement/replan.py has it already).
+PENDING_FOLDERS = ("placement/", "execute/")
+
+
+def _unchecked() -> set[str]:
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "gpualloc"
+    found = set()
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith(("cli/", *PENDING_FOLDERS)) or rel in ("seeding.py", "limits.py"):
+            continue  # the CLI's seeds are Typer options with the range 0..MAX_SEED
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if node.name.startswith("_") and node.name != "__init__":
+                continue
+            names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+            decorated = any("seeded" in ast.unparse(d) for d in node.decorator_list)
+            if "seed" in names and not decorated:
+                found.add(f"{rel}:{node.name}")
+    return found
+
+
+def test_every_public_seed_argument_is_checked_by_the_decorator():
+    unchecked = _unchecked()
+    assert sorted(unchecked) == [], "decorate these with @seeded (gpualloc.seeding)"
