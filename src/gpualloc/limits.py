@@ -115,10 +115,3 @@ def check_size(value: int, field: str, maximum: int, error: type[GpuallocError],
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise error(f"{field}: expected an integer in {minimum:,}..{maximum:,}, got {value!r}")
     return value
-
-
-def check_seed(seed: object, error: type[GpuallocError], field: str = "seed") -> object:
-    """``seed`` unchanged if it is ``None``, a numpy ``Generator`` or an integer in ``0..MAX_SEED``."""
-    if seed is None or not isinstance(seed, (int, float, str)) or isinstance(seed, bool):
-        return seed  # None, a Generator or a SeedSequence: numpy normalises them
-    return check_size(seed, field, MAX_SEED, error, minimum=0)

@@ -30,6 +30,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpTiming
 from gpualloc.placement.base import OnCluster
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.seeding import seeded
 
 __all__ = [
     "Conditions",
@@ -383,6 +384,7 @@ def scripted_schedule(problem_or_k: OnCluster | int, iterations: int = 10_000) -
     return DriftSchedule(tuple(events))
 
 
+@seeded(error=PlacementError)
 def random_schedule(
     problem_or_k: OnCluster | int,
     iterations: int = 10_000,

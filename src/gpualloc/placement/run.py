@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import PlacementError
-from gpualloc.limits import check_seed
 from gpualloc.placement.hybrid.search import HYBRID_METHODS, place_hybrid
 from gpualloc.placement.document import PlanFile
 from gpualloc.placement.outcome import Outcome, lower_bound_s, score
 from gpualloc.placement.partition import PARTITIONERS, Partitioned
 from gpualloc.placement.plan import SCHEDULES, OperatorPlan
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.seeding import seeded
 
 GAIN_REFERENCES = ("static", "round-robin")
 AUTO = "auto"
@@ -87,6 +87,7 @@ def evaluate(problem: PlacementProblem, saved: PlanFile, *, schedule: str | None
     return min(tried, key=lambda o: (not o.result.feasible, o.result.step_time_s))
 
 
+@seeded(error=PlacementError)
 def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str | None = None,
           hybrid: bool = False, **options: Any) -> Outcome:
     """Plan with ``method`` (a registered partitioner, a hybrid method, or ``best``) and score the plan.
@@ -101,7 +102,6 @@ def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, sched
     """
     if method != "best" and method not in PARTITIONERS and method not in HYBRID_METHODS:
         raise PARTITIONERS.unknown(method, also=("best", *HYBRID_METHODS))
-    check_seed(seed, PlacementError)
     schedule = check_schedule(default_schedule(method) if schedule is None else schedule)
     takes = PARTITIONERS.entry(method).options if method in PARTITIONERS else set()
     extra = sorted(set(options) - takes)
@@ -120,6 +120,7 @@ def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, sched
     return operator_plan(problem, method, assignment, elapsed, schedule=schedule, note=note)
 
 
+@seeded(error=PlacementError)
 def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed: int | None = 0,
             schedule: str = "1f1b", progress=None, hybrid: bool = False) -> list[Outcome]:
     """Every method (default: all registered partitioners, then the hybrid methods when ``hybrid``) on the
@@ -132,6 +133,7 @@ def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed
     return outcomes
 
 
+@seeded(error=PlacementError)
 def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b", hybrid: bool = False) -> Outcome:
     """Run every partitioner tagged ``heuristic`` (and the hybrid planner when ``hybrid``) and
     return the plan the simulator scores best (feasible first)."""

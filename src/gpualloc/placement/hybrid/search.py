@@ -38,6 +38,7 @@ from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Sync, make_p
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 from gpualloc.placement.outcome import Outcome
+from gpualloc.seeding import seeded
 
 SIMULATED = 6
 """Candidates (by the closed form) the simulator judges, besides the baselines."""
@@ -201,6 +202,7 @@ def _refinements(problem: HybridProblem, plan: HybridPlan) -> Iterator[HybridPla
                             precision=plan.precision, recompute=plan.recompute, n_devices=problem.k)
 
 
+@seeded(error=PlacementError)
 def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
                 time_limit_s: float | None = None) -> tuple[HybridPlan, HybridResult]:
     """The best hybrid plan found for ``problem`` and its simulated step; it fits every device's memory.
@@ -261,6 +263,7 @@ HYBRID_METHODS = ("hybrid", *baselines.BASELINES)
 """Every hybrid method: the planner and the baselines."""
 
 
+@seeded(error=PlacementError)
 def place_hybrid(problem: HybridProblem, method: str, *, seed: int | None = 0,
                  time_limit_s: float | None = None) -> Outcome:
     """Plan with ``method`` (``hybrid`` or a baseline name), simulate the step and hold it against the hybrid

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.errors import PlacementError
+from gpualloc.seeding import seeded
 
 __all__ = ["contiguous_chunks", "params", "round_robin", "static"]
 
@@ -45,16 +47,19 @@ def _by_topo_chunks(problem: PlacementProblem, weights: np.ndarray) -> np.ndarra
     return a
 
 
+@seeded(error=PlacementError)
 def static(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """Contiguous topological chunks of equal work (mean compute time over devices); ignores speed."""
     return _by_topo_chunks(problem, problem.compute_s.mean(axis=1))
 
 
+@seeded(error=PlacementError)
 def params(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """Contiguous topological chunks of equal parameter bytes (equal node counts if no parameters)."""
     return _by_topo_chunks(problem, problem.graph.param_bytes)
 
 
+@seeded(error=PlacementError)
 def round_robin(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """Node at topological position ``i`` -> device ``i mod k``."""
     a = np.empty(problem.n, dtype=np.int64)

@@ -32,6 +32,8 @@ import numpy as np
 from gpualloc.cost import physics
 from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.errors import PlacementError
+from gpualloc.seeding import seeded
 
 
 __all__ = ["kl_bisect", "kl_objective", "kl_partition", "kl_refine", "to_csr"]
@@ -100,6 +102,7 @@ def _gains(side: np.ndarray, rows: np.ndarray, indices: np.ndarray, data: np.nda
 
 
 # ---------------------------------------------------------------------------------------------- bisection
+@seeded(error=PlacementError)
 def kl_bisect(
     adj: Any,
     node_weights: np.ndarray,
@@ -257,6 +260,7 @@ def _incidence(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np.nd
     return indptr, other[order], nbytes[order]
 
 
+@seeded(error=PlacementError)
 def kl_refine(
     problem: PlacementProblem,
     assignment: np.ndarray,
@@ -352,6 +356,7 @@ def _split_devices(problem: PlacementProblem, devs: np.ndarray) -> tuple[np.ndar
     return devs[first], devs[~first]
 
 
+@seeded(error=PlacementError)
 def kl_partition(
     problem: PlacementProblem,
     *,

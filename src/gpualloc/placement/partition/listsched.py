@@ -43,10 +43,12 @@ from gpualloc.cost import physics
 from gpualloc.errors import PlacementError
 from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.seeding import seeded
 
 Times = Literal["train", "forward"]
 
 
+@seeded(error=PlacementError)
 def etf_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None,
                   times: Times = "train") -> np.ndarray:
     """Earliest Task First placement, memory-aware.
@@ -65,6 +67,7 @@ def etf_partition(problem: PlacementProblem, *, seed: int | np.random.Generator 
     return _list_schedule(problem, times, favourite_parent=None)
 
 
+@seeded(error=PlacementError)
 def sct_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None,
                   times: Times = "train") -> np.ndarray:
     """Simplified m-SCT placement (favourite children follow their parent), memory-aware.

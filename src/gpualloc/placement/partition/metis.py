@@ -32,6 +32,8 @@ import numpy as np
 from gpualloc.native import quiet_stdout
 from gpualloc.placement.partition.memory import repair_memory, require_fit, undirected_csr
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.errors import PlacementError
+from gpualloc.seeding import seeded
 
 WEIGHT_BUDGET = 10_000_000
 """Integer weights of one kind (vertices, or both directions of every edge) sum to about this: fine
@@ -44,6 +46,7 @@ KAHIP_PARTS_PER_DEVICE = 8
 
 # ---------------------------------------------------------------------------------- public API
 
+@seeded(error=PlacementError)
 def metis_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """METIS k-way partition with target part weights proportional to device speed.
 
@@ -60,6 +63,7 @@ def metis_partition(problem: PlacementProblem, *, seed: int | np.random.Generato
     return _metis(problem, seed, speed_aware=True)
 
 
+@seeded(error=PlacementError)
 def metis_uniform(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """METIS out of the box: equal target weights, part ``p`` on device ``p`` (speed-oblivious).
 
@@ -68,6 +72,7 @@ def metis_uniform(problem: PlacementProblem, *, seed: int | np.random.Generator 
     return _metis(problem, seed, speed_aware=False)
 
 
+@seeded(error=PlacementError)
 def kahip_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """KaHIP (KaFFPa, ``ECO`` mode) partition with speed-proportional parts, emulated by merging.
 

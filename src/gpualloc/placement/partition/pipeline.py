@@ -25,6 +25,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.placement.partition.memory import require_fit
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.simulate import simulate_step
+from gpualloc.seeding import seeded
 
 __all__ = ["pipeline_partition", "stage_cut"]
 
@@ -115,6 +116,7 @@ def stage_cut(problem: PlacementProblem, devices: np.ndarray, bound_s: float | N
     return a
 
 
+@seeded(error=PlacementError)
 def pipeline_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """Speed-balanced contiguous pipeline stages on the fastest ``s`` devices, ``s`` chosen by simulation.
 
