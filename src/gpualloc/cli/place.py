@@ -45,14 +45,21 @@ def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibr
     """The placement problem of the command-line arguments (graph source, cluster spec, calibration file,
     precision and reserve). A calibration with per-op profiles of the model on every device type of the
     cluster gives the op times, as `gpualloc run` predicts with them."""
+    from gpualloc.hardware.cluster import load_cluster
+
+    return problem_of(load_graph(graph, batch), load_cluster(cluster), microbatches, calibration, precision,
+                      reserve_gib, launch)
+
+
+def problem_of(g, clus, microbatches: int, calibration: Path | None = None, precision: str = "fp32",
+               reserve_gib: float | None = None, launch: str = "serial"):
+    """:func:`make_problem` on a loaded graph and cluster."""
     from gpualloc.cost.memory import MemoryRules
     from gpualloc.cost.model import Calibration, CostModel
-    from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.problem import PlacementProblem
 
     rules = MemoryRules(precision=precision, reserve_bytes=None if reserve_gib is None else reserve_gib * 2**30)
     cal = Calibration.load(calibration) if calibration is not None else None
-    g, clus = load_graph(graph, batch), load_cluster(cluster)
     if cal is not None:
         from gpualloc.cost.microbench import apply_profiles  # imports torch: only with a calibration file
 
@@ -144,9 +151,11 @@ def evaluate_cmd(
     from gpualloc.placement.document import read_plan
     from gpualloc.placement.run import evaluate
 
+    from gpualloc.hardware.cluster import load_cluster
+
+    g, clus = load_graph(graph, batch), load_cluster(cluster)  # the arguments in command-line order
     saved = read_plan(plan)
-    problem = make_problem(graph, cluster, microbatches or saved.microbatches, batch, calibration, precision,
-                           reserve_gib, launch)
+    problem = problem_of(g, clus, microbatches or saved.microbatches, calibration, precision, reserve_gib, launch)
     outcome = evaluate(problem, saved, schedule=schedule)
     _finish(problem, outcome, cluster, as_json, None, plot)
 
