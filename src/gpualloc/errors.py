@@ -59,6 +59,10 @@ class ExecutionError(GpuallocError):
     """A plan cannot be run on real devices: a missing device, a failing worker, a model that will not split."""
 
 
+class EngineError(ExecutionError):
+    """The engine cannot run a plan under torchrun: the message is one line that says why."""
+
+
 class ExtraMissingError(GpuallocError):
     """An optional part of gpualloc is not installed: the message names the extra that installs it."""
 
