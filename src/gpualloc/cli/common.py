@@ -90,7 +90,7 @@ class OrderedGroup(TyperGroup):
         return sorted(names, key=lambda n: rank.get(n, len(rank)))
 
 
-COMMAND_ORDER = ("demo", "hw", "graph", "cost", "place", "simulate", "run", "calibrate", "monitor", "train",
+COMMAND_ORDER = ("demo", "hw", "graph", "cost", "place", "simulate", "run", "calibrate", "launch", "monitor", "train",
                  "reproduce", "serve", "user", "submit", "jobs", "logs", "cancel", "policy", "whoami")
 
 

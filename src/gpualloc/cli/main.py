@@ -12,6 +12,7 @@ from rich.text import Text
 from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
+from gpualloc.cli import launch as launch_cli
 from gpualloc.cli import service as service_cli
 from gpualloc.cli.common import OrderedGroup, console, disk_cache, err_console, output_folder, set_cache
 from gpualloc.errors import GpuallocError, GpuallocWarning
@@ -36,6 +37,7 @@ app.add_typer(reproduce.app, name="reproduce")
 app.add_typer(monitor.app, name="monitor")
 app.command("run")(run_cli.run_cmd)
 app.command("calibrate")(calibrate_cli.calibrate_cmd)
+app.command("launch")(launch_cli.launch_cmd)
 service_cli.register(app)  # serve, submit, jobs, cancel, policy
 
 
