@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scheduling",),
     ("rl",),
     ("execute",),
+    ("export",),
     ("experiments",),
     ("service",),
     ("reports",),
