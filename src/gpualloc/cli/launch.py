@@ -171,6 +171,9 @@ def launch_cmd(
                                       help="Predict CPU devices with the shipped efficiency instead of calibrating."),
     calibration_out: Path = typer.Option(None, "--calibration-out", callback=output_file,
                                          help="Write the run as a calibration file (for `place --calibration`)."),
+    collect: bool = typer.Option(False, "--collect",
+                                 help="Run nothing: report the run whose records are in --out (e.g. after "
+                                      "--print-command's command ran on every node)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run against its prediction as JSON."),
 ) -> None:
     """Run PLAN under torchrun with the torch-native engine (gloo on CPU, NCCL on GPUs).
@@ -205,13 +208,14 @@ def launch_cmd(
                       highlight=False)
         return
     graph, the_plan = plan_on_graph(saved, clus, name)  # the engine's refusal, before anything starts
-    out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(env_threads)}
-    status = run_torchrun(cmd, env)
-    if status != 0:
-        raise EngineError(f"torchrun exited with status {status}: the ranks' output above says why "
-                          f"(command: {shlex.join(cmd)})")
-    if 0 not in share.ranks:
+    if not collect:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(env_threads)}
+        status = run_torchrun(cmd, env)
+        if status != 0:
+            raise EngineError(f"torchrun exited with status {status}: the ranks' output above says why "
+                              f"(command: {shlex.join(cmd)})")
+    if 0 not in share.ranks and not collect:
         console.print(f"this node's {len(share.ranks)} rank(s) finished; node 0 reports the run")
         return
     report = finish_run(out_dir, saved, clus, graph, the_plan, opt, calibration, no_calibrate, env_threads, seed,

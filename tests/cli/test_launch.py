@@ -1,0 +1,98 @@
+"""`gpualloc launch`: the host check before anything starts, and the torchrun command it runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from gpualloc.cli import launch as launch_cli
+from gpualloc.cli.main import app
+from gpualloc.errors import EngineError
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.placement.document import read_plan, write_plan
+from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.run import place
+from tests.conftest import diamond
+
+runner = CliRunner()
+
+TWO_NODES = """name = "two-cpu-nodes"
+[[nodes]]
+name = "h"
+devices = ["cpu", "cpu"]
+count = 2
+"""
+
+
+def plan_file(tmp_path, cluster_spec: str, name: str = "plan.json"):
+    clus = load_cluster(cluster_spec)
+    problem = PlacementProblem(diamond(), clus)
+    outcome = place(problem, "ddp-speed", seed=0, hybrid=True)
+    path = tmp_path / name
+    write_plan(path, problem, outcome.plan, cluster_spec)
+    return path, clus
+
+
+@pytest.fixture
+def no_spawn(monkeypatch):
+    """Fail the test if launch would start torchrun."""
+    def refuse(cmd, env):
+        raise AssertionError(f"torchrun was started: {cmd}")
+    monkeypatch.setattr(launch_cli, "run_torchrun", refuse)
+
+
+def test_a_gpu_plan_on_this_cpu_host_fails_in_one_line_before_spawning(tmp_path):
+    path, _ = plan_file(tmp_path, "2xA100")
+    proc = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", "launch", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1 and "A100-40GB GPU" in proc.stderr and "no CUDA device" in proc.stderr
+
+
+def test_a_plan_for_another_cluster_fails_in_one_line(tmp_path, no_spawn):
+    path, _ = plan_file(tmp_path, "2xcpu")
+    res = runner.invoke(app, ["launch", str(path), "--cluster", "4xcpu"])
+    assert isinstance(res.exception, EngineError), res.output
+    message = str(res.exception)
+    assert "\n" not in message and "devices" in message and "4xcpu" in message
+
+
+def test_host_share_checks_gpu_count_and_type(tmp_path):
+    path, clus = plan_file(tmp_path, "2xA100")
+    saved = read_plan(path)
+    with pytest.raises(EngineError, match="this host has 1 CUDA device"):
+        launch_cli.host_share(str(path), saved, clus, nnodes=1, node_rank=0, cuda_count=1)
+    with pytest.raises(EngineError, match=r"is a A100-40GB, this host's cuda:0 is a NVIDIA H100 80GB HBM3"):
+        launch_cli.host_share(str(path), saved, clus, nnodes=1, node_rank=0, cuda_count=2,
+                              cuda_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"))
+    share = launch_cli.host_share(str(path), saved, clus, nnodes=1, node_rank=0, cuda_count=2,
+                                  cuda_names=("NVIDIA A100-SXM4-40GB",) * 2)
+    assert share.torch_devices == ("cuda:0", "cuda:1") and share.ranks == (0, 1)
+
+
+def test_multi_node_share_and_command(tmp_path):
+    spec = tmp_path / "two.toml"
+    spec.write_text(TWO_NODES)
+    path, clus = plan_file(tmp_path, str(spec))
+    saved = read_plan(path)
+    with pytest.raises(EngineError, match="runs on 2 node"):
+        launch_cli.host_share(str(path), saved, clus, nnodes=1, node_rank=0, cuda_count=0)
+    share = launch_cli.host_share(str(path), saved, clus, nnodes=2, node_rank=1, cuda_count=0)
+    assert share.ranks == (2, 3) and share.world_size == 4 and share.torch_devices == ("cpu", "cpu")
+    cmd = launch_cli.torchrun_command(path, "diamond", share, steps=2, warmup=0, seed=0, optimizer="sgd", lr=None,
+                                      out=tmp_path / "out", check=True, node_rank=1, master_addr="10.0.0.1",
+                                      master_port=29511)
+    text = " ".join(cmd)
+    assert "-m torch.distributed.run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 " \
+           "--master-port 29511 -m gpualloc.execute.engine" in text
+
+
+def test_print_command_runs_nothing(tmp_path, no_spawn):
+    path, _ = plan_file(tmp_path, "2xcpu")
+    res = runner.invoke(app, ["launch", str(path), "--print-command", "--steps", "3", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "-m torch.distributed.run --nproc-per-node 2 --standalone -m gpualloc.execute.engine" in res.stdout
+    assert f"--plan {path}" in res.stdout and "--steps 3" in res.stdout and not (tmp_path / "o").exists()
