@@ -1,0 +1,545 @@
+"""The per-rank program ``torchrun`` runs: ``python -m gpualloc.execute.engine --plan PLAN --model MODEL ...``.
+
+Every rank, in the same order:
+
+1. reads the plan and the model's graph, and finds its place (:func:`~gpualloc.execute.engine.topology.topology`);
+2. joins the process group (``gloo`` on CPU, ``nccl`` on GPUs) and builds the ``("pp", "dp", "tp")``
+   :class:`~torch.distributed.device_mesh.DeviceMesh`;
+3. with ``--check``, runs the unsplit model itself on the global batch (same seed): its loss, every parameter's
+   gradient and its weights after one optimizer step are the reference;
+4. builds its stage: the whole model for a one-stage plan; else a chain stage cut from the training export
+   (:mod:`~gpualloc.execute.engine.stages`), or for tensor parallelism an eager stage sharded by
+   :mod:`~gpualloc.execute.engine.parallelize`; then wraps its replica group (DDP, ZeRO-1 or FSDP2);
+5. trains: a one-stage plan runs its local batch in the plan's microbatches (``no_sync`` but the last); a
+   pipeline runs ``torch.distributed.pipelining``'s ``ScheduleGPipe`` or ``Schedule1F1B``. The loss of each
+   sample is summed over the global batch times ``dp`` (:func:`~gpualloc.execute.engine.topology.loss_scale`),
+   so the replicas' averaged gradient is the unsplit model's whatever the shares. A weight several stages hold
+   (a tied embedding) has its gradient summed over them;
+6. compares the first step with the reference (loss, gradients, weights after the step; the largest errors
+   all-reduced), times ``warmup + steps`` steps, measures one more step's peak memory, and writes
+   ``rank{r}.json``; rank 0 writes ``engine.json``.
+
+Bad input is one ``error: ...`` line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from gpualloc.errors import EngineError, GpuallocError, write_text
+from gpualloc.execute.engine.loss import Loss, loss_for
+from gpualloc.execute.engine.stages import chain, layer_names, original_names
+from gpualloc.execute.engine.topology import RankSpec, Topology, topology
+from gpualloc.execute.measure import MemoryProbe, synchronize
+
+__all__ = ["ENGINE_FORMAT", "EngineArgs", "main", "run_rank"]
+
+ENGINE_FORMAT = "gpualloc-engine-run"
+LOSS_RTOL = 1e-5
+"""The engine's loss matches the unsplit model's within this fraction of it (plus :data:`ATOL`)."""
+GRAD_RTOL = 1e-4
+"""A gradient matches within this fraction of its tensor's largest reference gradient (plus :data:`ATOL`): fp32
+sums taken in another order, over the replicas and microbatches."""
+WEIGHT_RTOL = 1e-3
+"""Weights after one step match within ``4 ulp(max |w|) + WEIGHT_RTOL x max |update|`` per tensor (plus, for Adam,
+the slack of gradients lost in rounding)."""
+ATOL = 1e-6
+ADAM_GRAD_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The per-rank program's options (``python -m gpualloc.execute.engine --help``).
+
+    Attributes:
+        plan: the plan file (``gpualloc-plan`` v1 or v2).
+        model: a zoo name or ``package.module:factory`` (the model the plan was made for).
+        cluster: the cluster the plan is for (default: the plan's).
+        steps: timed steps.
+        warmup: untimed steps before them (the first step is the checked one).
+        seed: weights, inputs and labels.
+        optimizer: ``sgd`` or ``adam``.
+        lr: the learning rate.
+        out: the folder for ``rank{r}.json`` and ``engine.json`` (None: none written).
+        check: compare the first step with the unsplit model.
+        memory: measure one more step's peak memory.
+        timeout_s: the process group's timeout.
+    """
+
+    plan: str
+    model: str
+    cluster: str | None = None
+    steps: int = 5
+    warmup: int = 2
+    seed: int = 0
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    out: str | None = None
+    check: bool = True
+    memory: bool = True
+    timeout_s: float = 300.0
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def _load(args: EngineArgs):
+    """(plan, graph, cluster, topology): the plan read and bound to the model's graph and the cluster. The
+    graph is traced at operator level (a hybrid plan's layers are its layers), at layer level for an operator
+    plan whose node ids are layers."""
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.document import read_plan
+    from gpualloc.placement.problem import PlacementProblem
+
+    saved = read_plan(args.plan)
+    if not (args.cluster or saved.cluster):
+        raise EngineError(f"{args.plan}: cluster: the plan names no cluster: pass --cluster")
+    cluster = load_cluster(args.cluster or saved.cluster)
+    graph = capture(args.model, batch=2)
+    if saved.node_ids and not saved.node_ids <= set(graph.index):
+        graph = capture(args.model, batch=2, granularity="layer")
+    plan = saved.plan_for(PlacementProblem(graph, cluster))
+    return plan, graph, cluster, topology(plan, graph)
+
+
+# ------------------------------------------------------------------------------------------------ reference
+@dataclass
+class _Reference:
+    loss: float
+    grads: dict[str, Tensor]
+    after: dict[str, Tensor]
+    before: dict[str, Tensor]
+    slack: dict[str, Tensor]
+
+
+def _batch_coupled(module: nn.Module) -> str | None:
+    """Why a split batch cannot match the unsplit model (BatchNorm statistics, dropout), or None."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            return "BatchNorm normalises over each replica's and microbatch's samples"
+        if isinstance(m, nn.Dropout) and m.p > 0:
+            return "dropout draws other masks on a split batch"
+    return None
+
+
+def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, loss: Loss, optimizer: str,
+               lr: float) -> _Reference:
+    """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``."""
+    from gpualloc.execute.worker import OPTIMIZERS
+
+    before = {n: p.detach().clone() for n, p in module.named_parameters(remove_duplicate=False)}
+    out = module(*inputs)
+    value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
+    value.backward()
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+             for n, p in module.named_parameters(remove_duplicate=False)}
+    opt = OPTIMIZERS[optimizer](module.parameters(), lr=lr)
+    opt.step()
+    slack = {}
+    for n, g in grads.items():
+        if isinstance(opt, torch.optim.Adam) and g.numel():
+            eps = float(opt.param_groups[0]["eps"])
+            a = g.double().abs()
+            slack[n] = (lr * eps * ADAM_GRAD_RTOL * float(a.max()) / (a + eps) ** 2).clamp(max=2 * lr)
+        else:
+            slack[n] = torch.zeros((), dtype=torch.float64)
+    after = {n: p.detach().clone() for n, p in module.named_parameters(remove_duplicate=False)}
+    return _Reference(float(value.detach()), grads, after, before, slack)
+
+
+def _grad_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bool]:
+    worst, ok = 0.0, True
+    for name, g in got.items():
+        r = ref.grads[name].double()
+        err = float((g.double().cpu() - r).abs().max()) if g.numel() else 0.0
+        worst = max(worst, err)
+        ok &= err <= ATOL + GRAD_RTOL * float(r.abs().max() if r.numel() else 0.0)
+    return worst, ok
+
+
+def _weight_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bool]:
+    eps = torch.finfo(torch.float32).eps
+    worst, ok = 0.0, True
+    for name, w in got.items():
+        if not w.numel():
+            continue
+        r, b = ref.after[name].double(), ref.before[name].double()
+        diff = (w.double().cpu() - r).abs()
+        tol = 4 * eps * float(r.abs().max()) + WEIGHT_RTOL * float((r - b).abs().max()) + ref.slack[name]
+        worst = max(worst, float(diff.max()))
+        ok &= bool((diff <= tol).all())
+    return worst, ok
+
+
+# ------------------------------------------------------------------------------------------------ building
+def _local_rows(top: Topology, me: RankSpec, plan) -> tuple[int, int]:
+    """``(offset, count)`` of this rank's pipeline's samples in the global batch: replicas in order."""
+    if top.kind != "hybrid":
+        return 0, top.global_batch
+    shares = [rep.batch_share for rep in plan.stages[0].replicas]
+    return sum(shares[: me.replica]), shares[me.replica]
+
+
+def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, build: Callable[[int], Any]) -> nn.Module:
+    """This rank's stage (before its replica group is wrapped)."""
+    if top.tp > 1:
+        from gpualloc.execute.engine import parallelize
+        from gpualloc.placement.hybrid.layers import layer_of_node
+
+        if not parallelize.tensor_parallel_model(args.model):
+            raise EngineError(f"plan: tp: {top.tp}: model {args.model!r} has no tensor-parallel rule (the engine "
+                              "shards GPT-style transformer blocks)")
+        module, _ = build(1)
+        first, last = top.layers[me.stage] if top.kind == "hybrid" else (0, 0)
+        stage = parallelize.module_stage(args.model, module, first, last, layer_names(graph, layer_of_node(graph)))
+        return parallelize.apply_tensor_parallel(stage, mesh["tp"], args.model)
+    if top.pp == 1:
+        module, _ = build(1)
+        return module
+    from gpualloc.graph.runnable import export_runnable
+
+    module, sample = build(me.microbatch)
+    exported = export_runnable(module, sample, training=True, name=args.model).module
+    return chain(exported, graph, top.stage_assignment(graph)).stages[me.stage]
+
+
+class _Clock:
+    """Forward and backward seconds of this rank's stage in the current step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.forward_s = 0.0
+        self.backward_s = 0.0
+
+    def timed(self, kind: str, fn: Callable[[], Any]) -> Any:
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(self.device)
+        setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + time.perf_counter() - t0)
+        return out
+
+
+def _timed_stage_class():
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        """A ``PipelineStage`` that adds its forwards' and backwards' seconds to a :class:`_Clock`."""
+
+        clock: _Clock
+
+        def forward_one_chunk(self, *a: Any, **k: Any) -> Any:
+            return self.clock.timed("forward", lambda: super(TimedStage, self).forward_one_chunk(*a, **k))
+
+        def backward_one_chunk(self, *a: Any, **k: Any) -> Any:
+            return self.clock.timed("backward", lambda: super(TimedStage, self).backward_one_chunk(*a, **k))
+
+    return TimedStage
+
+
+def _as_tuple(out: Any) -> tuple[Tensor, ...]:
+    return out if isinstance(out, tuple) else tuple(out) if isinstance(out, list) else (out,)
+
+
+# ------------------------------------------------------------------------------------------------ the program
+def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+    """Run this rank's part of the plan (see the module docstring); the rank's record (``rank{r}.json``).
+
+    The caller has set up nothing: this joins the process group (``MASTER_ADDR``/``MASTER_PORT`` from the
+    environment, as ``torchrun`` sets them) and leaves it.
+    """
+    from gpualloc.graph.runnable import build_model
+
+    plan, graph, cluster, top = _load(args)
+    if world_size != top.world_size:
+        raise EngineError(f"{args.plan}: the plan uses {top.world_size} devices, torchrun started {world_size} "
+                          f"processes: run torchrun --nproc-per-node {top.world_size} (or gpualloc launch)")
+    me = top.ranks[rank]
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    try:
+        return _run(args, plan, graph, cluster, top, me, device, build_model)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, device: torch.device,
+         build_model) -> dict[str, Any]:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh(device.type, torch.tensor(top.mesh, dtype=torch.int64), mesh_dim_names=("pp", "dp", "tp"))
+
+    def build(batch: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
+        return build_model(args.model, batch, seed=args.seed)
+
+    whole, inputs = build(top.global_batch)
+    loss = loss_for(whole)
+    targets = loss.targets(inputs, args.seed)
+    why_not = _batch_coupled(whole) if args.check else "not asked (--no-check)"
+    ref = _reference(whole, inputs, targets, loss, args.optimizer, args.lr) if why_not is None else None
+    del whole
+    gc.collect()
+
+    probe = MemoryProbe(device)
+    probe.baseline()
+    offset, count = _local_rows(top, me, plan)
+    x = tuple(t[offset: offset + count].to(device) for t in inputs)
+    y = targets[offset: offset + count].to(device)
+    scale = top.dp / top.global_batch  # the loss_scale over the local batch, on a sum of per-sample losses
+
+    stage = _stage_module(args, top, me, graph, mesh, build).to(device)
+    gc.collect()
+    dp_mesh = mesh["dp"] if top.dp > 1 else None
+    from gpualloc.execute.engine.parallelize import wrap_replica
+
+    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr)
+    tied = _tied_groups(top, me, module)
+    clock = _Clock(device)
+    last = me.stage == top.pp - 1
+
+    def loss_fn(out: Any, target: Tensor) -> Tensor:
+        return loss.per_sample(_as_tuple(out), target).sum() * scale
+
+    step_losses: list[Tensor] = []
+    if top.pp == 1:
+        def step() -> None:
+            step_losses.clear()
+            xs = [torch.tensor_split(t, top.microbatches) for t in x]
+            ys = torch.tensor_split(y, top.microbatches)
+            for k in range(top.microbatches):
+                if not len(ys[k]):
+                    continue
+                sync = k == top.microbatches - 1 or not hasattr(module, "no_sync")
+                with nullcontext() if sync else module.no_sync():
+                    out = clock.timed("forward", lambda k=k: module(*(t[k] for t in xs)))
+                    value = loss_fn(out, ys[k])
+                    clock.timed("backward", value.backward)
+                step_losses.append(value.detach())
+    else:
+        schedule = _schedule(top, me, module, mesh, device, loss_fn, clock)
+
+        def step() -> None:
+            step_losses.clear()
+            schedule.step(*(x if me.stage == 0 else ()), target=y if last else None,
+                          losses=step_losses if last else None, return_outputs=False)
+
+    def train_step() -> None:
+        clock.forward_s = clock.backward_s = 0.0
+        opt.zero_grad(set_to_none=True)
+        step()
+        _sum_tied(tied, module)
+
+    # the checked first step
+    train_step()
+    mine = float(sum(float(v.detach()) for v in step_losses)) / top.dp  # this pipeline's sum over the global batch
+    local_loss = mine * top.global_batch / count if last else None
+    engine_loss = _all_reduce(mine if last and me.tp_rank == 0 else 0.0, dist.ReduceOp.SUM)
+    checks = _checks_before_step(ref, why_not, module, engine_loss)
+    t0 = time.perf_counter()
+    opt.step()
+    synchronize(device)
+    first_opt_s = time.perf_counter() - t0
+    checks.update(_checks_after_step(ref, why_not, module))
+
+    times, fwd, bwd, opt_s = [], [], [], [first_opt_s]
+    for i in range(args.warmup + args.steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        train_step()
+        t1 = time.perf_counter()
+        opt.step()
+        synchronize(device)
+        t2 = time.perf_counter()
+        if i >= args.warmup:
+            times.append(t2 - t0)
+            fwd.append(clock.forward_s)
+            bwd.append(clock.backward_s)
+            opt_s.append(t2 - t1)
+    peak, reserve = None, None
+    if args.memory:
+        with probe:
+            train_step()
+            opt.step()
+        peak, reserve = probe.peak_bytes, probe.reserve_bytes
+    step_max = [_all_reduce(t, dist.ReduceOp.MAX) for t in times]
+
+    record = {"rank": me.rank, "world_size": top.world_size, "device": me.device,
+              "device_type": cluster.devices[me.device].type.name, "torch_device": str(device),
+              "stage": me.stage, "replica": me.replica, "tp_rank": me.tp_rank, "local_batch": count,
+              "microbatches": top.microbatches, "step_times_s": times,
+              "stage_forward_s": _median(fwd), "stage_backward_s": _median(bwd), "optimizer_s": _median(opt_s),
+              "peak_memory_bytes": peak, "peak_reserved_bytes": reserve, "loss": local_loss}
+    records: list[Any] = [None] * top.world_size
+    dist.all_gather_object(records, record)
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / f"rank{me.rank}.json", json.dumps(record, indent=1) + "\n")
+        if me.rank == 0:
+            summary = {"format": ENGINE_FORMAT, "plan": str(args.plan), "model": args.model,
+                       "world_size": top.world_size, "backend": dist.get_backend(), "schedule": top.schedule,
+                       "kind": top.kind, "mesh": {"pp": top.pp, "dp": top.dp, "tp": top.tp},
+                       "sharding": top.sharding, "global_batch": top.global_batch,
+                       "microbatches": top.microbatches, "loss_fn": loss.name, "optimizer": args.optimizer,
+                       "lr": args.lr, "seed": args.seed, "steps": args.steps, "warmup": args.warmup,
+                       "step_time_s": _median(step_max), "step_times_s": step_max, "checks": checks,
+                       "ranks": [f"rank{r}.json" for r in range(top.world_size)]}
+            write_text(out / "engine.json", json.dumps(summary, indent=1) + "\n")
+    return {**record, "checks": checks, "step_time_s": _median(step_max)}
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def _all_reduce(value: float, op) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=op)
+    return float(t[0])
+
+
+def _schedule(top: Topology, me: RankSpec, module: nn.Module, mesh, device: torch.device, loss_fn, clock: _Clock):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    pp_mesh = mesh["pp"]
+    group = pp_mesh.get_group()
+    stage = _timed_stage_class()(module, me.stage, top.pp, device, group=group)
+    stage.clock = clock
+    # a new_group numbers its ranks in ascending order; stage s sits on mesh[s][r][t], whatever its rank
+    ranks = [top.mesh[s][me.replica][me.tp_rank] for s in range(top.pp)]
+    stage.stage_index_to_group_rank = {s: dist.get_group_rank(group, r) for s, r in enumerate(ranks)}
+    kind = Schedule1F1B if top.schedule == "1f1b" else ScheduleGPipe
+    return kind(stage, top.microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+def _tied_groups(top: Topology, me: RankSpec, module: nn.Module) -> list[tuple[Any, list[str]]]:
+    """The process groups summing the gradient of a weight several stages hold (a tied embedding): for each
+    (replica, tp slice), the ranks of those stages. Every rank creates every group, in one order."""
+    names = sorted(original_names(module))
+    held: list[Any] = [None] * top.world_size
+    dist.all_gather_object(held, (top.ranks[dist.get_rank()].stage, names))
+    stages_of: dict[str, set[int]] = {}
+    for stage, ns in held:
+        for n in ns:
+            stages_of.setdefault(n, set()).add(stage)
+    by_stages: dict[tuple[int, ...], list[str]] = {}
+    for n, ss in sorted(stages_of.items()):
+        if len(ss) > 1:
+            by_stages.setdefault(tuple(sorted(ss)), []).append(n)
+    if by_stages and top.sharding == "fsdp":
+        raise EngineError("plan: sharding: fsdp with a weight tied across stages ("
+                          f"{next(iter(by_stages.values()))[0]}) is not run by the engine; use none or zero1")
+    out = []
+    for ss, ns in sorted(by_stages.items()):
+        for r in range(top.dp):
+            for t in range(top.tp):
+                ranks = sorted(top.mesh[s][r][t] for s in ss)
+                group = dist.new_group(ranks)
+                if me.rank in ranks:
+                    out.append((group, ns))
+    return out
+
+
+def _sum_tied(tied: list[tuple[Any, list[str]]], module: nn.Module) -> None:
+    if not tied:
+        return
+    params = original_names(module)
+    for group, names in tied:
+        for n in names:
+            p = params[n]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            dist.all_reduce(g, group=group)
+
+
+def _checks_before_step(ref: _Reference | None, why_not: str | None, module: nn.Module,
+                        engine_loss: float) -> dict[str, Any]:
+    from gpualloc.execute.engine.parallelize import full_grads
+
+    grads = full_grads(module)  # a collective under sharding: every rank calls it
+    if ref is None:
+        return {"loss": {"unsplit": None, "engine": engine_loss, "abs_err": None, "ok": None, "why_not": why_not},
+                "grad": {"max_abs_err": None, "ok": None, "why_not": why_not}}
+    err, ok = _grad_error(grads, ref)
+    err = _all_reduce(err, dist.ReduceOp.MAX)
+    ok = _all_reduce(float(ok), dist.ReduceOp.MIN) == 1.0
+    loss_err = abs(engine_loss - ref.loss)
+    return {"loss": {"unsplit": ref.loss, "engine": engine_loss, "abs_err": loss_err,
+                     "ok": loss_err <= ATOL + LOSS_RTOL * abs(ref.loss)},
+            "grad": {"max_abs_err": err, "ok": ok, "parameters": len(grads)}}
+
+
+def _checks_after_step(ref: _Reference | None, why_not: str | None, module: nn.Module) -> dict[str, Any]:
+    from gpualloc.execute.engine.parallelize import full_params
+
+    weights = full_params(module)
+    if ref is None:
+        return {"weights_after_step": {"max_abs_err": None, "ok": None, "why_not": why_not}}
+    err, ok = _weight_error(weights, ref)
+    return {"weights_after_step": {"max_abs_err": _all_reduce(err, dist.ReduceOp.MAX),
+                                   "ok": _all_reduce(float(ok), dist.ReduceOp.MIN) == 1.0}}
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpualloc.execute.engine",
+                                description="The gpualloc engine's per-rank program (run it under torchrun).")
+    p.add_argument("--plan", required=True, help="plan file (gpualloc-plan v1 or v2)")
+    p.add_argument("--model", required=True, help="zoo model name or package.module:factory")
+    p.add_argument("--cluster", default=None, help="cluster (default: the plan's)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--out", default=None, help="folder for rank{r}.json and engine.json")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="compare the first step with the unsplit model")
+    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure one more step's peak memory")
+    p.add_argument("--timeout", type=float, default=300.0, help="process group timeout, seconds")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The entry point ``torchrun`` runs; RANK, WORLD_SIZE and LOCAL_RANK come from its environment."""
+    ns = _parser().parse_args(argv)
+    args = EngineArgs(ns.plan, ns.model, ns.cluster, ns.steps, ns.warmup, ns.seed, ns.optimizer, ns.lr, ns.out,
+                      ns.check, ns.memory, ns.timeout)
+    try:
+        if args.steps < 1 or args.warmup < 0:
+            raise EngineError(f"--steps {args.steps} / --warmup {args.warmup}: need steps >= 1 and warmup >= 0")
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        result = run_rank(args, rank, world, local)
+    except GpuallocError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if rank == 0:
+        checks = result["checks"]
+        print(json.dumps({"step_time_s": result["step_time_s"],
+                          **{k: v.get("ok") for k, v in checks.items()}}))
+    return 0
