@@ -39,7 +39,7 @@ def plan_file(tmp_path, cluster_spec: str, name: str = "plan.json"):
 @pytest.fixture
 def no_spawn(monkeypatch):
     """Fail the test if launch would start torchrun."""
-    def refuse(cmd, env):
+    def refuse(cmd, env, **kw):
         raise AssertionError(f"torchrun was started: {cmd}")
     monkeypatch.setattr(launch_cli, "run_torchrun", refuse)
 
@@ -96,3 +96,34 @@ def test_print_command_runs_nothing(tmp_path, no_spawn):
     assert res.exit_code == 0, res.output
     assert "-m torch.distributed.run --nproc-per-node 2 --standalone -m gpualloc.execute.engine" in res.stdout
     assert f"--plan {path}" in res.stdout and "--steps 3" in res.stdout and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_launch_runs_the_plan_under_torchrun_and_closes_the_loop(tmp_path):
+    """A real run: torchrun with 2 gloo ranks, the engine's checks, and the run as a calibration file."""
+    import json
+    import os
+    import signal
+
+    from gpualloc.cost.model import Calibration
+
+    path = tmp_path / "plan.json"
+    place = runner.invoke(app, ["place", "gpt-tiny", "--cluster", "2xcpu", "--method", "ddp-speed", "--batch", "4",
+                                "-o", str(path), "--json"])
+    assert place.exit_code == 0, place.output
+    cal = tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "gpualloc.cli.main", "launch", str(path), "--steps", "1",
+                             "--warmup", "0", "--out", str(tmp_path / "run"), "--no-calibrate", "--threads", "2",
+                             "--calibration-out", str(cal), "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # launch ends torchrun's group on SIGTERM
+        proc.communicate(timeout=30)
+        raise
+    assert proc.returncode == 0, err[-2000:]
+    report = json.loads(out)
+    assert all(c["ok"] for c in report["checks"].values()), report["checks"]
+    assert len(report["ranks"]) == 2 and all(r["measured_compute_s"] > 0 for r in report["ranks"])
+    assert report["scale"]["cpu"] > 0 and Calibration.load(cal).fit["engine_run"]["world_size"] == 2

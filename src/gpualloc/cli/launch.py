@@ -14,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ def _is_cpu(dtype) -> bool:
 
 def torchrun_command(plan: Path, model: str, share: HostShare, *, steps: int, warmup: int, seed: int,
                      optimizer: str, lr: float | None, out: Path, check: bool, node_rank: int,
-                     master_addr: str | None, master_port: int | None) -> list[str]:
+                     master_addr: str | None, master_port: int | None, cluster: str | None = None) -> list[str]:
     """The torchrun command line that runs this host's ranks of ``plan`` (an argument list)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(len(share.ranks))]
     if share.nodes == 1 and master_addr is None:
@@ -121,12 +122,21 @@ def torchrun_command(plan: Path, model: str, share: HostShare, *, steps: int, wa
             "--check" if check else "--no-check"]
     if lr is not None:
         cmd += ["--lr", repr(lr)]
+    if cluster is not None:
+        cmd += ["--cluster", cluster]
     return cmd
 
 
-def run_torchrun(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd`` in a process group of its own; on an interrupt the whole group is ended (no orphans)."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+def run_torchrun(cmd: list[str], env: dict[str, str], *, quiet_stdout: bool = False) -> int:
+    """Run ``cmd`` in a process group of its own; on an interrupt the whole group is ended (no orphans).
+    ``quiet_stdout``: the ranks' stdout goes to stderr (``--json`` keeps stdout pure JSON)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=2 if quiet_stdout else None)
+
+    def terminated(signum, frame):  # `timeout`, Slurm or kill: end the ranks too
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    before = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         return proc.wait()
     except BaseException:
@@ -139,6 +149,9 @@ def run_torchrun(cmd: list[str], env: dict[str, str]) -> int:
             except ProcessLookupError:
                 pass
         raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
 
 
 def launch_cmd(
@@ -201,7 +214,8 @@ def launch_cmd(
     opt = optimizer or saved.optimizer or "sgd"
     out_dir = out.resolve()
     cmd = torchrun_command(plan, name, share, steps=steps, warmup=warmup, seed=seed, optimizer=opt, lr=lr, out=out_dir,
-                           check=check, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
+                           check=check, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+                           cluster=cluster)
     env_threads = _threads(share, threads)
     if print_command:
         console.print(f"OMP_NUM_THREADS={env_threads} {shlex.join(cmd)}", soft_wrap=True, markup=False,
@@ -211,7 +225,7 @@ def launch_cmd(
     if not collect:
         out_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(env_threads)}
-        status = run_torchrun(cmd, env)
+        status = run_torchrun(cmd, env, quiet_stdout=as_json)
         if status != 0:
             raise EngineError(f"torchrun exited with status {status}: the ranks' output above says why "
                               f"(command: {shlex.join(cmd)})")
