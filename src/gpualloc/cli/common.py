@@ -90,8 +90,8 @@ class OrderedGroup(TyperGroup):
         return sorted(names, key=lambda n: rank.get(n, len(rank)))
 
 
-COMMAND_ORDER = ("demo", "hw", "graph", "cost", "place", "simulate", "run", "calibrate", "launch", "monitor", "train",
-                 "reproduce", "serve", "user", "submit", "jobs", "logs", "cancel", "policy", "whoami")
+COMMAND_ORDER = ("demo", "hw", "graph", "cost", "place", "simulate", "run", "calibrate", "launch", "export", "monitor",
+                 "train", "reproduce", "serve", "user", "submit", "jobs", "logs", "cancel", "policy", "whoami")
 
 
 def device_types(names: str) -> list:

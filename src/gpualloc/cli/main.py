@@ -13,6 +13,7 @@ from gpualloc import __version__
 from gpualloc.cli import cost, graph, hw, monitor, place, reproduce, simulate, train
 from gpualloc.cli import calibrate as calibrate_cli, run as run_cli
 from gpualloc.cli import launch as launch_cli
+from gpualloc.cli import export as export_cli
 from gpualloc.cli import service as service_cli
 from gpualloc.cli.common import OrderedGroup, console, disk_cache, err_console, output_folder, set_cache
 from gpualloc.errors import GpuallocError, GpuallocWarning
@@ -38,6 +39,7 @@ app.add_typer(monitor.app, name="monitor")
 app.command("run")(run_cli.run_cmd)
 app.command("calibrate")(calibrate_cli.calibrate_cmd)
 app.command("launch")(launch_cli.launch_cmd)
+app.command("export")(export_cli.export_cmd)
 service_cli.register(app)  # serve, submit, jobs, cancel, policy
 
 
