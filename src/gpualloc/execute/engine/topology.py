@@ -179,6 +179,9 @@ def _hybrid(plan: HybridPlan) -> Topology:
                                   f"stages[0].replicas[{ri}] has {first.replicas[ri].batch_share}: pipeline {ri} "
                                   "carries one local batch through every stage, so a replica's share must not "
                                   "differ by stage")
+    if plan.recompute:
+        raise EngineError("plan: recompute: activation recomputation is planned and costed, not run by the engine; "
+                          "plan with recompute false")
     if plan.sharding not in SHARDINGS_RUN:
         raise EngineError(f"plan: sharding: the engine runs {', '.join(SHARDINGS_RUN)}, not {plan.sharding!r}")
     pp = len(plan.stages)
