@@ -1,0 +1,363 @@
+"""Tensor parallelism for transformer blocks and the wrapping of a stage's replica group.
+
+The engine builds each rank's part of a plan from PyTorch's own modules, after torchtitan's
+``parallelize`` functions:
+
+* :func:`module_stage` cuts a zoo transformer eagerly into a stage that holds whole blocks (the
+  embeddings, blocks ``h.i..h.j``, the final norm and the LM head), keeping the original parameter names;
+* :func:`apply_tensor_parallel` shards every block Megatron-style (Shoeybi et al., "Megatron-LM", 2019,
+  section 3) through ``torch.distributed.tensor.parallel.parallelize_module``: the attention's query/key/value
+  projection and the MLP's first linear column-wise, the attention's and the MLP's output projections
+  row-wise, so a block costs one all-reduce forward and one backward per sub-layer, and each rank runs
+  ``heads / tp`` attention heads;
+* :func:`wrap_replica` makes a stage's replicas one data-parallel group: ``"none"`` is
+  ``DistributedDataParallel``, ``"zero1"`` adds ``ZeroRedundancyOptimizer`` (optimizer state sharded, ZeRO
+  stage 1, Rajbhandari et al., SC 2020), ``"fsdp"`` is FSDP2's ``fully_shard`` (parameters, gradients and
+  optimizer state sharded);
+* :func:`full_params` and :func:`full_grads` gather the full tensors back under the unsplit model's
+  parameter names, so the engine's checks compare with the unsplit model.
+
+The fused query/key/value weight of GPT-2 (``c_attn``, rows ``[q; k; v]``) cannot be split by a plain
+column-wise shard: its first half holds all of ``q`` and half of ``k``. :func:`apply_tensor_parallel`
+therefore reorders its rows into ``tp`` groups ``[q_r; k_r; v_r]`` (rank ``r``'s heads) before sharding,
+and :func:`full_params` / :func:`full_grads` undo the order, so nothing outside this module sees it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpualloc.errors import EngineError
+from gpualloc.graph.zoo import GPT, Block, CausalSelfAttention
+
+__all__ = ["SHARDINGS", "TP_MODELS", "GPTStage", "TPCausalSelfAttention", "apply_tensor_parallel",
+           "check_tensor_parallel", "full_grads", "full_params", "module_stage", "tensor_parallel_model",
+           "wrap_replica"]
+
+TP_MODELS: dict[str, type[nn.Module]] = {"gpt-tiny": GPT, "gpt2-small": GPT}
+"""The zoo models with a tensor-parallel rule, by name, and the class the rule applies to."""
+
+SHARDINGS = ("none", "zero1", "fsdp")
+"""How a stage's replica group shares its state: DDP, DDP + ZeRO-1 optimizer, FSDP2."""
+
+_QKV_SHARDS = "_gpualloc_qkv_shards"  # attribute of a TP attention: its c_attn rows are reordered in this many groups
+_PARAMS = "_gpualloc_params"  # attribute of a DDP wrapper: the parameters it reduces, by name
+
+
+def tensor_parallel_model(model_name: str) -> bool:
+    """Whether the zoo model ``model_name`` has a tensor-parallel rule (:data:`TP_MODELS`)."""
+    return model_name in TP_MODELS
+
+
+def _check_model(model_name: str, model: nn.Module) -> None:
+    if model_name not in TP_MODELS:
+        raise EngineError(f"model {model_name!r}: no tensor-parallel rule (models with one: "
+                          f"{', '.join(TP_MODELS)})")
+    expected = TP_MODELS[model_name]
+    if not isinstance(model, expected):
+        raise EngineError(f"model {model_name!r}: expected a {expected.__name__} module, got {type(model).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- stage cut
+def _gpt_part(name: str) -> str:
+    """The part of a GPT a module path belongs to: ``embed``, ``h.<i>``, ``ln_f`` or ``lm_head``."""
+    head = name.split(".")
+    if head[0] == "h" and len(head) > 1:
+        return f"h.{head[1]}"
+    if head[0] in ("wte", "wpe"):
+        return "embed"
+    return head[0]
+
+
+def _parts(layer_names: Sequence[str | None]) -> list[str]:
+    """The part of every layer; an unnamed layer (``arange``, a residual add) joins the named layer before it,
+    or the one after it when none comes before."""
+    named = [None if n is None else _gpt_part(n) for n in layer_names]
+    parts: list[str | None] = list(named)
+    last = None
+    for i, p in enumerate(named):
+        if p is None:
+            parts[i] = last
+        else:
+            last = p
+    nxt = None
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] is None:
+            parts[i] = nxt
+        else:
+            nxt = parts[i]
+    if any(p is None for p in parts):
+        raise EngineError("layer_names: no layer names a module, so no stage can be cut")
+    return parts  # type: ignore[return-value]
+
+
+def _span(parts: list[str], part: str) -> str:
+    idx = [i for i, p in enumerate(parts) if p == part]
+    return f"layers {idx[0]}..{idx[-1]}"
+
+
+class GPTStage(nn.Module):
+    """Whole parts of a :class:`~gpualloc.graph.zoo.GPT`, in order: the embeddings (``wte``, ``wpe``), blocks
+    (``h.<i>``, original indices), the final norm ``ln_f`` and the LM head. The submodules are the model's own
+    (shared, not copied), so parameter names are the model's and a tied ``wte``/``lm_head`` stays tied."""
+
+    def __init__(self, model: GPT, embed: bool, blocks: Sequence[int], ln_f: bool, lm_head: bool) -> None:
+        super().__init__()
+        if embed:
+            self.wte = model.wte
+            self.wpe = model.wpe
+        self.h = nn.ModuleDict({str(i): model.h[i] for i in blocks})
+        if ln_f:
+            self.ln_f = model.ln_f
+        if lm_head:
+            self.lm_head = model.lm_head
+
+    def forward(self, x: Tensor) -> Tensor:
+        if hasattr(self, "wte"):
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.wte(x) + self.wpe(positions)
+        for block in self.h.values():
+            x = block(x)
+        if hasattr(self, "ln_f"):
+            x = self.ln_f(x)
+        if hasattr(self, "lm_head"):
+            x = self.lm_head(x)
+        return x
+
+
+def module_stage(model_name: str, model: nn.Module, first_layer: int, last_layer: int,
+                 layer_names: Sequence[str | None]) -> nn.Module:
+    """The stage of ``model`` that runs layers ``first_layer..last_layer`` (inclusive) of the plan's layer sequence
+    (:mod:`gpualloc.placement.hybrid.layers`; ``layer_names[i]`` is the module path of layer ``i`` or None), as an
+    eager module (:class:`GPTStage`) whose forward takes the previous stage's output (token ids for the first
+    stage) and returns one tensor.
+
+    Raises:
+        EngineError: a model without a tensor-parallel rule, a layer range outside the sequence, or a boundary
+            inside a part (a transformer block, the embeddings): a tensor-parallel stage holds whole blocks.
+    """
+    _check_model(model_name, model)
+    n = len(layer_names)
+    if not 0 <= first_layer <= last_layer < n:
+        raise EngineError(f"stage layers {first_layer}..{last_layer}: outside the model's {n} layers (0..{n - 1})")
+    parts = _parts(layer_names)
+    for at, inside in ((first_layer, first_layer > 0 and parts[first_layer - 1] == parts[first_layer]),
+                       (last_layer, last_layer < n - 1 and parts[last_layer + 1] == parts[last_layer])):
+        if inside:
+            what = "block" if parts[at].startswith("h.") else "part"
+            raise EngineError(
+                f"stage layers {first_layer}..{last_layer}: layer {at} ({layer_names[at] or 'unnamed'}) cuts "
+                f"{what} {parts[at]} ({_span(parts, parts[at])}); a tensor-parallel stage must hold whole blocks")
+    held = list(dict.fromkeys(parts[first_layer:last_layer + 1]))
+    assert isinstance(model, GPT)
+    blocks = [int(p.split(".")[1]) for p in held if p.startswith("h.")]
+    for i in blocks:
+        if i >= len(model.h):
+            raise EngineError(f"layer_names: block h.{i} is not in model {model_name!r} ({len(model.h)} blocks)")
+    return GPTStage(model, "embed" in held, blocks, "ln_f" in held, "lm_head" in held)
+
+
+# ---------------------------------------------------------------------------------------------- tensor parallel
+class TPCausalSelfAttention(CausalSelfAttention):
+    """:class:`~gpualloc.graph.zoo.CausalSelfAttention` on ``1 / tp`` of the heads: ``c_attn`` (column-wise, rows
+    reordered so each shard is ``[q_r; k_r; v_r]``) yields this rank's heads, ``c_proj`` (row-wise) sums the
+    ranks' outputs."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        qkv = self.c_attn(x)
+        width = qkv.shape[-1] // 3
+        heads = self.heads // getattr(self, _QKV_SHARDS)
+        q, k, v = (z.view(b, t, heads, width // heads).transpose(1, 2) for z in qkv.split(width, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, width))
+
+
+def _qkv_order(t: Tensor, tp: int, inverse: bool = False) -> Tensor:
+    """Rows ``[q; k; v]`` -> ``[q_0; k_0; v_0; q_1; ...]`` (``tp`` groups), or back with ``inverse``."""
+    rows = t.shape[0]
+    shape = (3, tp, rows // (3 * tp)) if not inverse else (tp, 3, rows // (3 * tp))
+    return t.reshape(*shape, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
+
+
+def _blocks(module: nn.Module) -> list[tuple[str, Block]]:
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, Block)]
+
+
+def check_tensor_parallel(module: nn.Module, model_name: str, tp: int) -> None:
+    """Refuse, in one line, a tensor-parallel degree ``tp`` that :func:`apply_tensor_parallel` cannot apply to
+    ``module`` (a stage or a whole model): a model without a rule, a degree below 1, or attention heads or MLP
+    width that do not split evenly. Needs no process group, so a plan can be checked before anything starts.
+
+    Raises:
+        EngineError: naming the block and the number that does not divide.
+    """
+    if model_name not in TP_MODELS:
+        raise EngineError(f"model {model_name!r}: no tensor-parallel rule (models with one: {', '.join(TP_MODELS)})")
+    if tp < 1:
+        raise EngineError(f"tensor parallel degree: expected at least 1, got {tp}")
+    for name, block in _blocks(module):
+        heads, ffn = block.attn.heads, block.mlp.c_fc.out_features
+        if heads % tp:
+            raise EngineError(f"{name}: {heads} attention heads do not split evenly over tensor parallel {tp}")
+        if ffn % tp:
+            raise EngineError(f"{name}: MLP width {ffn} does not split evenly over tensor parallel {tp}")
+
+
+def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, model_name: str) -> nn.Module:
+    """Shard every transformer block of ``module`` (a :func:`module_stage` stage or a whole zoo GPT) over the 1-D
+    ``tp_mesh``: ``attn.c_attn`` and ``mlp.c_fc`` column-wise, ``attn.c_proj`` and ``mlp.c_proj`` row-wise
+    (``torch.distributed.tensor.parallel``), each rank running ``heads / tp`` heads; the embeddings, norms and LM
+    head stay replicated. Every rank must hold the same weights before (same seed). Returns ``module``, changed in
+    place; a size-1 mesh changes nothing.
+
+    Raises:
+        EngineError: as :func:`check_tensor_parallel`, or a module sharded already.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    check_tensor_parallel(module, model_name, tp)
+    if tp == 1:
+        return module
+    for name, block in _blocks(module):
+        attn = block.attn
+        if type(attn) is not CausalSelfAttention:
+            raise EngineError(f"{name}: tensor parallelism is applied already")
+        with torch.no_grad():
+            attn.c_attn.weight.copy_(_qkv_order(attn.c_attn.weight, tp))
+            attn.c_attn.bias.copy_(_qkv_order(attn.c_attn.bias, tp))
+        attn.__class__ = TPCausalSelfAttention
+        setattr(attn, _QKV_SHARDS, tp)
+        parallelize_module(block, tp_mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                           "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
+    return module
+
+
+# ---------------------------------------------------------------------------------------------- replica group
+def _optimizer_class(optimizer: str) -> type[torch.optim.Optimizer]:
+    from gpualloc.execute.worker import OPTIMIZERS
+
+    if optimizer not in OPTIMIZERS:
+        raise EngineError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    return OPTIMIZERS[optimizer]  # type: ignore[return-value]
+
+
+def _has_dtensor(module: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
+                 lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """``module`` made one replica of the data-parallel group ``dp_mesh`` (a 1-D DeviceMesh, or None), and its
+    optimizer (``optimizer`` names one of :data:`gpualloc.execute.worker.OPTIMIZERS`, with learning rate ``lr``):
+
+    * ``"none"``: ``DistributedDataParallel`` over the group (gradients all-reduced and averaged, overlapped
+      with the backward);
+    * ``"zero1"``: the same DDP, and a ``ZeroRedundancyOptimizer`` over the group (each rank keeps the optimizer
+      state of its share of the parameters, steps it and broadcasts it);
+    * ``"fsdp"``: FSDP2's ``fully_shard`` on the mesh, each transformer block one unit, then the whole module
+      (parameters, gradients and optimizer state sharded; gradients reduce-scattered and averaged).
+
+    Gradients are averaged over the group, so each rank's loss is its local mean times
+    ``dp * local_batch / global_batch`` for the global-batch mean gradient. A module with tensor-parallel
+    (DTensor) parameters works under all three: DDP through PyTorch's TP+DDP transform, FSDP2 on the data
+    dimension of the same mesh. ``dp_mesh`` None or of size 1 wraps nothing (any ``sharding``).
+
+    Raises:
+        EngineError: an unknown ``sharding`` or ``optimizer``.
+    """
+    if sharding not in SHARDINGS:
+        raise EngineError(f"sharding: expected one of {', '.join(SHARDINGS)}, got {sharding!r}")
+    opt_class = _optimizer_class(optimizer)
+    if dp_mesh is None or dp_mesh.size() == 1:
+        return module, opt_class(module.parameters(), lr=lr)
+    if sharding == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for m in module.modules():
+            if isinstance(m, Block):
+                fully_shard(m, mesh=dp_mesh)
+        fully_shard(module, mesh=dp_mesh)
+        return module, opt_class(module.parameters(), lr=lr)
+    from torch.nn.parallel import DistributedDataParallel
+
+    if _has_dtensor(module):
+        from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+        # DDP cannot broadcast DTensors: PyTorch's TP+DDP transform hands it each parameter's local shard and
+        # rebuilds the DTensors around them at every forward (they then leave ``named_parameters``, so the
+        # shards are kept by name for full_params / full_grads)
+        _pre_dp_module_transform(module)
+    group = dp_mesh.get_group()
+    named = dict(module.named_parameters())
+    wrapped = DistributedDataParallel(module, process_group=group)
+    wrapped.__dict__[_PARAMS] = named
+    if sharding == "none":
+        return wrapped, opt_class(wrapped.parameters(), lr=lr)
+    with warnings.catch_warnings():  # its functional optimizers use torch.jit.script, deprecated in torch 2.13
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    return wrapped, ZeroRedundancyOptimizer(list(wrapped.parameters()), optimizer_class=opt_class,
+                                            process_group=group, lr=lr)
+
+
+# ---------------------------------------------------------------------------------------------- full tensors
+def _unwrapped(module: nn.Module) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+def _full(t: Tensor, param: Tensor) -> Tensor:
+    """The full tensor behind ``t`` (``param`` or its gradient): a DTensor gathered, a parameter that PyTorch's
+    TP+DDP transform holds as its local shard rebuilt from its spec and gathered, a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return t.full_tensor()
+    spec = getattr(param, "_st_info", None)
+    if spec is not None:
+        return DTensor.from_local(t, spec.mesh, spec.placements, run_check=False, shape=spec.shape,
+                                  stride=spec.stride).full_tensor()
+    return t
+
+
+def _full_named(module: nn.Module, grads: bool) -> dict[str, Tensor]:
+    inner = _unwrapped(module)
+    params = module.__dict__.get(_PARAMS) or dict(inner.named_parameters())
+    reordered = {f"{name}.c_attn.{p}": getattr(m, _QKV_SHARDS) for name, m in inner.named_modules()
+                 if hasattr(m, _QKV_SHARDS) for p in ("weight", "bias")}
+    out: dict[str, Tensor] = {}
+    for name, param in params.items():
+        t = param.grad if grads else param
+        if t is None:
+            continue
+        full = _full(t.detach(), param)
+        if name in reordered:
+            full = _qkv_order(full, reordered[name], inverse=True)
+        out[name] = full.detach().clone()
+    return out
+
+
+def full_params(module: nn.Module) -> dict[str, Tensor]:
+    """Every parameter of ``module`` (as :func:`apply_tensor_parallel` / :func:`wrap_replica` left it) as a full
+    tensor, by the unsplit model's parameter name (no ``module.`` prefix, ``c_attn`` rows in ``[q; k; v]`` order).
+
+    A collective when anything is sharded: every rank of the module's meshes calls it.
+    """
+    return _full_named(module, grads=False)
+
+
+def full_grads(module: nn.Module) -> dict[str, Tensor]:
+    """The full gradient of every parameter that has one, by the unsplit model's parameter name (as
+    :func:`full_params`). A collective when anything is sharded: every rank of the module's meshes calls it."""
+    return _full_named(module, grads=True)
