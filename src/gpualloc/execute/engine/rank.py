@@ -99,23 +99,41 @@ class EngineArgs:
 
 # ------------------------------------------------------------------------------------------------ plan
 def _load(args: EngineArgs):
-    """(plan, graph, cluster, topology): the plan read and bound to the model's graph and the cluster. The
-    graph is traced at operator level (a hybrid plan's layers are its layers), at layer level for an operator
-    plan whose node ids are layers."""
-    from gpualloc.graph.capture import capture
+    """(plan, cluster, topology, graph): the plan read, checked against the cluster and mapped to ranks before
+    anything slow; the model's graph (None for a one-stage hybrid plan without tensor parallelism, which runs
+    the whole model and needs no cut) traced at operator level (a hybrid plan's layers are its layers), at layer
+    level for an operator plan whose node ids are layers."""
     from gpualloc.hardware.cluster import load_cluster
-    from gpualloc.placement.document import read_plan
-    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.placement.document import parse_hybrid, read_plan
+    from gpualloc.placement.hybrid.plan import validate
 
     saved = read_plan(args.plan)
     if not (args.cluster or saved.cluster):
         raise EngineError(f"{args.plan}: cluster: the plan names no cluster: pass --cluster")
     cluster = load_cluster(args.cluster or saved.cluster)
-    graph = capture(args.model, batch=2)
-    if saved.node_ids and not saved.node_ids <= set(graph.index):
-        graph = capture(args.model, batch=2, granularity="layer")
+    labels = [d.label for d in cluster.devices]
+    if saved.devices is not None and list(saved.devices) != labels:
+        raise EngineError(f"{args.plan}: devices: the plan was made for {list(saved.devices)}, cluster "
+                          f"{cluster.name!r} has {labels}")
+    if saved.version == 2:
+        plan = parse_hybrid(saved.doc, where=str(args.plan))
+        validate(plan, n_devices=len(cluster.devices), where=str(args.plan))
+        top = topology(plan)
+        return plan, cluster, top, _graph(args.model, saved.node_ids) if top.pp > 1 or top.tp > 1 else None
+    from gpualloc.placement.problem import PlacementProblem
+
+    graph = _graph(args.model, saved.node_ids)
     plan = saved.plan_for(PlacementProblem(graph, cluster))
-    return plan, graph, cluster, topology(plan, graph)
+    return plan, cluster, topology(plan, graph), graph
+
+
+def _graph(model: str, node_ids):
+    from gpualloc.graph.capture import capture
+
+    graph = capture(model, batch=2)
+    if node_ids and not node_ids <= set(graph.index):
+        graph = capture(model, batch=2, granularity="layer")
+    return graph
 
 
 # ------------------------------------------------------------------------------------------------ reference
@@ -266,7 +284,7 @@ def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int) -> d
     """
     from gpualloc.graph.runnable import build_model
 
-    plan, graph, cluster, top = _load(args)
+    plan, cluster, top, graph = _load(args)
     if world_size != top.world_size:
         raise EngineError(f"{args.plan}: the plan uses {top.world_size} devices, torchrun started {world_size} "
                           f"processes: run torchrun --nproc-per-node {top.world_size} (or gpualloc launch)")

@@ -1,0 +1,127 @@
+"""The engine on CPU: gloo processes under torchrun match the unsplit model's loss, gradients and weights.
+
+The multi-process runs are ``slow`` (each starts 2-4 Python processes that import torch and trace the model);
+the chain stages and the checks' own ability to fail are tested in-process.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from gpualloc.execute.engine.loss import loss_for
+from gpualloc.execute.engine.rank import _grad_error, _reference, _weight_error
+from gpualloc.execute.engine.stages import chain
+from gpualloc.graph.capture import capture
+from gpualloc.graph.runnable import build_model, export_runnable
+from gpualloc.placement.hybrid.layers import layer_of_node
+from tests.execute.engine.conftest import engine_alone, torchrun, write_plan
+
+GPT_LAYERS = 26  # gpt-tiny's layer sequence (op-level graph)
+
+
+def _assert_matches(engine: dict) -> None:
+    checks = engine["checks"]
+    assert checks["loss"]["ok"] is True, checks
+    assert checks["grad"]["ok"] is True and checks["grad"]["parameters"] > 0, checks
+    assert checks["weights_after_step"]["ok"] is True, checks
+    assert checks["loss"]["abs_err"] <= 1e-4 * abs(checks["loss"]["unsplit"])
+
+
+# ------------------------------------------------------------------------------------------------ in-process
+def test_chain_of_three_stages_carries_skip_values_and_tied_weights():
+    graph = capture("gpt-tiny", batch=2)
+    layers = layer_of_node(graph)
+    # stage 0 ends inside block 0 (after its attention): the residual crosses to stage 1 with the attention
+    # output; stage 2 holds the LM head, tied to stage 0's embedding
+    cuts = np.asarray([7, 13, GPT_LAYERS - 1])
+    module, args = build_model("gpt-tiny", 4, seed=0)
+    gm = export_runnable(module, args, training=True, name="gpt-tiny").module
+    ch = chain(gm, graph, np.searchsorted(cuts, layers, side="left"))
+    assert len(ch.stages) == 3 and len(ch.carried[0]) == 2  # the residual stream and the attention's output
+    assert ch.tied == {"lm_head.weight": (0, 2)}
+    got = ch.run(*args)[0]
+    want = module.train()(*args)
+    assert torch.equal(got, want)
+    names = {n for st in ch.stages for n, _ in st.named_parameters()}
+    assert "h.0.attn.c_attn.weight" in names  # the unsplit model's parameter names
+
+
+def test_checks_fail_on_a_wrong_gradient_and_a_wrong_step():
+    module, args = build_model("gpt-tiny", 4, seed=0)
+    loss = loss_for(module)
+    ref = _reference(module, args, loss.targets(args, 0), loss, "sgd", 0.1)
+    grads = {n: g.clone() for n, g in ref.grads.items()}
+    assert _grad_error(grads, ref) == (0.0, True)
+    grads["h.1.mlp.c_fc.weight"] *= 1.6  # e.g. a 5/3 share weighted as an equal one
+    err, ok = _grad_error(grads, ref)
+    assert not ok and err > 0
+    weights = {n: w.clone() for n, w in ref.after.items()}
+    assert _weight_error(weights, ref)[1]
+    weights["wpe.weight"] = ref.before["wpe.weight"]  # a step that did not move this weight
+    assert not _weight_error(weights, ref)[1]
+
+
+def test_refusal_is_one_line_and_exit_2(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", {
+        "cluster": "4xA100", "global_batch": 8, "microbatches": 2, "stages": [
+            {"layers": [0, 12], "replicas": [{"devices": [0], "batch_share": 6}, {"devices": [1], "batch_share": 2}]},
+            {"layers": [13, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 4},
+                                                          {"devices": [3], "batch_share": 4}]}]})
+    run = engine_alone(plan, "gpt-tiny", tmp_path / "out")
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: plan: stages[1].replicas[0].batch_share: 4"), run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------ torchrun
+@pytest.mark.slow
+def test_ddp_unequal_shares_matches_the_unsplit_model(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", {
+        "cluster": "2xA100", "global_batch": 8, "microbatches": 1, "stages": [
+            {"layers": [0, GPT_LAYERS - 1], "replicas": [{"devices": [0], "batch_share": 5},
+                                                         {"devices": [1], "batch_share": 3}]}]})
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "2", "--warmup", "0")
+    assert run.returncode == 0, run.stderr[-3000:]
+    engine = run.engine
+    _assert_matches(engine)
+    assert engine["mesh"] == {"pp": 1, "dp": 2, "tp": 1} and engine["backend"] == "gloo"
+    r0, r1 = run.rank(0), run.rank(1)
+    assert (r0["local_batch"], r1["local_batch"]) == (5, 3)
+    assert len(r0["step_times_s"]) == 2 and r0["peak_memory_bytes"] > 0 and r0["stage_forward_s"] > 0
+    maxes = [max(a, b) for a, b in zip(r0["step_times_s"], r1["step_times_s"], strict=True)]
+    assert engine["step_time_s"] == pytest.approx(statistics.median(maxes))  # the median of the slowest rank
+
+
+@pytest.mark.slow
+def test_pp2_1f1b_matches_the_unsplit_model(tmp_path):
+    # stage 0 on device 1: the pipeline's order is the plan's, not the ranks'
+    plan = write_plan(tmp_path / "plan.json", {
+        "cluster": "2xA100", "global_batch": 8, "microbatches": 4, "schedule": "1f1b", "stages": [
+            {"layers": [0, 12], "replicas": [{"devices": [1], "batch_share": 8}]},
+            {"layers": [13, GPT_LAYERS - 1], "replicas": [{"devices": [0], "batch_share": 8}]}]})
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert run.engine["schedule"] == "1f1b"
+    assert (run.rank(1)["stage"], run.rank(0)["stage"]) == (0, 1)
+    assert run.rank(0)["loss"] == pytest.approx(run.engine["checks"]["loss"]["unsplit"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_pp2_x_dp2_unequal_shares_matches_the_unsplit_model(tmp_path):
+    plan = write_plan(tmp_path / "plan.json", {
+        "cluster": "4xA100", "global_batch": 8, "microbatches": 2, "schedule": "gpipe", "stages": [
+            {"layers": [0, 9], "replicas": [{"devices": [0], "batch_share": 6}, {"devices": [3], "batch_share": 2}]},
+            {"layers": [10, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 6},
+                                                          {"devices": [1], "batch_share": 2}]}]})
+    run = torchrun(4, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert run.engine["mesh"] == {"pp": 2, "dp": 2, "tp": 1}
+    assert {(run.rank(r)["stage"], run.rank(r)["replica"], run.rank(r)["local_batch"]) for r in range(4)} == \
+        {(0, 0, 6), (1, 1, 2), (1, 0, 6), (0, 1, 2)}
