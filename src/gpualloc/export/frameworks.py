@@ -85,7 +85,11 @@ def torchtitan_overrides(toml_text: str) -> list[str]:
     out = []
     for section, table in tomllib.loads(toml_text).items():
         for key, value in table.items():
-            out += [f"--{section}.{key}", value if isinstance(value, str) else json.dumps(value)]
+            out.append(f"--{section}.{key}")
+            if isinstance(value, list):  # list[list[str]]: one comma-separated value per inner list
+                out += [",".join(v) if isinstance(v, list) else str(v) for v in value]
+            else:
+                out.append(value if isinstance(value, str) else json.dumps(value))
     return out
 
 

@@ -237,7 +237,8 @@ def nearest_plan(problem: PlacementProblem, plan: Plan, units: Units, fw: Framew
     devs = [list(s.devices) for s in kept]
     tps = sorted({r.tp for s in kept for r in s.replicas})
     dps = sorted({len(s.replicas) for s in kept})
-    shares = sorted({r.batch_share for s in kept for r in s.replicas})
+    unequal = {i: [r.batch_share for r in s.replicas] for i, s in enumerate(kept)
+               if len({r.batch_share for r in s.replicas}) > 1}
     G, M = plan.global_batch, plan.microbatches
 
     schedule = fw.schedules[plan.schedule]
@@ -279,9 +280,9 @@ def nearest_plan(problem: PlacementProblem, plan: Plan, units: Units, fw: Framew
     unused = sorted(set(d for s in devs for d in s) - set(best.devices))
     if unused:
         dropped.append(f"device(s) {', '.join(map(str, unused))} unused by the {len(kept)} x {dp} x {tp} grid")
-    if len(shares) > 1:
-        dropped.append(f"unequal batch shares {'/'.join(map(str, shares))}: {best.global_batch // dp} samples per "
-                       f"data-parallel rank")
+    if unequal:
+        where = "; ".join(f"stage {i}: {'/'.join(map(str, v))}" for i, v in unequal.items())
+        dropped.append(f"unequal batch shares ({where}): {best.global_batch // dp} samples per data-parallel rank")
     if best.global_batch != G:
         dropped.append(f"global batch {G} does not divide among {dp} data-parallel ranks: {best.global_batch}")
     if best.microbatches != M:
