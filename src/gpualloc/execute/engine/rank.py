@@ -312,6 +312,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
 
     whole, inputs = build(top.global_batch)
     loss = loss_for(whole)
+    aliases = _aliases(whole)
     targets = loss.targets(inputs, args.seed)
     why_not = _batch_coupled(whole) if args.check else "not asked (--no-check)"
     ref = _reference(whole, inputs, targets, loss, args.optimizer, args.lr) if why_not is None else None
@@ -329,7 +330,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     gc.collect()
     dp_mesh = mesh["dp"] if top.dp > 1 else None
     module, opt = _wrap(stage, dp_mesh, top, args)
-    tied = _tied_groups(top, me, module)
+    tied = _tied_groups(top, me, module, aliases)
     clock = _Clock(device)
     last = me.stage == top.pp - 1
 
@@ -476,12 +477,26 @@ def _schedule(top: Topology, me: RankSpec, module: nn.Module, mesh, device: torc
     return kind(stage, top.microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
-def _tied_groups(top: Topology, me: RankSpec, module: nn.Module) -> list[tuple[Any, list[str]]]:
-    """The process groups summing the gradient of a weight several stages hold (a tied embedding): for each
-    (replica, tp slice), the ranks of those stages. Every rank creates every group, in one order."""
-    names = sorted(original_names(module))
+def _aliases(module: nn.Module) -> dict[str, str]:
+    """Every parameter name of the unsplit ``module`` -> the first name of the same parameter (a tied weight has
+    several: ``lm_head.weight`` -> ``wte.weight``)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        out[name] = first.setdefault(id(p), name)
+    return out
+
+
+def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
+                 aliases: Mapping[str, str]) -> list[tuple[Any, list[str]]]:
+    """The process groups summing the gradient of a weight several stages hold (a tied embedding, under whatever
+    name each stage holds it): for each (replica, tp slice), the ranks of those stages, and this rank's names of
+    the weights. Every rank creates every group, in one order."""
+    mine: dict[str, list[str]] = {}
+    for name in original_names(module):
+        mine.setdefault(aliases.get(name, name), []).append(name)
     held: list[Any] = [None] * top.world_size
-    dist.all_gather_object(held, (top.ranks[dist.get_rank()].stage, names))
+    dist.all_gather_object(held, (me.stage, sorted(mine)))
     stages_of: dict[str, set[int]] = {}
     for stage, ns in held:
         for n in ns:
@@ -500,7 +515,7 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module) -> list[tuple[A
                 ranks = sorted(top.mesh[s][r][t] for s in ss)
                 group = dist.new_group(ranks)
                 if me.rank in ranks:
-                    out.append((group, ns))
+                    out.append((group, [local for n in ns for local in mine.get(n, [])]))
     return out
 
 
