@@ -25,6 +25,7 @@ and :func:`full_params` / :func:`full_grads` undo the order, so nothing outside 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -336,15 +337,23 @@ def _full_named(module: nn.Module, grads: bool) -> dict[str, Tensor]:
     params = module.__dict__.get(_PARAMS) or dict(inner.named_parameters())
     reordered = {f"{name}.c_attn.{p}": getattr(m, _QKV_SHARDS) for name, m in inner.named_modules()
                  if hasattr(m, _QKV_SHARDS) for p in ("weight", "bias")}
+    # gathering an FSDP x TP parameter takes two all-gathers, which DTensor logs as a warning per tensor; an
+    # all-gather is exact, so its note on "inconsistent results" does not apply here
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
     out: dict[str, Tensor] = {}
-    for name, param in params.items():
-        t = param.grad if grads else param
-        if t is None:
-            continue
-        full = _full(t.detach(), param)
-        if name in reordered:
-            full = _qkv_order(full, reordered[name], inverse=True)
-        out[name] = full.detach().clone()
+    try:
+        for name, param in params.items():
+            t = param.grad if grads else param
+            if t is None:
+                continue
+            full = _full(t.detach(), param)
+            if name in reordered:
+                full = _qkv_order(full, reordered[name], inverse=True)
+            out[name] = full.detach().clone()
+    finally:
+        log.setLevel(level)
     return out
 
 
