@@ -160,6 +160,7 @@ def _dp_part(rank: int, world: int, model_name: str, tp: int, seq: int) -> dict:
         mine = idx[sum(shares[:r]):sum(shares[:r + 1])]
         loss = _next_token_loss(module(mine), mine) * (dp * len(mine) / global_batch)
         loss.backward()
+        named_after_forward = set(P.replica_parameters(module))
         grads = P.full_grads(module)
         opt.step()
         after = P.full_params(module)
@@ -174,6 +175,7 @@ def _dp_part(rank: int, world: int, model_name: str, tp: int, seq: int) -> dict:
             firm = {n: ref_grads[n].abs() >= 1e-4 for n in ref_grads}
             report.update(
                 loss=total.item() / world, names_missing=sorted(set(ref_grads) ^ set(grads)),
+                replica_parameters_missing=sorted(set(ref_grads) ^ named_after_forward),
                 grad_err=_max_err(grads, ref_grads), grad_max=max(g.abs().max().item() for g in ref_grads.values()),
                 step_err_same_grad=_max_err(after, {n: p.detach() for n, p in single.items()}),
                 step_err_firm=max(((after[n] - ref_after[n]).abs() * firm[n]).max().item() for n in ref_after),
@@ -217,7 +219,7 @@ def two_ranks(tmp_path_factory) -> dict:
 def _check_dp(results: dict) -> None:
     for sharding, r in results.items():
         where = f"sharding {sharding}"
-        assert r["names_missing"] == [], where
+        assert r["names_missing"] == [] and r["replica_parameters_missing"] == [], (where, r)
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * max(1.0, abs(r["ref_loss"])), (where, r)
         assert r["grad_err"] <= 1e-5 * max(1.0, r["grad_max"]), (where, r)
         assert r["step_err_same_grad"] <= 1e-6, (where, r)

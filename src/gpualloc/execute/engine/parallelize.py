@@ -38,8 +38,8 @@ from gpualloc.errors import EngineError
 from gpualloc.graph.zoo import GPT, Block, CausalSelfAttention
 
 __all__ = ["SHARDINGS", "TP_MODELS", "GPTStage", "TPCausalSelfAttention", "apply_tensor_parallel",
-           "check_tensor_parallel", "full_grads", "full_params", "module_stage", "tensor_parallel_model",
-           "wrap_replica"]
+           "check_tensor_parallel", "full_grads", "full_params", "module_stage", "replica_parameters",
+           "tensor_parallel_model", "wrap_replica"]
 
 TP_MODELS: dict[str, type[nn.Module]] = {"gpt-tiny": GPT, "gpt2-small": GPT}
 """The zoo models with a tensor-parallel rule, by name, and the class the rule applies to."""
@@ -256,8 +256,8 @@ def _has_dtensor(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
-def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
-                 lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str, lr: float, *,
+                 pipelined: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``module`` made one replica of the data-parallel group ``dp_mesh`` (a 1-D DeviceMesh, or None), and its
     optimizer (``optimizer`` names one of :data:`gpualloc.execute.worker.OPTIMIZERS`, with learning rate ``lr``):
 
@@ -272,6 +272,14 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     ``dp * local_batch / global_batch`` for the global-batch mean gradient. A module with tensor-parallel
     (DTensor) parameters works under all three: DDP through PyTorch's TP+DDP transform, FSDP2 on the data
     dimension of the same mesh. ``dp_mesh`` None or of size 1 wraps nothing (any ``sharding``).
+
+    ``pipelined``: the module runs as a stage of ``torch.distributed.pipelining``; DDP is then built with
+    ``find_unused_parameters=True`` (in torch 2.13 DDP inside ``PipelineStage``, whose forwards run under
+    ``no_sync``, otherwise fails its bucket rebuild on the second step).
+
+    After the first forward under DDP with tensor parallelism, the module's ``named_parameters()`` no longer
+    lists the sharded parameters (PyTorch's transform holds them as attributes): :func:`replica_parameters`,
+    :func:`full_params` and :func:`full_grads` still find them all.
 
     Raises:
         EngineError: an unknown ``sharding`` or ``optimizer``.
@@ -300,7 +308,7 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
         _pre_dp_module_transform(module)
     group = dp_mesh.get_group()
     named = dict(module.named_parameters())
-    wrapped = DistributedDataParallel(module, process_group=group)
+    wrapped = DistributedDataParallel(module, process_group=group, find_unused_parameters=pipelined)
     wrapped.__dict__[_PARAMS] = named
     if sharding == "none":
         return wrapped, opt_class(wrapped.parameters(), lr=lr)
@@ -332,9 +340,17 @@ def _full(t: Tensor, param: Tensor) -> Tensor:
     return t
 
 
+def replica_parameters(module: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters of ``module`` (as :func:`apply_tensor_parallel` / :func:`wrap_replica` left it) that its
+    optimizer steps, by the unsplit model's parameter names: a DTensor, an FSDP shard, a plain tensor, or the local
+    shard that DDP reduces under tensor parallelism (its ``_st_info`` holds the DTensor spec)."""
+    params = module.__dict__.get(_PARAMS)
+    return dict(params) if params is not None else dict(_unwrapped(module).named_parameters())
+
+
 def _full_named(module: nn.Module, grads: bool) -> dict[str, Tensor]:
     inner = _unwrapped(module)
-    params = module.__dict__.get(_PARAMS) or dict(inner.named_parameters())
+    params = replica_parameters(module)
     reordered = {f"{name}.c_attn.{p}": getattr(m, _QKV_SHARDS) for name, m in inner.named_modules()
                  if hasattr(m, _QKV_SHARDS) for p in ("weight", "bias")}
     # gathering an FSDP x TP parameter takes two all-gathers, which DTensor logs as a warning per tensor; an
