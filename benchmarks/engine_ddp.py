@@ -122,6 +122,7 @@ def main() -> int:
     p.add_argument("--worker", action="store_true", help=_args.argparse.SUPPRESS)
     p.add_argument("--worker-out", default=None, help=_args.argparse.SUPPRESS)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # end the torchrun groups too
     if args.worker:
         _worker(args)
         return 0

@@ -67,6 +67,7 @@ def main() -> int:
     p.add_argument("--timeout", type=_args.positive, default=600.0, help="seconds per launch")
     p.add_argument("--out", type=_args.output, default=HERE / "results" / "engine_rows.json")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # end the torchrun groups too
     if args.batch % 8:
         p.error(f"--batch {args.batch}: must be a multiple of 8 (shares 3:1 and 4 microbatches)")
 
