@@ -88,6 +88,11 @@ def test_multi_node_share_and_command(tmp_path):
     text = " ".join(cmd)
     assert "-m torch.distributed.run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 " \
            "--master-port 29511 -m gpualloc.execute.engine" in text
+    res = runner.invoke(app, ["launch", str(path), "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                              "--print-command"])
+    assert res.exit_code == 0 and "--nnodes 2 --node-rank 1 --master-addr 10.0.0.1" in res.stdout, res.output
+    res = runner.invoke(app, ["launch", str(path), "--nnodes", "2", "--print-command"])
+    assert isinstance(res.exception, EngineError) and "--master-addr" in str(res.exception)
 
 
 def test_print_command_runs_nothing(tmp_path, no_spawn):

@@ -209,7 +209,7 @@ def launch_cmd(
     if not name:
         raise EngineError(f"{plan}: graph: the plan names no model: pass --model")
     share = host_share(str(plan), saved, clus, nnodes=nnodes, node_rank=node_rank, **_cuda_host())
-    if nnodes > 1 and master_addr is None and not print_command:
+    if nnodes > 1 and master_addr is None:
         raise EngineError("--master-addr: a run on several nodes needs node 0's address")
     opt = optimizer or saved.optimizer or "sgd"
     out_dir = out.resolve()
