@@ -40,6 +40,12 @@ def tp_plan(problem, units):
                      BATCH, MICROBATCHES, sharding="zero1", n_devices=problem.k)
 
 
+def accumulate_plan(problem, units):
+    """Data parallel only, over all four devices, with two microbatches: gradient accumulation."""
+    return make_plan([HybridStage(0, units.layer_count - 1, tuple(Replica((d,), BATCH // 4) for d in range(4)))],
+                     BATCH, 2, n_devices=problem.k)
+
+
 @pytest.fixture(scope="session")
 def problems():
     return {m: problem_for(m) for m in MODELS}
@@ -53,7 +59,8 @@ def plans(problems):
     out = {}
     for m, p in problems.items():
         out[m] = {"hybrid": place(p, "hybrid", seed=0).plan, "assignment": place(p, "round-robin", seed=0).plan,
-                  "unequal": unequal_plan(p, units_of(p.graph)), "tp": tp_plan(p, units_of(p.graph))}
+                  "unequal": unequal_plan(p, units_of(p.graph)), "tp": tp_plan(p, units_of(p.graph)),
+                  "accumulate": accumulate_plan(p, units_of(p.graph))}
     return out
 
 

@@ -147,3 +147,14 @@ def test_a_missing_plan_or_one_for_an_unknown_graph_is_one_line(cli, tmp_path, p
     bare = _plan_file(tmp_path, problems["gpt-tiny"], plans["gpt-tiny"]["tp"], name="bare.json", graph=None)
     code, _, err = cli("export", bare, "--to", "deepspeed")
     assert code == 2 and "graph: the plan file names no graph; pass --graph" in err
+
+
+def test_a_precision_the_devices_lack_falls_back_to_fp32(problems):
+    """fp16 on V100s: torchtitan has no fp16 and V100s no bf16, so the nearest trains in fp32."""
+    problem = problem_for("gpt-tiny", precision="fp16")
+    u = units_of(problem.graph)
+    plan = make_plan([HybridStage(0, u.layer_count - 1, tuple(Replica((d,), 4) for d in range(4)))], BATCH, 1,
+                     precision="fp16", n_devices=problem.k)
+    made = export_plan(problem, plan, "torchtitan")
+    assert made.dropped == ("precision fp16: torchtitan trains in fp32 here",)
+    assert made.nearest.problem.rules.precision == "fp32" and made.exported_step_time_s > 0

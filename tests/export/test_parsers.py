@@ -25,7 +25,7 @@ from gpualloc.graph.zoo import get_model
 
 from .conftest import MODELS
 
-CASES = [(m, k) for m in MODELS for k in ("hybrid", "assignment", "unequal", "tp")]
+CASES = [(m, k) for m in MODELS for k in ("hybrid", "assignment", "unequal", "tp", "accumulate")]
 
 
 def _blocks_per_stage(made) -> list[int]:

@@ -211,9 +211,12 @@ def _divisor_near(n: int, target: int) -> int:
 
 
 def _at_precision(problem: PlacementProblem, precision: str) -> PlacementProblem:
+    """``problem`` costed in ``precision``; a device type without it raises (checked here, not at simulation)."""
     if precision == problem.rules.precision:
         return problem
-    return dataclasses.replace(problem, rules=dataclasses.replace(problem.rules, precision=precision))
+    out = dataclasses.replace(problem, rules=dataclasses.replace(problem.rules, precision=precision))
+    out.hybrid  # noqa: B018 -- builds the layer costs, which checks every device type has the precision
+    return out
 
 
 def nearest_plan(problem: PlacementProblem, plan: Plan, units: Units, fw: Framework) -> Nearest:
