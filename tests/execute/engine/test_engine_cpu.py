@@ -98,30 +98,39 @@ def test_ddp_unequal_shares_matches_the_unsplit_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_pp2_1f1b_matches_the_unsplit_model(tmp_path):
-    # stage 0 on device 1: the pipeline's order is the plan's, not the ranks'
+def test_pp2_1f1b_x_dp2_unequal_shares_zero1_matches_the_unsplit_model(tmp_path):
+    # two pipelines (shares 6 and 2) of two stages under 1F1B; each stage's replicas are DDP with
+    # ZeroRedundancyOptimizer (ZeRO-1); pipeline 1 runs stage 0 on rank 3 and stage 1 on rank 1, so the pipeline's
+    # order is the plan's, not the ranks'
     plan = write_plan(tmp_path / "plan.json", {
-        "cluster": "2xA100", "global_batch": 8, "microbatches": 4, "schedule": "1f1b", "stages": [
-            {"layers": [0, 12], "replicas": [{"devices": [1], "batch_share": 8}]},
-            {"layers": [13, GPT_LAYERS - 1], "replicas": [{"devices": [0], "batch_share": 8}]}]})
-    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
-    assert run.returncode == 0, run.stderr[-3000:]
-    _assert_matches(run.engine)
-    assert run.engine["schedule"] == "1f1b"
-    assert (run.rank(1)["stage"], run.rank(0)["stage"]) == (0, 1)
-    assert run.rank(0)["loss"] == pytest.approx(run.engine["checks"]["loss"]["unsplit"], rel=1e-5)
-
-
-@pytest.mark.slow
-def test_pp2_x_dp2_unequal_shares_matches_the_unsplit_model(tmp_path):
-    plan = write_plan(tmp_path / "plan.json", {
-        "cluster": "4xA100", "global_batch": 8, "microbatches": 2, "schedule": "gpipe", "stages": [
+        "cluster": "4xA100", "global_batch": 8, "microbatches": 2, "schedule": "1f1b", "sharding": "zero1",
+        "stages": [
             {"layers": [0, 9], "replicas": [{"devices": [0], "batch_share": 6}, {"devices": [3], "batch_share": 2}]},
             {"layers": [10, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 6},
                                                           {"devices": [1], "batch_share": 2}]}]})
+    run = torchrun(4, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--optimizer", "adam")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert run.engine["mesh"] == {"pp": 2, "dp": 2, "tp": 1} and run.engine["sharding"] == "zero1"
+    assert run.engine["schedule"] == "1f1b"
+    last = [run.rank(r) for r in range(4) if run.rank(r)["stage"] == 1]
+    assert sum(r["loss"] * r["local_batch"] for r in last) / 8 == pytest.approx(run.engine["checks"]["loss"]["unsplit"],
+                                                                             rel=1e-5)
+    assert {(run.rank(r)["stage"], run.rank(r)["replica"], run.rank(r)["local_batch"]) for r in range(4)} == \
+        {(0, 0, 6), (1, 1, 2), (1, 0, 6), (0, 1, 2)}
+
+
+@pytest.mark.slow
+def test_tp2_x_fsdp_unequal_shares_matches_the_unsplit_model(tmp_path):
+    # two replicas of two tensor-parallel ranks each (Megatron-style blocks), FSDP2 over the replicas
+    plan = write_plan(tmp_path / "plan.json", {
+        "cluster": "4xA100", "global_batch": 8, "microbatches": 1, "sharding": "fsdp", "stages": [
+            {"layers": [0, GPT_LAYERS - 1], "replicas": [{"devices": [0, 1], "batch_share": 5},
+                                                         {"devices": [2, 3], "batch_share": 3}]}]})
     run = torchrun(4, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_matches(run.engine)
-    assert run.engine["mesh"] == {"pp": 2, "dp": 2, "tp": 1}
-    assert {(run.rank(r)["stage"], run.rank(r)["replica"], run.rank(r)["local_batch"]) for r in range(4)} == \
-        {(0, 0, 6), (1, 1, 2), (1, 0, 6), (0, 1, 2)}
+    assert run.engine["mesh"] == {"pp": 1, "dp": 2, "tp": 2} and run.engine["sharding"] == "fsdp"
+    assert sorted((run.rank(r)["replica"], run.rank(r)["tp_rank"]) for r in range(4)) == [(0, 0), (0, 1), (1, 0),
+                                                                                          (1, 1)]
