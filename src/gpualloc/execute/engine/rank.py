@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import inspect
 import json
 import os
 import statistics
@@ -426,29 +425,12 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
 
 
 def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The stage as one replica of its group (:func:`~gpualloc.execute.engine.parallelize.wrap_replica`). Under a
-    pipeline, DDP needs ``find_unused_parameters=True``: torch 2.13's DDP inside ``PipelineStage`` (forwards under
-    ``no_sync``, the last backward through ``reducer.prepare_for_backward``) otherwise fails its bucket rebuild on
-    the second step."""
+    """The stage as one replica of its group (:func:`~gpualloc.execute.engine.parallelize.wrap_replica`); under a
+    pipeline DDP is built with ``find_unused_parameters=True`` (torch 2.13's DDP inside ``PipelineStage`` otherwise
+    fails its bucket rebuild on the second step)."""
     from gpualloc.execute.engine.parallelize import wrap_replica
 
-    pipelined = top.pp > 1 and dp_mesh is not None and top.sharding in ("none", "zero1")
-    if not pipelined:
-        return wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr)
-    if "pipelined" in inspect.signature(wrap_replica).parameters:
-        return wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=True)
-    from torch.nn.parallel import DistributedDataParallel
-
-    from gpualloc.execute.worker import OPTIMIZERS
-
-    group = dp_mesh.get_group()
-    wrapped = DistributedDataParallel(stage, process_group=group, find_unused_parameters=True)
-    if top.sharding == "none":
-        return wrapped, OPTIMIZERS[args.optimizer](wrapped.parameters(), lr=args.lr)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return wrapped, ZeroRedundancyOptimizer(list(wrapped.parameters()), optimizer_class=OPTIMIZERS[args.optimizer],
-                                            process_group=group, lr=args.lr)
+    return wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.pp > 1)
 
 
 def _median(xs: Sequence[float]) -> float | None:
