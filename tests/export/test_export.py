@@ -158,3 +158,26 @@ def test_a_precision_the_devices_lack_falls_back_to_fp32(problems):
     made = export_plan(problem, plan, "torchtitan")
     assert made.dropped == ("precision fp16: torchtitan trains in fp32 here",)
     assert made.nearest.problem.rules.precision == "fp32" and made.exported_step_time_s > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "blocks"), [("resnet50", 16), ("bert-base", 12), ("gpt2-small", 12)])
+def test_the_full_size_zoo_models_export(model, blocks):
+    """Every zoo model: its blocks are the framework's layers, and a PP=2 x DP=2 x TP=2 grid split at the middle
+    block exports to every framework as is (DeepSpeed's uniform split of embedding + blocks + head included)."""
+    from gpualloc.cli.common import load_graph
+    from gpualloc.cli.place import problem_of
+    from gpualloc.hardware.cluster import load_cluster
+
+    problem = problem_of(load_graph(model, 8), load_cluster("4xA100+4xV100"), 2)
+    u = units_of(problem.graph)
+    assert (u.kinds[0], u.blocks, u.kinds[-1], len(u)) == ("embedding", blocks, "head", blocks + 2)
+    end = u.last_layer(len(u) // 2 - 1)
+    plan = make_plan([HybridStage(0, end, (Replica((0, 1), 4), Replica((2, 3), 4))),
+                      HybridStage(end + 1, u.layer_count - 1, (Replica((4, 5), 4), Replica((6, 7), 4)))], 8, 2,
+                     n_devices=problem.k)
+    for to in FRAMEWORKS:
+        made = export_plan(problem, plan, to)
+        assert made.dropped == () and made.nearest.plan == plan, (to, made.dropped)
+        assert (made.nearest.pp, made.nearest.dp, made.nearest.tp) == (2, 2, 2)
+    assert f"--num-layers {blocks}" in export_plan(problem, plan, "megatron").text
