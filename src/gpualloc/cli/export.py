@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -61,7 +62,7 @@ def export_cmd(
                     **({} if output is not None else {"text": made.text})})
         return
     if output is None:  # the file on stdout, the summary on stderr
-        console.print(Text(made.text), end="", soft_wrap=True)
+        sys.stdout.write(made.text)  # as written to a file, byte for byte
     _summary(made, output, console if output is not None else err_console)
 
 
