@@ -181,3 +181,20 @@ def test_the_full_size_zoo_models_export(model, blocks):
         assert made.dropped == () and made.nearest.plan == plan, (to, made.dropped)
         assert (made.nearest.pp, made.nearest.dp, made.nearest.tp) == (2, 2, 2)
     assert f"--num-layers {blocks}" in export_plan(problem, plan, "megatron").text
+
+
+def test_a_contiguous_op_level_plan_is_its_own_pipeline(problems):
+    """Layers 0..13 (embedding and h.0) on device 2, the rest on device 0: two stages, nothing dropped."""
+    from gpualloc.placement.hybrid.layers import layer_of_node
+    from gpualloc.placement.plan import OperatorPlan
+
+    problem = problems["gpt-tiny"]
+    u = units_of(problem.graph)
+    layer = layer_of_node(problem.graph)
+    plan = OperatorPlan(((layer > u.last_layer(1)) * 0 + (layer <= u.last_layer(1)) * 2), MICROBATCHES,
+                        global_batch=BATCH)
+    made = export_plan(problem, plan, "megatron")
+    assert made.dropped == ()
+    assert [(s.first, s.last, s.devices) for s in made.nearest.plan.stages] == \
+        [(0, u.last_layer(1), (2,)), (u.first_layer[2], u.layer_count - 1, (0,))]
+    assert made.rank_devices == (problem.cluster.devices[2].label, problem.cluster.devices[0].label)
