@@ -20,6 +20,7 @@ Tolerances (float32; a different split only changes the order of the sums):
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import socket
@@ -88,34 +89,47 @@ def _local_numel(module: torch.nn.Module) -> int:
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
 
 
+def _loss(out, idx: torch.Tensor) -> torch.Tensor:
+    """GPT: next-token cross-entropy; BERT (no task head): cross-entropy of the pooled output read as logits,
+    against labels drawn from a fixed seed (the engine's loss for it)."""
+    if isinstance(out, tuple):
+        labels = torch.randint(0, out[1].shape[-1], (len(idx),), generator=torch.Generator().manual_seed(2))
+        return F.cross_entropy(out[1], labels)
+    return _next_token_loss(out, idx)
+
+
 def _tp_part(rank: int, world: int, model_name: str, batch: int, seq: int) -> dict:
-    """Tensor parallel over all ranks (no data parallel): loss and every gradient against the unsplit model."""
+    """Tensor parallel over all ranks (no data parallel): loss and every gradient against the unsplit model
+    (dropout off: a split draws other masks)."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
 
     torch.manual_seed(0)
-    model = get_model(model_name).factory()
-    idx = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+    model = get_model(model_name).factory().eval()
+    vocab = model.config.vocab_size
+    idx = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
     report: dict = {}
     if rank == 0:
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         ref = copy.deepcopy(model)
-        ref_loss = _next_token_loss(ref(idx), idx)
+        ref_loss = _loss(ref(idx), idx)
         ref_loss.backward()
         ref_grads = {n: p.grad for n, p in ref.named_parameters()}
         report["ref_loss"] = ref_loss.item()
         del ref
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     P.apply_tensor_parallel(model, mesh, model_name)
-    attn = model.h[0].attn
-    local = attn.c_attn.weight.to_local()
-    loss = _next_token_loss(model(idx), idx)
+    attn = next(m for m in model.modules() if hasattr(m, "_gpualloc_tp"))
+    local = {n: list(p.to_local().shape) for n, p in model.named_parameters()
+             if isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements)}
+    loss = _loss(model(idx), idx)
     loss.backward()
     grads = P.full_grads(model)
     params = P.full_params(model)
     if rank == 0:
         report.update(
-            tp_loss=loss.item(), local_heads=attn.heads // attn._gpualloc_qkv_shards,
-            local_c_attn=list(local.shape), full_c_attn=list(params["h.0.attn.c_attn.weight"].shape),
+            tp_loss=loss.item(), local_heads=attn.heads // attn._gpualloc_tp, local_shapes=local,
+            full_shapes={n: list(t.shape) for n, t in params.items()},
             names_missing=sorted(set(ref_grads) ^ set(grads)),
             grad_err=_max_err(grads, ref_grads), grad_max=max(g.abs().max().item() for g in ref_grads.values()),
             param_err=_max_err(params, start))
@@ -186,12 +200,13 @@ def _dp_part(rank: int, world: int, model_name: str, tp: int, seq: int) -> dict:
 
 
 def _two_ranks(rank: int, world: int, port: int, out: str) -> None:
-    """One 2-rank job (a process group costs seconds to start): TP2 on GPT-2 small, then every sharding over
-    two replicas of gpt-tiny."""
+    """One 2-rank job (a process group costs seconds to start): TP2 on GPT-2 small and on bert-tiny, then every
+    sharding over two replicas of gpt-tiny."""
     import torch.distributed as dist
 
     _init(rank, world, port)
-    report = {"tp": _tp_part(rank, world, "gpt2-small", 2, 8), "dp": _dp_part(rank, world, "gpt-tiny", 1, 16)}
+    report = {"tp": _tp_part(rank, world, "gpt2-small", 2, 8), "tp_bert": _tp_part(rank, world, "bert-tiny", 2, 16),
+              "dp": _dp_part(rank, world, "gpt-tiny", 1, 16)}
     if rank == 0:
         Path(out).write_text(json.dumps(report))
     dist.destroy_process_group()
@@ -232,14 +247,36 @@ def _check_dp(results: dict) -> None:
     assert results["fsdp"]["state_fraction"] < 0.75, results["fsdp"]
 
 
+def _check_tp(r: dict) -> None:
+    assert r["names_missing"] == [], r
+    assert abs(r["tp_loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), r
+    assert r["grad_err"] <= 1e-5 * max(1.0, r["grad_max"]), r
+    assert r["param_err"] == 0.0, r  # full_params gives the unsplit weights back (GPT-2's qkv rows in order)
+    for name, shape in r["local_shapes"].items():  # every sharded tensor holds half of one of its dimensions
+        full = r["full_shapes"][name]
+        assert sorted(a * 2 == b for a, b in zip(shape, full, strict=True)) == [False] * (len(full) - 1) + [True]
+
+
 @pytest.mark.slow
 def test_tp2_gpt2_small_matches_unsplit_loss_and_every_gradient(two_ranks):
     r = two_ranks["tp"]
-    assert r["local_heads"] == 6 and r["local_c_attn"] == [3 * 768 // 2, 768] and r["full_c_attn"] == [3 * 768, 768]
-    assert r["names_missing"] == []
-    assert abs(r["tp_loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), r
-    assert r["grad_err"] <= 1e-5 * max(1.0, r["grad_max"]), r
-    assert r["param_err"] == 0.0, r  # the regrouped qkv rows come back in [q; k; v] order
+    _check_tp(r)
+    assert r["local_heads"] == 6
+    assert r["local_shapes"]["h.0.attn.c_attn.weight"] == [3 * 768 // 2, 768]  # column-parallel
+    assert r["local_shapes"]["h.0.attn.c_proj.weight"] == [768, 768 // 2]  # row-parallel
+    assert r["local_shapes"]["h.11.mlp.c_fc.weight"] == [4 * 768 // 2, 768]
+    assert len(r["local_shapes"]) == 12 * 6  # per block: c_attn, c_fc (weight, bias), both c_proj weights
+    assert "wte.weight" not in r["local_shapes"]  # the embeddings and the tied LM head stay replicated
+
+
+@pytest.mark.slow
+def test_tp2_bert_tiny_matches_unsplit_loss_and_every_gradient(two_ranks):
+    r = two_ranks["tp_bert"]
+    _check_tp(r)
+    assert r["local_heads"] == 1
+    assert r["local_shapes"]["encoder.layer.0.attention.key.weight"] == [32, 64]
+    assert r["local_shapes"]["encoder.layer.1.output.weight"] == [64, 128]
+    assert len(r["local_shapes"]) == 2 * 10  # per layer: query, key, value, intermediate (weight, bias), 2 rows
 
 
 @pytest.mark.slow
@@ -255,19 +292,24 @@ def test_tp2_inside_dp2_on_four_ranks_matches_unsplit_after_one_adam_step(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- no process group
-@pytest.fixture(scope="module")
-def gpt_tiny_layers() -> list[str | None]:
-    """The plan's layer sequence of gpt-tiny (module path of each layer), as the engine reads it."""
-    from gpualloc.cache import DiskCache
+@functools.cache
+def _layer_names(model: str) -> list[str | None]:
+    """The plan's layer sequence of a zoo model (module path of each layer), as the engine reads it (traced once
+    per test process)."""
     from gpualloc.graph.cached import capture_cached
     from gpualloc.placement.hybrid.layers import layer_of_node
 
-    graph = capture_cached("gpt-tiny", batch=1, cache=DiskCache(os.environ["GPUALLOC_CACHE_DIR"]))
+    graph = capture_cached(model, batch=1)
     layer = layer_of_node(graph)
     names: list[str | None] = [None] * (int(layer.max()) + 1)
     for i in graph.topo_order:
         names[layer[i]] = graph.nodes[i].layer
     return names
+
+
+@pytest.fixture(scope="module")
+def gpt_tiny_layers() -> list[str | None]:
+    return _layer_names("gpt-tiny")
 
 
 def test_module_stages_of_whole_blocks_chain_to_the_unsplit_model(gpt_tiny_layers):
@@ -318,8 +360,13 @@ def test_heads_or_widths_that_do_not_split_are_refused_in_one_line():
         P.check_tensor_parallel(model, "gpt-tiny", 3)
     with pytest.raises(EngineError, match="tensor parallel degree: expected at least 1, got 0"):
         P.check_tensor_parallel(model, "gpt-tiny", 0)
-    with pytest.raises(EngineError, match="model 'bert-tiny': no tensor-parallel rule"):
-        P.check_tensor_parallel(model, "bert-tiny", 2)
+    with pytest.raises(EngineError, match="model 'resnet-tiny': no tensor-parallel rule"):
+        P.check_tensor_parallel(model, "resnet-tiny", 2)
+    bert = get_model("bert-tiny").factory()  # 2 heads, MLP width 256
+    P.check_tensor_parallel(bert, "bert-tiny", 2)
+    with pytest.raises(EngineError, match=r"^encoder\.layer\.0: 2 attention heads do not split evenly over tensor "
+                                          r"parallel 4$"):
+        P.check_tensor_parallel(bert, "bert-tiny", 4)
 
 
 def test_wrap_replica_refuses_unknown_names_and_wraps_nothing_without_a_group():
@@ -331,3 +378,21 @@ def test_wrap_replica_refuses_unknown_names_and_wraps_nothing_without_a_group():
     module, opt = P.wrap_replica(model, None, "fsdp", "sgd", LR)
     assert module is model and isinstance(opt, torch.optim.SGD)
     assert P.full_params(module).keys() == dict(model.named_parameters()).keys()
+
+
+def test_bert_stages_chain_to_the_unsplit_model_and_refuse_a_cut_inside_a_layer():
+    names = _layer_names("bert-tiny")
+    torch.manual_seed(0)
+    model = get_model("bert-tiny").factory().eval()
+    idx = get_model("bert-tiny").example_inputs(2)[0]
+    layer1 = names.index("encoder.layer.1.attention.query")
+    first, second = (P.module_stage("bert-tiny", model, 0, layer1 - 1, names),
+                     P.module_stage("bert-tiny", model, layer1, len(names) - 1, names))
+    with torch.no_grad():
+        got, want = second(first(idx)), model(idx)
+    assert isinstance(got, tuple) and len(got) == 2  # the last stage returns the model's (sequence, pooled)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert [n for n, _ in second.named_parameters()][0] == "encoder.layer.1.attention.query.weight"
+    with pytest.raises(EngineError, match=r"cuts block encoder\.layer\.1 \(layers 19\.\.30\)"):
+        P.module_stage("bert-tiny", model, 0, layer1 + 1, names)

@@ -26,8 +26,10 @@ and :func:`full_params` / :func:`full_grads` undo the order, so nothing outside 
 from __future__ import annotations
 
 import logging
+import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,20 +37,173 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpualloc.errors import EngineError
-from gpualloc.graph.zoo import GPT, Block, CausalSelfAttention
+from gpualloc.graph.zoo import GPT, BertLayer, BertModel, BertSelfAttention, Block, CausalSelfAttention
 
-__all__ = ["SHARDINGS", "TP_MODELS", "GPTStage", "TPCausalSelfAttention", "apply_tensor_parallel",
-           "check_tensor_parallel", "full_grads", "full_params", "module_stage", "replica_parameters",
-           "tensor_parallel_model", "wrap_replica"]
-
-TP_MODELS: dict[str, type[nn.Module]] = {"gpt-tiny": GPT, "gpt2-small": GPT}
-"""The zoo models with a tensor-parallel rule, by name, and the class the rule applies to."""
+__all__ = ["SHARDINGS", "TP_MODELS", "BertStage", "GPTStage", "TPBertSelfAttention", "TPCausalSelfAttention",
+           "TPRule", "apply_tensor_parallel", "check_tensor_parallel", "full_grads", "full_params", "module_stage",
+           "replica_parameters", "tensor_parallel_model", "wrap_replica"]
 
 SHARDINGS = ("none", "zero1", "fsdp")
 """How a stage's replica group shares its state: DDP, DDP + ZeRO-1 optimizer, FSDP2."""
 
-_QKV_SHARDS = "_gpualloc_qkv_shards"  # attribute of a TP attention: its c_attn rows are reordered in this many groups
+_TP = "_gpualloc_tp"  # attribute of a tensor-parallel attention: the tensor-parallel degree (it runs heads / tp)
 _PARAMS = "_gpualloc_params"  # attribute of a DDP wrapper: the parameters it reduces, by name
+
+
+# ---------------------------------------------------------------------------------------------- the models' stages
+class GPTStage(nn.Module):
+    """Whole parts of a :class:`~gpualloc.graph.zoo.GPT`, in order: the embeddings (``wte``, ``wpe``), blocks
+    (``h.<i>``, original indices), the final norm ``ln_f`` and the LM head. The submodules are the model's own
+    (shared, not copied), so parameter names are the model's and a tied ``wte``/``lm_head`` stays tied."""
+
+    def __init__(self, model: GPT, held: Sequence[str]) -> None:
+        super().__init__()
+        if "embed" in held:
+            self.wte = model.wte
+            self.wpe = model.wpe
+        self.h = nn.ModuleDict({p.split(".")[1]: model.h[int(p.split(".")[1])] for p in held if p.startswith("h.")})
+        if "ln_f" in held:
+            self.ln_f = model.ln_f
+        if "lm_head" in held:
+            self.lm_head = model.lm_head
+
+    def forward(self, x: Tensor) -> Tensor:
+        if hasattr(self, "wte"):
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.wte(x) + self.wpe(positions)
+        for block in self.h.values():
+            x = block(x)
+        if hasattr(self, "ln_f"):
+            x = self.ln_f(x)
+        if hasattr(self, "lm_head"):
+            x = self.lm_head(x)
+        return x
+
+
+class BertStage(nn.Module):
+    """Whole parts of a :class:`~gpualloc.graph.zoo.BertModel`, in order: ``embeddings``, encoder layers
+    (``encoder.layer.<i>``, original indices), ``pooler``; the model's own submodules, under the model's names.
+    A stage that holds the pooler returns the model's outputs ``(sequence, pooled)``; any other returns one tensor.
+    """
+
+    def __init__(self, model: BertModel, held: Sequence[str]) -> None:
+        super().__init__()
+        if "embeddings" in held:
+            self.embeddings = model.embeddings
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleDict({p.split(".")[2]: model.encoder.layer[int(p.split(".")[2])]
+                                            for p in held if p.startswith("encoder.layer.")})
+        if "pooler" in held:
+            self.pooler = model.pooler
+
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        if hasattr(self, "embeddings"):
+            x = self.embeddings(x)
+        for layer in self.encoder.layer.values():
+            x = layer(x)
+        if hasattr(self, "pooler"):
+            return x, self.pooler(x)
+        return x
+
+
+def _gpt_part(name: str) -> str:
+    head = name.split(".")
+    if head[0] == "h" and len(head) > 1:
+        return f"h.{head[1]}"
+    return "embed" if head[0] in ("wte", "wpe") else head[0]
+
+
+def _bert_part(name: str) -> str:
+    head = name.split(".")
+    if head[:2] == ["encoder", "layer"] and len(head) > 2:
+        return f"encoder.layer.{head[2]}"
+    return head[0]
+
+
+# ---------------------------------------------------------------------------------------------- tensor parallel
+class TPCausalSelfAttention(CausalSelfAttention):
+    """:class:`~gpualloc.graph.zoo.CausalSelfAttention` on ``1 / tp`` of the heads: ``c_attn`` (column-wise, rows
+    regrouped so each shard is ``[q_r; k_r; v_r]``) yields this rank's heads, ``c_proj`` (row-wise) sums the
+    ranks' outputs."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        qkv = self.c_attn(x)
+        width = qkv.shape[-1] // 3
+        heads = self.heads // getattr(self, _TP)
+        q, k, v = (z.view(b, t, heads, width // heads).transpose(1, 2) for z in qkv.split(width, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, width))
+
+
+class TPBertSelfAttention(BertSelfAttention):
+    """:class:`~gpualloc.graph.zoo.BertSelfAttention` on ``1 / tp`` of the heads (``query``, ``key``, ``value``
+    column-wise); it returns this rank's heads' context, which the layer's row-wise ``attention_output`` sums."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        heads = self.heads // getattr(self, _TP)
+
+        def split(y: Tensor) -> Tensor:
+            return y.view(b, s, heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        probs = self.dropout(scores.softmax(dim=-1))
+        return torch.matmul(probs, v).transpose(1, 2).reshape(b, s, heads * self.head_dim)
+
+
+def _qkv_order(t: Tensor, tp: int, inverse: bool = False) -> Tensor:
+    """Rows ``[q; k; v]`` -> ``[q_0; k_0; v_0; q_1; ...]`` (``tp`` groups), or back with ``inverse``."""
+    rows = t.shape[0]
+    shape = (3, tp, rows // (3 * tp)) if not inverse else (tp, 3, rows // (3 * tp))
+    return t.reshape(*shape, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
+
+
+def _regroup_qkv(attn: nn.Module, tp: int) -> None:
+    with torch.no_grad():
+        attn.c_attn.weight.copy_(_qkv_order(attn.c_attn.weight, tp))
+        attn.c_attn.bias.copy_(_qkv_order(attn.c_attn.bias, tp))
+
+
+@dataclass(frozen=True)
+class TPRule:
+    """How one model family is cut into stages and sharded.
+
+    Attributes:
+        model: the zoo class the rule applies to.
+        part: module path -> the part it belongs to (a block, the embeddings, ...); a stage holds whole parts.
+        stage: ``(model, parts held in order) -> stage module``.
+        block: the transformer block class; every block is sharded alike.
+        attention: the block's attention submodule (its ``heads`` attribute counts the heads).
+        tp_attention: the class the attention becomes (it runs ``heads / tp`` heads).
+        mlp_in: the block's first MLP linear (its ``out_features`` is the MLP width).
+        colwise: the block's submodules split by output features (``ColwiseParallel``).
+        rowwise: the block's submodules split by input features (``RowwiseParallel``).
+        prepare: ``(attention, tp) -> None``, run before sharding (GPT-2 regroups its fused qkv rows).
+    """
+
+    model: type[nn.Module]
+    part: Callable[[str], str]
+    stage: Callable[[Any, Sequence[str]], nn.Module]
+    block: type[nn.Module]
+    attention: str
+    tp_attention: type[nn.Module]
+    mlp_in: str
+    colwise: tuple[str, ...]
+    rowwise: tuple[str, ...]
+    prepare: Callable[[nn.Module, int], None] | None = None
+
+
+_GPT_RULE = TPRule(GPT, _gpt_part, GPTStage, Block, "attn", TPCausalSelfAttention, "mlp.c_fc",
+                   colwise=("attn.c_attn", "mlp.c_fc"), rowwise=("attn.c_proj", "mlp.c_proj"), prepare=_regroup_qkv)
+_BERT_RULE = TPRule(BertModel, _bert_part, BertStage, BertLayer, "attention", TPBertSelfAttention, "intermediate",
+                    colwise=("attention.query", "attention.key", "attention.value", "intermediate"),
+                    rowwise=("attention_output", "output"))
+
+TP_MODELS: dict[str, TPRule] = {"gpt-tiny": _GPT_RULE, "gpt2-small": _GPT_RULE,
+                                "bert-tiny": _BERT_RULE, "bert-base": _BERT_RULE}
+"""The zoo models with a tensor-parallel rule, by name (Megatron-LM's split, Shoeybi et al. 2019, section 3)."""
 
 
 def tensor_parallel_model(model_name: str) -> bool:
@@ -56,30 +211,17 @@ def tensor_parallel_model(model_name: str) -> bool:
     return model_name in TP_MODELS
 
 
-def _check_model(model_name: str, model: nn.Module) -> None:
+def _rule(model_name: str) -> TPRule:
     if model_name not in TP_MODELS:
-        raise EngineError(f"model {model_name!r}: no tensor-parallel rule (models with one: "
-                          f"{', '.join(TP_MODELS)})")
-    expected = TP_MODELS[model_name]
-    if not isinstance(model, expected):
-        raise EngineError(f"model {model_name!r}: expected a {expected.__name__} module, got {type(model).__name__}")
+        raise EngineError(f"model {model_name!r}: no tensor-parallel rule (models with one: {', '.join(TP_MODELS)})")
+    return TP_MODELS[model_name]
 
 
 # ---------------------------------------------------------------------------------------------- stage cut
-def _gpt_part(name: str) -> str:
-    """The part of a GPT a module path belongs to: ``embed``, ``h.<i>``, ``ln_f`` or ``lm_head``."""
-    head = name.split(".")
-    if head[0] == "h" and len(head) > 1:
-        return f"h.{head[1]}"
-    if head[0] in ("wte", "wpe"):
-        return "embed"
-    return head[0]
-
-
-def _parts(layer_names: Sequence[str | None]) -> list[str]:
+def _parts(rule: TPRule, layer_names: Sequence[str | None]) -> list[str]:
     """The part of every layer; an unnamed layer (``arange``, a residual add) joins the named layer before it,
     or the one after it when none comes before."""
-    named = [None if n is None else _gpt_part(n) for n in layer_names]
+    named = [None if n is None else rule.part(n) for n in layer_names]
     parts: list[str | None] = list(named)
     last = None
     for i, p in enumerate(named):
@@ -103,92 +245,42 @@ def _span(parts: list[str], part: str) -> str:
     return f"layers {idx[0]}..{idx[-1]}"
 
 
-class GPTStage(nn.Module):
-    """Whole parts of a :class:`~gpualloc.graph.zoo.GPT`, in order: the embeddings (``wte``, ``wpe``), blocks
-    (``h.<i>``, original indices), the final norm ``ln_f`` and the LM head. The submodules are the model's own
-    (shared, not copied), so parameter names are the model's and a tied ``wte``/``lm_head`` stays tied."""
-
-    def __init__(self, model: GPT, embed: bool, blocks: Sequence[int], ln_f: bool, lm_head: bool) -> None:
-        super().__init__()
-        if embed:
-            self.wte = model.wte
-            self.wpe = model.wpe
-        self.h = nn.ModuleDict({str(i): model.h[i] for i in blocks})
-        if ln_f:
-            self.ln_f = model.ln_f
-        if lm_head:
-            self.lm_head = model.lm_head
-
-    def forward(self, x: Tensor) -> Tensor:
-        if hasattr(self, "wte"):
-            positions = torch.arange(x.shape[1], device=x.device)
-            x = self.wte(x) + self.wpe(positions)
-        for block in self.h.values():
-            x = block(x)
-        if hasattr(self, "ln_f"):
-            x = self.ln_f(x)
-        if hasattr(self, "lm_head"):
-            x = self.lm_head(x)
-        return x
-
-
 def module_stage(model_name: str, model: nn.Module, first_layer: int, last_layer: int,
                  layer_names: Sequence[str | None]) -> nn.Module:
     """The stage of ``model`` that runs layers ``first_layer..last_layer`` (inclusive) of the plan's layer sequence
     (:mod:`gpualloc.placement.hybrid.layers`; ``layer_names[i]`` is the module path of layer ``i`` or None), as an
-    eager module (:class:`GPTStage`) whose forward takes the previous stage's output (token ids for the first
-    stage) and returns one tensor.
+    eager module (:class:`GPTStage`, :class:`BertStage`) whose forward takes the previous stage's output (token
+    ids for the first stage) and returns one tensor (the model's own outputs for BERT's last stage).
 
     Raises:
         EngineError: a model without a tensor-parallel rule, a layer range outside the sequence, or a boundary
             inside a part (a transformer block, the embeddings): a tensor-parallel stage holds whole blocks.
     """
-    _check_model(model_name, model)
+    rule = _rule(model_name)
+    if not isinstance(model, rule.model):
+        raise EngineError(f"model {model_name!r}: expected a {rule.model.__name__} module, got {type(model).__name__}")
     n = len(layer_names)
     if not 0 <= first_layer <= last_layer < n:
         raise EngineError(f"stage layers {first_layer}..{last_layer}: outside the model's {n} layers (0..{n - 1})")
-    parts = _parts(layer_names)
+    parts = _parts(rule, layer_names)
     for at, inside in ((first_layer, first_layer > 0 and parts[first_layer - 1] == parts[first_layer]),
                        (last_layer, last_layer < n - 1 and parts[last_layer + 1] == parts[last_layer])):
         if inside:
-            what = "block" if parts[at].startswith("h.") else "part"
+            part = parts[at]
+            what = "block" if part in dict(_blocks(model, rule)) else "part"
             raise EngineError(
                 f"stage layers {first_layer}..{last_layer}: layer {at} ({layer_names[at] or 'unnamed'}) cuts "
-                f"{what} {parts[at]} ({_span(parts, parts[at])}); a tensor-parallel stage must hold whole blocks")
+                f"{what} {part} ({_span(parts, part)}); a tensor-parallel stage must hold whole blocks")
     held = list(dict.fromkeys(parts[first_layer:last_layer + 1]))
-    assert isinstance(model, GPT)
-    blocks = [int(p.split(".")[1]) for p in held if p.startswith("h.")]
-    for i in blocks:
-        if i >= len(model.h):
-            raise EngineError(f"layer_names: block h.{i} is not in model {model_name!r} ({len(model.h)} blocks)")
-    return GPTStage(model, "embed" in held, blocks, "ln_f" in held, "lm_head" in held)
+    try:
+        return rule.stage(model, held)
+    except (AttributeError, IndexError) as err:
+        raise EngineError(f"layer_names: a part of layers {first_layer}..{last_layer} ({', '.join(held)}) is not "
+                          f"in model {model_name!r} ({err})") from None
 
 
-# ---------------------------------------------------------------------------------------------- tensor parallel
-class TPCausalSelfAttention(CausalSelfAttention):
-    """:class:`~gpualloc.graph.zoo.CausalSelfAttention` on ``1 / tp`` of the heads: ``c_attn`` (column-wise, rows
-    reordered so each shard is ``[q_r; k_r; v_r]``) yields this rank's heads, ``c_proj`` (row-wise) sums the
-    ranks' outputs."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        qkv = self.c_attn(x)
-        width = qkv.shape[-1] // 3
-        heads = self.heads // getattr(self, _QKV_SHARDS)
-        q, k, v = (z.view(b, t, heads, width // heads).transpose(1, 2) for z in qkv.split(width, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, width))
-
-
-def _qkv_order(t: Tensor, tp: int, inverse: bool = False) -> Tensor:
-    """Rows ``[q; k; v]`` -> ``[q_0; k_0; v_0; q_1; ...]`` (``tp`` groups), or back with ``inverse``."""
-    rows = t.shape[0]
-    shape = (3, tp, rows // (3 * tp)) if not inverse else (tp, 3, rows // (3 * tp))
-    return t.reshape(*shape, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
-
-
-def _blocks(module: nn.Module) -> list[tuple[str, Block]]:
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, Block)]
+def _blocks(module: nn.Module, rule: TPRule) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, rule.block)]
 
 
 def check_tensor_parallel(module: nn.Module, model_name: str, tp: int) -> None:
@@ -199,12 +291,12 @@ def check_tensor_parallel(module: nn.Module, model_name: str, tp: int) -> None:
     Raises:
         EngineError: naming the block and the number that does not divide.
     """
-    if model_name not in TP_MODELS:
-        raise EngineError(f"model {model_name!r}: no tensor-parallel rule (models with one: {', '.join(TP_MODELS)})")
+    rule = _rule(model_name)
     if tp < 1:
         raise EngineError(f"tensor parallel degree: expected at least 1, got {tp}")
-    for name, block in _blocks(module):
-        heads, ffn = block.attn.heads, block.mlp.c_fc.out_features
+    for name, block in _blocks(module, rule):
+        heads = block.get_submodule(rule.attention).heads
+        ffn = block.get_submodule(rule.mlp_in).out_features
         if heads % tp:
             raise EngineError(f"{name}: {heads} attention heads do not split evenly over tensor parallel {tp}")
         if ffn % tp:
@@ -212,32 +304,32 @@ def check_tensor_parallel(module: nn.Module, model_name: str, tp: int) -> None:
 
 
 def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, model_name: str) -> nn.Module:
-    """Shard every transformer block of ``module`` (a :func:`module_stage` stage or a whole zoo GPT) over the 1-D
-    ``tp_mesh``: ``attn.c_attn`` and ``mlp.c_fc`` column-wise, ``attn.c_proj`` and ``mlp.c_proj`` row-wise
-    (``torch.distributed.tensor.parallel``), each rank running ``heads / tp`` heads; the embeddings, norms and LM
-    head stay replicated. Every rank must hold the same weights before (same seed). Returns ``module``, changed in
-    place; a size-1 mesh changes nothing.
+    """Shard every transformer block of ``module`` (a :func:`module_stage` stage or a whole zoo model) over the
+    1-D ``tp_mesh`` (``torch.distributed.tensor.parallel``), Megatron-style: the attention's query/key/value and
+    the MLP's first linear column-wise, the attention's and the MLP's output projections row-wise, each rank
+    running ``heads / tp`` heads; the embeddings, norms, pooler and LM head stay replicated. Every rank must hold
+    the same weights before (same seed). Returns ``module``, changed in place; a size-1 mesh changes nothing.
 
     Raises:
         EngineError: as :func:`check_tensor_parallel`, or a module sharded already.
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    rule = _rule(model_name)
     tp = tp_mesh.size()
     check_tensor_parallel(module, model_name, tp)
     if tp == 1:
         return module
-    for name, block in _blocks(module):
-        attn = block.attn
-        if type(attn) is not CausalSelfAttention:
+    for name, block in _blocks(module, rule):
+        attn = block.get_submodule(rule.attention)
+        if hasattr(attn, _TP):
             raise EngineError(f"{name}: tensor parallelism is applied already")
-        with torch.no_grad():
-            attn.c_attn.weight.copy_(_qkv_order(attn.c_attn.weight, tp))
-            attn.c_attn.bias.copy_(_qkv_order(attn.c_attn.bias, tp))
-        attn.__class__ = TPCausalSelfAttention
-        setattr(attn, _QKV_SHARDS, tp)
-        parallelize_module(block, tp_mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
-                                           "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
+        if rule.prepare is not None:
+            rule.prepare(attn, tp)
+        attn.__class__ = rule.tp_attention
+        setattr(attn, _TP, tp)
+        plan = {**{m: ColwiseParallel() for m in rule.colwise}, **{m: RowwiseParallel() for m in rule.rowwise}}
+        parallelize_module(block, tp_mesh, plan)
     return module
 
 
@@ -293,7 +385,7 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
         from torch.distributed.fsdp import fully_shard
 
         for m in module.modules():
-            if isinstance(m, Block):
+            if isinstance(m, (Block, BertLayer)):  # each transformer block one unit
                 fully_shard(m, mesh=dp_mesh)
         fully_shard(module, mesh=dp_mesh)
         return module, opt_class(module.parameters(), lr=lr)
@@ -351,8 +443,8 @@ def replica_parameters(module: nn.Module) -> dict[str, nn.Parameter]:
 def _full_named(module: nn.Module, grads: bool) -> dict[str, Tensor]:
     inner = _unwrapped(module)
     params = replica_parameters(module)
-    reordered = {f"{name}.c_attn.{p}": getattr(m, _QKV_SHARDS) for name, m in inner.named_modules()
-                 if hasattr(m, _QKV_SHARDS) for p in ("weight", "bias")}
+    reordered = {f"{name}.c_attn.{p}": getattr(m, _TP) for name, m in inner.named_modules()
+                 if isinstance(m, TPCausalSelfAttention) for p in ("weight", "bias")}
     # gathering an FSDP x TP parameter takes two all-gathers, which DTensor logs as a warning per tensor; an
     # all-gather is exact, so its note on "inconsistent results" does not apply here
     log = logging.getLogger("torch.distributed.tensor._redistribute")
