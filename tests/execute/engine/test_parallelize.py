@@ -136,6 +136,26 @@ def _tp_part(rank: int, world: int, model_name: str, batch: int, seq: int) -> di
     return report
 
 
+def _dropout_part(rank: int, world: int) -> dict:
+    """bert-tiny in train mode (dropout 0.1) under TP over all ranks, whose default generators start apart: the
+    replicated outputs must still agree across ranks, and each rank's attention dropout has its own seed."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model = get_model("bert-tiny").factory()
+    idx = get_model("bert-tiny").example_inputs(2)[0]
+    torch.manual_seed(100 + rank)  # apply_tensor_parallel must make the group's generators agree
+    P.apply_tensor_parallel(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)), "bert-tiny")
+    seq, pooled = model(idx)
+    mine = torch.cat([seq.flatten(), pooled.flatten(), torch.tensor([float(model.encoder.layer[0].attention
+                                                                           ._gpualloc_seed % 2**20)])])
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return {"outputs_equal": all(torch.equal(every[0][:-1], e[:-1]) for e in every),
+            "seeds": [e[-1].item() for e in every]}
+
+
 def _dp_part(rank: int, world: int, model_name: str, tp: int, seq: int) -> dict:
     """Every sharding over ``world // tp`` data-parallel replicas (local batches SHARES, loss weighted by
     ``dp * local / global``), tensor parallel ``tp`` inside each, one Adam step each; rank 0 reports."""
@@ -206,7 +226,7 @@ def _two_ranks(rank: int, world: int, port: int, out: str) -> None:
 
     _init(rank, world, port)
     report = {"tp": _tp_part(rank, world, "gpt2-small", 2, 8), "tp_bert": _tp_part(rank, world, "bert-tiny", 2, 16),
-              "dp": _dp_part(rank, world, "gpt-tiny", 1, 16)}
+              "tp_dropout": _dropout_part(rank, world), "dp": _dp_part(rank, world, "gpt-tiny", 1, 16)}
     if rank == 0:
         Path(out).write_text(json.dumps(report))
     dist.destroy_process_group()
@@ -277,6 +297,13 @@ def test_tp2_bert_tiny_matches_unsplit_loss_and_every_gradient(two_ranks):
     assert r["local_shapes"]["encoder.layer.0.attention.key.weight"] == [32, 64]
     assert r["local_shapes"]["encoder.layer.1.output.weight"] == [64, 128]
     assert len(r["local_shapes"]) == 2 * 10  # per layer: query, key, value, intermediate (weight, bias), 2 rows
+
+
+@pytest.mark.slow
+def test_tp_dropout_keeps_replicated_activations_equal_across_ranks(two_ranks):
+    r = two_ranks["tp_dropout"]
+    assert r["outputs_equal"], r
+    assert len(set(r["seeds"])) == 2, r  # the sharded attention dropout: one generator per rank
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ SHARDINGS = ("none", "zero1", "fsdp")
 
 _TP = "_gpualloc_tp"  # attribute of a tensor-parallel attention: the tensor-parallel degree (it runs heads / tp)
 _PARAMS = "_gpualloc_params"  # attribute of a DDP wrapper: the parameters it reduces, by name
+_SEED = "_gpualloc_seed"  # attribute of a tensor-parallel attention: its own dropout generator's seed
 
 
 # ---------------------------------------------------------------------------------------------- the models' stages
@@ -138,7 +139,11 @@ class TPCausalSelfAttention(CausalSelfAttention):
 
 class TPBertSelfAttention(BertSelfAttention):
     """:class:`~gpualloc.graph.zoo.BertSelfAttention` on ``1 / tp`` of the heads (``query``, ``key``, ``value``
-    column-wise); it returns this rank's heads' context, which the layer's row-wise ``attention_output`` sums."""
+    column-wise); it returns this rank's heads' context, which the layer's row-wise ``attention_output`` sums.
+
+    Its dropout on the attention probabilities acts on this rank's heads only, so it draws its masks from a
+    generator of its own, seeded differently on each rank of the group (as Megatron-LM's model-parallel RNG):
+    with the shared default generator every rank would drop the same pattern in its heads."""
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
@@ -148,8 +153,15 @@ class TPBertSelfAttention(BertSelfAttention):
             return y.view(b, s, heads, self.head_dim).transpose(1, 2)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        probs = self.dropout(scores.softmax(dim=-1))
+        probs = (torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)).softmax(dim=-1)
+        p = self.dropout.p
+        if self.training and p > 0:
+            gen = self.__dict__.get("_gpualloc_generator")
+            if gen is None or gen.device != probs.device:
+                gen = torch.Generator(device=probs.device).manual_seed(getattr(self, _SEED))
+                self.__dict__["_gpualloc_generator"] = gen
+            keep = torch.empty_like(probs).bernoulli_(1 - p, generator=gen)
+            probs = probs * keep / (1 - p)
         return torch.matmul(probs, v).transpose(1, 2).reshape(b, s, heads * self.head_dim)
 
 
@@ -303,12 +315,35 @@ def check_tensor_parallel(module: nn.Module, model_name: str, tp: int) -> None:
             raise EngineError(f"{name}: MLP width {ffn} does not split evenly over tensor parallel {tp}")
 
 
+def _sync_rng(tp_mesh: Any) -> int:
+    """Give every rank of ``tp_mesh`` the default generator of its first rank (CPU, and CUDA on a CUDA mesh), so
+    dropout on a replicated activation draws the same mask on every rank; returns a seed drawn from it, the same
+    on every rank."""
+    import torch.distributed as dist
+
+    group = tp_mesh.get_group()
+    src = dist.get_global_rank(group, 0)
+    device = torch.device("cuda", torch.cuda.current_device()) if tp_mesh.device_type == "cuda" else None
+    states = [("cpu", torch.get_rng_state())]
+    if device is not None:
+        states.append(("cuda", torch.cuda.get_rng_state()))
+    for kind, state in states:
+        moved = state.to(device) if device is not None else state
+        dist.broadcast(moved, src, group=group)
+        (torch.set_rng_state if kind == "cpu" else torch.cuda.set_rng_state)(moved.cpu())
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
 def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, model_name: str) -> nn.Module:
     """Shard every transformer block of ``module`` (a :func:`module_stage` stage or a whole zoo model) over the
     1-D ``tp_mesh`` (``torch.distributed.tensor.parallel``), Megatron-style: the attention's query/key/value and
     the MLP's first linear column-wise, the attention's and the MLP's output projections row-wise, each rank
     running ``heads / tp`` heads; the embeddings, norms, pooler and LM head stay replicated. Every rank must hold
     the same weights before (same seed). Returns ``module``, changed in place; a size-1 mesh changes nothing.
+
+    Dropout: the group's default generators are made equal here (the first rank's state), so a replicated
+    activation is dropped alike on every rank as long as the ranks then draw the same numbers (they run the same
+    ops); a sharded one (BERT's attention probabilities) uses each rank's own generator.
 
     Raises:
         EngineError: as :func:`check_tensor_parallel`, or a module sharded already.
@@ -320,14 +355,18 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, model_name: str) -> n
     check_tensor_parallel(module, model_name, tp)
     if tp == 1:
         return module
-    for name, block in _blocks(module, rule):
-        attn = block.get_submodule(rule.attention)
-        if hasattr(attn, _TP):
+    blocks = _blocks(module, rule)
+    for name, block in blocks:
+        if hasattr(block.get_submodule(rule.attention), _TP):
             raise EngineError(f"{name}: tensor parallelism is applied already")
+    base_seed = _sync_rng(tp_mesh)
+    for i, (_, block) in enumerate(blocks):
+        attn = block.get_submodule(rule.attention)
         if rule.prepare is not None:
             rule.prepare(attn, tp)
         attn.__class__ = rule.tp_attention
         setattr(attn, _TP, tp)
+        setattr(attn, _SEED, (base_seed + 1000 * i + tp_mesh.get_local_rank()) % 2**63)
         plan = {**{m: ColwiseParallel() for m in rule.colwise}, **{m: RowwiseParallel() for m in rule.rowwise}}
         parallelize_module(block, tp_mesh, plan)
     return module
