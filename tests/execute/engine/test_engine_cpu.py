@@ -23,6 +23,15 @@ from tests.execute.engine.conftest import engine_alone, torchrun, write_plan
 GPT_LAYERS = 26  # gpt-tiny's layer sequence (op-level graph)
 
 
+@pytest.fixture(scope="module")
+def gpt_graph(tmp_path_factory):
+    """gpt-tiny's graph, traced once and handed to every rank (``--graph``) instead of each tracing it."""
+    graph = capture("gpt-tiny", batch=2, saved_activations=False)
+    path = tmp_path_factory.mktemp("graph") / "gpt-tiny.json"
+    graph.save(path)
+    return graph, path
+
+
 def _assert_matches(engine: dict) -> None:
     checks = engine["checks"]
     assert checks["loss"]["ok"] is True, checks
@@ -32,8 +41,8 @@ def _assert_matches(engine: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ in-process
-def test_chain_of_three_stages_carries_skip_values_and_tied_weights():
-    graph = capture("gpt-tiny", batch=2)
+def test_chain_of_three_stages_carries_skip_values_and_tied_weights(gpt_graph):
+    graph, _ = gpt_graph
     layers = layer_of_node(graph)
     # stage 0 ends inside block 0 (after its attention): the residual crosses to stage 1 with the attention
     # output; stage 2 holds the LM head, tied to stage 0's embedding
@@ -98,7 +107,7 @@ def test_ddp_unequal_shares_matches_the_unsplit_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_pp2_1f1b_x_dp2_unequal_shares_zero1_matches_the_unsplit_model(tmp_path):
+def test_pp2_1f1b_x_dp2_unequal_shares_zero1_matches_the_unsplit_model(tmp_path, gpt_graph):
     # two pipelines (shares 6 and 2) of two stages under 1F1B; each stage's replicas are DDP with
     # ZeroRedundancyOptimizer (ZeRO-1); pipeline 1 runs stage 0 on rank 3 and stage 1 on rank 1, so the pipeline's
     # order is the plan's, not the ranks'
@@ -109,7 +118,7 @@ def test_pp2_1f1b_x_dp2_unequal_shares_zero1_matches_the_unsplit_model(tmp_path)
             {"layers": [10, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 6},
                                                           {"devices": [1], "batch_share": 2}]}]})
     run = torchrun(4, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
-                   "--optimizer", "adam")
+                   "--optimizer", "adam", "--graph", str(gpt_graph[1]))
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_matches(run.engine)
     assert run.engine["mesh"] == {"pp": 2, "dp": 2, "tp": 1} and run.engine["sharding"] == "zero1"
@@ -122,13 +131,14 @@ def test_pp2_1f1b_x_dp2_unequal_shares_zero1_matches_the_unsplit_model(tmp_path)
 
 
 @pytest.mark.slow
-def test_tp2_x_fsdp_unequal_shares_matches_the_unsplit_model(tmp_path):
+def test_tp2_x_fsdp_unequal_shares_matches_the_unsplit_model(tmp_path, gpt_graph):
     # two replicas of two tensor-parallel ranks each (Megatron-style blocks), FSDP2 over the replicas
     plan = write_plan(tmp_path / "plan.json", {
         "cluster": "4xA100", "global_batch": 8, "microbatches": 1, "sharding": "fsdp", "stages": [
             {"layers": [0, GPT_LAYERS - 1], "replicas": [{"devices": [0, 1], "batch_share": 5},
                                                          {"devices": [2, 3], "batch_share": 3}]}]})
-    run = torchrun(4, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
+    run = torchrun(4, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--graph", str(gpt_graph[1]))
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_matches(run.engine)
     assert run.engine["mesh"] == {"pp": 1, "dp": 2, "tp": 2} and run.engine["sharding"] == "fsdp"

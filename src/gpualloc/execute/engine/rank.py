@@ -71,6 +71,7 @@ class EngineArgs:
         plan: the plan file (``gpualloc-plan`` v1 or v2).
         model: a zoo name or ``package.module:factory`` (the model the plan was made for).
         cluster: the cluster the plan is for (default: the plan's).
+        graph: the model's captured graph (``gpualloc graph`` JSON) to cut by, instead of tracing it on every rank.
         steps: timed steps.
         warmup: untimed steps before them (the first step is the checked one).
         seed: weights, inputs and labels.
@@ -85,6 +86,7 @@ class EngineArgs:
     plan: str
     model: str
     cluster: str | None = None
+    graph: str | None = None
     steps: int = 5
     warmup: int = 2
     seed: int = 0
@@ -118,20 +120,26 @@ def _load(args: EngineArgs):
         plan = parse_hybrid(saved.doc, where=str(args.plan))
         validate(plan, n_devices=len(cluster.devices), where=str(args.plan))
         top = topology(plan)
-        return plan, cluster, top, _graph(args.model, saved.node_ids) if top.pp > 1 or top.tp > 1 else None
+        need = top.pp > 1 or top.tp > 1
+        return plan, cluster, top, _graph(args.model, saved.node_ids, args.graph) if need else None
     from gpualloc.placement.problem import PlacementProblem
 
-    graph = _graph(args.model, saved.node_ids)
+    graph = _graph(args.model, saved.node_ids, args.graph)
     plan = saved.plan_for(PlacementProblem(graph, cluster))
     return plan, cluster, topology(plan, graph), graph
 
 
-def _graph(model: str, node_ids):
+def _graph(model: str, node_ids, path: str | None):
     from gpualloc.graph.capture import capture
 
-    graph = capture(model, batch=2)
+    if path is not None:
+        from gpualloc.graph.ir import OpGraph
+
+        return OpGraph.load(path)
+
+    graph = capture(model, batch=2, saved_activations=False)
     if node_ids and not node_ids <= set(graph.index):
-        graph = capture(model, batch=2, granularity="layer")
+        graph = capture(model, batch=2, granularity="layer", saved_activations=False)
     return graph
 
 
@@ -160,11 +168,11 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``."""
     from gpualloc.execute.worker import OPTIMIZERS
 
-    before = {n: p.detach().clone() for n, p in module.named_parameters(remove_duplicate=False)}
+    before = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
     out = module(*inputs)
     value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
     value.backward()
-    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()
              for n, p in module.named_parameters(remove_duplicate=False)}
     opt = OPTIMIZERS[optimizer](module.parameters(), lr=lr)
     opt.step()
@@ -176,7 +184,7 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
             slack[n] = (lr * eps * ADAM_GRAD_RTOL * float(a.max()) / (a + eps) ** 2).clamp(max=2 * lr)
         else:
             slack[n] = torch.zeros((), dtype=torch.float64)
-    after = {n: p.detach().clone() for n, p in module.named_parameters(remove_duplicate=False)}
+    after = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
     return _Reference(float(value.detach()), grads, after, before, slack)
 
 
@@ -300,6 +308,45 @@ def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int) -> d
         dist.destroy_process_group()
 
 
+def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build):
+    """The unsplit model's part: ``(loss, aliases, inputs, targets, reference, why not checked)``; the reference
+    runs on this rank's device, and the unsplit model is freed before the stage is built."""
+    whole, inputs = build(top.global_batch)
+    loss = loss_for(whole)
+    aliases = _aliases(whole)
+    targets = loss.targets(inputs, args.seed)
+    why_not = _batch_coupled(whole) if args.check else "not asked (--no-check)"
+    ref = None
+    if why_not is None:
+        ref = _reference(whole.to(device), tuple(t.to(device) for t in inputs), targets.to(device), loss,
+                         args.optimizer, args.lr)
+    del whole
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return loss, aliases, inputs, targets, ref, why_not
+
+
+def _accumulating_step(top: Topology, module: nn.Module, x: Sequence[Tensor], y: Tensor, loss_fn, clock: _Clock,
+                       losses: list[Tensor]) -> Callable[[], None]:
+    """A one-stage plan's step: the local batch in the plan's microbatches, gradients synchronised on the last."""
+    def step() -> None:
+        losses.clear()
+        xs = [torch.tensor_split(t, top.microbatches) for t in x]
+        ys = torch.tensor_split(y, top.microbatches)
+        for k in range(top.microbatches):
+            if not len(ys[k]):
+                continue
+            sync = k == top.microbatches - 1 or not hasattr(module, "no_sync")
+            with nullcontext() if sync else module.no_sync():
+                out = clock.timed("forward", lambda k=k: module(*(t[k] for t in xs)))
+                value = loss_fn(out, ys[k])
+                clock.timed("backward", value.backward)
+            losses.append(value.detach())
+
+    return step
+
+
 def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, device: torch.device,
          build_model) -> dict[str, Any]:
     from torch.distributed.device_mesh import DeviceMesh
@@ -309,15 +356,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     def build(batch: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
         return build_model(args.model, batch, seed=args.seed)
 
-    whole, inputs = build(top.global_batch)
-    loss = loss_for(whole)
-    aliases = _aliases(whole)
-    targets = loss.targets(inputs, args.seed)
-    why_not = _batch_coupled(whole) if args.check else "not asked (--no-check)"
-    ref = _reference(whole, inputs, targets, loss, args.optimizer, args.lr) if why_not is None else None
-    del whole
-    gc.collect()
-
+    loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build)
     probe = MemoryProbe(device)
     probe.baseline()
     offset, count = _local_rows(top, me, plan)
@@ -338,19 +377,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
 
     step_losses: list[Tensor] = []
     if top.pp == 1:
-        def step() -> None:
-            step_losses.clear()
-            xs = [torch.tensor_split(t, top.microbatches) for t in x]
-            ys = torch.tensor_split(y, top.microbatches)
-            for k in range(top.microbatches):
-                if not len(ys[k]):
-                    continue
-                sync = k == top.microbatches - 1 or not hasattr(module, "no_sync")
-                with nullcontext() if sync else module.no_sync():
-                    out = clock.timed("forward", lambda k=k: module(*(t[k] for t in xs)))
-                    value = loss_fn(out, ys[k])
-                    clock.timed("backward", value.backward)
-                step_losses.append(value.detach())
+        step = _accumulating_step(top, module, x, y, loss_fn, clock, step_losses)
     else:
         schedule = _schedule(top, me, module, mesh, device, loss_fn, clock)
 
@@ -405,8 +432,6 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
               "microbatches": top.microbatches, "step_times_s": times,
               "stage_forward_s": _median(fwd), "stage_backward_s": _median(bwd), "optimizer_s": _median(opt_s),
               "peak_memory_bytes": peak, "peak_reserved_bytes": reserve, "loss": local_loss}
-    records: list[Any] = [None] * top.world_size
-    dist.all_gather_object(records, record)
     if args.out is not None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -549,6 +574,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, help="plan file (gpualloc-plan v1 or v2)")
     p.add_argument("--model", required=True, help="zoo model name or package.module:factory")
     p.add_argument("--cluster", default=None, help="cluster (default: the plan's)")
+    p.add_argument("--graph", default=None, help="the model's captured graph JSON (default: trace it)")
     p.add_argument("--steps", type=int, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     p.add_argument("--seed", type=int, default=0)
@@ -566,8 +592,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The entry point ``torchrun`` runs; RANK, WORLD_SIZE and LOCAL_RANK come from its environment."""
     ns = _parser().parse_args(argv)
-    args = EngineArgs(ns.plan, ns.model, ns.cluster, ns.steps, ns.warmup, ns.seed, ns.optimizer, ns.lr, ns.out,
-                      ns.check, ns.memory, ns.timeout)
+    args = EngineArgs(ns.plan, ns.model, ns.cluster, ns.graph, ns.steps, ns.warmup, ns.seed, ns.optimizer, ns.lr,
+                      ns.out, ns.check, ns.memory, ns.timeout)
     try:
         if args.steps < 1 or args.warmup < 0:
             raise EngineError(f"--steps {args.steps} / --warmup {args.warmup}: need steps >= 1 and warmup >= 0")
