@@ -54,11 +54,11 @@ def _next_token(outputs: tuple[Tensor, ...], targets: Tensor) -> Tensor:
 
 
 def _labels(classes: int) -> Callable[[Sequence[Tensor], int], Tensor]:
-    def make(inputs: Sequence[Tensor], seed: int) -> Tensor:
+    def _make(inputs: Sequence[Tensor], seed: int) -> Tensor:  # the engine's seed, checked where it is read
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, classes, (int(inputs[0].shape[0]),), generator=gen)
 
-    return make
+    return _make
 
 
 def _classify(index: int) -> Callable[[tuple[Tensor, ...], Tensor], Tensor]:
