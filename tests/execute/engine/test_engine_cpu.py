@@ -144,3 +144,19 @@ def test_tp2_x_fsdp_unequal_shares_matches_the_unsplit_model(tmp_path, gpt_graph
     assert run.engine["mesh"] == {"pp": 1, "dp": 2, "tp": 2} and run.engine["sharding"] == "fsdp"
     assert sorted((run.rank(r)["replica"], run.rank(r)["tp_rank"]) for r in range(4)) == [(0, 0), (0, 1), (1, 0),
                                                                                           (1, 1)]
+
+
+def test_operator_plan_runs_as_a_pipeline_of_its_devices(gpt_graph):
+    from gpualloc.execute.engine.topology import topology
+    from gpualloc.placement.plan import OperatorPlan
+
+    graph, _ = gpt_graph
+    order = {i: k for k, i in enumerate(graph.topo_order)}
+    # the first ten operators on device 2, the rest on device 0: a two-stage pipeline, stage 0 on rank 1
+    assignment = np.asarray([2 if order[i] < 10 else 0 for i in range(len(graph.nodes))])
+    top = topology(OperatorPlan(assignment, microbatches=2, global_batch=4), graph)
+    assert (top.pp, top.devices, top.ranks[1].stage) == (2, (0, 2), 0)
+    module, args = build_model("gpt-tiny", 2, seed=0)
+    gm = export_runnable(module, args, training=True, name="gpt-tiny").module
+    ch = chain(gm, graph, top.stage_assignment(graph))
+    assert torch.equal(ch.run(*args)[0], module.train()(*args))
