@@ -3,8 +3,9 @@
 The engine builds each rank's part of a plan from PyTorch's own modules, after torchtitan's
 ``parallelize`` functions:
 
-* :func:`module_stage` cuts a zoo transformer eagerly into a stage that holds whole blocks (the
-  embeddings, blocks ``h.i..h.j``, the final norm and the LM head), keeping the original parameter names;
+* :func:`module_stage` cuts a zoo transformer (GPT, BERT: :data:`TP_MODELS`) eagerly into a stage that holds
+  whole parts (the embeddings, blocks ``h.i..h.j``, the final norm, the LM head), keeping the original
+  parameter names;
 * :func:`apply_tensor_parallel` shards every block Megatron-style (Shoeybi et al., "Megatron-LM", 2019,
   section 3) through ``torch.distributed.tensor.parallel.parallelize_module``: the attention's query/key/value
   projection and the MLP's first linear column-wise, the attention's and the MLP's output projections
