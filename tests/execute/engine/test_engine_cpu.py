@@ -34,6 +34,7 @@ def gpt_graph(tmp_path_factory):
 
 def _assert_matches(engine: dict) -> None:
     checks = engine["checks"]
+    assert checks["output"]["ok"] is True, checks
     assert checks["loss"]["ok"] is True, checks
     assert checks["grad"]["ok"] is True and checks["grad"]["parameters"] > 0, checks
     assert checks["weights_after_step"]["ok"] is True, checks

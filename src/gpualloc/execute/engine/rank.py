@@ -61,6 +61,10 @@ WEIGHT_RTOL = 1e-3
 the slack of gradients lost in rounding)."""
 ATOL = 1e-6
 ADAM_GRAD_RTOL = 1e-5
+OUTPUT_ATOL = 1e-4
+OUTPUT_RTOL = 1e-3
+"""The last stage's outputs match the unsplit model's on the same samples within ``OUTPUT_ATOL + OUTPUT_RTOL x
+max |unsplit|`` (the queue runner's output check: fp32 sums in another order, microbatch size, thread count)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ class _Reference:
     after: dict[str, Tensor]
     before: dict[str, Tensor]
     slack: dict[str, Tensor]
+    outputs: tuple[Tensor, ...] = ()
 
 
 def _batch_coupled(module: nn.Module) -> str | None:
@@ -164,14 +169,17 @@ def _batch_coupled(module: nn.Module) -> str | None:
 
 
 def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, loss: Loss, optimizer: str,
-               lr: float) -> _Reference:
-    """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``."""
+               lr: float, rows: slice | None = None) -> _Reference:
+    """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
+    outputs on samples ``rows`` (none when None)."""
     from gpualloc.execute.worker import OPTIMIZERS
 
     before = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
     out = module(*inputs)
     value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
     value.backward()
+    kept = () if rows is None else tuple(t[rows].detach().cpu().clone() for t in _as_tuple(out)
+                                         if isinstance(t, Tensor))
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()
              for n, p in module.named_parameters(remove_duplicate=False)}
     opt = OPTIMIZERS[optimizer](module.parameters(), lr=lr)
@@ -185,7 +193,7 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
         else:
             slack[n] = torch.zeros((), dtype=torch.float64)
     after = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
-    return _Reference(float(value.detach()), grads, after, before, slack)
+    return _Reference(float(value.detach()), grads, after, before, slack, kept)
 
 
 def _grad_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bool]:
@@ -308,7 +316,7 @@ def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int) -> d
         dist.destroy_process_group()
 
 
-def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build):
+def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build, rows: slice | None):
     """The unsplit model's part: ``(loss, aliases, inputs, targets, reference, why not checked)``; the reference
     runs on this rank's device, and the unsplit model is freed before the stage is built."""
     whole, inputs = build(top.global_batch)
@@ -319,7 +327,7 @@ def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build):
     ref = None
     if why_not is None:
         ref = _reference(whole.to(device), tuple(t.to(device) for t in inputs), targets.to(device), loss,
-                         args.optimizer, args.lr)
+                         args.optimizer, args.lr, rows)
     del whole
     gc.collect()
     if device.type == "cuda":
@@ -328,10 +336,12 @@ def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build):
 
 
 def _accumulating_step(top: Topology, module: nn.Module, x: Sequence[Tensor], y: Tensor, loss_fn, clock: _Clock,
-                       losses: list[Tensor]) -> Callable[[], None]:
-    """A one-stage plan's step: the local batch in the plan's microbatches, gradients synchronised on the last."""
-    def step() -> None:
+                       losses: list[Tensor]) -> Callable[[bool], tuple[Tensor, ...] | None]:
+    """A one-stage plan's step: the local batch in the plan's microbatches, gradients synchronised on the last;
+    ``step(True)`` also returns the outputs (the microbatches' concatenated)."""
+    def step(keep: bool) -> tuple[Tensor, ...] | None:
         losses.clear()
+        kept: list[tuple[Tensor, ...]] = []
         xs = [torch.tensor_split(t, top.microbatches) for t in x]
         ys = torch.tensor_split(y, top.microbatches)
         for k in range(top.microbatches):
@@ -343,6 +353,9 @@ def _accumulating_step(top: Topology, module: nn.Module, x: Sequence[Tensor], y:
                 value = loss_fn(out, ys[k])
                 clock.timed("backward", value.backward)
             losses.append(value.detach())
+            if keep:
+                kept.append(tuple(t.detach() for t in _as_tuple(out)))
+        return tuple(torch.cat(parts) for parts in zip(*kept, strict=True)) if keep else None
 
     return step
 
@@ -356,10 +369,12 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     def build(batch: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
         return build_model(args.model, batch, seed=args.seed)
 
-    loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build)
+    offset, count = _local_rows(top, me, plan)
+    last = me.stage == top.pp - 1
+    rows = slice(offset, offset + count) if last else None
+    loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build, rows)
     probe = MemoryProbe(device)
     probe.baseline()
-    offset, count = _local_rows(top, me, plan)
     x = tuple(t[offset: offset + count].to(device) for t in inputs)
     y = targets[offset: offset + count].to(device)
     scale = top.dp / top.global_batch  # the loss_scale over the local batch, on a sum of per-sample losses
@@ -370,7 +385,6 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     module, opt = _wrap(stage, dp_mesh, top, args)
     tied = _tied_groups(top, me, module, aliases)
     clock = _Clock(device)
-    last = me.stage == top.pp - 1
 
     def loss_fn(out: Any, target: Tensor) -> Tensor:
         return loss.per_sample(_as_tuple(out), target).sum() * scale
@@ -381,23 +395,26 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     else:
         schedule = _schedule(top, me, module, mesh, device, loss_fn, clock)
 
-        def step() -> None:
+        def step(keep: bool) -> tuple[Tensor, ...] | None:
             step_losses.clear()
-            schedule.step(*(x if me.stage == 0 else ()), target=y if last else None,
-                          losses=step_losses if last else None, return_outputs=False)
+            out = schedule.step(*(x if me.stage == 0 else ()), target=y if last else None,
+                                losses=step_losses if last else None, return_outputs=keep and last)
+            return _as_tuple(out) if keep and last else None
 
-    def train_step() -> None:
+    def train_step(keep: bool = False) -> tuple[Tensor, ...] | None:
         clock.forward_s = clock.backward_s = 0.0
         opt.zero_grad(set_to_none=True)
-        step()
+        out = step(keep)
         _sum_tied(tied, module)
+        return out
 
     # the checked first step
-    train_step()
+    outputs = train_step(keep=ref is not None)
     mine = float(sum(float(v.detach()) for v in step_losses)) / top.dp  # this pipeline's sum over the global batch
     local_loss = mine * top.global_batch / count if last else None
     engine_loss = _all_reduce(mine if last and me.tp_rank == 0 else 0.0, dist.ReduceOp.SUM)
-    checks = _checks_before_step(ref, why_not, module, engine_loss)
+    checks = {"output": _output_check(ref, why_not, outputs if last else None)}
+    checks.update(_checks_before_step(ref, why_not, module, engine_loss))
     t0 = time.perf_counter()
     opt.step()
     synchronize(device)
@@ -537,6 +554,20 @@ def _sum_tied(tied: list[tuple[Any, list[str]]], module: nn.Module) -> None:
                 p.grad = torch.zeros_like(p)
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             dist.all_reduce(g, group=group)
+
+
+def _output_check(ref: _Reference | None, why_not: str | None, outputs: tuple[Tensor, ...] | None) -> dict[str, Any]:
+    """The last stage's outputs on its samples against the unsplit model's (every rank calls it: a collective)."""
+    if ref is None:
+        return {"max_abs_err": None, "ok": None, "why_not": why_not}
+    err, ok = 0.0, True
+    if outputs is not None:
+        for got, want in zip(outputs, ref.outputs, strict=True):
+            d = float((got.detach().double().cpu() - want.double()).abs().max()) if want.numel() else 0.0
+            err = max(err, d)
+            ok &= d <= OUTPUT_ATOL + OUTPUT_RTOL * float(want.abs().max() if want.numel() else 0.0)
+    return {"max_abs_err": _all_reduce(err, dist.ReduceOp.MAX),
+            "ok": _all_reduce(float(ok), dist.ReduceOp.MIN) == 1.0}
 
 
 def _checks_before_step(ref: _Reference | None, why_not: str | None, module: nn.Module,
