@@ -161,3 +161,15 @@ def test_operator_plan_runs_as_a_pipeline_of_its_devices(gpt_graph):
     gm = export_runnable(module, args, training=True, name="gpt-tiny").module
     ch = chain(gm, graph, top.stage_assignment(graph))
     assert torch.equal(ch.run(*args)[0], module.train()(*args))
+
+
+def test_values_crossing_a_boundary_are_contiguous():
+    # bert-tiny cut inside an encoder layer: the attention's transposed views cross to the next stage, and gloo
+    # sends only contiguous tensors
+    graph = capture("bert-tiny", batch=2, saved_activations=False)
+    module, args = build_model("bert-tiny", 2, seed=0)
+    gm = export_runnable(module, args, training=False, name="bert-tiny").module
+    ch = chain(gm, graph, np.searchsorted(np.asarray([20, 32]), layer_of_node(graph), side="left"))
+    crossing = ch.stages[0](*args)
+    assert len(crossing) > 1 and all(t.is_contiguous() for t in crossing)
+    assert all(torch.equal(a, b) for a, b in zip(ch.stages[1](*crossing), module.eval()(*args), strict=True))

@@ -88,7 +88,7 @@ def chain(gm: fx.GraphModule, graph: OpGraph, stage_of_node: np.ndarray | Sequen
                 raise EngineError(f"plan: stages[{s}]: reads {name!r} from stage "
                                   f"{sm.stages[sm.producer[name]].device}: the engine runs stages as a chain")
     carried = _carried(sm, own)
-    stages = tuple(_chain_stage(st, carried[s - 1] if s else sm.inputs, carried[s], s)
+    stages = tuple(_chain_stage(st, carried[s - 1] if s else sm.inputs, carried[s], s, s == n_stages - 1)
                    for s, st in enumerate(own))
     holders: dict[str, list[int]] = {}
     for s, st in enumerate(own):
@@ -118,8 +118,9 @@ def _carried(sm: SplitModel, own: Sequence) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
-def _chain_stage(st, takes: Sequence[str], gives: Sequence[str], index: int) -> fx.GraphModule:
-    """Stage ``st`` of a split model as a function of ``takes`` that returns ``gives``."""
+def _chain_stage(st, takes: Sequence[str], gives: Sequence[str], index: int, final: bool) -> fx.GraphModule:
+    """Stage ``st`` of a split model as a function of ``takes`` that returns ``gives`` (contiguous, unless
+    ``final``: the last stage's outputs stay on its rank)."""
     new = fx.Graph()
     ph = {}
     for name in takes:
@@ -141,6 +142,8 @@ def _chain_stage(st, takes: Sequence[str], gives: Sequence[str], index: int) -> 
             result.append(ph[name])
         else:
             raise EngineError(f"plan: stages[{index}]: must pass on {name!r}, which it neither makes nor receives")
+    if not final:  # what crosses to the next rank is sent as it is: gloo and NCCL need contiguous tensors
+        result = [new.call_method("contiguous", (v,)) for v in result]
     new.output(tuple(result))
     new.lint()
     return fx.GraphModule(st.module, new, class_name=f"ChainStage{index}")
