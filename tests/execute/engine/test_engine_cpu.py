@@ -75,16 +75,24 @@ def test_checks_fail_on_a_wrong_gradient_and_a_wrong_step():
     assert not _weight_error(weights, ref)[1]
 
 
-def test_refusal_is_one_line_and_exit_2(tmp_path):
-    plan = write_plan(tmp_path / "plan.json", {
-        "cluster": "4xA100", "global_batch": 8, "microbatches": 2, "stages": [
-            {"layers": [0, 12], "replicas": [{"devices": [0], "batch_share": 6}, {"devices": [1], "batch_share": 2}]},
-            {"layers": [13, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 4},
-                                                          {"devices": [3], "batch_share": 4}]}]})
-    run = engine_alone(plan, "gpt-tiny", tmp_path / "out")
+SHARES_DIFFER = {"cluster": "4xA100", "global_batch": 8, "microbatches": 2, "stages": [
+    {"layers": [0, 12], "replicas": [{"devices": [0], "batch_share": 6}, {"devices": [1], "batch_share": 2}]},
+    {"layers": [13, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 4},
+                                                  {"devices": [3], "batch_share": 4}]}]}
+RESNET_TP = {"cluster": "2xA100", "global_batch": 4, "microbatches": 1, "stages": [
+    {"layers": [0, 53], "replicas": [{"devices": [0, 1], "batch_share": 4}]}]}
+
+
+@pytest.mark.parametrize(("doc", "model", "start"), [
+    (SHARES_DIFFER, "gpt-tiny", "stages[1].replicas[0].batch_share: 4"),
+    (RESNET_TP, "resnet-tiny", "tp: 2: model 'resnet-tiny' has no tensor-parallel rule"),
+])
+def test_refusal_is_one_line_and_exit_2(tmp_path, doc, model, start):
+    plan = write_plan(tmp_path / "plan.json", doc)
+    run = engine_alone(plan, model, tmp_path / "out")
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: plan: stages[1].replicas[0].batch_share: 4"), run.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and start in lines[0], run.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -124,6 +124,12 @@ def _load(args: EngineArgs):
         plan = parse_hybrid(saved.doc, where=str(args.plan))
         validate(plan, n_devices=len(cluster.devices), where=str(args.plan))
         top = topology(plan)
+        if top.tp > 1:
+            from gpualloc.execute.engine.parallelize import tensor_parallel_model
+
+            if not tensor_parallel_model(args.model):
+                raise EngineError(f"{args.plan}: tp: {top.tp}: model {args.model!r} has no tensor-parallel rule (the "
+                                  "engine shards transformer blocks); plan with tp 1")
         need = top.pp > 1 or top.tp > 1
         return plan, cluster, top, _graph(args.model, saved.node_ids, args.graph) if need else None
     from gpualloc.placement.problem import PlacementProblem
@@ -229,27 +235,28 @@ def _local_rows(top: Topology, me: RankSpec, plan) -> tuple[int, int]:
     return sum(shares[: me.replica]), shares[me.replica]
 
 
-def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, build: Callable[[int], Any]) -> nn.Module:
-    """This rank's stage (before its replica group is wrapped)."""
+def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, build: Callable[[int], Any],
+                  device: torch.device) -> nn.Module:
+    """This rank's stage on ``device`` (before its replica group is wrapped). A pipeline stage is exported on the
+    device itself: an export bakes the device of the tensors it creates (GPT's positions) into the graph."""
     if top.tp > 1:
         from gpualloc.execute.engine import parallelize
         from gpualloc.placement.hybrid.layers import layer_of_node
 
-        if not parallelize.tensor_parallel_model(args.model):
-            raise EngineError(f"plan: tp: {top.tp}: model {args.model!r} has no tensor-parallel rule (the engine "
-                              "shards GPT-style transformer blocks)")
         module, _ = build(1)
-        first, last = top.layers[me.stage] if top.kind == "hybrid" else (0, 0)
-        stage = parallelize.module_stage(args.model, module, first, last, layer_names(graph, layer_of_node(graph)))
+        first, last = top.layers[me.stage]
+        stage = parallelize.module_stage(args.model, module.to(device), first, last,
+                                         layer_names(graph, layer_of_node(graph)))
         return parallelize.apply_tensor_parallel(stage, mesh["tp"], args.model)
     if top.pp == 1:
         module, _ = build(1)
-        return module
+        return module.to(device)
     from gpualloc.graph.runnable import export_runnable
 
     module, sample = build(me.microbatch)
-    exported = export_runnable(module, sample, training=True, name=args.model).module
-    return chain(exported, graph, top.stage_assignment(graph)).stages[me.stage]
+    exported = export_runnable(module.to(device), tuple(t.to(device) for t in sample), training=True,
+                               name=args.model).module
+    return chain(exported, graph, top.stage_assignment(graph)).stages[me.stage].to(device)
 
 
 class _Clock:
@@ -379,7 +386,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     y = targets[offset: offset + count].to(device)
     scale = top.dp / top.global_batch  # the loss_scale over the local batch, on a sum of per-sample losses
 
-    stage = _stage_module(args, top, me, graph, mesh, build).to(device)
+    stage = _stage_module(args, top, me, graph, mesh, build, device)
     gc.collect()
     dp_mesh = mesh["dp"] if top.dp > 1 else None
     module, opt = _wrap(stage, dp_mesh, top, args)
