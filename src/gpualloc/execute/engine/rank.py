@@ -298,11 +298,13 @@ def _as_tuple(out: Any) -> tuple[Tensor, ...]:
 
 
 # ------------------------------------------------------------------------------------------------ the program
-def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int) -> dict[str, Any]:
+def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int, *,
+             rendezvous: bool = True) -> dict[str, Any]:
     """Run this rank's part of the plan (see the module docstring); the rank's record (``rank{r}.json``).
 
     The caller has set up nothing: this joins the process group (``MASTER_ADDR``/``MASTER_PORT`` from the
-    environment, as ``torchrun`` sets them) and leaves it.
+    environment, as ``torchrun`` sets them; with ``rendezvous=False``, a one-process group of its own) and
+    leaves it.
     """
     from gpualloc.graph.runnable import build_model
 
@@ -315,8 +317,11 @@ def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int) -> d
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
+    if not rendezvous and world_size != 1:
+        raise EngineError("MASTER_ADDR: not set: run the engine under torchrun (or gpualloc launch)")
+    store = {} if rendezvous else {"store": dist.HashStore()}
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout_s))
+                            timeout=datetime.timedelta(seconds=args.timeout_s), **store)
     try:
         return _run(args, plan, graph, cluster, top, me, device, build_model)
     finally:
@@ -638,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = int(os.environ.get("RANK", "0"))
         world = int(os.environ.get("WORLD_SIZE", "1"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        result = run_rank(args, rank, world, local)
+        result = run_rank(args, rank, world, local, rendezvous="MASTER_ADDR" in os.environ)
     except GpuallocError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
