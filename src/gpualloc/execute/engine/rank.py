@@ -359,8 +359,10 @@ def _accumulating_step(top: Topology, module: nn.Module, x: Sequence[Tensor], y:
         for k in range(top.microbatches):
             if not len(ys[k]):
                 continue
-            sync = k == top.microbatches - 1 or not hasattr(module, "no_sync")
-            with nullcontext() if sync else module.no_sync():
+            sync = k == top.microbatches - 1
+            if hasattr(module, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last microbatch only
+                module.set_requires_gradient_sync(sync)
+            with nullcontext() if sync or not hasattr(module, "no_sync") else module.no_sync():
                 out = clock.timed("forward", lambda k=k: module(*(t[k] for t in xs)))
                 value = loss_fn(out, ys[k])
                 clock.timed("backward", value.backward)
