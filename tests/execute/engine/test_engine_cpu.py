@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpualloc.execute.engine.loss import loss_for
-from gpualloc.execute.engine.rank import _grad_error, _reference, _weight_error
+from gpualloc.execute.engine.rank import _grad_error, _recompute, _reference, _weight_error
 from gpualloc.execute.engine.stages import chain
 from gpualloc.graph.capture import capture
 from gpualloc.graph.runnable import build_model, export_runnable
@@ -58,6 +58,32 @@ def test_chain_of_three_stages_carries_skip_values_and_tied_weights(gpt_graph):
     assert torch.equal(got, want)
     names = {n for st in ch.stages for n, _ in st.named_parameters()}
     assert "h.0.attn.c_attn.weight" in names  # the unsplit model's parameter names
+
+
+@pytest.mark.parametrize(("model", "units"), [("gpt-tiny", 2), ("bert-tiny", 2), ("resnet-tiny", 4)])
+def test_recompute_checkpoints_each_block_and_keeps_the_gradient(model, units):
+    module, args = build_model(model, 2, seed=0)
+    module.eval()  # dropout off: the same forward twice
+    want, saved = _grads_and_saved(module, args)
+    assert _recompute(module) == units
+    got, saved_after = _grads_and_saved(module, args)
+    assert saved_after < saved / 2  # the blocks keep only their inputs for the backward
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want, strict=True))
+    assert "h.0.attn.c_attn.weight" in dict(module.named_parameters()) or model != "gpt-tiny"
+
+
+def _grads_and_saved(module, args):
+    """The gradients of the outputs' sum, and how many elements the forward saved for the backward."""
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(*args)
+    out = out if isinstance(out, tuple) else (out,)
+    return torch.autograd.grad(sum(t.sum() for t in out), list(module.parameters())), saved[0]
 
 
 def test_checks_fail_on_a_wrong_gradient_and_a_wrong_step():
@@ -119,9 +145,10 @@ def test_ddp_unequal_shares_matches_the_unsplit_model(tmp_path):
 def test_pp2_1f1b_x_dp2_unequal_shares_zero1_matches_the_unsplit_model(tmp_path, gpt_graph):
     # two pipelines (shares 6 and 2) of two stages under 1F1B; each stage's replicas are DDP with
     # ZeroRedundancyOptimizer (ZeRO-1); pipeline 1 runs stage 0 on rank 3 and stage 1 on rank 1, so the pipeline's
-    # order is the plan's, not the ranks'
+    # order is the plan's, not the ranks'; activations are recomputed in the backward
     plan = write_plan(tmp_path / "plan.json", {
         "cluster": "4xA100", "global_batch": 8, "microbatches": 2, "schedule": "1f1b", "sharding": "zero1",
+        "recompute": True,
         "stages": [
             {"layers": [0, 9], "replicas": [{"devices": [0], "batch_share": 6}, {"devices": [3], "batch_share": 2}]},
             {"layers": [10, GPT_LAYERS - 1], "replicas": [{"devices": [2], "batch_share": 6},

@@ -70,7 +70,6 @@ def test_refuses_plans_that_are_not_a_grid(stages, field):
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"sharding": "zero2"}, "sharding"),
     ({"precision": "bf16"}, "precision"),
-    ({"recompute": True}, "recompute"),
     ({"microbatches": 3}, "replicas\\[1\\].batch_share: 2 samples do not split into 3 equal microbatches"),
     ({"microbatches": 1}, "1F1B needs at least one microbatch per stage"),
 ])
@@ -78,6 +77,11 @@ def test_refuses_what_it_does_not_run(kwargs, field):
     plan = hybrid([(0, 1, [([0], 6), ([1], 2)]), (2, 3, [([2], 6), ([3], 2)])], **kwargs)
     with pytest.raises(EngineError, match=field):
         topology(plan)
+
+
+def test_recompute_is_carried_to_the_ranks():
+    assert topology(hybrid([(0, 3, [([0], 8)])], recompute=True)).recompute
+    assert not topology(hybrid([(0, 3, [([0], 8)])])).recompute
 
 
 def test_gpipe_takes_fewer_microbatches_than_stages_and_one_stage_any_split():

@@ -259,6 +259,29 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
     return chain(exported, graph, top.stage_assignment(graph)).stages[me.stage].to(device)
 
 
+def _recompute(module: nn.Module) -> int:
+    """Activation recomputation (the plan's ``recompute``): each block of the stage (the children of its module
+    lists, dicts and sequences: GPT's ``h.i``, BERT's ``encoder.layer.i``, ResNet's bottlenecks) keeps only its
+    input and runs its forward again in the backward; a chain stage (an fx graph, no blocks) is one unit.
+    PyTorch's composable ``checkpoint`` (non-reentrant; parameter names unchanged), applied before the replica
+    wrapping as torchtitan does. Returns the number of units."""
+    from torch.distributed._composable import checkpoint
+
+    containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in module.modules():
+        if id(m) in inside or not isinstance(m, containers):
+            continue
+        for child in m.children():
+            if not isinstance(child, containers):
+                units.append(child)
+                inside.update(id(x) for x in child.modules())
+    for unit in units or [module]:
+        checkpoint(unit)
+    return len(units) or 1
+
+
 class _Clock:
     """Forward and backward seconds of this rank's stage in the current step."""
 
@@ -394,6 +417,8 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     scale = top.dp / top.global_batch  # the loss_scale over the local batch, on a sum of per-sample losses
 
     stage = _stage_module(args, top, me, graph, mesh, build, device)
+    if top.recompute:
+        _recompute(stage)
     gc.collect()
     dp_mesh = mesh["dp"] if top.dp > 1 else None
     module, opt = _wrap(stage, dp_mesh, top, args)

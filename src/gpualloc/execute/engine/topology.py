@@ -92,6 +92,7 @@ class Topology:
         layers: ``(first, last)`` layer of every stage (hybrid plans; empty for an operator plan).
         stage_devices: the device of every stage (operator plans; empty for a hybrid plan).
         node_stages: the stage of every graph node (operator plans; empty for a hybrid plan).
+        recompute: whether activations are recomputed in the backward (hybrid plans).
     """
 
     kind: str
@@ -108,6 +109,7 @@ class Topology:
     layers: tuple[tuple[int, int], ...] = ()
     stage_devices: tuple[int, ...] = ()
     node_stages: tuple[int, ...] = ()
+    recompute: bool = False
 
     @property
     def world_size(self) -> int:
@@ -179,9 +181,6 @@ def _hybrid(plan: HybridPlan) -> Topology:
                                   f"stages[0].replicas[{ri}] has {first.replicas[ri].batch_share}: pipeline {ri} "
                                   "carries one local batch through every stage, so a replica's share must not "
                                   "differ by stage")
-    if plan.recompute:
-        raise EngineError("plan: recompute: activation recomputation is planned and costed, not run by the engine; "
-                          "plan with recompute false")
     if plan.sharding not in SHARDINGS_RUN:
         raise EngineError(f"plan: sharding: the engine runs {', '.join(SHARDINGS_RUN)}, not {plan.sharding!r}")
     pp = len(plan.stages)
@@ -203,7 +202,7 @@ def _hybrid(plan: HybridPlan) -> Topology:
     mesh = tuple(tuple(tuple(rank[d] for d in rep.devices) for rep in stage.replicas) for stage in plan.stages)
     return Topology("hybrid", pp, dp, tp, plan.global_batch, plan.microbatches, plan.schedule, plan.sharding,
                     devices, tuple(specs[r] for r in range(len(devices))), mesh,
-                    layers=tuple((s.first, s.last) for s in plan.stages))
+                    layers=tuple((s.first, s.last) for s in plan.stages), recompute=plan.recompute)
 
 
 def _check_schedule(schedule: str, microbatches: int, pp: int) -> None:
