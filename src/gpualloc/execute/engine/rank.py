@@ -125,11 +125,7 @@ def _load(args: EngineArgs):
         validate(plan, n_devices=len(cluster.devices), where=str(args.plan))
         top = topology(plan)
         if top.tp > 1:
-            from gpualloc.execute.engine.parallelize import tensor_parallel_model
-
-            if not tensor_parallel_model(args.model):
-                raise EngineError(f"{args.plan}: tp: {top.tp}: model {args.model!r} has no tensor-parallel rule (the "
-                                  "engine shards transformer blocks); plan with tp 1")
+            _check_tp(args, top.tp)
         need = top.pp > 1 or top.tp > 1
         return plan, cluster, top, _graph(args.model, saved.node_ids, args.graph) if need else None
     from gpualloc.placement.problem import PlacementProblem
@@ -137,6 +133,21 @@ def _load(args: EngineArgs):
     graph = _graph(args.model, saved.node_ids, args.graph)
     plan = saved.plan_for(PlacementProblem(graph, cluster))
     return plan, cluster, topology(plan, graph), graph
+
+
+def _check_tp(args: EngineArgs, tp: int) -> None:
+    """Refuse before any process group a TP degree the model cannot take (no rule, heads or width that do not
+    split: :func:`~gpualloc.execute.engine.parallelize.check_tensor_parallel`)."""
+    from gpualloc.execute.engine.parallelize import check_tensor_parallel, tensor_parallel_model
+    from gpualloc.graph.runnable import build_model
+
+    if not tensor_parallel_model(args.model):
+        raise EngineError(f"{args.plan}: tp: {tp}: model {args.model!r} has no tensor-parallel rule (the engine "
+                          "shards transformer blocks); plan with tp 1")
+    try:
+        check_tensor_parallel(build_model(args.model, 1, seed=args.seed)[0], args.model, tp)
+    except EngineError as err:
+        raise EngineError(f"{args.plan}: tp: {err}") from err
 
 
 def _graph(model: str, node_ids, path: str | None):
@@ -551,9 +562,9 @@ def _aliases(module: nn.Module) -> dict[str, str]:
 
 
 def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
-                 aliases: Mapping[str, str]) -> list[tuple[Any, list[str]]]:
+                 aliases: Mapping[str, str]) -> list[tuple[Any, list[nn.Parameter]]]:
     """The process groups summing the gradient of a weight several stages hold (a tied embedding, under whatever
-    name each stage holds it): for each (replica, tp slice), the ranks of those stages, and this rank's names of
+    name each stage holds it): for each (replica, tp slice), the ranks of those stages, and this rank's parameters of
     the weights. Every rank creates every group, in one order."""
     mine: dict[str, list[str]] = {}
     for name in original_names(module):
@@ -571,6 +582,7 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
     if by_stages and top.sharding == "fsdp":
         raise EngineError("plan: sharding: fsdp with a weight tied across stages ("
                           f"{next(iter(by_stages.values()))[0]}) is not run by the engine; use none or zero1")
+    params = original_names(module)  # before the first forward: TP+DDP hides sharded ones after it
     out = []
     for ss, ns in sorted(by_stages.items()):
         for r in range(top.dp):
@@ -578,17 +590,14 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
                 ranks = sorted(top.mesh[s][r][t] for s in ss)
                 group = dist.new_group(ranks)
                 if me.rank in ranks:
-                    out.append((group, [local for n in ns for local in mine.get(n, [])]))
+                    out.append((group, [params[local] for n in ns for local in mine.get(n, [])]))
     return out
 
 
-def _sum_tied(tied: list[tuple[Any, list[str]]], module: nn.Module) -> None:
-    if not tied:
-        return
-    params = original_names(module)
-    for group, names in tied:
-        for n in names:
-            p = params[n]
+def _sum_tied(tied: list[tuple[Any, list[nn.Parameter]]], module: nn.Module) -> None:
+    """Sum, over the stages holding it, the gradient of each weight several stages hold."""
+    for group, params in tied:
+        for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
