@@ -6,6 +6,7 @@ the chain stages and the checks' own ability to fail are tested in-process.
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import numpy as np
@@ -208,3 +209,22 @@ def test_values_crossing_a_boundary_are_contiguous():
     crossing = ch.stages[0](*args)
     assert len(crossing) > 1 and all(t.is_contiguous() for t in crossing)
     assert all(torch.equal(a, b) for a, b in zip(ch.stages[1](*crossing), module.eval()(*args), strict=True))
+
+
+@pytest.mark.slow
+def test_pp2_1f1b_operator_plan_matches_the_unsplit_model(tmp_path, gpt_graph):
+    # a plain PP2 under 1F1B, from an operator plan (plan file version 1): the first ten operators on device 2,
+    # the rest on device 0, so stage 0 runs on rank 1
+    graph, graph_path = gpt_graph
+    order = {i: k for k, i in enumerate(graph.topo_order)}
+    doc = {"format": "gpualloc-plan", "version": 1, "cluster": "4xA100", "batch_size": 4, "microbatches": 2,
+           "schedule": "1f1b", "assignment": {n.id: 2 if order[i] < 10 else 0 for i, n in enumerate(graph.nodes)}}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--graph", str(graph_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert (run.engine["kind"], run.engine["schedule"], run.engine["mesh"]) == ("assignment", "1f1b",
+                                                                                {"pp": 2, "dp": 1, "tp": 1})
+    assert (run.rank(1)["stage"], run.rank(1)["device"], run.rank(0)["stage"]) == (0, 2, 1)
