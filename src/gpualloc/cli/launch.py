@@ -276,8 +276,10 @@ def plan_on_graph(saved, cluster, model: str):
 
 
 def finish_run(out_dir: Path, saved, cluster, graph, the_plan, optimizer: str, calibration: Path | None,
-               no_calibrate: bool, threads: int, seed: int, calibration_out: Path | None) -> dict[str, Any]:
-    """Read the run in ``out_dir``, predict the plan, compare, and (given ``calibration_out``) write the fit."""
+               no_calibrate: bool, threads: int, seed: int, calibration_out: Path | None, *,
+               use_profiles: bool = True) -> dict[str, Any]:
+    """Read the run in ``out_dir``, predict the plan, compare, and (given ``calibration_out``) write the fit.
+    ``use_profiles=False`` predicts with the calibrated roofline even where the calibration profiles the model."""
     from gpualloc.cli.run import _calibration
     from gpualloc.execute.engine.record import compare_run, fit_run, predict_run, read_run, run_summary
 
@@ -287,7 +289,7 @@ def finish_run(out_dir: Path, saved, cluster, graph, the_plan, optimizer: str, c
     cpu_ranks = sum(1 for d in used if _is_cpu(cluster.devices[d].type))
     cal, cal_info = _calibration(calibration or scored_with, no_calibrate, cluster, list(used), None,
                                  threads * cpu_ranks or None, seed)
-    prediction = predict_run(the_plan, graph, cluster, cal, optimizer=optimizer)
+    prediction = predict_run(the_plan, graph, cluster, cal, optimizer=optimizer, use_profiles=use_profiles)
     rows = compare_run(run, prediction, cluster)
     if calibration_out is not None:
         fitted = fit_run(run, rows, prediction, cal, cluster, source=str(out_dir))
