@@ -29,17 +29,13 @@ import numpy as np
 
 from gpualloc.errors import EngineError
 from gpualloc.placement.hybrid.plan import HybridPlan
+from gpualloc.placement.hybrid.runnable import PRECISIONS_RUN, SHARDINGS_RUN, operator_chain, reasons
 from gpualloc.placement.plan import OperatorPlan, Plan
 
 if TYPE_CHECKING:
     from gpualloc.graph.ir import OpGraph
 
 __all__ = ["PRECISIONS_RUN", "SHARDINGS_RUN", "RankSpec", "Topology", "loss_scale", "topology"]
-
-SHARDINGS_RUN = ("none", "zero1", "fsdp")
-"""Plan shardings the engine runs: DDP, DDP + ``ZeroRedundancyOptimizer`` (ZeRO-1), ``fully_shard`` (FSDP2)."""
-PRECISIONS_RUN = ("fp32",)
-"""Training precisions the engine runs (mixed precision is planned and costed, not executed yet)."""
 
 
 def loss_scale(local_batch: int, global_batch: int, dp: int) -> float:
@@ -150,47 +146,19 @@ def topology(plan: Plan, graph: OpGraph | None = None) -> Topology:
     """The ranks of ``plan``; ``graph`` (the graph the plan was made for) is needed for an operator plan.
 
     Raises:
-        EngineError: the plan is not a grid the engine runs (the message names the stage, replica and field).
+        EngineError: the plan is not a grid the engine runs: the first of
+            :func:`gpualloc.placement.hybrid.runnable.reasons` (it names the stage, replica and field).
     """
-    if plan.precision not in PRECISIONS_RUN:
-        raise EngineError(f"plan: precision: the engine trains in {', '.join(PRECISIONS_RUN)} only, the plan says "
-                          f"{plan.precision!r} (mixed precision is planned and costed, not executed)")
+    why = reasons(plan, graph)
+    if why:
+        raise EngineError(why[0])
     if isinstance(plan, HybridPlan):
         return _hybrid(plan)
-    if isinstance(plan, OperatorPlan):
-        if graph is None:
-            raise EngineError("plan: an operator plan needs the graph it was made for (its node order) to find "
-                              "its stages")
-        return _operator(plan, graph)
-    raise EngineError(f"plan: kind {plan.kind!r} is not one the engine runs")
+    return _operator(plan, graph)
 
 
 def _hybrid(plan: HybridPlan) -> Topology:
-    first = plan.stages[0]
-    dp, tp = len(first.replicas), first.replicas[0].tp
-    for si, stage in enumerate(plan.stages):
-        if len(stage.replicas) != dp:
-            raise EngineError(f"plan: stages[{si}].replicas: {len(stage.replicas)} replicas where stages[0] has {dp}: "
-                              "the engine runs PP x DP as one mesh, so every stage needs the same replica count")
-        for ri, rep in enumerate(stage.replicas):
-            if rep.tp != tp:
-                raise EngineError(f"plan: stages[{si}].replicas[{ri}].tp: {rep.tp} where stages[0].replicas[0] has "
-                                  f"{tp}: the engine runs one TP degree in every replica of every stage")
-            if rep.batch_share != first.replicas[ri].batch_share:
-                raise EngineError(f"plan: stages[{si}].replicas[{ri}].batch_share: {rep.batch_share} where "
-                                  f"stages[0].replicas[{ri}] has {first.replicas[ri].batch_share}: pipeline {ri} "
-                                  "carries one local batch through every stage, so a replica's share must not "
-                                  "differ by stage")
-    if plan.sharding not in SHARDINGS_RUN:
-        raise EngineError(f"plan: sharding: the engine runs {', '.join(SHARDINGS_RUN)}, not {plan.sharding!r}")
-    pp = len(plan.stages)
-    if pp > 1:
-        for ri, rep in enumerate(first.replicas):
-            if rep.batch_share % plan.microbatches:
-                raise EngineError(f"plan: stages[0].replicas[{ri}].batch_share: {rep.batch_share} samples do not "
-                                  f"split into {plan.microbatches} equal microbatches, which "
-                                  "torch.distributed.pipelining needs (it sizes its buffers on the first one)")
-        _check_schedule(plan.schedule, plan.microbatches, pp)
+    pp, dp, tp = len(plan.stages), len(plan.stages[0].replicas), plan.stages[0].replicas[0].tp
     devices = tuple(sorted(plan.devices))
     rank = {d: i for i, d in enumerate(devices)}
     specs = {}
@@ -205,31 +173,9 @@ def _hybrid(plan: HybridPlan) -> Topology:
                     layers=tuple((s.first, s.last) for s in plan.stages), recompute=plan.recompute)
 
 
-def _check_schedule(schedule: str, microbatches: int, pp: int) -> None:
-    if schedule == "1f1b" and microbatches < pp:
-        raise EngineError(f"plan: microbatches: 1F1B needs at least one microbatch per stage ({pp}), the plan has "
-                          f"{microbatches}")
-
-
 def _operator(plan: OperatorPlan, graph: OpGraph) -> Topology:
-    if len(plan.assignment) != len(graph.nodes):
-        raise EngineError(f"plan: assignment: {len(plan.assignment)} nodes placed, graph {graph.name!r} has "
-                          f"{len(graph.nodes)}")
-    order: list[int] = []
-    for i in graph.topo_order:
-        d = int(plan.assignment[i])
-        if not order or order[-1] != d:
-            if d in order:
-                raise EngineError(f"plan: assignment: device {d} runs two separate parts of the model (again at "
-                                  f"node {graph.nodes[i].id!r}): the engine runs each device as one pipeline stage, "
-                                  "so each device's operators must be contiguous in the graph's order")
-            order.append(d)
+    order, _ = operator_chain(plan, graph)
     pp = len(order)
-    if pp > 1:
-        if plan.global_batch % plan.microbatches:
-            raise EngineError(f"plan: microbatches: the batch of {plan.global_batch} does not split into "
-                              f"{plan.microbatches} equal microbatches, which torch.distributed.pipelining needs")
-        _check_schedule(plan.schedule, plan.microbatches, pp)
     devices = tuple(sorted(order))
     rank = {d: i for i, d in enumerate(devices)}
     mb = plan.global_batch // plan.microbatches if pp > 1 else -(-plan.global_batch // plan.microbatches)
