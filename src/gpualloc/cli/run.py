@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSO
 def run_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
     plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o` (version 1: op-level, "
-                                                  "or 2: hybrid, run as DDP replicas and pipeline stages), trained "
+                                                  "run by gpualloc's worker pipeline; 2: hybrid, run under torchrun "
+                                                  "by the engine, as `gpualloc launch` runs it on one host), trained "
                                                   "with the optimizer it was costed with (SGD for files that name "
                                                   "none)."),
     steps: int = typer.Option(5, "--steps", max=MAX_STEPS, min=1,
@@ -35,7 +37,8 @@ def run_cmd(
     cluster: str = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's)."),
     devices: str = typer.Option(None, "--devices",
                                 help="Torch device per cluster device, comma-separated (e.g. cuda:0,cpu); "
-                                     "default: cpu for CPU types, cuda:0, cuda:1, ... for the others."),
+                                     "default: cpu for CPU types, cuda:0, cuda:1, ... for the others. Op-level "
+                                     "plans only (the engine places a hybrid plan's ranks so)."),
     threads: int = typer.Option(None, "--threads", min=1,
                                 help="CPU threads split between the CPU workers (default: all available)."),
     batch: int = typer.Option(None, "--batch", max=MAX_BATCH, min=1,
@@ -50,14 +53,15 @@ def run_cmd(
                                        "per-op profiles of this model."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the weights and inputs."),
     precision: str = typer.Option("fp32", "--precision",
-                                  help="Training precision: the runner trains in fp32; a hybrid plan made for "
+                                  help="Training precision: both runners train in fp32; a plan made for "
                                        "another precision is refused in one line."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a placement plan on real devices and compare the measured step time with the prediction.
 
-    Split MODEL by the plan, check its output against the unsplit model, train N steps, and report the
-    measured step time beside the simulator's prediction."""
+    Split MODEL by the plan, check it against the unsplit model, train N steps, and report the measured step
+    time and peak memory beside the simulator's prediction. A hybrid (v2) plan runs on the torch-native engine
+    under torchrun on this host (`gpualloc launch`'s path)."""
     from gpualloc.errors import ExecutionError
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.document import read_plan
@@ -74,15 +78,22 @@ def run_cmd(
     model_name, graph = _model_graph(model, batch or saved.global_batch or 32, saved.node_ids)
     the_plan = saved.plan_for(PlacementProblem(graph, clus), microbatches=microbatches, schedule=schedule,
                               global_batch=batch)
-    check, execute, show = EXECUTE[the_plan.kind]
-    check(the_plan, graph, clus)  # before calibrating: what cannot run is one line, and nothing else printed
+    if the_plan.kind == "hybrid":
+        if devices is not None:
+            raise ExecutionError("--devices: a hybrid plan runs on the engine (gpualloc launch's), which puts CPU "
+                                 "device types on cpu and GPU types on cuda:0, cuda:1, ... in plan order; choose "
+                                 "the GPUs with CUDA_VISIBLE_DEVICES")
+        _run_on_engine(plan, saved, clus, model_name, graph, the_plan, cluster=cluster, steps=steps, warmup=warmup,
+                       seed=seed, threads=threads, calibration=calibration, no_calibrate=no_calibrate,
+                       roofline=roofline, as_json=as_json)
+        return
     torch_devices = devices.split(",") if devices else None
     scored_with = Path(saved.calibration) if saved.calibration and Path(saved.calibration).is_file() else None
     cal, cal_info = _calibration(calibration or scored_with, no_calibrate, clus, list(the_plan.devices), torch_devices,
                                  threads, seed)
     with progress_bar() as bar:
         task = bar.add_task("starting", total=1)
-        run = execute(
+        run = _execute_operators(
             model_name, graph, the_plan, clus, calibration=cal, calibration_name=cal_info["path"] or "shipped",
             steps=steps, warmup=warmup, torch_devices=torch_devices, threads=threads, use_profiles=not roofline,
             seed=seed, optimizer=saved.optimizer or "sgd",
@@ -90,7 +101,54 @@ def run_cmd(
     if as_json:
         print_json({**run.to_dict(), "plan": str(plan), "calibration": cal_info})
         return
-    show(run, cal_info)
+    _print(run, cal_info)
+
+
+def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *, cluster: str | None, steps: int,
+                   warmup: int, seed: int, threads: int | None, calibration: Path | None, no_calibrate: bool,
+                   roofline: bool, as_json: bool) -> None:
+    """A hybrid plan through the torch-native engine, as ``gpualloc launch`` runs it on one host (its functions:
+    one code path): refused in one line before anything starts where the engine or this host cannot run it,
+    else torchrun on this host's devices, then measured against predicted step time, compute and peak memory
+    per rank, and the checks against the unsplit model (output, loss, gradients, one step's weights)."""
+    import tempfile
+
+    from gpualloc.cli.launch import _cuda_host, _threads, finish_run, host_share, run_torchrun, torchrun_command
+    from gpualloc.errors import EngineError
+    from gpualloc.execute.engine.rank import EngineArgs, _load
+
+    nodes = {clus.devices[d].node for d in the_plan.devices}
+    if len(nodes) > 1:
+        raise EngineError(f"{plan}: the plan runs on {len(nodes)} nodes of {clus.name}: `gpualloc run` runs one "
+                          "host; start it on each node with `gpualloc launch PLAN --nnodes ... --node-rank ...`")
+    share = host_share(str(plan), saved, clus, nnodes=1, node_rank=0, **_cuda_host())
+    optimizer = saved.optimizer or "sgd"
+    with tempfile.TemporaryDirectory(prefix="gpualloc-run-") as tmp:
+        out = Path(tmp)
+        graph_file = out / "graph.json"  # traced once here, not again on every rank
+        graph.save(graph_file)
+        # the ranks' own checks (stage layout, TP divisibility), here, before anything is spawned
+        _, _, top, _ = _load(EngineArgs(plan=str(plan), model=model_name, cluster=cluster, graph=str(graph_file),
+                                         seed=seed))
+        top.stage_assignment(graph)  # the plan's layers are the model's (a one-stage plan's ranks do not cut it)
+        cmd = torchrun_command(plan, model_name, share, steps=steps, warmup=warmup, seed=seed, optimizer=optimizer,
+                               lr=None, out=out / "ranks", check=True, node_rank=0, master_addr=None,
+                               master_port=None, cluster=cluster) + ["--graph", str(graph_file)]
+        per_rank = _threads(share, threads)
+        (out / "ranks").mkdir()
+        status = run_torchrun(cmd, {**os.environ, "OMP_NUM_THREADS": str(per_rank)}, quiet_stdout=as_json)
+        if status != 0:
+            raise EngineError(f"{plan}: the engine's torchrun exited with status {status}: the ranks' output above "
+                              "says why")
+        report = finish_run(out / "ranks", saved, clus, graph, the_plan, optimizer, calibration, no_calibrate,
+                            per_rank, seed, None, use_profiles=not roofline)
+    report = {**report, "folder": None, "plan": str(plan), "plan_version": 2, "runner": "engine"}
+    if as_json:
+        print_json(report)
+        return
+    from gpualloc.reports.engine import engine_run_view
+
+    console.print(engine_run_view(report))
 
 
 def _check_precision(precision: str) -> None:
@@ -125,27 +183,6 @@ def _execute_operators(model: str, graph, plan, cluster, **options):
 
     return execute_plan(model, graph, plan.assignment, cluster, microbatches=plan.microbatches,
                         schedule=plan.schedule, **options)
-
-
-def _execute_hybrid(model: str, graph, plan, cluster, **options):
-    from gpualloc.execute.hybrid import execute_hybrid
-
-    return execute_hybrid(model, graph, plan, cluster, **options)
-
-
-def _show_hybrid(run, cal_info: dict[str, Any]) -> None:
-    """The run, and whether one step's weights equal the unsplit model's."""
-    _print(run.result, cal_info)
-    check = ("not checked (BatchNorm or dropout)" if run.weight_match is None else
-             f"{'[green]yes[/]' if run.weight_match else '[red]NO[/]'} (max |diff| {run.max_weight_diff:.2e}, "
-             f"tolerance {run.weight_tolerance:.2e}, update {run.max_update:.2e})")
-    console.print(f"plan: {run.describe}\nweights after one step equal the unsplit model's: {check}")
-
-
-def _check_hybrid(plan, graph, cluster) -> None:
-    from gpualloc.execute.hybrid import check_plan
-
-    check_plan(plan, graph, cluster)
 
 
 def _calibration(given: Path | None, no_calibrate: bool, cluster, assignment, torch_devices, threads: int | None,
@@ -197,8 +234,3 @@ def _print(r, cal_info: dict[str, Any]) -> None:
     from gpualloc.reports.execution import run_view
 
     console.print(run_view(r, cal_info))
-
-
-EXECUTE = {"assignment": (lambda plan, graph, cluster: None, _execute_operators, _print),
-           "hybrid": (_check_hybrid, _execute_hybrid, _show_hybrid)}
-"""Plan kind -> how ``gpualloc run`` checks, executes and shows it (the rest of the command is shared)."""
