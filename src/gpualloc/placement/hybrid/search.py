@@ -19,6 +19,14 @@
    best few and the four baselines are simulated, those within 1.5x of the best again under the other
    schedule and all-reduce algorithm, and the simulator picks the plan (so it is never worse than a
    baseline).
+
+With ``launchable=True`` the search builds only plans the engine runs
+(:func:`gpualloc.placement.hybrid.runnable.reasons` is empty): pipelines of stages with equal replica counts
+(the equal-group layouts at every depth dividing the device count, not only powers of two), replica ``r`` of
+every stage one pipeline (each stage's replicas fastest first, so fast devices pipeline with fast ones) with one
+share, from each pipeline's slowest stage, in whole microbatches; microbatch counts that divide the global
+batch; no ZeRO-2. One-stage plans (DDP, any shares) are always launchable, so a launchable plan is found
+whenever a plan in fp32 fits.
 """
 
 from __future__ import annotations
@@ -31,11 +39,13 @@ import numpy as np
 from gpualloc.cost.memory import PROFILE_VALUE_BYTES, reserve_bytes
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid import baselines
-from gpualloc.placement.hybrid.baselines import replica_groups, stage_of
+from gpualloc.placement.hybrid.baselines import (finish_together, largest_remainder, replica_groups, replica_line,
+                                                 stage_of)
 from gpualloc.placement.hybrid.cost import PlanCosts, estimate_step_s, plan_costs
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
-from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Sync, make_plan
+from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Replica, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
+from gpualloc.placement.hybrid.runnable import LAUNCHABLE_FLAG, PRECISIONS_RUN, SHARDINGS_RUN, runnable
 from gpualloc.placement.hybrid.simulate import HybridResult, simulate_hybrid
 from gpualloc.placement.outcome import Outcome
 from gpualloc.seeding import seeded
@@ -51,8 +61,9 @@ MAX_DEPTH = 8
 """Deepest pipeline of equal device groups the search tries (deeper ones only add bubbles at these sizes)."""
 
 
-def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
-    """Device groups of the stages, in pipeline order (see the module docstring)."""
+def _layouts(problem: HybridProblem, launchable: bool = False) -> Iterator[list[list[int]]]:
+    """Device groups of the stages, in pipeline order (see the module docstring); ``launchable`` adds the
+    equal groups at every depth that divides the device count."""
     k = problem.k
     order = sorted(range(k), key=lambda d: (-problem.type_speed[problem.type_of[d]], problem.node_of[d], d))
     yield [order]
@@ -71,6 +82,10 @@ def _layouts(problem: HybridProblem) -> Iterator[list[list[int]]]:
             size = k // s
             yield [order[i:i + size] for i in range(0, k, size)]
         s *= 2
+    if launchable:  # equal stages are what the engine pipelines: every depth, not only the powers of two
+        for s in range(3, min(k, problem.L, MAX_DEPTH) + 1):
+            if k % s == 0 and s & (s - 1):
+                yield [order[i:i + k // s] for i in range(0, k, k // s)]
 
 
 def _rate_terms(problem: HybridProblem, groups, mb: int) -> list[tuple[int, np.ndarray]]:
@@ -125,10 +140,12 @@ def split_layers(problem: HybridProblem, stage_groups: list[list[tuple[int, ...]
     return ranges[::-1] if b == -1 else None
 
 
-def _candidates(problem: HybridProblem, deadline: float) -> Iterator[tuple[HybridPlan, PlanCosts]]:
-    """Plans of every layout x TP degree x microbatch count (see the module docstring)."""
+def _candidates(problem: HybridProblem, deadline: float,
+                launchable: bool = False) -> Iterator[tuple[HybridPlan, PlanCosts]]:
+    """Plans of every layout x TP degree x microbatch count (see the module docstring); ``launchable``: only
+    plans the engine runs."""
     G = problem.global_batch
-    for layout in _layouts(problem):
+    for layout in _layouts(problem, launchable):
         S = len(layout)
         for tp in problem.tp_degrees:
             groups = [replica_groups(problem, devs, tp) for devs in layout]
@@ -138,7 +155,12 @@ def _candidates(problem: HybridProblem, deadline: float) -> Iterator[tuple[Hybri
             if G < reps:  # fewer samples than replicas: keep only the layouts every replica gets one of
                 continue
             counts = [1, 2] if S == 1 else [S, 2 * S, 4 * S]
-            yield from _with_microbatches(problem, groups, counts + _profiled_counts(problem, tp, G // reps, counts))
+            counts += _profiled_counts(problem, tp, G // reps, counts)
+            if launchable and S > 1:
+                if len({len(g) for g in groups}) == 1:  # the engine's mesh: one replica count in every stage
+                    yield from _pipelines(problem, groups, counts)
+            else:
+                yield from _with_microbatches(problem, groups, counts, launchable)
             if time.perf_counter() > deadline:
                 return
 
@@ -153,7 +175,8 @@ def _profiled_counts(problem: HybridProblem, tp: int, share: int, counts: list[i
     return [m for m in out if m <= problem.global_batch]
 
 
-def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Iterator[tuple[HybridPlan, PlanCosts]]:
+def _with_microbatches(problem: HybridProblem, groups, counts: list[int],
+                       launchable: bool = False) -> Iterator[tuple[HybridPlan, PlanCosts]]:
     """Plans of one layout and TP degree for each microbatch count; while none fits memory without sharding
     or recomputation (both cost time), 4x more microbatches (smaller ones keep fewer activations in flight),
     down to one sample a replica."""
@@ -169,11 +192,63 @@ def _with_microbatches(problem: HybridProblem, groups, counts: list[int]) -> Ite
         stages = [stage_of(problem, g, a, b, microbatches=m) for g, (a, b) in zip(groups, ranges, strict=True)]
         smallest = min(r.batch_share for s in stages for r in s.replicas)
         fits = False
-        for plan, costs in _variants(problem, stages, min(m, smallest)):
+        for plan, costs in _variants(problem, stages, min(m, smallest), launchable=launchable):
             fits = fits or (costs.fits(problem) and plan.sharding == "none" and not plan.recompute)
             yield plan, costs
         if i == len(counts) and not fits and m < smallest:
             counts.append(min(4 * m, smallest))
+
+
+def _even_count(m: int, G: int, reps: int) -> int | None:
+    """The microbatch count nearest above ``m`` (else below) that splits ``G`` samples into whole microbatches
+    with at least one per replica: a divisor ``d`` of ``G`` with ``G / d >= reps``."""
+    small = [d for d in range(1, int(G ** 0.5) + 1) if G % d == 0]
+    ok = sorted(d for d in {*small, *(G // d for d in small)} if G // d >= reps)
+    above = [d for d in ok if d >= m]
+    return above[0] if above else (ok[-1] if ok else None)
+
+
+def _pipeline_stages(problem: HybridProblem, groups, ranges: list[tuple[int, int]], m: int) -> list[HybridStage]:
+    """Stages the engine pipelines: each stage's replicas fastest first on its layers, replica ``r`` of every
+    stage pipeline ``r``, whose share (the same in every stage) makes the pipelines' slowest stages finish
+    together, in whole microbatches of the ``m`` (which divides the global batch)."""
+    G = problem.global_batch
+    mb = max(1, G // (m * len(groups[0])))
+    lines = []
+    for g, (a, b) in zip(groups, ranges, strict=True):
+        lines.append(sorted(((replica_line(problem, r, a, b, mb), r) for r in g),
+                            key=lambda lr: (lr[0][0] + lr[0][1] * mb, lr[1])))
+    fixed = np.array([max(st[r][0][0] for st in lines) for r in range(len(groups[0]))])
+    slope = np.array([max(st[r][0][1] for st in lines) for r in range(len(groups[0]))])
+    w = finish_together(G, m * fixed, slope) + 1e-9
+    shares = [u * m for u in largest_remainder(G // m, w)]
+    return [HybridStage(a, b, tuple(Replica(r, share) for (_, r), share in zip(st, shares, strict=True)))
+            for st, (a, b) in zip(lines, ranges, strict=True)]
+
+
+def _pipelines(problem: HybridProblem, groups, counts: list[int]) -> Iterator[tuple[HybridPlan, PlanCosts]]:
+    """:func:`_with_microbatches` for launchable pipelines (equal replica counts in every stage): shares and
+    microbatch counts the engine runs (:func:`_pipeline_stages`, :func:`_even_count`); while none fits memory
+    without sharding or recomputation, 4x more microbatches, down to one sample a replica's microbatch."""
+    G, reps, S = problem.global_batch, len(groups[0]), len(groups)
+    todo = list(dict.fromkeys(c for c in (_even_count(m, G, reps) for m in counts) if c is not None))
+    i = 0
+    while i < len(todo):
+        m = todo[i]
+        i += 1
+        ranges = split_layers(problem, groups, max(1, G // (m * reps)))
+        if ranges is None:
+            continue
+        stages = _pipeline_stages(problem, groups, ranges, m)
+        fits = False
+        schedule = "1f1b" if m >= S else "gpipe"
+        for plan, costs in _variants(problem, stages, m, launchable=True, schedule=schedule):
+            fits = fits or (costs.fits(problem) and plan.sharding == "none" and not plan.recompute)
+            yield plan, costs
+        smallest = min(r.batch_share for r in stages[0].replicas)
+        more = _even_count(min(4 * m, smallest), G, reps)
+        if i == len(todo) and not fits and more is not None and more > m:
+            todo.append(more)
 
 
 VARIANTS = (("none", False), ("zero1", False), ("zero2", False), ("fsdp", False), ("none", True), ("zero2", True),
@@ -182,9 +257,12 @@ VARIANTS = (("none", False), ("zero1", False), ("zero2", False), ("fsdp", False)
 forward again), so none is tried once a cheaper one fits."""
 
 
-def _variants(problem: HybridProblem, stages: list[HybridStage], m: int) -> Iterator[tuple[HybridPlan, PlanCosts]]:
+def _variants(problem: HybridProblem, stages: list[HybridStage], m: int, *, launchable: bool = False,
+              schedule: str = "1f1b") -> Iterator[tuple[HybridPlan, PlanCosts]]:
     for sharding, recompute in VARIANTS:
-        plan = make_plan(stages, problem.global_batch, m, sharding=sharding, recompute=recompute,
+        if launchable and sharding not in SHARDINGS_RUN:
+            continue
+        plan = make_plan(stages, problem.global_batch, m, schedule=schedule, sharding=sharding, recompute=recompute,
                          precision=problem.precision, n_devices=problem.k)
         costs = plan_costs(problem, plan)
         yield plan, costs
@@ -203,31 +281,39 @@ def _refinements(problem: HybridProblem, plan: HybridPlan) -> Iterator[HybridPla
 
 
 @seeded(error=PlacementError)
-def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
-                time_limit_s: float | None = None) -> tuple[HybridPlan, HybridResult]:
+def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0, time_limit_s: float | None = None,
+                launchable: bool = False) -> tuple[HybridPlan, HybridResult]:
     """The best hybrid plan found for ``problem`` and its simulated step; it fits every device's memory.
 
     Args:
         problem: the model, cluster and global batch.
         seed: accepted for the common planner signature; the search is deterministic.
         time_limit_s: stop generating candidates after this long (the best so far is returned).
+        launchable: only plans the engine runs (:mod:`gpualloc.placement.hybrid.runnable`; see the module
+            docstring); off, the search is unchanged.
 
     Raises:
-        PlacementError: no plan found fits memory (reserve included).
+        PlacementError: no plan found fits memory (reserve included); with ``launchable``, a precision the
+            engine does not train in.
     """
     del seed
+    if launchable and problem.precision not in PRECISIONS_RUN:
+        raise PlacementError(f"{LAUNCHABLE_FLAG}: the engine trains in {', '.join(PRECISIONS_RUN)} only, not "
+                             f"{problem.precision} (mixed precision is planned and costed, not executed)")
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else float("inf"))
     ranked = []
-    for plan, costs in _candidates(problem, deadline):
+    for plan, costs in _candidates(problem, deadline, launchable):
         fits = costs.fits(problem)
         ranked.append((not fits, estimate_step_s(problem, plan, costs), len(ranked), plan))
     ranked.sort(key=lambda t: t[:3])
     pool = [t[3] for t in ranked[:SIMULATED]]
     for name in baselines.BASELINES:
         try:
-            pool.append(baselines.BASELINES[name](problem))
+            plan = baselines.BASELINES[name](problem)
         except PlacementError:
             continue
+        if not launchable or runnable(plan):
+            pool.append(plan)
     judged = []
     for plan in dict.fromkeys(pool):  # the baselines may repeat a candidate
         r = simulate_hybrid(problem, plan)
@@ -238,7 +324,7 @@ def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0,
         if key[0] != judged[0][0][0] or key[1] > REFINED * judged[0][0][1]:
             break
         for variant in _refinements(problem, plan):
-            if variant == plan:
+            if variant == plan or (launchable and not runnable(variant)):
                 continue
             r = simulate_hybrid(problem, variant)
             key = (not r.feasible, r.step_time_s)
@@ -265,13 +351,14 @@ HYBRID_METHODS = ("hybrid", *baselines.BASELINES)
 
 @seeded(error=PlacementError)
 def place_hybrid(problem: HybridProblem, method: str, *, seed: int | None = 0,
-                 time_limit_s: float | None = None) -> Outcome:
+                 time_limit_s: float | None = None, launchable: bool = False) -> Outcome:
     """Plan with ``method`` (``hybrid`` or a baseline name), simulate the step and hold it against the hybrid
     bound (a problem of hybrid plans only; :func:`gpualloc.placement.run.place` puts an op-level problem's
-    one bound in its place)."""
+    one bound in its place). ``launchable`` keeps the planner (``hybrid``) to plans the engine runs; the
+    baselines are what they are."""
     start = time.perf_counter()
     if method == "hybrid":
-        plan, result = plan_hybrid(problem, seed=seed, time_limit_s=time_limit_s)
+        plan, result = plan_hybrid(problem, seed=seed, time_limit_s=time_limit_s, launchable=launchable)
     elif method in baselines.BASELINES:
         plan = baselines.BASELINES[method](problem)
         result = simulate_hybrid(problem, plan)
