@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from gpualloc.cli.common import DefaultToRun, console, load_graph, output_file, print_json, progress_bar
+from gpualloc.cli.common import (DefaultToRun, console, err_console, load_graph, output_file, print_json,
+                                 progress_bar)
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED
 
 app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
@@ -38,6 +39,10 @@ _RESERVE = typer.Option(None, "--reserve-gib", min=0.0, max=1e6,
                         help="Memory the framework keeps on every device (default: 2 GiB a GPU, 3 in a TP group; "
                              "docs/placement-hybrid.md).")
 SCHEDULE_HELP = "Pipeline schedule: 1f1b, gpipe, or auto (simulate both, keep the faster)."
+_LAUNCHABLE = typer.Option(False, "--launchable",
+                           help="Keep the hybrid planner (and best) to plans `gpualloc launch` runs: one replica count "
+                                "and TP degree in every stage, a replica's share the same in every stage, whole "
+                                "microbatches, fp32, no ZeRO-2 (docs/engine.md).")
 
 
 def make_problem(graph: str, cluster: str, microbatches: int, batch: int, calibration: Path | None = None,
@@ -67,9 +72,9 @@ def problem_of(g, clus, microbatches: int, calibration: Path | None = None, prec
     return PlacementProblem(g, clus, CostModel(cal, launch=launch), microbatches=microbatches, rules=rules)
 
 
-def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1b") -> list:
+def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1b", launchable: bool = False) -> list:
     """Every registered method (partitioners and hybrid planners) on ``problem``, with a progress bar unless
-    ``quiet``."""
+    ``quiet``; ``launchable`` keeps the hybrid planner and best to plans the engine runs."""
     from gpualloc.placement.hybrid.search import HYBRID_METHODS
     from gpualloc.placement.partition import PARTITIONERS
     from gpualloc.placement.run import compare
@@ -78,7 +83,27 @@ def compare_all(problem, *, seed: int, quiet: bool = False, schedule: str = "1f1
     with progress_bar(unit="methods") as progress:
         task = progress.add_task("partitioning", total=len(methods), visible=not quiet)
         return compare(problem, methods, seed=seed, progress=lambda m: progress.advance(task), hybrid=True,
-                       schedule=schedule)
+                       schedule=schedule, launchable=launchable)
+
+
+def engine_note(problem, outcomes) -> None:
+    """One note line on stderr (table output only: ``--json`` output stays as it was) when the first of
+    ``outcomes`` that is a hybrid plan, or ``best``'s, is one the engine would refuse: its first reason and the
+    flag."""
+    from gpualloc.placement.hybrid.plan import HybridPlan
+    from gpualloc.placement.hybrid.runnable import LAUNCHABLE_FLAG, reasons
+
+    for o in outcomes:
+        if isinstance(o.plan, HybridPlan) or o.method == "best":
+            why = reasons(o.plan, problem.graph)
+            if why:
+                how = LAUNCHABLE_FLAG if o.method in ("hybrid", "best") else f"--method hybrid {LAUNCHABLE_FLAG}"
+                if why[0].startswith("plan: precision"):
+                    how = f"--precision fp32 {how}"
+                err_console.print(f"note: `gpualloc launch` would refuse the {o.method} plan ({why[0]}); "
+                                  f"{how} keeps the planner to plans the engine runs",
+                                  highlight=False, soft_wrap=True, markup=False)
+                return
 
 
 def comparison_doc(problem, outcomes, cluster: str) -> dict:
@@ -121,13 +146,16 @@ def run_cmd(
                                 help="Write the plan (re-scorable) as JSON."),
     plot: Path = _PLOT,
     schedule: str = typer.Option(None, "--schedule", help=f"{SCHEDULE_HELP} Default: auto for best, else 1f1b."),
+    launchable: bool = _LAUNCHABLE,
 ) -> None:
     """Partition GRAPH over CLUSTER with one method and simulate the step."""
     from gpualloc.placement.run import place
 
     problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
-    outcome = place(problem, method, seed=seed, hybrid=True, schedule=schedule,
+    outcome = place(problem, method, seed=seed, hybrid=True, schedule=schedule, launchable=launchable,
                     **({"agent": agent} if agent is not None else {}))
+    if not (launchable or as_json):
+        engine_note(problem, [outcome])
     _finish(problem, outcome, cluster, as_json, output, plot, calibration)
 
 
@@ -173,10 +201,13 @@ def compare_cmd(
     seed: int = _SEED,
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     schedule: str = typer.Option("1f1b", "--schedule", help=SCHEDULE_HELP),
+    launchable: bool = _LAUNCHABLE,
 ) -> None:
     """Every method side by side: step time, ratio to the lower bound, gains over static and round-robin."""
     problem = make_problem(graph, cluster, microbatches, batch, calibration, precision, reserve_gib, launch)
-    outcomes = compare_all(problem, seed=seed, quiet=as_json, schedule=schedule)
+    outcomes = compare_all(problem, seed=seed, quiet=as_json, schedule=schedule, launchable=launchable)
+    if not (launchable or as_json):
+        engine_note(problem, [o for o in outcomes if o.method in ("hybrid", "best")])
     if as_json:
         print_json(comparison_doc(problem, outcomes, cluster))
         return

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpualloc.errors import PlacementError
+from gpualloc.placement.hybrid.runnable import LAUNCHABLE_FLAG, runnable
 from gpualloc.placement.hybrid.search import HYBRID_METHODS, place_hybrid
 from gpualloc.placement.document import PlanFile
 from gpualloc.placement.outcome import Outcome, lower_bound_s, score
@@ -89,29 +90,34 @@ def evaluate(problem: PlacementProblem, saved: PlanFile, *, schedule: str | None
 
 @seeded(error=PlacementError)
 def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, schedule: str | None = None,
-          hybrid: bool = False, **options: Any) -> Outcome:
+          hybrid: bool = False, launchable: bool = False, **options: Any) -> Outcome:
     """Plan with ``method`` (a registered partitioner, a hybrid method, or ``best``) and score the plan.
 
     ``options`` go to the partitioner; each must be one its registry entry declares (e.g. ``agent``
     for ``dqn``). ``schedule``: ``1f1b``, ``gpipe`` or ``auto`` (default: :func:`default_schedule`) for
     operator assignments; the hybrid planner picks its own. ``hybrid``: ``best`` tries the hybrid planner too.
+    ``launchable``: the hybrid planner, and ``best``, keep to plans the engine runs
+    (:mod:`gpualloc.placement.hybrid.runnable`); a partitioner or baseline is not asked to.
 
     Raises:
-        PlacementError: an unknown method or schedule, an option the method does not take, or a seed
-            outside ``0..MAX_SEED``.
+        PlacementError: an unknown method or schedule, an option the method does not take, a seed
+            outside ``0..MAX_SEED``, or ``launchable`` with a method other than ``hybrid`` and ``best``.
     """
     if method != "best" and method not in PARTITIONERS and method not in HYBRID_METHODS:
         raise PARTITIONERS.unknown(method, also=("best", *HYBRID_METHODS))
+    if launchable and method not in ("hybrid", "best"):
+        raise PlacementError(f"{LAUNCHABLE_FLAG}: only the hybrid planner and best choose among plans the engine "
+                             f"runs, not method {method!r}")
     schedule = check_schedule(default_schedule(method) if schedule is None else schedule)
     takes = PARTITIONERS.entry(method).options if method in PARTITIONERS else set()
     extra = sorted(set(options) - takes)
     if extra:
         raise PlacementError(f"method {method!r} takes no option {extra[0]!r}")
     if method in HYBRID_METHODS:
-        outcome = place_hybrid(problem.hybrid, method, seed=seed)
+        outcome = place_hybrid(problem.hybrid, method, seed=seed, launchable=launchable)
         return dataclasses.replace(outcome, lower_bound_s=lower_bound_s(problem))
     if method == "best":
-        return best(problem, seed=seed, schedule=schedule, hybrid=hybrid)
+        return best(problem, seed=seed, schedule=schedule, hybrid=hybrid, launchable=launchable)
     start = time.perf_counter()
     made = PARTITIONERS[method](problem, seed=seed, **options)
     elapsed = time.perf_counter() - start
@@ -122,25 +128,34 @@ def place(problem: PlacementProblem, method: str, *, seed: int | None = 0, sched
 
 @seeded(error=PlacementError)
 def compare(problem: PlacementProblem, methods: list[str] | None = None, *, seed: int | None = 0,
-            schedule: str = "1f1b", progress=None, hybrid: bool = False) -> list[Outcome]:
+            schedule: str = "1f1b", progress=None, hybrid: bool = False, launchable: bool = False) -> list[Outcome]:
     """Every method (default: all registered partitioners, then the hybrid methods when ``hybrid``) on the
-    same problem; ``best`` among them tries the hybrid planner when ``hybrid``."""
+    same problem; ``best`` among them tries the hybrid planner when ``hybrid``; ``launchable`` goes to the
+    hybrid planner and ``best`` only."""
     outcomes = []
     for method in methods or [*PARTITIONERS, *(HYBRID_METHODS if hybrid else ())]:
-        outcomes.append(place(problem, method, seed=seed, schedule=schedule, hybrid=hybrid))
+        outcomes.append(place(problem, method, seed=seed, schedule=schedule, hybrid=hybrid,
+                              launchable=launchable and method in ("hybrid", "best")))
         if progress is not None:
             progress(method)
     return outcomes
 
 
 @seeded(error=PlacementError)
-def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b", hybrid: bool = False) -> Outcome:
+def best(problem: PlacementProblem, *, seed: int | None = 0, schedule: str = "1f1b", hybrid: bool = False,
+         launchable: bool = False) -> Outcome:
     """Run every partitioner tagged ``heuristic`` (and the hybrid planner when ``hybrid``) and
-    return the plan the simulator scores best (feasible first)."""
+    return the plan the simulator scores best (feasible first); ``launchable``: among the plans the engine
+    runs (the hybrid planner's always is)."""
     start = time.perf_counter()
     tried = [place(problem, m, seed=seed, schedule=schedule) for m in PARTITIONERS.names("heuristic")]
+    if launchable:
+        tried = [o for o in tried if runnable(o.plan, problem.graph)]
     if hybrid:
-        tried.append(place(problem, "hybrid", seed=seed))
+        tried.append(place(problem, "hybrid", seed=seed, launchable=launchable))
+    if not tried:
+        raise PlacementError(f"{LAUNCHABLE_FLAG}: no heuristic partitioner's plan is one the engine runs; "
+                             "plan with the hybrid planner too")
     winner = min(tried, key=lambda o: (not o.result.feasible, o.result.step_time_s))
     return dataclasses.replace(winner, method="best", partition_time_s=time.perf_counter() - start,
                                note=f"best of {len(tried)} methods: {winner.method} ({winner.plan.describe()})")
