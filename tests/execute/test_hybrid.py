@@ -50,7 +50,7 @@ def _save(path, body: dict, cluster: str = "2xcpu"):
 def test_run_trains_a_ddp_plan_with_shares_3_to_1_on_the_engine(tmp_path, cli):
     plan = _save(tmp_path / "ddp.json", _ddp())
     code, out, err = cli("run", MODEL, "--plan", plan, "--steps", "2", "--warmup", "0", "--threads", "2",
-                         "--no-calibrate", "--json")
+                         "--no-calibrate", "--devices", "cpu,cpu", "--json")  # --devices as the engine places
     assert code == 0, err[-3000:]
     doc = json.loads(out)  # stdout is the report alone: the ranks' own lines went to stderr
     assert doc["runner"] == "engine" and doc["plan_version"] == 2 and doc["plan"] == str(plan)
@@ -93,7 +93,7 @@ def _two_stages_shares_differ(d):
         {"devices": [0, 1, 2], "batch_share": 4}]}], global_batch=4), "4xcpu", (),
      ("tp", "do not split evenly over tensor parallel 3")),
     (lambda d: None, "2xA100", (), ("no CUDA device",)),
-    (lambda d: None, "2xcpu", ("--devices", "cpu,cpu"), ("--devices", "engine")),
+    (lambda d: None, "2xcpu", ("--devices", "cpu,cuda:0"), ("--devices cpu,cuda:0", "device 1 on cpu")),
 ])
 def test_what_the_engine_or_this_host_cannot_run_is_one_line_before_anything_starts(tmp_path, cli, edit, cluster,
                                                                                      extra, names):

@@ -37,8 +37,8 @@ def run_cmd(
     cluster: str = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's)."),
     devices: str = typer.Option(None, "--devices",
                                 help="Torch device per cluster device, comma-separated (e.g. cuda:0,cpu); "
-                                     "default: cpu for CPU types, cuda:0, cuda:1, ... for the others. Op-level "
-                                     "plans only (the engine places a hybrid plan's ranks so)."),
+                                     "default: cpu for CPU types, cuda:0, cuda:1, ... for the others. A hybrid "
+                                     "plan's ranks are placed so by the engine: another list is refused."),
     threads: int = typer.Option(None, "--threads", min=1,
                                 help="CPU threads split between the CPU workers (default: all available)."),
     batch: int = typer.Option(None, "--batch", max=MAX_BATCH, min=1,
@@ -79,13 +79,9 @@ def run_cmd(
     the_plan = saved.plan_for(PlacementProblem(graph, clus), microbatches=microbatches, schedule=schedule,
                               global_batch=batch)
     if the_plan.kind == "hybrid":
-        if devices is not None:
-            raise ExecutionError("--devices: a hybrid plan runs on the engine (gpualloc launch's), which puts CPU "
-                                 "device types on cpu and GPU types on cuda:0, cuda:1, ... in plan order; choose "
-                                 "the GPUs with CUDA_VISIBLE_DEVICES")
         _run_on_engine(plan, saved, clus, model_name, graph, the_plan, cluster=cluster, steps=steps, warmup=warmup,
                        seed=seed, threads=threads, calibration=calibration, no_calibrate=no_calibrate,
-                       roofline=roofline, as_json=as_json)
+                       roofline=roofline, as_json=as_json, devices=devices)
         return
     torch_devices = devices.split(",") if devices else None
     scored_with = Path(saved.calibration) if saved.calibration and Path(saved.calibration).is_file() else None
@@ -106,7 +102,7 @@ def run_cmd(
 
 def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *, cluster: str | None, steps: int,
                    warmup: int, seed: int, threads: int | None, calibration: Path | None, no_calibrate: bool,
-                   roofline: bool, as_json: bool) -> None:
+                   roofline: bool, as_json: bool, devices: str | None = None) -> None:
     """A hybrid plan through the torch-native engine, as ``gpualloc launch`` runs it on one host (its functions:
     one code path): refused in one line before anything starts where the engine or this host cannot run it,
     else torchrun on this host's devices, then measured against predicted step time, compute and peak memory
@@ -122,6 +118,8 @@ def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *,
         raise EngineError(f"{plan}: the plan runs on {len(nodes)} nodes of {clus.name}: `gpualloc run` runs one "
                           "host; start it on each node with `gpualloc launch PLAN --nnodes ... --node-rank ...`")
     share = host_share(str(plan), saved, clus, nnodes=1, node_rank=0, **_cuda_host())
+    if devices is not None:
+        _same_devices(devices, share, len(clus))
     optimizer = saved.optimizer or "sgd"
     with tempfile.TemporaryDirectory(prefix="gpualloc-run-") as tmp:
         out = Path(tmp)
@@ -149,6 +147,21 @@ def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *,
     from gpualloc.reports.engine import engine_run_view
 
     console.print(engine_run_view(report))
+
+
+def _same_devices(devices: str, share, n_devices: int) -> None:
+    """``--devices`` of a hybrid plan: the engine places its ranks itself (CPU types on ``cpu``, GPU types on
+    ``cuda:0``, ``cuda:1``, ... in plan order, one each); a list that says the same is accepted, another is one
+    line."""
+    from gpualloc.errors import ExecutionError
+
+    given = [d.strip() for d in devices.split(",")]
+    want = {d: t for d, t in zip(share.devices, share.torch_devices, strict=True)}
+    if len(given) != n_devices or any(given[d] != t for d, t in want.items()):
+        placed = ", ".join(f"device {d} on {t}" for d, t in want.items())
+        raise ExecutionError(f"--devices {devices}: a hybrid plan runs on the engine, which places its ranks "
+                             f"itself ({placed}; one CUDA device per GPU rank): choose the GPUs with "
+                             "CUDA_VISIBLE_DEVICES")
 
 
 def _check_precision(precision: str) -> None:
