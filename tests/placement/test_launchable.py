@@ -126,6 +126,8 @@ def test_launchable_plans_pass_the_rule_and_the_engine_topology(zoo_graphs, mode
     assert piped, "the launchable search built no pipeline"
     # equal groups at a depth that is no power of two (6 devices, 3 stages) come only with launchable
     assert any(p.pipeline_depth == 3 for p in piped)
+    assert all(r.tp == 1 for p in piped for r in p.stages[0].replicas)  # TP stages of a pipeline: whole blocks
+    assert any(p.stages[0].replicas[0].tp == 2 for p, _ in generated) or cluster == "two nodes"
     plan, result = plan_hybrid(problem, launchable=True)
     assert reasons(plan) == [] and result.feasible
     top = topology(plan)

@@ -25,8 +25,9 @@ With ``launchable=True`` the search builds only plans the engine runs
 (the equal-group layouts at every depth dividing the device count, not only powers of two), replica ``r`` of
 every stage one pipeline (each stage's replicas fastest first, so fast devices pipeline with fast ones) with one
 share, from each pipeline's slowest stage, in whole microbatches; microbatch counts that divide the global
-batch; no ZeRO-2. One-stage plans (DDP, any shares) are always launchable, so a launchable plan is found
-whenever a plan in fp32 fits.
+batch; no ZeRO-2; tensor parallelism in one-stage plans only (a TP stage of a pipeline must hold whole
+blocks, which the layer split does not know). One-stage plans (DDP, any shares) are always launchable, so a
+launchable plan is found whenever a plan in fp32 fits.
 """
 
 from __future__ import annotations
@@ -157,7 +158,9 @@ def _candidates(problem: HybridProblem, deadline: float,
             counts = [1, 2] if S == 1 else [S, 2 * S, 4 * S]
             counts += _profiled_counts(problem, tp, G // reps, counts)
             if launchable and S > 1:
-                if len({len(g) for g in groups}) == 1:  # the engine's mesh: one replica count in every stage
+                # the engine's mesh: one replica count in every stage; TP only in one-stage plans, since the
+                # layer split does not know where the blocks end and a TP stage must hold whole blocks
+                if len({len(g) for g in groups}) == 1 and tp == 1:
                     yield from _pipelines(problem, groups, counts)
             else:
                 yield from _with_microbatches(problem, groups, counts, launchable)
