@@ -1,39 +1,41 @@
-"""The hybrid simulator against real runs on CPU (gloo): peak memory per device and step time.
+"""The hybrid simulator against real runs on CPU (gloo, the torch-native engine): peak memory per device and
+step time.
 
 For each model, four hand-built plan-v2 plans (:func:`gpualloc.placement.hybrid.plan.make_plan`), trained
-with Adam by :func:`gpualloc.execute.hybrid.execute_hybrid` (one gloo process per stage replica):
+with Adam by the engine under torchrun (:mod:`gpualloc.execute.engine`, one gloo rank per stage replica), through
+the functions ``gpualloc launch`` and ``gpualloc run`` use (:mod:`gpualloc.cli.launch`: ``host_share``,
+``torchrun_command``, ``run_torchrun``, ``finish_run``):
 
 * ``DDP 3:1``: one stage, two replicas taking 3/4 and 1/4 of the batch (``2xcpu``);
 * ``PP2 1F1B``: two stages of half the layers each, 4 microbatches, 1F1B (``2xcpu``);
 * ``PP2xDP2``: the same two stages, two replicas each with equal shares, 2 microbatches (``4xcpu``);
 * ``ZeRO-1``: one stage, two replicas with equal shares, Adam's state sharded between them (``2xcpu``).
 
-Measured (per worker, :class:`gpualloc.execute.measure.MemoryReport`): the peak of what ``malloc`` held
-during one training step (sampled after every aten op) above the worker's baseline before the model was
-built, and that baseline (the runtime's own memory: interpreter, torch, gloo), with the weights, gradients
-and optimizer state counted from the tensors; the median of ``--steps`` timed steps.
+Measured (per rank, the engine's ``rank{r}.json``): the peak of one more training step above the rank's baseline
+taken before its stage was built (:class:`gpualloc.execute.measure.MemoryProbe`: what ``malloc`` held, sampled
+after every aten op), the median of ``--steps`` timed steps (the slowest rank's, step by step), and the
+checks against the unsplit model (output, loss, gradients, one Adam step's weights).
 
-Predicted: ``simulate_hybrid(HybridProblem(graph, cluster, batch, cost, rules=MemoryRules(optimizer=...)),
-plan)``: ``peak_mem_bytes`` and ``step_time_s``, and the per-device breakdown ``result.memory`` where the
-simulator has one. The cost model is the quick CPU calibration ``gpualloc run`` measures on the fly and
-caches (:func:`gpualloc.cost.microbench.cached_cpu_calibration`, one per worker count). Nothing is tuned to
-the measurements. The predicted CPU reserve is 0 (the model's part only), so the measured peak compared
-with it is the part above the baseline; the measured baseline is shown apart.
+Predicted: :func:`gpualloc.execute.engine.record.predict_run` (``simulate_plan`` in fp32 with Adam, per-op
+profiles of the model where the calibration has them), ``peak_mem_bytes`` without the reserve (0 on a CPU) and
+``step_time_s``, and the simulator's per-device breakdown. The cost model is the quick CPU calibration
+``gpualloc run`` measures on the fly and caches (:func:`gpualloc.cost.microbench.cached_cpu_calibration`, one per
+rank count). Nothing is tuned to the measurements.
 
 Usage: python benchmarks/memory_accuracy.py [--models resnet50:4,bert-base:4,gpt-tiny:8,...] [--steps 3]
        [--warmup 1] [--out PATH]
-Writes benchmarks/results/memory_accuracy.json and prints the tables. About 6 minutes on 2 cores.
+Writes benchmarks/results/memory_accuracy.json and prints the tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,19 +44,19 @@ from rich.table import Table
 
 import _args
 from gpualloc.cli.common import console
-from gpualloc.cli.run import cache_folder
+from gpualloc.cli.launch import _threads, finish_run, host_share, run_torchrun, torchrun_command
 from gpualloc.cost.memory import MemoryRules
-from gpualloc.cost.microbench import apply_profiles, cached_cpu_calibration
-from gpualloc.cost.model import CostModel
-from gpualloc.execute.hybrid import execute_hybrid
-from gpualloc.execute.run import torch_devices_for, worker_threads
+from gpualloc.cost.microbench import apply_profiles
+from gpualloc.cost.model import Calibration, CostModel
+from gpualloc.errors import EngineError
 from gpualloc.graph.capture import capture
 from gpualloc.graph.zoo import get_model
 from gpualloc.hardware.cluster import load_cluster
+from gpualloc.placement.document import read_plan
 from gpualloc.placement.hybrid.layers import layer_count
-from gpualloc.placement.hybrid.plan import Replica, HybridStage, make_plan
-from gpualloc.placement.hybrid.problem import HybridProblem
-from gpualloc.placement.hybrid.simulate import simulate_hybrid
+from gpualloc.placement.hybrid.plan import HybridStage, Replica, make_plan
+from gpualloc.placement.outcome import simulate_plan
+from gpualloc.placement.problem import PlacementProblem
 
 OUT = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"
 MODELS = ("resnet50:4", "bert-base:4", "gpt-tiny:8")
@@ -86,66 +88,67 @@ def plans(layers: int, batch: int) -> list[tuple[str, str, object]]:
     ]
 
 
-def problem(graph, cluster, batch: int, calibration) -> tuple[HybridProblem, str]:
-    """The simulator's problem with Adam where the problem takes an optimizer, and how it was passed."""
-    params = inspect.signature(HybridProblem).parameters
-    cost = CostModel(calibration)
-    if "rules" in params:
-        return HybridProblem(graph, cluster, batch, cost=cost, rules=MemoryRules(optimizer=OPTIMIZER)), "rules"
-    if "optimizer" in params:
-        return HybridProblem(graph, cluster, batch, cost=cost, optimizer=OPTIMIZER), "optimizer"
-    return HybridProblem(graph, cluster, batch, cost=cost), "not passed (the problem's default)"
+def plan_file(path: Path, model: str, cluster, plan) -> Path:
+    """``plan`` as a ``gpualloc-plan`` v2 file for ``cluster``, costed with Adam (what ``place -o`` writes)."""
+    path.write_text(json.dumps({"format": "gpualloc-plan", "version": 2, "graph": model, "cluster": cluster.name,
+                                "devices": [d.label for d in cluster.devices], "optimizer": OPTIMIZER,
+                                **plan.body()}))
+    return path
 
 
-def calibration_for(cluster):
-    """The quick CPU calibration ``gpualloc run`` would use for a plan on every device of ``cluster``."""
-    placed = torch_devices_for(cluster)
-    threads = worker_threads(placed)
-    cal, path, fresh = cached_cpu_calibration(cache_folder(), threads=threads[0], concurrent=len(placed))
-    return cal, {"path": str(path), "source": "fresh" if fresh else "cached", "threads": threads[0],
-                 "concurrent": len(placed)}
+def breakdown(graph, cluster, plan, calibration_path: str | None) -> list[dict] | None:
+    """The simulator's per-device memory parts for ``plan`` under the calibration the run was compared with."""
+    cal = Calibration.load(calibration_path) if calibration_path else Calibration.load()
+    profiled = apply_profiles(graph, cal, list(dict.fromkeys(cluster.type_names)))
+    problem = PlacementProblem(profiled or graph, cluster, CostModel(cal), microbatches=plan.microbatches,
+                               rules=MemoryRules(precision="fp32", optimizer=OPTIMIZER))
+    memory = getattr(simulate_plan(problem, plan), "memory", None)
+    return [m.to_dict() for m in memory] if memory else None
 
 
 def error(predicted: float, measured: float) -> float | None:
     return predicted / measured - 1.0 if measured > 0 else None
 
 
-def run_case(model: str, graph, kind: str, cluster_name: str, plan, steps: int, warmup: int, cals: dict) -> list[dict]:
+def run_case(model: str, graph, graph_file: Path, kind: str, cluster_name: str, plan, steps: int, warmup: int,
+             folder: Path) -> list[dict]:
+    """One plan run by the engine under torchrun on this host, against its prediction: one row per rank."""
     cluster = load_cluster(cluster_name)
-    if cluster_name not in cals:
-        cals[cluster_name] = calibration_for(cluster)
-    cal, cal_info = cals[cluster_name]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = plan_file(folder / "plan.json", model, cluster, plan)
+    saved = read_plan(path)
+    share = host_share(str(path), saved, cluster, nnodes=1, node_rank=0, cuda_count=0)
+    threads = _threads(share, None)
+    out = folder / "ranks"
+    cmd = torchrun_command(path, model, share, steps=steps, warmup=warmup, seed=0, optimizer=OPTIMIZER, lr=LR,
+                           out=out, check=True, node_rank=0, master_addr=None, master_port=None) + [
+        "--graph", str(graph_file)]
+    out.mkdir(exist_ok=True)
     start = time.perf_counter()
-    run = execute_hybrid(model, graph, plan, cluster, calibration=cal, calibration_name=cal_info["path"],
-                         steps=steps, warmup=warmup, optimizer=OPTIMIZER, lr=LR)
+    status = run_torchrun(cmd, {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"},
+                          quiet_stdout=True)
     wall = time.perf_counter() - start
-    # the graph gpualloc run predicts from: per-op profiles of this model where the calibration has them
-    profiled = apply_profiles(graph, cal, list(dict.fromkeys(cluster.type_names)))
-    prob, how = problem(profiled or graph, cluster, plan.global_batch, cal)
-    sim = simulate_hybrid(prob, plan)
-    breakdown = getattr(sim, "memory", None) or None
-    r = run.result
+    if status != 0:
+        raise EngineError(f"{model} {kind}: torchrun exited with status {status} (the ranks' output above says why)")
+    report = finish_run(out, saved, cluster, graph, plan, OPTIMIZER, None, False, threads, 0, None)
+    parts = breakdown(graph, cluster, plan, report["calibration"]["path"])
+    engine = json.loads((out / "engine.json").read_text())
     rows = []
-    for dev in r.devices:
-        mem = dev.memory
-        pred = breakdown[dev.index].to_dict() if breakdown else None
-        predicted_peak = float(sim.peak_mem_bytes[dev.index]) - (pred["reserve"] if pred else 0.0)
-        measured_peak = mem.peak_bytes if mem is not None else None
+    for r in report["ranks"]:
+        index = next(i for i, d in enumerate(cluster.devices) if d.label == r["device"])
+        rank = json.loads((out / f"rank{r['rank']}.json").read_text())
         rows.append({
-            "model": model, "plan": kind, "cluster": cluster_name, "describe": run.describe,
-            "batch": plan.global_batch, "sharding": run.sharding, "device": dev.label, "index": dev.index,
-            "measured_peak_bytes": measured_peak, "measured_reserve_bytes": mem.reserve_bytes if mem else None,
-            "measured_peak_op": mem.peak_op if mem else None,
-            "counted": {"weights": mem.weights_bytes, "grads": mem.grads_bytes,
-                        "optimizer": mem.optimizer_bytes} if mem else None,
-            "predicted_peak_bytes": predicted_peak, "predicted": pred,
-            "run_predicted_peak_bytes": dev.predicted_peak_bytes,  # the same simulation inside gpualloc run
-            "peak_error": error(predicted_peak, measured_peak) if measured_peak else None,
-            "measured_step_s": r.measured_step_s, "predicted_step_s": r.predicted_step_s, "step_error": r.error,
-            "measured_busy_s": dev.measured_busy_s, "predicted_busy_s": dev.predicted_busy_s,
-            "step_times_s": list(r.step_times_s), "prediction": r.prediction, "output_match": r.output_match,
-            "weight_match": run.weight_match, "optimizer": OPTIMIZER, "problem_optimizer": how,
-            "calibration": cal_info, "run_wall_s": wall,
+            "model": model, "plan": kind, "cluster": cluster_name, "describe": report["plan_description"],
+            "batch": plan.global_batch, "sharding": plan.sharding, "device": r["device"], "index": index,
+            "rank": r["rank"], "stage": r["stage"], "replica": r["replica"], "local_batch": r["local_batch"],
+            "measured_peak_bytes": r["measured_peak_bytes"], "predicted_peak_bytes": r["predicted_peak_bytes"],
+            "predicted": parts[index] if parts else None, "peak_error": r["memory_error"],
+            "measured_step_s": report["measured_step_s"], "predicted_step_s": report["predicted_step_s"],
+            "step_error": report["step_error"], "measured_compute_s": r["measured_compute_s"],
+            "predicted_compute_s": r["predicted_compute_s"], "rank_step_times_s": rank["step_times_s"],
+            "step_times_s": engine.get("step_times_s"), "prediction": report["prediction"],
+            "checks": report["checks"], "optimizer": OPTIMIZER, "calibration": report["calibration"],
+            "threads_per_rank": threads, "run_wall_s": wall,
         })
     return rows
 
@@ -170,26 +173,30 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.0f}%"
 
 
+def _check(row: dict) -> str:
+    """The engine's checks in one word: ``ok`` (all held), ``FAILED`` (one did not), ``-`` (none made)."""
+    oks = [c.get("ok") for c in (row["checks"] or {}).values() if isinstance(c, dict)]
+    return "FAILED" if False in oks else ("ok" if True in oks else "-")
+
+
 def print_tables(rows: list[dict]) -> None:
-    table = Table(title="Measured against predicted (Adam, fp32, CPU gloo workers; MB = 1e6 bytes)")
+    table = Table(title="Measured against predicted (Adam, fp32, the engine's gloo ranks on CPU; MB = 1e6 bytes)")
     for col in ("model", "plan", "device", "measured peak MB", "predicted peak MB", "error", "measured step s",
-                "predicted step s", "error"):
+                "predicted step s", "error", "checks"):
         table.add_column(col, justify="left" if col in ("model", "plan", "device") else "right")
     for r in rows:
         table.add_row(r["model"], r["plan"], r["device"], mb(r["measured_peak_bytes"]), mb(r["predicted_peak_bytes"]),
                       pct(r["peak_error"]), f"{r['measured_step_s']:.3f}", f"{r['predicted_step_s']:.3f}",
-                      pct(r["step_error"]))
+                      pct(r["step_error"]), _check(r))
     console.print(table)
-    parts = Table(title="Per device, MB: counted from the tensors | predicted by the simulator | measured reserve")
-    for col in ("model", "plan", "device", "weights", "grads", "optim", "| weights", "grads", "optim", "acts",
-                "frag", "reserve", "| meas. reserve"):
+    parts = Table(title="Per device, MB: measured peak | the simulator's parts")
+    for col in ("model", "plan", "device", "measured", "| weights", "grads", "optim", "acts", "frag", "reserve"):
         parts.add_column(col, justify="left" if col in ("model", "plan", "device") else "right")
     for r in rows:
-        c, p = r["counted"] or {}, r["predicted"] or {}
-        parts.add_row(r["model"], r["plan"], r["device"], mb(c.get("weights")), mb(c.get("grads")),
-                      mb(c.get("optimizer")), *(mb(p.get(k)) for k in ("weights", "grads", "optimizer", "activations",
-                                                                      "fragmentation", "reserve")),
-                      mb(r["measured_reserve_bytes"]))
+        p = r["predicted"] or {}
+        parts.add_row(r["model"], r["plan"], r["device"], mb(r["measured_peak_bytes"]),
+                      *(mb(p.get(k)) for k in ("weights", "grads", "optimizer", "activations", "fragmentation",
+                                               "reserve")))
     if any(r["predicted"] for r in rows):
         console.print(parts)
     else:
@@ -222,15 +229,18 @@ def main() -> int:
     args = parser.parse_args()
     started = time.perf_counter()
     rows: list[dict] = []
-    cals: dict = {}
-    for model, batch in args.models:
-        graph = capture(model, batch=batch)
-        for kind, cluster_name, plan in plans(layer_count(graph), batch):
-            console.print(f"[dim]{model}: {kind} on {cluster_name} ({plan.describe()})[/]")
-            rows.extend(run_case(model, graph, kind, cluster_name, plan, args.steps, args.warmup, cals))
+    with tempfile.TemporaryDirectory(prefix="memory-accuracy-") as tmp:
+        for model, batch in args.models:
+            graph = capture(model, batch=batch)
+            graph_file = Path(tmp) / f"{model}.json"
+            graph.save(graph_file)  # traced once, handed to every rank (--graph)
+            for n, (kind, cluster_name, plan) in enumerate(plans(layer_count(graph), batch)):
+                console.print(f"[dim]{model}: {kind} on {cluster_name} ({plan.describe()})[/]")
+                rows.extend(run_case(model, graph, graph_file, kind, cluster_name, plan, args.steps, args.warmup,
+                                     Path(tmp) / f"{model}-{n}"))
     print_tables(rows)
     doc = {"benchmark": "memory_accuracy", "host": host(), "models": [f"{m}:{b}" for m, b in args.models],
-           "steps": args.steps,
+           "steps": args.steps, "runner": "engine (torchrun, gloo)",
            "warmup": args.warmup, "optimizer": OPTIMIZER, "lr": LR, "precision": "fp32",
            "command": " ".join(["python", "benchmarks/memory_accuracy.py", *sys.argv[1:]]),
            "wall_s": time.perf_counter() - started, "rows": rows}
