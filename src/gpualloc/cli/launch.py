@@ -265,7 +265,7 @@ def _threads(share: HostShare, threads: int | None) -> int:
 def plan_on_graph(saved, cluster, model: str):
     """The model's graph at the plan's batch and the plan on it, checked by the engine's topology (a plan the
     engine cannot run is one ``EngineError`` line), before anything starts."""
-    from gpualloc.cli.run import _model_graph
+    from gpualloc.cli.plan_inputs import model_graph as _model_graph
     from gpualloc.execute.engine.topology import topology
     from gpualloc.placement.problem import PlacementProblem
 
@@ -280,7 +280,7 @@ def finish_run(out_dir: Path, saved, cluster, graph, the_plan, optimizer: str, c
                use_profiles: bool = True) -> dict[str, Any]:
     """Read the run in ``out_dir``, predict the plan, compare, and (given ``calibration_out``) write the fit.
     ``use_profiles=False`` predicts with the calibrated roofline even where the calibration profiles the model."""
-    from gpualloc.cli.run import _calibration
+    from gpualloc.cli.plan_inputs import prediction_calibration as _calibration
     from gpualloc.execute.engine.record import compare_run, fit_run, predict_run, read_run, run_summary
 
     run = read_run(out_dir)
