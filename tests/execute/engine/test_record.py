@@ -86,6 +86,23 @@ def test_known_times_give_the_expected_efficiency(planned, tmp_path):
         "gpualloc-calibration"
 
 
+def test_a_replica_that_waits_inside_its_backward_is_left_out_of_the_fit(planned, tmp_path):
+    """3:1 shares: the small replica's backward holds DDP's wait for the big one; the fit uses the big one."""
+    from gpualloc.placement.hybrid.plan import HybridStage, Replica, make_plan
+
+    _, graph, cluster, _ = planned
+    L = PlacementProblem(graph, cluster).hybrid.L
+    plan = make_plan([HybridStage(0, L - 1, (Replica((0,), 6), Replica((1,), 2)))], BATCH, 1, n_devices=2)
+    base = Calibration.load()
+    before = predict_run(plan, graph, cluster, base, optimizer="adam")
+    assert before.busy_s[1] < 0.9 * before.busy_s[0]
+    waited = [before.busy_s[0], before.busy_s[0]]  # rank 1 finishes with rank 0: its own work plus the wait
+    run = read_run(write_run(tmp_path / "run", plan, cluster, waited, factor=2.0))
+    fitted = fit_run(run, compare_run(run, before, cluster), before, base, cluster)
+    assert fitted.fit["engine_run"]["scale"]["cpu"] == pytest.approx(2.0)
+    assert fitted.fit["measured"]["cpu"]["engine"]["ranks_fitted"] == [0]
+
+
 def test_launch_collect_writes_a_calibration_that_place_reads(planned, tmp_path):
     path, graph, cluster, plan = planned
     busy = predict_run(plan, graph, cluster, Calibration.load(), optimizer="adam").busy_s

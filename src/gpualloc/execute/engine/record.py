@@ -8,17 +8,18 @@ plan (:func:`gpualloc.placement.outcome.simulate_plan` with the calibration the 
 format ``gpualloc calibrate`` writes (``gpualloc-calibration``), so that ``gpualloc place --calibration run.json``
 plans with what was measured (the one calibration reader, :meth:`gpualloc.cost.model.Calibration.load`).
 
-The fit: for each device type the run used, the scale ``s`` = measured forward + backward time of its ranks
-over the predicted compute time of the same ranks (the simulator's ``busy_s``, the stage's layers at the rank's
-local batch and microbatches). Every op time of the cost model scales by ``s`` when the type's efficiency does
-(``compute / s``, ``memory / s``, ``launch_s * s``; the roofline is ``launch + max(flops / (peak * compute),
-bytes / (bandwidth * memory))``) and, where the base calibration holds per-op profiles of the type, when those
-scale too; both are applied, so the next prediction of that plan is the measured one, whichever estimate it uses.
-(A scale below 1 that would lift an efficiency over the device's ceiling is clamped by the roofline, so the next
-prediction is then slower than measured.) Peak memory per device is recorded beside the prediction under
-``fit.engine_run.memory`` (the probe's peak is above the process's baseline, so it is compared with the
-prediction without its reserve); the difference is the correction to add to ``place --reserve-gib``.
-"""
+The fit: for each device type the run used, the scale ``s`` = measured forward + backward time of its ranks over
+the predicted compute time of the same ranks (the simulator's ``busy_s``, the stage's layers at the rank's local
+batch and microbatches). Only each stage's slowest replicas count (:func:`critical_ranks`): a replica with a
+smaller share waits for the others inside its backward, where DDP's all-reduce blocks. Every op time of the cost
+model scales by ``s`` when the type's efficiency does (``compute / s``, ``memory / s``, ``launch_s * s``; the
+roofline is ``launch + max(flops / (peak * compute), bytes / (bandwidth * memory))``) and, where the base
+calibration holds per-op profiles of the type, when those scale too; both are applied, so the next prediction of
+that plan is the measured one, whichever estimate it uses. (A scale below 1 that would lift an efficiency over the
+device's ceiling is clamped by the roofline, so the next prediction is then slower than measured.) Peak memory per
+device is recorded beside the prediction under ``fit.engine_run.memory`` (the probe's peak is above the process's
+baseline, so it is compared with the prediction without its reserve); the difference is the correction to add to
+``place --reserve-gib``. """
 
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.placement.plan import Plan
 
-__all__ = ["EngineRun", "Prediction", "RankComparison", "RankRecord", "compare_run", "fit_run", "predict_run",
-           "read_run", "run_summary"]
+__all__ = ["EngineRun", "Prediction", "RankComparison", "RankRecord", "compare_run", "critical_ranks", "fit_run",
+           "predict_run", "read_run", "run_summary"]
 
 ENGINE_FORMAT = "gpualloc-engine-run"
+CRITICAL_SHARE = 0.9
+"""A rank predicted to compute less than this share of its stage's slowest replica is left out of the fit."""
 
 
 @dataclass(frozen=True)
@@ -281,8 +284,11 @@ def fit_run(run: EngineRun, rows: Sequence[RankComparison], prediction: Predicti
     devices = dict(base.devices)
     scales: dict[str, float] = {}
     model = str(run.engine.get("model", "?"))
+    critical = critical_ranks(rows)
     for name in dict.fromkeys(r.device_type for r in rows):
-        mine = [r for r in rows if r.device_type == name]
+        mine = [r for r in rows if r.device_type == name and r.rank in critical]
+        if not mine:  # every rank of the type waits on another type's: fit on all of them
+            mine = [r for r in rows if r.device_type == name]
         meas = sum(r.measured_compute_s for r in mine)
         pred = sum(r.predicted_compute_s for r in mine)
         if not meas > 0 or not pred > 0:
@@ -300,7 +306,7 @@ def fit_run(run: EngineRun, rows: Sequence[RankComparison], prediction: Predicti
             "efficiency": dataclasses.asdict(devices[name]),
             "torch_device": mine[0].torch_device,
             **({"concurrent": sum(1 for r in rows if r.torch_device == "cpu")} if cpu else {}),
-            "engine": {"model": model, "ranks": [r.rank for r in mine], "scale": scale,
+            "engine": {"model": model, "ranks_fitted": [r.rank for r in mine], "scale": scale,
                        "measured_compute_s": meas, "predicted_compute_s": pred,
                        "before": dataclasses.asdict(old)},
         })
@@ -308,6 +314,18 @@ def fit_run(run: EngineRun, rows: Sequence[RankComparison], prediction: Predicti
     fit["measured"] = measured
     fit["engine_run"] = run_summary(run, rows, prediction, scales=scales, source=source)
     return Calibration(devices=devices, default=base.default, cpu_default=base.cpu_default, fit=fit)
+
+
+def critical_ranks(rows: Sequence[RankComparison]) -> frozenset[int]:
+    """The ranks of each stage predicted to compute at least ``CRITICAL_SHARE`` of the stage's slowest replica.
+
+    A replica with less work finishes its backward first and then waits inside it for DDP's gradient
+    all-reduce, so its measured backward holds the other replicas' extra work; only the stage's slowest
+    replicas measure their own compute (within ``1 - CRITICAL_SHARE``)."""
+    most: dict[int, float] = {}
+    for r in rows:
+        most[r.stage] = max(most.get(r.stage, 0.0), r.predicted_compute_s)
+    return frozenset(r.rank for r in rows if r.predicted_compute_s >= most[r.stage] * CRITICAL_SHARE)
 
 
 def _median_or_none(values: Sequence[float]) -> float | None:
