@@ -270,16 +270,19 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
     return chain(exported, graph, top.stage_assignment(graph)).stages[me.stage].to(device)
 
 
-def _warm_exporter(device: torch.device) -> None:
-    """Export a small module in training mode and run its forward and backward once, before the memory baseline.
+def _warm_up(device: torch.device, optimizer: str, *, export: bool) -> None:
+    """Train a small module for one step (forward, backward, one step of ``optimizer``), exported first when
+    ``export``, before the memory baseline.
 
-    A pipeline rank cuts its stage from a ``torch.export`` of the model (:func:`_stage_module`), after the
-    baseline (the stage's weights are the step's). A process's first export keeps state of its own behind (the
-    exporter's lazily imported modules and caches: 7-8 MB of ``malloc`` for ``gpt-tiny``'s ranks, more for larger
-    models), which is the runtime's, not what the memory model predicts for a training step. On a CPU
-    (:class:`~gpualloc.execute.measure.MemoryProbe` counts all of ``malloc``) this pays that once-only cost before the
-    baseline; later exports keep well under 1 MB (measured in one process: 6.9 MB after a first export of
-    ``gpt-tiny``, 0.3 MB after this warm-up). A GPU's probe counts CUDA tensors only and needs no warm-up."""
+    The memory model predicts what a training step holds: weights, gradients, optimizer state, activations. On a
+    CPU :class:`~gpualloc.execute.measure.MemoryProbe` counts all of ``malloc``, so what a process keeps after
+    doing something for the first time counts too if the first time comes after the baseline: a pipeline rank's
+    first ``torch.export`` (its stage is cut from one, :func:`_stage_module`) keeps 7-8 MB of the exporter's own
+    state (lazily imported modules, caches; measured in one process: 6.9 MB after a first export of ``gpt-tiny``,
+    0.3 MB after this warm-up), and with ``--no-check`` (no unsplit reference step before the baseline) a first
+    backward and optimizer step keep about 4 MB more (``gpt-tiny`` PP2 x DP2, SGD). That is the runtime's, paid
+    here once. A GPU's probe counts CUDA tensors only and needs no warm-up."""
+    from gpualloc.execute.worker import OPTIMIZERS
     from gpualloc.graph.runnable import export_runnable
 
     class _Warm(nn.Module):
@@ -295,8 +298,11 @@ def _warm_exporter(device: torch.device) -> None:
             return nn.functional.gelu(self.fc(a)).sum()
 
     x = torch.zeros(2, 4, dtype=torch.long, device=device)
-    gm = export_runnable(_Warm().to(device), (x,), training=True, name="warm-up").module
-    gm(x).backward()
+    module: nn.Module = _Warm().to(device)
+    if export:
+        module = export_runnable(module, (x,), training=True, name="warm-up").module
+    module(x).backward()
+    OPTIMIZERS[optimizer](module.parameters(), lr=0.01).step()
 
 
 def _recompute(module: nn.Module) -> int:
@@ -502,8 +508,8 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     rows = slice(offset, offset + count) if last else None
     loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build, rows)
     probe = MemoryProbe(device)
-    if args.memory and probe.method == "mallinfo2" and top.pp > 1 and top.tp == 1:
-        _warm_exporter(device)  # the process's first export keeps MBs of its own: not the step's
+    if args.memory and probe.method == "mallinfo2":  # what a process keeps after its first export/step: not the step's
+        _warm_up(device, args.optimizer, export=top.pp > 1 and top.tp == 1)
         gc.collect()
     probe.baseline()
     x = tuple(t[offset: offset + count].to(device) for t in inputs)
@@ -671,8 +677,8 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
     for n, ss in sorted(stages_of.items()):
         if len(ss) > 1:
             by_stages.setdefault(tuple(sorted(ss)), []).append(n)
-    if by_stages and top.sharding == "fsdp":
-        raise EngineError("plan: sharding: fsdp with a weight tied across stages ("
+    if by_stages and top.sharding in ("fsdp", "zero2"):
+        raise EngineError(f"plan: sharding: {top.sharding} with a weight tied across stages ("
                           f"{next(iter(by_stages.values()))[0]}) is not run by the engine; use none or zero1")
     params = original_names(module)  # before the first forward: TP+DDP hides sharded ones after it
     out = []
