@@ -297,12 +297,13 @@ def _warm_up(device: torch.device, optimizer: str, *, export: bool) -> None:
             a = torch.softmax(h @ h.transpose(-1, -2) / 2.0, dim=-1) @ h
             return nn.functional.gelu(self.fc(a)).sum()
 
-    x = torch.zeros(2, 4, dtype=torch.long, device=device)
-    module: nn.Module = _Warm().to(device)
-    if export:
-        module = export_runnable(module, (x,), training=True, name="warm-up").module
-    module(x).backward()
-    OPTIMIZERS[optimizer](module.parameters(), lr=0.01).step()
+    with torch.random.fork_rng(devices=[]):  # the ranks' random streams stay as they were (dropout under TP)
+        x = torch.zeros(2, 4, dtype=torch.long, device=device)
+        module: nn.Module = _Warm().to(device)
+        if export:
+            module = export_runnable(module, (x,), training=True, name="warm-up").module
+        module(x).backward()
+        OPTIMIZERS[optimizer](module.parameters(), lr=0.01).step()
 
 
 def _recompute(module: nn.Module) -> int:
