@@ -52,7 +52,7 @@ def test_reasons_lists_every_broken_rule_and_none_for_a_grid():
                  precision="bf16")
     why = reasons(bad)
     assert [w.split(": ")[1] for w in why] == ["precision", "stages[1].replicas[0].batch_share",
-                                               "stages[1].replicas[1].batch_share", "sharding", "microbatches"]
+                                               "stages[1].replicas[1].batch_share", "microbatches"]
     assert all(w.startswith("plan: ") and "\n" not in w for w in why)
     assert not runnable(bad)
 

@@ -13,8 +13,10 @@ The engine builds each rank's part of a plan from PyTorch's own modules, after t
   ``heads / tp`` attention heads;
 * :func:`wrap_replica` makes a stage's replicas one data-parallel group: ``"none"`` is
   ``DistributedDataParallel``, ``"zero1"`` adds ``ZeroRedundancyOptimizer`` (optimizer state sharded, ZeRO
-  stage 1, Rajbhandari et al., SC 2020), ``"fsdp"`` is FSDP2's ``fully_shard`` (parameters, gradients and
-  optimizer state sharded);
+  stage 1, Rajbhandari et al., SC 2020), ``"zero2"`` is FSDP2's ``fully_shard`` with
+  ``reshard_after_forward=False`` (gradients and optimizer state sharded, weights kept whole from the forward
+  to the backward: ZeRO stage 2), ``"fsdp"`` is ``fully_shard`` resharding after the forward (parameters,
+  gradients and optimizer state sharded: ZeRO stage 3);
 * :func:`full_params` and :func:`full_grads` gather the full tensors back under the unsplit model's
   parameter names, so the engine's checks compare with the unsplit model.
 
@@ -44,8 +46,9 @@ __all__ = ["SHARDINGS", "TP_MODELS", "BertStage", "GPTStage", "TPBertSelfAttenti
            "TPRule", "apply_tensor_parallel", "check_tensor_parallel", "full_grads", "full_params", "module_stage",
            "replica_parameters", "tensor_parallel_model", "wrap_replica"]
 
-SHARDINGS = ("none", "zero1", "fsdp")
-"""How a stage's replica group shares its state: DDP, DDP + ZeRO-1 optimizer, FSDP2."""
+SHARDINGS = ("none", "zero1", "zero2", "fsdp")
+"""How a stage's replica group shares its state: DDP, DDP + ZeRO-1 optimizer, FSDP2 without resharding after the
+forward (ZeRO-2), FSDP2."""
 
 _TP = "_gpualloc_tp"  # attribute of a tensor-parallel attention: the tensor-parallel degree (it runs heads / tp)
 _PARAMS = "_gpualloc_params"  # attribute of a DDP wrapper: the parameters it reduces, by name
@@ -398,7 +401,13 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     * ``"zero1"``: the same DDP, and a ``ZeroRedundancyOptimizer`` over the group (each rank keeps the optimizer
       state of its share of the parameters, steps it and broadcasts it);
     * ``"fsdp"``: FSDP2's ``fully_shard`` on the mesh, each transformer block one unit, then the whole module
-      (parameters, gradients and optimizer state sharded; gradients reduce-scattered and averaged).
+      (parameters, gradients and optimizer state sharded; gradients reduce-scattered and averaged);
+    * ``"zero2"``: the same ``fully_shard`` with ``reshard_after_forward=False``: each unit's weights are
+      all-gathered in the forward and kept whole until its backward (no second all-gather), gradients are
+      reduce-scattered and optimizer state is sharded: what ZeRO stage 2 keeps per rank (the whole weights
+      during the step, a shard of the gradients and of the optimizer state) is what this holds once the
+      backward has freed the gathered weights. PyTorch has no separate ZeRO-2 wrapper: this is FSDP1's
+      ``ShardingStrategy.SHARD_GRAD_OP`` (whose hybrid form torch names ``_HYBRID_SHARD_ZERO2``) in FSDP2.
 
     Gradients are averaged over the group, so each rank's loss is its local mean times
     ``dp * local_batch / global_batch`` for the global-batch mean gradient. A module with tensor-parallel
@@ -421,13 +430,14 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     opt_class = _optimizer_class(optimizer)
     if dp_mesh is None or dp_mesh.size() == 1:
         return module, opt_class(module.parameters(), lr=lr)
-    if sharding == "fsdp":
+    if sharding in ("fsdp", "zero2"):
         from torch.distributed.fsdp import fully_shard
 
+        reshard = sharding == "fsdp"
         for m in module.modules():
             if isinstance(m, (Block, BertLayer)):  # each transformer block one unit
-                fully_shard(m, mesh=dp_mesh)
-        fully_shard(module, mesh=dp_mesh)
+                fully_shard(m, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
         return module, opt_class(module.parameters(), lr=lr)
     from torch.nn.parallel import DistributedDataParallel
 

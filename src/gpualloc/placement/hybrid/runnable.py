@@ -6,8 +6,7 @@ executes:
 
 * every stage has the same replica count (``dp``) and every replica of every stage the same TP degree;
 * replica ``r`` takes the same batch share in every stage (pipeline ``r`` carries one local batch through);
-* sharding is one of :data:`SHARDINGS_RUN` (ZeRO-2 is planned and costed, not executed) and the precision one
-  of :data:`PRECISIONS_RUN`;
+* sharding is one of :data:`SHARDINGS_RUN` and the precision one of :data:`PRECISIONS_RUN`;
 * on a pipeline (more than one stage), every share splits into ``microbatches`` equal microbatches
   (``torch.distributed.pipelining`` sizes its buffers on the first one), and 1F1B has at least one
   microbatch per stage.
@@ -37,8 +36,9 @@ if TYPE_CHECKING:
 __all__ = ["LAUNCHABLE_FLAG", "PRECISIONS_RUN", "SHARDINGS_RUN", "operator_chain", "reasons", "runnable",
            "schedule_reason"]
 
-SHARDINGS_RUN = ("none", "zero1", "fsdp")
-"""Plan shardings the engine runs: DDP, DDP + ``ZeroRedundancyOptimizer`` (ZeRO-1), ``fully_shard`` (FSDP2)."""
+SHARDINGS_RUN = ("none", "zero1", "zero2", "fsdp")
+"""Plan shardings the engine runs: DDP, DDP + ``ZeroRedundancyOptimizer`` (ZeRO-1), ``fully_shard`` with
+``reshard_after_forward=False`` (ZeRO-2), ``fully_shard`` (FSDP2)."""
 PRECISIONS_RUN = ("fp32",)
 """Training precisions the engine runs (mixed precision is planned and costed, not executed yet)."""
 LAUNCHABLE_FLAG = "--launchable"
