@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (issue 39): the gpu-marked tests, calibration in four precisions, `gpualloc run`
-# of three models against prediction, and NVML telemetry beside nvidia-smi. Every result lands as a file under
-# one archive, $OUT/gpu-check.tgz (JSON and each step's log); scripts/gpu_report.py turns it into the docs' tables.
+# of three models against prediction (on the torch-native engine: torchrun, NCCL), `gpualloc launch` with its
+# run record read back by `gpualloc place --calibration`, and NVML telemetry beside nvidia-smi. Every result
+# lands as a file under one archive, $OUT/gpu-check.tgz (JSON and each step's log); scripts/gpu_report.py turns
+# it into the docs' tables.
 #
 #   bash scripts/gpu-check.sh            # on the GPU machine: torch there, our deps from .whl/ (see below)
 #   GPU_CHECK_REHEARSE=1 OUT=/tmp/x bash scripts/gpu-check.sh   # here, on the CPU: same steps, tiny models
@@ -21,7 +23,7 @@ export PYTHONUNBUFFERED=1 GPUALLOC_CACHE_DIR=/tmp/gpualloc-cache MPLBACKEND=Agg
 if [ "$REHEARSE" = 1 ]; then
     PY=${PY:-.venv/bin/python}
     DEV=cpu; AS=cpu; MODELS="resnet-tiny:4 bert-tiny:4 gpt-tiny:2"; CAL_MODELS="resnet-tiny:4"; REPEATS=1
-    CLUSTER1=1xcpu; CLUSTER2=2xcpu; DEVS2=cpu,cpu
+    CLUSTER1=1xcpu
 else
     PY=${PY:-python3}
     if [ -d .whl ]; then
@@ -31,7 +33,7 @@ else
     fi
     DEV=cuda:0; AS=${GPU_CHECK_AS:-H100-SXM}
     MODELS="resnet50:64 bert-base:16 gpt2-small:8"; CAL_MODELS="resnet50:64,bert-base:16,gpt2-small:8"; REPEATS=5
-    CLUSTER1="1x$AS"; CLUSTER2="2x$AS"; DEVS2=cuda:0,cuda:0
+    CLUSTER1="1x$AS"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 GA=("$PY" -m gpualloc.cli.main)
@@ -79,7 +81,8 @@ step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/execute/test_
     tests/telemetry/test_nvml.py --junitxml="$RES/tests.xml"
 
 # 3. gpualloc run of each model on the GPU: a hybrid plan (DP=PP=TP=1 on one GPU), whose memory rule is the one
-# every planner uses; step time and peak memory against predicted
+# every planner uses, run on the torch-native engine (torchrun, one NCCL rank on cuda:0); step time, compute and
+# peak memory against predicted, and the checks against the unsplit model (output, loss, gradients, weights)
 for mb in $MODELS; do
     m=${mb%%:*}; b=${mb##*:}
     step "place-$m" 60 "${GA[@]}" place "$m" --cluster "$CLUSTER1" --batch "$b" --method hybrid "${CAL[@]}" \
@@ -104,14 +107,21 @@ if [ "$REHEARSE" != 1 ]; then
     echo "{\"step\": \"sampling\", \"rc\": $?}" >> "$RES/steps.jsonl"
 fi
 
-# 5. a two-process data-parallel plan on the one GPU (both ranks share it: a check that the multi-process runner
-# works on CUDA, not a timing); GPU_CHECK_SKIP_DP2=1 leaves it out
-if [ "${GPU_CHECK_SKIP_DP2:-0}" != 1 ]; then
+# 5. the engine through `gpualloc launch` on CUDA, and the loop closed: the first model's plan from step 3
+# launched under torchrun (one NCCL rank on the GPU: the engine runs one rank per device, so no second rank can
+# share it), its run record written as a calibration (--calibration-out), then `gpualloc place --calibration`
+# planning with what was measured. A check that launch, the run record and the calibration read back work on a
+# GPU, not a timing (step 3 has the timings); GPU_CHECK_SKIP_LAUNCH=1 leaves it out
+if [ "${GPU_CHECK_SKIP_LAUNCH:-0}" != 1 ]; then
     m=${MODELS%%:*}; b=${MODELS%% *}; b=${b##*:}
-    step place-dp2 60 "${GA[@]}" place "$m" --cluster "$CLUSTER2" --batch "$b" --method ddp "${CAL[@]}" \
-        -o "$RES/plan-dp2.json" \
-    && step run-dp2 90 "${GA[@]}" run "$m" --plan "$RES/plan-dp2.json" --steps 5 --warmup 2 --devices "$DEVS2" \
-        "${CAL[@]}" --json
+    if [ -s "$RES/plan-$m.json" ]; then
+        step launch 90 "${GA[@]}" launch "$RES/plan-$m.json" --model "$m" --steps 5 --warmup 2 --out "$RES/launch" \
+            "${CAL[@]}" --calibration-out "$RES/launch-calibration.json" --json \
+        && step place-measured 60 "${GA[@]}" place "$m" --cluster "$CLUSTER1" --batch "$b" --method hybrid \
+            --calibration "$RES/launch-calibration.json" -o "$RES/plan-measured.json" --json
+    else
+        echo "{\"step\": \"launch\", \"skipped\": true, \"why\": \"no plan-$m.json from step 3\"}" >> "$RES/steps.jsonl"
+    fi
 fi
 pack
 echo "done in $(( $(date +%s) - T0 )) s; results in $OUT/gpu-check.tgz"

@@ -9,6 +9,12 @@ baseline) against the simulator's peak less its framework reserve (the CUDA cont
 counters do not see, as benchmarks/memory_accuracy.py compares), the caching allocator's slack
 (``max_memory_reserved - max_memory_allocated``), and MFU: 3 x forward FLOPs of the captured graph per step over
 the device's FP32 peak (the runs train in FP32) and over its dense tensor-core peak.
+
+Two documents are read: an operator plan's run (and the retired queue runner's, in the archives of 2026-11-27:
+``devices[].memory``, ``batch_size``, ``error``, ``output_match``), and a hybrid plan's run on the torch-native
+engine (``gpualloc run --json`` with ``"runner": "engine"``, and ``gpualloc launch --json``: ``ranks[]``,
+``step_error``, ``checks``; the batch is the plan's ``global_batch``), step 3's ``run-*.out`` and step 5's
+``launch.out``.
 """
 
 from __future__ import annotations
@@ -37,39 +43,89 @@ def _json(files: dict[str, bytes], name: str):
         return None
 
 
+def _plan_of(files: dict[str, bytes], name: str, r: dict) -> dict:
+    """The plan file the run read: the one its ``plan`` path names, if the archive has it; else ``plan-X.json``
+    beside ``run-X.out``."""
+    named = Path(str(r.get("plan") or "")).name
+    if named and named in files:
+        return _json(files, named) or {}
+    return _json(files, name.replace("run-", "plan-").replace(".out", ".json")) or {}
+
+
+def _mfu(train_flops: float, step_s: float | None, dt) -> tuple[float | None, float | None]:
+    if not step_s:
+        return None, None
+    return train_flops / step_s / (dt.fp32_tflops * 1e12), train_flops / step_s / (dt.tensor_tflops * 1e12)
+
+
+def _operator_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
+    """A run of the operator runner (or the retired queue runner): ``devices[]`` with ``memory``."""
+    graph = capture_cached(r["model"], batch=int(r["batch_size"]))
+    train_flops = 3.0 * float(sum(n.flops for n in graph.nodes))
+    dev = r["devices"][0]  # the ranks of a run on one GPU measure alike
+    mem = dev["memory"]
+    reserve = ((plan.get("memory") or {}).get(dev["label"]) or {}).get("reserve")
+    if reserve is None:  # a v2 plan keeps its breakdown per device index
+        breakdown = plan.get("memory_breakdown") or []
+        reserve = breakdown[dev["index"]].get("reserve") if dev["index"] < len(breakdown) else None
+    pred_peak = dev["predicted_peak_bytes"] - (reserve or 0.0)
+    mfu_fp32, mfu_tensor = _mfu(train_flops, r["measured_step_s"], dt)
+    return {
+        "call": call, "run": run, "runner": "queue runner" if plan.get("version") == 2 else "operators",
+        "model": r["model"],
+        "batch": r["batch_size"], "plan_version": plan.get("version"), "method": plan.get("method"),
+        "device": dev["torch_device"], "processes": len(r["devices"]),
+        "measured_step_s": r["measured_step_s"], "predicted_step_s": r["predicted_step_s"],
+        "step_error": r["error"], "prediction": r["prediction"], "output_match": r["output_match"],
+        "checks": None,
+        "measured_peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": pred_peak,
+        "predicted_reserve_bytes": reserve,
+        "peak_error": pred_peak / mem["peak_bytes"] - 1.0 if mem["peak_bytes"] else None,
+        "allocator_slack_bytes": mem["reserve_bytes"], "weights_bytes": mem["weights_bytes"],
+        "mfu_fp32": mfu_fp32, "mfu_tensor": mfu_tensor, "train_flops": train_flops,
+    }
+
+
+def _engine_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
+    """A run on the torch-native engine (``gpualloc run`` of a v2 plan, ``gpualloc launch``): ``ranks[]``, whose
+    ``predicted_peak_bytes`` is already the simulator's peak less its reserve; rank 0's memory (the plan's first
+    device: a one-GPU plan has one rank)."""
+    batch = plan.get("global_batch")
+    if batch is None:  # the first stage's ranks carry the whole batch between them
+        batch = sum(k["local_batch"] for k in r["ranks"] if k["stage"] == 0) // max(
+            1, len({k.get("tp_rank", 0) for k in r["ranks"]}))
+    graph = capture_cached(r["model"], batch=int(batch))
+    train_flops = 3.0 * float(sum(n.flops for n in graph.nodes))
+    k = min(r["ranks"], key=lambda x: x["rank"])
+    checks = {name: c.get("ok") for name, c in (r.get("checks") or {}).items()}
+    mfu_fp32, mfu_tensor = _mfu(train_flops, r["measured_step_s"], dt)
+    return {
+        "call": call, "run": run, "runner": "engine", "model": r["model"], "batch": batch,
+        "plan_version": plan.get("version"), "method": plan.get("method"), "device": k["torch_device"],
+        "processes": r.get("world_size", len(r["ranks"])),
+        "measured_step_s": r["measured_step_s"], "predicted_step_s": r["predicted_step_s"],
+        "step_error": r["step_error"], "prediction": r["prediction"], "output_match": checks.get("output"),
+        "checks": checks,
+        "measured_peak_bytes": k["measured_peak_bytes"], "predicted_peak_bytes": k["predicted_peak_bytes"],
+        "predicted_reserve_bytes": k["predicted_reserve_bytes"], "peak_error": k["memory_error"],
+        "allocator_slack_bytes": k["measured_reserve_bytes"] if k["torch_device"].startswith("cuda") else None,
+        "weights_bytes": None, "mfu_fp32": mfu_fp32, "mfu_tensor": mfu_tensor, "train_flops": train_flops,
+    }
+
+
 def runs(files: dict[str, bytes], device_type: str, call: int) -> list[dict]:
     dt = default_catalog().device(device_type)
     out = []
-    for name in sorted(files):
-        if not (name.startswith("run-") and name.endswith(".out")):
+    for name in sorted(files, key=lambda n: (n == "launch.out", n)):  # step 5's launch after step 3's runs
+        if not ((name.startswith("run-") or name == "launch.out") and name.endswith(".out")):
             continue
         r = _json(files, name)
         if r is None:
             continue
-        plan = _json(files, name.replace("run-", "plan-").replace(".out", ".json")) or {}
-        graph = capture_cached(r["model"], batch=int(r["batch_size"]))
-        train_flops = 3.0 * float(sum(n.flops for n in graph.nodes))
-        for dev in r["devices"][:1]:  # the ranks of a run on one GPU measure alike
-            mem = dev["memory"]
-            reserve = ((plan.get("memory") or {}).get(dev["label"]) or {}).get("reserve")
-            if reserve is None:  # a v2 plan keeps its breakdown per device index
-                breakdown = plan.get("memory_breakdown") or []
-                reserve = breakdown[dev["index"]].get("reserve") if dev["index"] < len(breakdown) else None
-            pred_peak = dev["predicted_peak_bytes"] - (reserve or 0.0)
-            out.append({
-                "call": call, "run": name.removeprefix("run-").removesuffix(".out"), "model": r["model"],
-                "batch": r["batch_size"], "plan_version": plan.get("version"), "method": plan.get("method"),
-                "device": dev["torch_device"], "processes": len(r["devices"]),
-                "measured_step_s": r["measured_step_s"], "predicted_step_s": r["predicted_step_s"],
-                "step_error": r["error"], "prediction": r["prediction"], "output_match": r["output_match"],
-                "measured_peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": pred_peak,
-                "predicted_reserve_bytes": reserve,
-                "peak_error": pred_peak / mem["peak_bytes"] - 1.0 if mem["peak_bytes"] else None,
-                "allocator_slack_bytes": mem["reserve_bytes"], "weights_bytes": mem["weights_bytes"],
-                "mfu_fp32": train_flops / r["measured_step_s"] / (dt.fp32_tflops * 1e12),
-                "mfu_tensor": train_flops / r["measured_step_s"] / (dt.tensor_tflops * 1e12),
-                "train_flops": train_flops,
-            })
+        plan = _plan_of(files, name, r)
+        run = name.removeprefix("run-").removesuffix(".out")
+        engine = r.get("runner") == "engine" or "ranks" in r
+        out.append((_engine_row if engine else _operator_row)(r, plan, dt, call, run))
     return out
 
 
@@ -103,15 +159,24 @@ def main() -> None:
 
     gb = 1e9
     t = Table(title=f"Measured against predicted on {result['device'].splitlines()[0] if result['device'] else '?'}")
-    for col in ("call", "model", "batch", "plan", "procs", "measured ms", "predicted ms", "error", "from",
-                "peak GB", "pred. GB", "error", "slack GB", "MFU fp32", "MFU tensor"):
+    for col in ("call", "model", "batch", "plan", "runner", "procs", "measured ms", "predicted ms", "error", "from",
+                "peak GB", "pred. GB", "error", "slack GB", "MFU fp32", "MFU tensor", "checks"):
         t.add_column(col)
+    def num(x, fmt: str, scale: float = 1.0) -> str:
+        return "—" if x is None else format(x * scale, fmt)
+
     for r in result["runs"]:
-        t.add_row(str(r["call"]), r["model"], str(r["batch"]), f"v{r['plan_version']} {r['method']}",
-                  str(r["processes"]), f"{r['measured_step_s'] * 1e3:.1f}", f"{r['predicted_step_s'] * 1e3:.1f}",
-                  f"{r['step_error']:+.1%}", r["prediction"], f"{r['measured_peak_bytes'] / gb:.2f}",
-                  f"{r['predicted_peak_bytes'] / gb:.2f}", f"{r['peak_error']:+.1%}",
-                  f"{r['allocator_slack_bytes'] / gb:.2f}", f"{r['mfu_fp32']:.0%}", f"{r['mfu_tensor']:.1%}")
+        checks = r["checks"] or {}
+        failed = [name for name, ok in checks.items() if ok is False]
+        plan = f"v{r['plan_version']} {r['method']}" + (f" ({r['run']})" if r["run"] == "launch" else "")
+        t.add_row(str(r["call"]), r["model"], str(r["batch"]), plan, r["runner"], str(r["processes"]),
+                  num(r["measured_step_s"], ".1f", 1e3), num(r["predicted_step_s"], ".1f", 1e3),
+                  num(r["step_error"], "+.1%"), r["prediction"], num(r["measured_peak_bytes"], ".2f", 1 / gb),
+                  num(r["predicted_peak_bytes"], ".2f", 1 / gb), num(r["peak_error"], "+.1%"),
+                  num(r["allocator_slack_bytes"], ".2f", 1 / gb), num(r["mfu_fp32"], ".0%"),
+                  num(r["mfu_tensor"], ".1%"),
+                  "—" if not checks else ("failed: " + ",".join(failed) if failed else
+                                          "ok" if all(checks.values()) else "not checked"))
     console = Console(width=160)
     console.print(t)
     if result["precisions"]:

@@ -1,0 +1,81 @@
+"""scripts/gpu_report.py reads both run documents of scripts/gpu-check.sh's archives (issue 38 / 39): the operator
+runner's (and the retired queue runner's, in the shipped H100 archives) and a hybrid plan's run on the engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHIVES = [ROOT / "benchmarks" / "results" / "gpu" / f"h100-call{i}.tgz" for i in (1, 2)]
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "scripts" / "gpu_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_h100_archives_read_as_before(monkeypatch):
+    # the rows docs/execution.md's H100 table came from (benchmarks/results/gpu_check.json), the runner named;
+    # the models' FLOPs are the shipped ones (capturing ResNet-50 at 64, BERT-base and GPT-2 small takes a minute)
+    report = _report()
+    shipped = json.loads((ROOT / "benchmarks" / "results" / "gpu_check.json").read_text())["runs"]
+    flops = {(r["model"], r["batch"]): r["train_flops"] / 3.0 for r in shipped}
+    monkeypatch.setattr(report, "capture_cached", lambda model, batch: SimpleNamespace(
+        nodes=[SimpleNamespace(flops=flops[model, batch])]))
+    rows = [r for i, a in enumerate(ARCHIVES, 1) for r in report.runs(report._read(a), "H100-SXM", i)]
+    assert len(rows) == len(shipped) == 8
+    for got, want in zip(rows, shipped, strict=True):
+        assert {k: got[k] for k in want} == want
+        assert got["runner"] == ("queue runner" if got["plan_version"] == 2 else "operators")
+        assert got["checks"] is None
+
+
+def _pack(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.slow
+def test_an_engine_run_of_step_3_is_a_row(tmp_path):
+    # step 3 of gpu-check.sh as its rehearsal runs it: a hybrid plan on one device, `gpualloc run --json` (the engine
+    # under torchrun, one rank)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    ga = [sys.executable, "-m", "gpualloc.cli.main"]
+    plan = tmp_path / "plan-gpt-tiny.json"
+    subprocess.run([*ga, "place", "gpt-tiny", "--cluster", "1xcpu", "--batch", "2", "--method", "hybrid", "-o",
+                    str(plan)], check=True, capture_output=True, env=env, timeout=120)
+    run = subprocess.run([*ga, "run", "gpt-tiny", "--plan", str(plan), "--steps", "2", "--warmup", "0", "--devices",
+                          "cpu", "--json"], capture_output=True, env=env, timeout=240, text=True,
+                         start_new_session=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # the archive as gpu-check.sh packs it: the plan's path is this machine's, the archive holds its file name
+    archive = _pack(tmp_path / "gpu-check.tgz", {"plan-gpt-tiny.json": plan.read_bytes(),
+                                                  "run-gpt-tiny.out": run.stdout.encode()})
+    report = _report()
+    (row,) = report.runs(report._read(archive), "cpu", 1)
+    doc = json.loads(run.stdout)
+    assert row["runner"] == "engine" and row["model"] == "gpt-tiny" and row["batch"] == 2
+    assert (row["plan_version"], row["device"], row["processes"]) == (2, "cpu", 1)
+    assert row["checks"] == {"output": True, "loss": True, "grad": True, "weights_after_step": True}
+    assert row["output_match"] is True
+    assert row["measured_step_s"] == doc["measured_step_s"] > 0
+    assert row["measured_peak_bytes"] == doc["ranks"][0]["measured_peak_bytes"] > 0
+    assert row["peak_error"] == pytest.approx(row["predicted_peak_bytes"] / row["measured_peak_bytes"] - 1)
+    assert row["allocator_slack_bytes"] is None  # on a CPU the probe's reserve is the baseline, not a slack
+    assert row["train_flops"] > 0 and row["mfu_fp32"] > 0
