@@ -49,7 +49,7 @@ def test_reasons_lists_every_broken_rule_and_none_for_a_grid():
     grid = hybrid([(0, 1, [([0], 6), ([1], 2)]), (2, 3, [([2], 6), ([3], 2)])])
     assert reasons(grid) == [] and runnable(grid)
     bad = hybrid([(0, 1, [([0], 5), ([1], 3)]), (2, 3, [([2], 4), ([3], 4)])], microbatches=1, sharding="zero2",
-                 precision="bf16")
+                 precision="fp16")
     why = reasons(bad)
     assert [w.split(": ")[1] for w in why] == ["precision", "stages[1].replicas[0].batch_share",
                                                "stages[1].replicas[1].batch_share", "microbatches"]
@@ -148,10 +148,12 @@ def test_a_default_plan_the_engine_refuses_gets_a_launchable_twin(shared_data):
 
 
 def test_launchable_refuses_a_precision_the_engine_does_not_train_in(zoo_graphs):
-    problem = HybridProblem(zoo_graphs["gpt-tiny"], load_cluster("2xA100"), 16, rules=MemoryRules(precision="bf16"))
-    assert plan_hybrid(problem)[0].precision == "bf16"  # off: the planner plans it as ever
-    with pytest.raises(PlacementError, match=r"^--launchable: the engine trains in fp32 only, not bf16"):
+    problem = HybridProblem(zoo_graphs["gpt-tiny"], load_cluster("2xA100"), 16, rules=MemoryRules(precision="fp16"))
+    assert plan_hybrid(problem)[0].precision == "fp16"  # off: the planner plans it as ever
+    with pytest.raises(PlacementError, match=r"^--launchable: the engine trains in fp32, tf32, bf16 only, not fp16"):
         plan_hybrid(problem, launchable=True)
+    bf16 = HybridProblem(zoo_graphs["gpt-tiny"], load_cluster("2xA100"), 16, rules=MemoryRules(precision="bf16"))
+    assert plan_hybrid(bf16, launchable=True)[0].precision == "bf16"  # the engine trains in bf16
 
 
 # --------------------------------------------------------------------------- the CLI

@@ -7,9 +7,16 @@ rank (see :mod:`gpualloc.execute.engine.rank`); these tests read them back and m
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from gpualloc.placement.hybrid.runnable import SHARDINGS_RUN, reasons
+import pytest
+import torch
+
+from gpualloc.errors import EngineError
+from gpualloc.execute.engine.loss import loss_for
+from gpualloc.execute.engine.rank import LOW_PRECISION, _grad_error, _reference, _set_precision, _tolerances
+from gpualloc.graph.runnable import build_model
+from gpualloc.placement.hybrid.runnable import PRECISIONS_RUN, SHARDINGS_RUN, reasons
 from tests.execute.engine.conftest import torchrun, write_plan
 from tests.placement.test_launchable import hybrid
 
@@ -36,17 +43,86 @@ def test_the_rule_runs_zero2():
     assert reasons(hybrid([(0, 1, [([0], 6), ([1], 2)]), (2, 3, [([2], 6), ([3], 2)])], sharding="zero2")) == []
 
 
+def test_the_rule_runs_tf32_and_bf16_and_refuses_fp16_in_one_line():
+    assert PRECISIONS_RUN == ("fp32", "tf32", "bf16")
+    grid = [(0, 1, [([0], 6), ([1], 2)]), (2, 3, [([2], 6), ([3], 2)])]
+    assert reasons(hybrid(grid, precision="bf16")) == reasons(hybrid(grid, precision="tf32")) == []
+    (why,) = reasons(hybrid(grid, precision="fp16"))
+    assert why.startswith("plan: precision: ") and "fp16" in why and "loss scaling" in why
+
+
+def test_tf32_is_fp32_on_a_cpu_and_fp16_is_refused_there():
+    before = torch.get_float32_matmul_precision()
+    _set_precision("tf32", torch.device("cpu"))
+    assert torch.get_float32_matmul_precision() == before  # no TF32 on a CPU: the same fp32 arithmetic
+    assert _tolerances("tf32", torch.device("cpu")) == _tolerances("fp32", torch.device("cpu"))
+    with pytest.raises(EngineError, match=r"^plan: precision: fp16 trains on CUDA only") as err:
+        _set_precision("fp16", torch.device("cpu"))
+    assert "\n" not in str(err.value)
+
+
+def _refs(precision: str, sgd_lr: float = 0.01):
+    module, args = build_model("gpt-tiny", 8, seed=0)
+    loss = loss_for(module)
+    return _reference(module, args, loss.targets(args, 0), loss, "sgd", sgd_lr, precision=precision)
+
+
+def test_the_bf16_check_tells_the_bf16_recipe_from_fp32():
+    """The unsplit model under bf16 autocast is the reference for a bf16 plan: the fp32 model's gradients are
+    outside the bf16 tolerances of it (1.8% of a tensor's largest gradient against 1%), so a check against the
+    fp32 model, or an engine that forgot its autocast, fails."""
+    bf16, fp32 = _refs("bf16"), _refs("fp32")
+    assert bf16.tol == LOW_PRECISION and bf16.loss != fp32.loss
+    assert _grad_error(bf16.grads, bf16) == (0.0, True)
+    assert not _grad_error(fp32.grads, bf16)[1]
+    assert not _grad_error(bf16.grads, dataclasses.replace(fp32, tol=LOW_PRECISION))[1]
+
+
 # ------------------------------------------------------------------------------------------------ torchrun
 @pytest.mark.slow
 def test_zero2_unequal_shares_adam_matches_the_unsplit_model(tmp_path):
-    """ZeRO-2 (FSDP2, reshard_after_forward=False) over 2 ranks with shares 5:3: loss, outputs, every gradient and
-    the weights after one Adam step equal the unsplit model's (fp32 tolerances of the engine's checks)."""
-    plan = write_plan(tmp_path / "plan.json", _one_stage("zero2"))
+    """ZeRO-2 (FSDP2, reshard_after_forward=False) over 2 ranks with shares 5:3, planned in tf32 (on a CPU: fp32):
+    loss, outputs, every gradient and the weights after one Adam step equal the unsplit model's (fp32
+    tolerances of the engine's checks)."""
+    plan = write_plan(tmp_path / "plan.json", _one_stage("zero2", "tf32"))
     run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
                    "--optimizer", "adam")
     assert run.returncode == 0, run.stderr[-3000:]
     engine = run.engine
     _assert_matches(engine)
-    assert engine["sharding"] == "zero2" and engine["mesh"] == {"pp": 1, "dp": 2, "tp": 1}
+    assert engine["sharding"] == "zero2" and engine["precision"] == "tf32"
+    assert engine["mesh"] == {"pp": 1, "dp": 2, "tp": 1}
     assert engine["checks"]["loss"]["abs_err"] <= 1e-5 * abs(engine["checks"]["loss"]["unsplit"])
+    assert engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("fp32").loss, rel=1e-6)
     assert (run.rank(0)["local_batch"], run.rank(1)["local_batch"]) == (5, 3)
+
+
+@pytest.mark.slow
+def test_bf16_zero2_unequal_shares_adam_matches_the_unsplit_model_under_autocast(tmp_path):
+    """bf16 (autocast) on FSDP2 ZeRO-2, shares 5:3, one Adam step: the engine's checks pass at the bf16 tolerances,
+    and the reference they used is the bf16 one (its loss is not the fp32 model's)."""
+    plan = write_plan(tmp_path / "plan.json", _one_stage("zero2", "bf16"))
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--optimizer", "adam")
+    assert run.returncode == 0, run.stderr[-3000:]
+    engine = run.engine
+    _assert_matches(engine)
+    assert engine["precision"] == "bf16" and engine["sharding"] == "zero2"
+    assert engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("bf16").loss, rel=1e-6)
+    assert engine["checks"]["loss"]["unsplit"] != pytest.approx(_refs("fp32").loss, rel=1e-5)
+    assert engine["checks"]["grad"]["max_abs_err"] > 0  # bf16 rounding of a split batch is not bit-equal
+
+
+@pytest.mark.slow
+def test_bf16_pp2_1f1b_runs_under_autocast_and_matches_the_unsplit_model(tmp_path):
+    """torch.distributed.pipelining under autocast: 2 stages, 1F1B, 2 microbatches of gpt-tiny in bf16."""
+    plan = write_plan(tmp_path / "plan.json", {
+        "cluster": "2xA100", "global_batch": 8, "microbatches": 2, "schedule": "1f1b", "precision": "bf16",
+        "stages": [{"layers": [0, 12], "replicas": [{"devices": [0], "batch_share": 8}]},
+                   {"layers": [13, GPT_LAYERS - 1], "replicas": [{"devices": [1], "batch_share": 8}]}]})
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
+    assert run.returncode == 0, run.stderr[-3000:]
+    engine = run.engine
+    _assert_matches(engine)
+    assert engine["precision"] == "bf16" and engine["mesh"] == {"pp": 2, "dp": 1, "tp": 1}
+    assert engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("bf16").loss, rel=1e-6)

@@ -68,7 +68,7 @@ def test_refuses_plans_that_are_not_a_grid(stages, field):
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
-    ({"precision": "bf16"}, "precision"),
+    ({"precision": "fp16"}, "precision"),
     ({"microbatches": 3}, "replicas\\[1\\].batch_share: 2 samples do not split into 3 equal microbatches"),
     ({"microbatches": 1}, "1F1B needs at least one microbatch per stage"),
 ])

@@ -68,6 +68,34 @@ max |unsplit|`` (the queue runner's output check: fp32 sums in another order, mi
 
 
 @dataclass(frozen=True)
+class Tolerances:
+    """How far the engine's first step may be from the unsplit model's, run in the same precision recipe: the
+    loss relative to it, a gradient (and, for Adam, the gradient error behind :func:`_reference`'s slack) relative
+    to its tensor's largest reference gradient, a weight's change relative to its tensor's largest update, an
+    output relative to the largest unsplit output (each plus the ``ATOL``/``OUTPUT_ATOL`` floors)."""
+
+    loss: float = LOSS_RTOL
+    grad: float = GRAD_RTOL
+    adam_grad: float = ADAM_GRAD_RTOL
+    weight: float = WEIGHT_RTOL
+    output: float = OUTPUT_RTOL
+
+
+FP32 = Tolerances()
+LOW_PRECISION = Tolerances(loss=1e-3, grad=1e-2, adam_grad=1e-2, weight=1e-2, output=4e-3)
+"""bf16 autocast (and TF32 matmuls on CUDA): every matmul's output is rounded to bfloat16's 8-bit significand
+(one unit in the last place, ulp, is 2^-8 = 0.39% of the value; TF32 rounds its inputs to 10 bits, 0.1%). The
+engine and the unsplit model run the same operators on the same samples, but a weight gradient is summed in
+parts (each local batch's matmul rounded to bfloat16) and then across replicas in fp32, and a different local
+batch can change how a matmul blocks its sums, so values that straddle a rounding boundary land one bfloat16 ulp
+apart. So: an output within one ulp of the largest output (4e-3); a gradient within 2.5 ulp of its tensor's
+largest (1e-2: ``gpt-tiny`` split 5:3 measured 0.46%, one ulp, while the same model's bf16 and fp32 gradients
+differ by 1.8%, so the check still tells the recipes apart); an SGD update (the gradient times ``lr``) and
+Adam's gradient slack the same; the loss, a mean of fp32 cross-entropies, within 1e-3 (measured 4e-8). Checking
+against the fp32 model instead would measure the precision's own error, a different question."""
+
+
+@dataclass(frozen=True)
 class EngineArgs:
     """The per-rank program's options (``python -m gpualloc.execute.engine --help``).
 
@@ -173,6 +201,7 @@ class _Reference:
     before: dict[str, Tensor]
     slack: dict[str, Tensor]
     outputs: tuple[Tensor, ...] = ()
+    tol: Tolerances = FP32
 
 
 def _batch_coupled(module: nn.Module) -> str | None:
@@ -186,14 +215,18 @@ def _batch_coupled(module: nn.Module) -> str | None:
 
 
 def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, loss: Loss, optimizer: str,
-               lr: float, rows: slice | None = None) -> _Reference:
+               lr: float, rows: slice | None = None, *, precision: str = "fp32") -> _Reference:
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
-    outputs on samples ``rows`` (none when None)."""
+    outputs on samples ``rows`` (none when None); its forward and loss run in ``precision``'s recipe
+    (:func:`_autocast`), as the engine's do."""
     from gpualloc.execute.worker import OPTIMIZERS
 
+    device = next(module.parameters()).device
+    tol = _tolerances(precision, device)
     before = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
-    out = module(*inputs)
-    value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
+    with _autocast(precision, device):
+        out = module(*inputs)
+        value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
     value.backward()
     kept = () if rows is None else tuple(t[rows].detach().cpu().clone() for t in _as_tuple(out)
                                          if isinstance(t, Tensor))
@@ -206,11 +239,43 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
         if isinstance(opt, torch.optim.Adam) and g.numel():
             eps = float(opt.param_groups[0]["eps"])
             a = g.double().abs()
-            slack[n] = (lr * eps * ADAM_GRAD_RTOL * float(a.max()) / (a + eps) ** 2).clamp(max=2 * lr)
+            # Adam's first step is lr * g / (|g| + eps): a gradient error up to d moves it by at most
+            # lr * eps * d / ((|g| + eps) (|g| - d + eps)), and by up to 2 lr where |g| <= d (the sign may flip)
+            d = tol.adam_grad * float(a.max())
+            slack[n] = torch.where(a > d, lr * eps * d / ((a + eps) * ((a - d).clamp(min=0) + eps)),
+                                   torch.full_like(a, 2 * lr)).clamp(max=2 * lr)
         else:
             slack[n] = torch.zeros((), dtype=torch.float64)
     after = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
-    return _Reference(float(value.detach()), grads, after, before, slack, kept)
+    return _Reference(float(value.detach()), grads, after, before, slack, kept, tol)
+
+
+def _tolerances(precision: str, device: torch.device) -> Tolerances:
+    """fp32's for fp32, and for tf32 off CUDA (no TF32 there: the same fp32 arithmetic); else the low-precision
+    ones."""
+    return FP32 if precision == "fp32" or (precision == "tf32" and device.type != "cuda") else LOW_PRECISION
+
+
+def _autocast(precision: str, device: torch.device):
+    """The context a forward and its loss run in: ``torch.autocast`` to bfloat16 (or float16) for a mixed-precision
+    plan (weights, gradients and optimizer state stay fp32; matmuls and convolutions run in the low precision),
+    nothing for fp32 and tf32 (TF32 is a switch of the CUDA matmuls, :func:`_set_precision`)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def _set_precision(precision: str, device: torch.device) -> None:
+    """Per process: TF32 matmuls and convolutions on CUDA for a tf32 plan (fp32 storage; ``torch.backends``'
+    switches, ``torch.set_float32_matmul_precision("high")``); a CPU has no TF32, so there tf32 is fp32. fp16
+    needs CUDA (a CPU's float16 autocast is not a training recipe) and a gradient scaler, which the rule
+    (:data:`~gpualloc.placement.hybrid.runnable.PRECISIONS_RUN`) does not admit yet."""
+    if precision == "fp16" and device.type != "cuda":
+        raise EngineError("plan: precision: fp16 trains on CUDA only (with a gradient scaler); this rank has no "
+                          "GPU: plan bf16 or fp32")
+    if precision == "tf32" and device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def _grad_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bool]:
@@ -219,7 +284,7 @@ def _grad_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bool
         r = ref.grads[name].double()
         err = float((g.double().cpu() - r).abs().max()) if g.numel() else 0.0
         worst = max(worst, err)
-        ok &= err <= ATOL + GRAD_RTOL * float(r.abs().max() if r.numel() else 0.0)
+        ok &= err <= ATOL + ref.tol.grad * float(r.abs().max() if r.numel() else 0.0)
     return worst, ok
 
 
@@ -231,7 +296,7 @@ def _weight_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bo
             continue
         r, b = ref.after[name].double(), ref.before[name].double()
         diff = (w.double().cpu() - r).abs()
-        tol = 4 * eps * float(r.abs().max()) + WEIGHT_RTOL * float((r - b).abs().max()) + ref.slack[name]
+        tol = 4 * eps * float(r.abs().max()) + ref.tol.weight * float((r - b).abs().max()) + ref.slack[name]
         worst = max(worst, float(diff.max()))
         ok &= bool((diff <= tol).all())
     return worst, ok
@@ -449,7 +514,8 @@ def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int, *,
         dist.destroy_process_group()
 
 
-def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build, rows: slice | None):
+def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build, rows: slice | None,
+             precision: str = "fp32"):
     """The unsplit model's part: ``(loss, aliases, inputs, targets, reference, why not checked)``; the reference
     runs on this rank's device, and the unsplit model is freed before the stage is built."""
     whole, inputs = build(top.global_batch)
@@ -460,7 +526,7 @@ def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build, rows:
     ref = None
     if why_not is None:
         ref = _reference(whole.to(device), tuple(t.to(device) for t in inputs), targets.to(device), loss,
-                         args.optimizer, args.lr, rows)
+                         args.optimizer, args.lr, rows, precision=precision)
     del whole
     gc.collect()
     if device.type == "cuda":
@@ -507,7 +573,9 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     offset, count = _local_rows(top, me, plan)
     last = me.stage == top.pp - 1
     rows = slice(offset, offset + count) if last else None
-    loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build, rows)
+    precision = plan.precision
+    _set_precision(precision, device)
+    loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build, rows, precision)
     probe = MemoryProbe(device)
     if args.memory and probe.method == "mallinfo2":  # what a process keeps after its first export/step: not the step's
         _warm_up(device, args.optimizer, export=top.pp > 1 and top.tp == 1)
@@ -525,9 +593,13 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     module, opt = _wrap(stage, dp_mesh, top, args)
     tied = _tied_groups(top, me, module, aliases)
     clock = _Clock(device)
+    if precision in ("bf16", "fp16"):  # the forward (a pipeline's shape inference too) under the plan's autocast
+        module.forward = torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16"
+                                        else torch.float16)(module.forward)
 
     def loss_fn(out: Any, target: Tensor) -> Tensor:
-        return loss.per_sample(_as_tuple(out), target).sum() * scale
+        with _autocast(precision, device):
+            return loss.per_sample(_as_tuple(out), target).sum() * scale
 
     step_losses: list[Tensor] = []
     if top.pp == 1:
@@ -597,7 +669,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
             summary = {"format": ENGINE_FORMAT, "plan": str(args.plan), "model": args.model,
                        "world_size": top.world_size, "backend": dist.get_backend(), "schedule": top.schedule,
                        "kind": top.kind, "mesh": {"pp": top.pp, "dp": top.dp, "tp": top.tp},
-                       "sharding": top.sharding, "global_batch": top.global_batch,
+                       "sharding": top.sharding, "precision": precision, "global_batch": top.global_batch,
                        "microbatches": top.microbatches, "loss_fn": loss.name, "optimizer": args.optimizer,
                        "lr": args.lr, "seed": args.seed, "steps": args.steps, "warmup": args.warmup,
                        "step_time_s": _median(step_max), "step_times_s": step_max, "checks": checks,
@@ -712,7 +784,7 @@ def _output_check(ref: _Reference | None, why_not: str | None, outputs: tuple[Te
         for got, want in zip(outputs, ref.outputs, strict=True):
             d = float((got.detach().double().cpu() - want.double()).abs().max()) if want.numel() else 0.0
             err = max(err, d)
-            ok &= d <= OUTPUT_ATOL + OUTPUT_RTOL * float(want.abs().max() if want.numel() else 0.0)
+            ok &= d <= OUTPUT_ATOL + ref.tol.output * float(want.abs().max() if want.numel() else 0.0)
     return {"max_abs_err": _all_reduce(err, dist.ReduceOp.MAX),
             "ok": _all_reduce(float(ok), dist.ReduceOp.MIN) == 1.0}
 
@@ -730,7 +802,7 @@ def _checks_before_step(ref: _Reference | None, why_not: str | None, module: nn.
     ok = _all_reduce(float(ok), dist.ReduceOp.MIN) == 1.0
     loss_err = abs(engine_loss - ref.loss)
     return {"loss": {"unsplit": ref.loss, "engine": engine_loss, "abs_err": loss_err,
-                     "ok": loss_err <= ATOL + LOSS_RTOL * abs(ref.loss)},
+                     "ok": loss_err <= ATOL + ref.tol.loss * abs(ref.loss)},
             "grad": {"max_abs_err": err, "ok": ok, "parameters": len(grads)}}
 
 

@@ -39,8 +39,11 @@ __all__ = ["LAUNCHABLE_FLAG", "PRECISIONS_RUN", "SHARDINGS_RUN", "operator_chain
 SHARDINGS_RUN = ("none", "zero1", "zero2", "fsdp")
 """Plan shardings the engine runs: DDP, DDP + ``ZeroRedundancyOptimizer`` (ZeRO-1), ``fully_shard`` with
 ``reshard_after_forward=False`` (ZeRO-2), ``fully_shard`` (FSDP2)."""
-PRECISIONS_RUN = ("fp32",)
-"""Training precisions the engine runs (mixed precision is planned and costed, not executed yet)."""
+PRECISIONS_RUN = ("fp32", "tf32", "bf16")
+"""Training precisions the engine runs: fp32; tf32 (fp32 storage, TF32 matmuls on CUDA, plain fp32 on a CPU); bf16
+(``torch.autocast`` to bfloat16 around every stage's forward and loss, fp32 weights, gradients and optimizer
+state). fp16 needs dynamic loss scaling (``torch.amp.GradScaler``, its found-inf agreed across the replica and
+pipeline groups), which the engine does not run yet."""
 LAUNCHABLE_FLAG = "--launchable"
 """The ``gpualloc place`` flag that keeps the hybrid planner to plans the engine runs."""
 
@@ -54,7 +57,7 @@ def reasons(plan: Plan, graph: OpGraph | None = None) -> list[str]:
     out = []
     if plan.precision not in PRECISIONS_RUN:
         out.append(f"plan: precision: the engine trains in {', '.join(PRECISIONS_RUN)} only, the plan says "
-                   f"{plan.precision!r} (mixed precision is planned and costed, not executed)")
+                   f"{plan.precision!r} (fp16 needs dynamic loss scaling, which the engine does not run yet)")
     if isinstance(plan, HybridPlan):
         out += _hybrid(plan)
     elif isinstance(plan, OperatorPlan):

@@ -302,7 +302,8 @@ def plan_hybrid(problem: HybridProblem, *, seed: int | None = 0, time_limit_s: f
     del seed
     if launchable and problem.precision not in PRECISIONS_RUN:
         raise PlacementError(f"{LAUNCHABLE_FLAG}: the engine trains in {', '.join(PRECISIONS_RUN)} only, not "
-                             f"{problem.precision} (mixed precision is planned and costed, not executed)")
+                             f"{problem.precision} (fp16 needs dynamic loss scaling, which the engine does not run "
+                             "yet)")
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else float("inf"))
     ranked = []
     for plan, costs in _candidates(problem, deadline, launchable):
