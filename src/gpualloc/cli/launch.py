@@ -199,9 +199,11 @@ def launch_cmd(
     if optimizer is not None and optimizer not in OPTIMIZERS:
         raise EngineError(f"--optimizer {optimizer}: expected one of {', '.join(OPTIMIZERS)}")
     saved = read_plan(plan)
-    if saved.precision != "fp32":
-        raise EngineError(f"{plan}: precision: the plan trains in {saved.precision}; the engine trains in fp32 only "
-                          "(re-plan with --precision fp32)")
+    from gpualloc.placement.hybrid.runnable import PRECISIONS_RUN
+
+    if saved.precision not in PRECISIONS_RUN:
+        raise EngineError(f"{plan}: precision: the plan trains in {saved.precision}; the engine trains in "
+                          f"{', '.join(PRECISIONS_RUN)} only (re-plan with --precision bf16 or fp32)")
     if not (cluster or saved.cluster):
         raise EngineError(f"{plan}: the plan names no cluster: pass --cluster")
     clus = load_cluster(cluster or saved.cluster)

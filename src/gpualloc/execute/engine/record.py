@@ -193,7 +193,7 @@ def predict_run(plan: Plan, graph: OpGraph, cluster: ClusterSpec, calibration: C
 
         profiled = apply_profiles(graph, cal, [cluster.devices[d].type.name for d in plan.devices])
     problem = PlacementProblem(profiled or graph, cluster, CostModel(cal), microbatches=plan.microbatches,
-                               rules=MemoryRules(precision="fp32", optimizer=optimizer))
+                               rules=MemoryRules(precision=plan.precision, optimizer=optimizer))
     sim = simulate_plan(problem, plan)
     memory = tuple(getattr(sim, "memory", ()) or ())
     reserve = tuple(float(m.reserve) for m in memory) if len(memory) == len(cluster) else (0.0,) * len(cluster)
