@@ -126,3 +126,38 @@ def test_bf16_pp2_1f1b_runs_under_autocast_and_matches_the_unsplit_model(tmp_pat
     _assert_matches(engine)
     assert engine["precision"] == "bf16" and engine["mesh"] == {"pp": 2, "dp": 1, "tp": 1}
     assert engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("bf16").loss, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ launch, record
+def test_launch_refuses_fp16_in_one_line_before_spawning(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gpualloc.cli import launch as launch_cli
+    from gpualloc.cli.main import app
+
+    def refuse(*a, **k):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(launch_cli, "run_torchrun", refuse)
+    plan = write_plan(tmp_path / "plan.json", {**_one_stage(precision="fp16"), "cluster": "2xcpu"})
+    res = CliRunner().invoke(app, ["launch", str(plan), "--model", "gpt-tiny"])
+    assert isinstance(res.exception, EngineError), res.output
+    assert "\n" not in str(res.exception) and "precision: the plan trains in fp16" in str(res.exception)
+
+
+def test_a_run_is_predicted_in_its_plans_precision(tmp_path):
+    """record.predict_run costs a bf16 plan in bf16 (half the activations of fp32 in the memory model)."""
+    from gpualloc.execute.engine.record import predict_run
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.document import read_plan
+    from gpualloc.placement.problem import PlacementProblem
+
+    graph = capture("gpt-tiny", batch=8, saved_activations=True)
+    clus = load_cluster("2xA100")
+    peaks = {}
+    for precision in ("fp32", "bf16"):
+        path = write_plan(tmp_path / f"{precision}.json", _one_stage(precision=precision))
+        plan = read_plan(path).plan_for(PlacementProblem(graph, clus))
+        peaks[precision] = predict_run(plan, graph, clus, None, optimizer="sgd", use_profiles=False).peak_mem_bytes
+    assert all(b < f for b, f in zip(peaks["bf16"], peaks["fp32"], strict=True))
