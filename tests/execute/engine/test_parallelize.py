@@ -398,7 +398,7 @@ def test_heads_or_widths_that_do_not_split_are_refused_in_one_line():
 
 def test_wrap_replica_refuses_unknown_names_and_wraps_nothing_without_a_group():
     model = get_model("gpt-tiny").factory()
-    with pytest.raises(EngineError, match="sharding: expected one of none, zero1, fsdp, got 'zero3'"):
+    with pytest.raises(EngineError, match="sharding: expected one of none, zero1, zero2, fsdp, got 'zero3'"):
         P.wrap_replica(model, None, "zero3", "adam", LR)
     with pytest.raises(EngineError, match="optimizer: expected one of sgd, adam, got 'lamb'"):
         P.wrap_replica(model, None, "fsdp", "lamb", LR)
