@@ -392,8 +392,7 @@ def _has_dtensor(module: nn.Module) -> bool:
 
 
 def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str, lr: float, *,
-                 pipelined: bool = False, param_dtype: torch.dtype | None = None,
-                 ) -> tuple[nn.Module, torch.optim.Optimizer]:
+                 pipelined: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``module`` made one replica of the data-parallel group ``dp_mesh`` (a 1-D DeviceMesh, or None), and its
     optimizer (``optimizer`` names one of :data:`gpualloc.execute.worker.OPTIMIZERS`, with learning rate ``lr``):
 
@@ -415,11 +414,6 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     (DTensor) parameters works under all three: DDP through PyTorch's TP+DDP transform, FSDP2 on the data
     dimension of the same mesh. ``dp_mesh`` None or of size 1 wraps nothing (any ``sharding``).
 
-    ``param_dtype`` (``"fsdp"`` and ``"zero2"`` only): FSDP2's mixed precision,
-    ``MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)``: the gathered weights, the
-    compute and floating inputs in ``param_dtype``, gradients reduce-scattered in fp32 into the fp32 shards the
-    optimizer steps.
-
     ``pipelined``: the module runs as a stage of ``torch.distributed.pipelining``; DDP is then built with
     ``find_unused_parameters=True`` (in torch 2.13 DDP inside ``PipelineStage``, whose forwards run under
     ``no_sync``, otherwise fails its bucket rebuild on the second step).
@@ -439,15 +433,11 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     if sharding in ("fsdp", "zero2"):
         from torch.distributed.fsdp import fully_shard
 
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": sharding == "fsdp"}
-        if param_dtype is not None:
-            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        reshard = sharding == "fsdp"
         for m in module.modules():
             if isinstance(m, (Block, BertLayer)):  # each transformer block one unit
-                fully_shard(m, **kw)
-        fully_shard(module, **kw)
+                fully_shard(m, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
         return module, opt_class(module.parameters(), lr=lr)
     from torch.nn.parallel import DistributedDataParallel
 

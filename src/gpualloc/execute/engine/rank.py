@@ -93,12 +93,6 @@ largest (1e-2: ``gpt-tiny`` split 5:3 measured 0.46%, one ulp, while the same mo
 differ by 1.8%, so the check still tells the recipes apart); an SGD update (the gradient times ``lr``) and
 Adam's gradient slack the same; the loss, a mean of fp32 cross-entropies, within 1e-3 (measured 4e-8). Checking
 against the fp32 model instead would measure the precision's own error, a different question."""
-PARAM_CAST = Tolerances(loss=1e-3, grad=1e-1, adam_grad=1e-1, weight=1e-1, output=4e-3)
-"""bf16 under FSDP2's ``MixedPrecisionPolicy`` (ZeRO-2, FSDP): every operator computes in bfloat16, the norms and
-their reductions over all tokens included, so a split batch moves a norm's weight and bias gradients by up to 8%
-of the tensor's largest (``gpt-tiny`` 5:3: ``h.0.ln_1.bias`` 7.7%, as far as bf16 from fp32 there): the gradient
-check (and an SGD update, Adam's slack) allows 10%, so it catches only errors well above bf16's own noise; the
-loss and the outputs keep the autocast tolerances."""
 
 
 @dataclass(frozen=True)
@@ -221,30 +215,21 @@ def _batch_coupled(module: nn.Module) -> str | None:
 
 
 def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, loss: Loss, optimizer: str,
-               lr: float, rows: slice | None = None, *, precision: str = "fp32",
-               cast: bool = False) -> _Reference:
+               lr: float, rows: slice | None = None, *, precision: str = "fp32") -> _Reference:
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
     outputs on samples ``rows`` (none when None); its forward and loss run in ``precision``'s recipe
-    (:func:`_autocast`), as the engine's do. ``cast`` (bf16 under FSDP2's ``MixedPrecisionPolicy``): a bfloat16
-    copy of the model computes instead (floating inputs cast to bfloat16, outputs to fp32 for the loss), and its
-    gradients, in fp32, step the fp32 weights."""
+    (:func:`_autocast`), as the engine's do."""
     from gpualloc.execute.worker import OPTIMIZERS
 
     device = next(module.parameters()).device
-    tol = PARAM_CAST if cast else _tolerances(precision, device)
+    tol = _tolerances(precision, device)
     before = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
-    low = _low_copy(module, precision) if cast else None
-    with _autocast("fp32" if cast else precision, device):
-        out = (low or module)(*(_cast_input(t, precision) if cast else t for t in inputs))
-        value = loss.per_sample(_as_float(out), targets).mean()
+    with _autocast(precision, device):
+        out = module(*inputs)
+        value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
     value.backward()
-    kept = () if rows is None else tuple(t[rows].detach().cpu().clone() for t in _as_float(out)
+    kept = () if rows is None else tuple(t[rows].detach().cpu().clone() for t in _as_tuple(out)
                                          if isinstance(t, Tensor))
-    if low is not None:  # the low-precision copy's gradients, in fp32, on the fp32 weights
-        lows = dict(low.named_parameters(remove_duplicate=False))
-        for n, p in module.named_parameters():
-            p.grad = None if lows[n].grad is None else lows[n].grad.float()
-        del low, lows
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()
              for n, p in module.named_parameters(remove_duplicate=False)}
     opt = OPTIMIZERS[optimizer](module.parameters(), lr=lr)
@@ -263,29 +248,6 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
             slack[n] = torch.zeros((), dtype=torch.float64)
     after = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
     return _Reference(float(value.detach()), grads, after, before, slack, kept, tol)
-
-
-def _low_copy(module: nn.Module, precision: str) -> nn.Module:
-    import copy
-
-    return copy.deepcopy(module).to({"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
-
-
-def _cast_input(t: Tensor, precision: str) -> Tensor:
-    return t.to({"bf16": torch.bfloat16, "fp16": torch.float16}[precision]) if t.is_floating_point() else t
-
-
-def _as_float(out: Any) -> tuple[Tensor, ...]:
-    """The outputs as a tuple, low-precision floating ones in fp32 (the loss is taken in fp32)."""
-    return tuple(t.float() if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
-                 for t in _as_tuple(out))
-
-
-def _param_cast(precision: str, top: Topology) -> bool:
-    """Whether the plan's mixed precision runs as FSDP2's ``MixedPrecisionPolicy`` (bf16 on a ``zero2`` or
-    ``fsdp`` replica group: bfloat16 weights gathered and computed with, gradients reduced in fp32) rather than
-    autocast."""
-    return precision == "bf16" and top.sharding in ("fsdp", "zero2") and top.dp > 1
 
 
 def _tolerances(precision: str, device: torch.device) -> Tolerances:
@@ -564,7 +526,7 @@ def _unsplit(args: EngineArgs, top: Topology, device: torch.device, build, rows:
     ref = None
     if why_not is None:
         ref = _reference(whole.to(device), tuple(t.to(device) for t in inputs), targets.to(device), loss,
-                         args.optimizer, args.lr, rows, precision=precision, cast=_param_cast(precision, top))
+                         args.optimizer, args.lr, rows, precision=precision)
     del whole
     gc.collect()
     if device.type == "cuda":
@@ -628,17 +590,16 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
         _recompute(stage)
     gc.collect()
     dp_mesh = mesh["dp"] if top.dp > 1 else None
-    module, opt = _wrap(stage, dp_mesh, top, args, precision)
+    module, opt = _wrap(stage, dp_mesh, top, args)
     tied = _tied_groups(top, me, module, aliases)
     clock = _Clock(device)
-    cast = _param_cast(precision, top)  # FSDP2's MixedPrecisionPolicy computes in bf16 (set by _wrap)
-    if precision in ("bf16", "fp16") and not cast:  # the forward (pipeline shape inference too) under autocast
+    if precision in ("bf16", "fp16"):  # the forward (a pipeline's shape inference too) under the plan's autocast
         module.forward = torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16"
                                         else torch.float16)(module.forward)
 
     def loss_fn(out: Any, target: Tensor) -> Tensor:
-        with _autocast("fp32" if cast else precision, device):
-            return loss.per_sample(_as_float(out), target).sum() * scale
+        with _autocast(precision, device):
+            return loss.per_sample(_as_tuple(out), target).sum() * scale
 
     step_losses: list[Tensor] = []
     if top.pp == 1:
@@ -717,15 +678,13 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     return {**record, "checks": checks, "step_time_s": _median(step_max)}
 
 
-def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs,
-          precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
+def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The stage as one replica of its group (:func:`~gpualloc.execute.engine.parallelize.wrap_replica`); under a
     pipeline DDP is built with ``find_unused_parameters=True`` (torch 2.13's DDP inside ``PipelineStage`` otherwise
-    fails its bucket rebuild on the second step). bf16 on ZeRO-2/FSDP is FSDP2's ``MixedPrecisionPolicy``."""
+    fails its bucket rebuild on the second step)."""
     from gpualloc.execute.engine.parallelize import wrap_replica
 
-    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.pp > 1,
-                               param_dtype=torch.bfloat16 if _param_cast(precision, top) else None)
+    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.pp > 1)
     if getattr(module, "find_unused_parameters", False) and hasattr(module, "_post_forward"):
         post_forward = module._post_forward
 
