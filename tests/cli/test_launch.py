@@ -60,6 +60,19 @@ def test_a_plan_for_another_cluster_fails_in_one_line(tmp_path, no_spawn):
     assert "\n" not in message and "devices" in message and "4xcpu" in message
 
 
+def test_a_precision_the_devices_cannot_train_in_fails_in_one_line_before_spawning(tmp_path, no_spawn):
+    """A hand-made bf16 plan for CPUs: the planner's own precision rule refuses it before anything runs."""
+    import json
+
+    path, _ = plan_file(tmp_path, "2xcpu")
+    doc = json.loads(path.read_text())
+    doc["precision"] = "bf16"
+    path.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["launch", str(path)])
+    assert isinstance(res.exception, EngineError), res.output
+    message = str(res.exception)
+    assert "\n" not in message and "bf16" in message and "'cpu'" in message
+
 def test_host_share_checks_gpu_count_and_type(tmp_path):
     path, clus = plan_file(tmp_path, "2xA100")
     saved = read_plan(path)

@@ -60,6 +60,14 @@ def host_share(where: str, saved, cluster, *, nnodes: int, node_rank: int, cuda_
     from gpualloc.errors import EngineError
 
     used = plan_devices(saved)
+    from gpualloc.cost.memory import precision as training_precision
+    from gpualloc.errors import CostModelError
+
+    try:  # the one rule the planner applies: a device type without a peak in this precision cannot train in it
+        for d in used:
+            training_precision(getattr(saved, "precision", "fp32")).check(cluster.devices[d].type)
+    except CostModelError as e:
+        raise EngineError(f"{where}: {e}") from None
     if saved.devices is not None and tuple(saved.devices) != tuple(d.label for d in cluster.devices):
         raise EngineError(f"{where}: devices: the plan was made for {len(saved.devices)} devices "
                           f"({', '.join(saved.devices[:4])}{', ...' if len(saved.devices) > 4 else ''}), cluster "

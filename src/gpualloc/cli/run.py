@@ -53,9 +53,10 @@ def run_cmd(
                                   help="Predict with the calibrated roofline even where the calibration has "
                                        "per-op profiles of this model."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the weights and inputs."),
-    precision: str = typer.Option("fp32", "--precision",
-                                  help="Training precision: both runners train in fp32; a plan made for "
-                                       "another precision is refused in one line."),
+    precision: str = typer.Option(None, "--precision",
+                                  help="Training precision (default: the plan's). An op-level plan trains in "
+                                       "fp32; a hybrid plan on the engine in fp32, tf32 or bf16; another is "
+                                       "refused in one line."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a placement plan on real devices and compare the measured step time with the prediction.
@@ -68,11 +69,12 @@ def run_cmd(
     from gpualloc.placement.document import read_plan
     from gpualloc.placement.problem import PlacementProblem
 
-    _check_precision(precision)
+    if precision is not None:
+        _known_precision(precision)
     saved = read_plan(plan)
-    if saved.precision != precision:
-        raise ExecutionError(f"{plan}: precision: the plan trains in {saved.precision}; `gpualloc run` trains "
-                             f"in fp32 only (re-plan with --precision fp32)")
+    if precision is not None and saved.precision != precision:
+        raise ExecutionError(f"{plan}: precision: the plan trains in {saved.precision}, not {precision} "
+                             f"(re-plan with --precision {precision})")
     if not (cluster or saved.cluster):
         raise ExecutionError(f"{plan}: the plan names no cluster: pass --cluster")
     clus = load_cluster(cluster or saved.cluster)
@@ -84,6 +86,9 @@ def run_cmd(
                        seed=seed, threads=threads, calibration=calibration, no_calibrate=no_calibrate,
                        roofline=roofline, as_json=as_json, devices=devices)
         return
+    if saved.precision != "fp32":
+        raise ExecutionError(f"{plan}: precision: the op-level runner trains in fp32 only, the plan in "
+                             f"{saved.precision} (mixed precision and TF32 run on the engine: a hybrid plan)")
     torch_devices = devices.split(",") if devices else None
     scored_with = Path(saved.calibration) if saved.calibration and Path(saved.calibration).is_file() else None
     cal, cal_info = _calibration(calibration or scored_with, no_calibrate, clus, list(the_plan.devices), torch_devices,
@@ -165,15 +170,11 @@ def _same_devices(devices: str, share, n_devices: int) -> None:
                              "CUDA_VISIBLE_DEVICES")
 
 
-def _check_precision(precision: str) -> None:
-    """The runner trains in fp32 (gloo on CPUs, the same code on GPUs): refuse another precision in one line."""
+def _known_precision(precision: str) -> None:
+    """One line naming the choices when ``precision`` is no precision gpualloc knows."""
     from gpualloc.cost.memory import precision as known
-    from gpualloc.errors import ExecutionError
 
     known(precision)
-    if precision != "fp32":
-        raise ExecutionError(f"--precision {precision}: `gpualloc run` trains in fp32 only (mixed precision and TF32 "
-                             "are planned and costed, not executed here)")
 
 
 def _execute_operators(model: str, graph, plan, cluster, **options):
