@@ -42,8 +42,9 @@ from torch import Tensor, nn
 from gpualloc.errors import EngineError
 from gpualloc.graph.zoo import GPT, BertLayer, BertModel, BertSelfAttention, Block, CausalSelfAttention
 
-__all__ = ["SHARDINGS", "TP_MODELS", "BertStage", "GPTStage", "TPBertSelfAttention", "TPCausalSelfAttention",
-           "TPRule", "apply_tensor_parallel", "check_tensor_parallel", "full_grads", "full_params", "module_stage",
+__all__ = ["SHARDINGS", "TP_MODELS", "BertStage", "GPTStage", "MasterWeights", "TPBertSelfAttention",
+           "TPCausalSelfAttention", "TPRule", "apply_tensor_parallel", "bf16_recipe", "check_tensor_parallel",
+           "full_grads", "full_params", "module_stage",
            "replica_parameters", "tensor_parallel_model", "wrap_replica"]
 
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")
@@ -385,6 +386,115 @@ def _optimizer_class(optimizer: str) -> type[torch.optim.Optimizer]:
     return OPTIMIZERS[optimizer]  # type: ignore[return-value]
 
 
+NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+"""The modules the bf16 recipe computes in fp32 (:func:`bf16_recipe`)."""
+
+
+def bf16_recipe(module: nn.Module, *, cast: bool = True) -> nn.Module:
+    """Make ``module`` train in bf16 the way ``cost/memory.py`` charges it (mixed precision with fp32 master
+    weights, as Megatron-LM and DeepSpeed run it): with ``cast`` every parameter and floating buffer in bfloat16
+    (without it the parameters stay fp32: FSDP2's ``MixedPrecisionPolicy`` casts its own, :func:`wrap_replica`),
+    so activations and gradients are bf16 too. The normalisation layers (:data:`NORMS`) keep bf16 parameters but
+    compute in fp32: each runs its own forward on an fp32 copy of its input with fp32 copies of its weights
+    (its running statistics stay fp32) and returns bf16, so its weight gradient is reduced over the batch in
+    fp32 and rounded to bf16 once (Megatron's fused layer norm computes in fp32 too). Measured on ``gpt-tiny``:
+    with bf16 norms a layer norm's gradient over a batch of 32 differs by up to 6% of the tensor's largest
+    between the whole batch and two halves (a reduction over batch x sequence rows rounding in bf16); so, 0.7%.
+    In place; returns ``module``."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    def fp32_forward(m: nn.Module) -> Callable[..., Any]:
+        own = type(m).forward
+
+        def forward(*args: Any) -> Any:
+            fp32 = {n: p.float() for n, p in m.named_parameters(recurse=False)}
+            with _reparametrize_module(m, fp32):
+                out = own(m, *(a.float() if isinstance(a, Tensor) and a.is_floating_point() else a for a in args))
+            return out.to(torch.bfloat16) if isinstance(out, Tensor) and out.is_floating_point() else out
+
+        return forward
+
+    norm_buffers = set()
+    for m in module.modules():
+        if isinstance(m, NORMS):
+            m.forward = fp32_forward(m)
+            norm_buffers.update(id(b) for b in m.buffers())
+    if cast:
+        for m in module.modules():
+            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+                if id(t) not in norm_buffers and t.is_floating_point():
+                    t.data = t.data.to(torch.bfloat16)  # in place: a tied weight stays one Parameter
+    return module
+
+
+class MasterWeights:
+    """An optimizer that steps fp32 master copies of low-precision parameters (Micikevicius et al., ICLR 2018).
+
+    ``MasterWeights(params, optimizer_class, **defaults)``: for each bf16 parameter an fp32 copy (an fp32
+    parameter is its own master); ``step`` casts each bf16 gradient to fp32 on its master (freeing the bf16
+    one), steps ``optimizer_class`` over the masters, and copies them back into the bf16 parameters. Built over a
+    ``ZeroRedundancyOptimizer`` partition it keeps masters and optimizer state of that shard only (ZeRO-1, where
+    ``cost/memory.py`` puts them); ZeRO then broadcasts the bf16 parameters."""
+
+    def __init__(self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any) -> None:
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.pairs: list[tuple[Tensor, Tensor]] = []
+        masters = []
+        for g in groups:
+            ms = []
+            for p in g["params"]:
+                m = p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True)
+                self.pairs.append((p, m))
+                ms.append(m)
+            masters.append({**{k: v for k, v in g.items() if k != "params"}, "params": ms})
+        self.optimizer = optimizer_class(masters, **defaults)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p, m in self.pairs:
+            p.grad = None
+            m.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        for p, m in self.pairs:
+            if m is not p:
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+        out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        for p, m in self.pairs:
+            if m is not p:
+                p.copy_(m)
+                m.grad = None
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def _master_weights(opt_class: type[torch.optim.Optimizer]) -> Callable[..., MasterWeights]:
+    def make(params: Any, **defaults: Any) -> MasterWeights:
+        return MasterWeights(params, opt_class, **defaults)
+
+    return make
+
+
 def _has_dtensor(module: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
@@ -392,7 +502,7 @@ def _has_dtensor(module: nn.Module) -> bool:
 
 
 def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str, lr: float, *,
-                 pipelined: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
+                 pipelined: bool = False, precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
     """``module`` made one replica of the data-parallel group ``dp_mesh`` (a 1-D DeviceMesh, or None), and its
     optimizer (``optimizer`` names one of :data:`gpualloc.execute.worker.OPTIMIZERS`, with learning rate ``lr``):
 
@@ -422,22 +532,35 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     lists the sharded parameters (PyTorch's transform holds them as attributes): :func:`replica_parameters`,
     :func:`full_params` and :func:`full_grads` still find them all.
 
+    ``precision="bf16"`` (the module prepared by :func:`bf16_recipe`): mixed precision with fp32 master weights.
+    Under DDP / ZeRO-1 / no group the module's parameters are bf16 and the optimizer is :class:`MasterWeights`
+    (under ZeRO-1 inside ``ZeroRedundancyOptimizer``: the masters of this rank's shard only); DDP all-reduces the
+    bf16 gradients (bf16 buckets). Under FSDP / ZeRO-2 the module keeps fp32 parameters (``cast=False``): the
+    sharded fp32 parameters are the master copy, and FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=bf16)`` gathers them in bf16 and reduce-scatters bf16 gradients, cast to fp32 on the shard.
+    Gradients travel in bf16 in every wrapper: what
+    ``cost/memory.py`` charges (2-byte gradients and buckets).
+
     Raises:
         EngineError: an unknown ``sharding`` or ``optimizer``.
     """
     if sharding not in SHARDINGS:
         raise EngineError(f"sharding: expected one of {', '.join(SHARDINGS)}, got {sharding!r}")
     opt_class = _optimizer_class(optimizer)
+    bf16 = precision == "bf16"
+    make = _master_weights(opt_class) if bf16 else opt_class
     if dp_mesh is None or dp_mesh.size() == 1:
-        return module, opt_class(module.parameters(), lr=lr)
+        return module, make(module.parameters(), lr=lr)
     if sharding in ("fsdp", "zero2"):
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         reshard = sharding == "fsdp"
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
+            else MixedPrecisionPolicy()
         for m in module.modules():
             if isinstance(m, (Block, BertLayer)):  # each transformer block one unit
-                fully_shard(m, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+                fully_shard(m, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
         return module, opt_class(module.parameters(), lr=lr)
     from torch.nn.parallel import DistributedDataParallel
 
@@ -453,11 +576,11 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     wrapped = DistributedDataParallel(module, process_group=group, find_unused_parameters=pipelined)
     wrapped.__dict__[_PARAMS] = named
     if sharding == "none":
-        return wrapped, opt_class(wrapped.parameters(), lr=lr)
+        return wrapped, make(wrapped.parameters(), lr=lr)
     with warnings.catch_warnings():  # its functional optimizers use torch.jit.script, deprecated in torch 2.13
         warnings.simplefilter("ignore", DeprecationWarning)
         from torch.distributed.optim import ZeroRedundancyOptimizer
-    return wrapped, ZeroRedundancyOptimizer(list(wrapped.parameters()), optimizer_class=opt_class,
+    return wrapped, ZeroRedundancyOptimizer(list(wrapped.parameters()), optimizer_class=make,
                                             process_group=group, lr=lr)
 
 

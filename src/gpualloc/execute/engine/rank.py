@@ -217,23 +217,31 @@ def _batch_coupled(module: nn.Module) -> str | None:
 def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, loss: Loss, optimizer: str,
                lr: float, rows: slice | None = None, *, precision: str = "fp32") -> _Reference:
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
-    outputs on samples ``rows`` (none when None); its forward and loss run in ``precision``'s recipe
-    (:func:`_autocast`), as the engine's do."""
+    outputs on samples ``rows`` (none when None), trained in ``precision``'s recipe as the engine trains: for bf16
+    the model made bf16 by :func:`~gpualloc.execute.engine.parallelize.bf16_recipe` (fp32 norms) and stepped
+    through fp32 master weights (:class:`~gpualloc.execute.engine.parallelize.MasterWeights`), the loss taken on
+    fp32-cast outputs."""
+    from gpualloc.execute.engine.parallelize import MasterWeights, bf16_recipe
     from gpualloc.execute.worker import OPTIMIZERS
 
     device = next(module.parameters()).device
     tol = _tolerances(precision, device)
+    if precision == "bf16":
+        bf16_recipe(module)
+        inputs = _cast_inputs(inputs, precision)
     before = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
-    with _autocast(precision, device):
-        out = module(*inputs)
-        value = loss.per_sample(out if isinstance(out, tuple) else (out,), targets).mean()
+    out = module(*inputs)
+    value = loss.per_sample(_fp32(_as_tuple(out)), targets).mean()
     value.backward()
     kept = () if rows is None else tuple(t[rows].detach().cpu().clone() for t in _as_tuple(out)
                                          if isinstance(t, Tensor))
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()
              for n, p in module.named_parameters(remove_duplicate=False)}
-    opt = OPTIMIZERS[optimizer](module.parameters(), lr=lr)
+    opt: Any = (MasterWeights(module.parameters(), OPTIMIZERS[optimizer], lr=lr) if precision == "bf16"
+                else OPTIMIZERS[optimizer](module.parameters(), lr=lr))
     opt.step()
+    if isinstance(opt, MasterWeights):
+        opt = opt.optimizer
     slack = {}
     for n, g in grads.items():
         if isinstance(opt, torch.optim.Adam) and g.numel():
@@ -256,12 +264,18 @@ def _tolerances(precision: str, device: torch.device) -> Tolerances:
     return FP32 if precision == "fp32" or (precision == "tf32" and device.type != "cuda") else LOW_PRECISION
 
 
-def _autocast(precision: str, device: torch.device):
-    """The context a forward and its loss run in: ``torch.autocast`` to bfloat16 (or float16) for a mixed-precision
-    plan (weights, gradients and optimizer state stay fp32; matmuls and convolutions run in the low precision),
-    nothing for fp32 and tf32 (TF32 is a switch of the CUDA matmuls, :func:`_set_precision`)."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+def _cast_inputs(inputs: Sequence[Tensor], precision: str) -> tuple[Tensor, ...]:
+    """The model's inputs in the recipe's dtype: floating inputs (an image) bf16 for a bf16 plan; token ids as
+    they are."""
+    if precision != "bf16":
+        return tuple(inputs)
+    return tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
+
+
+def _fp32(outputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Outputs cast to fp32 for the loss (a bf16 model's logits: the softmax and cross-entropy in fp32, as
+    Megatron-LM computes its loss)."""
+    return tuple(t.float() if isinstance(t, Tensor) and t.is_floating_point() else t for t in outputs)
 
 
 def _set_precision(precision: str, device: torch.device) -> None:
@@ -295,8 +309,12 @@ def _weight_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bo
         if not w.numel():
             continue
         r, b = ref.after[name].double(), ref.before[name].double()
-        diff = (w.double().cpu() - r).abs()
+        diff = (w.to(ref.after[name].dtype).double().cpu() - r).abs()
         tol = 4 * eps * float(r.abs().max()) + ref.tol.weight * float((r - b).abs().max()) + ref.slack[name]
+        if ref.after[name].dtype == torch.bfloat16:
+            # bf16 weights are the fp32 masters rounded: masters within the tolerance above may round one bf16
+            # ulp apart (an ulp of w is at most 2^-7 |w|); an FSDP shard's fp32 master is rounded the same way
+            tol = tol + torch.finfo(torch.bfloat16).eps * r.abs()
         worst = max(worst, float(diff.max()))
         ok &= bool((diff <= tol).all())
     return worst, ok
@@ -312,9 +330,20 @@ def _local_rows(top: Topology, me: RankSpec, plan) -> tuple[int, int]:
 
 
 def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, build: Callable[[int], Any],
-                  device: torch.device) -> nn.Module:
+                  device: torch.device, precision: str = "fp32") -> nn.Module:
     """This rank's stage on ``device`` (before its replica group is wrapped). A pipeline stage is exported on the
-    device itself: an export bakes the device of the tensors it creates (GPT's positions) into the graph."""
+    device itself: an export bakes the device of the tensors it creates (GPT's positions) into the graph. A bf16
+    plan's model is made bf16 first (:func:`~gpualloc.execute.engine.parallelize.bf16_recipe`; its parameters left
+    fp32 where FSDP2 casts them), so the export, the cut and tensor parallelism all see the recipe."""
+    from gpualloc.execute.engine.parallelize import bf16_recipe
+
+    if precision == "bf16":
+        fsdp = top.dp > 1 and top.sharding in ("fsdp", "zero2")
+        inner = build
+
+        def build(batch: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
+            module, sample = inner(batch)
+            return bf16_recipe(module, cast=not fsdp), _cast_inputs(sample, precision)
     if top.tp > 1:
         from gpualloc.execute.engine import parallelize
         from gpualloc.placement.hybrid.layers import layer_of_node
@@ -581,25 +610,21 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
         _warm_up(device, args.optimizer, export=top.pp > 1 and top.tp == 1)
         gc.collect()
     probe.baseline()
-    x = tuple(t[offset: offset + count].to(device) for t in inputs)
+    x = _cast_inputs(tuple(t[offset: offset + count].to(device) for t in inputs), precision)
     y = targets[offset: offset + count].to(device)
     scale = top.dp / top.global_batch  # the loss_scale over the local batch, on a sum of per-sample losses
 
-    stage = _stage_module(args, top, me, graph, mesh, build, device)
+    stage = _stage_module(args, top, me, graph, mesh, build, device, precision)
     if top.recompute:
         _recompute(stage)
     gc.collect()
     dp_mesh = mesh["dp"] if top.dp > 1 else None
-    module, opt = _wrap(stage, dp_mesh, top, args)
+    module, opt = _wrap(stage, dp_mesh, top, args, precision)
     tied = _tied_groups(top, me, module, aliases)
     clock = _Clock(device)
-    if precision in ("bf16", "fp16"):  # the forward (a pipeline's shape inference too) under the plan's autocast
-        module.forward = torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16"
-                                        else torch.float16)(module.forward)
 
     def loss_fn(out: Any, target: Tensor) -> Tensor:
-        with _autocast(precision, device):
-            return loss.per_sample(_as_tuple(out), target).sum() * scale
+        return loss.per_sample(_fp32(_as_tuple(out)), target).sum() * scale
 
     step_losses: list[Tensor] = []
     if top.pp == 1:
@@ -678,13 +703,15 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     return {**record, "checks": checks, "step_time_s": _median(step_max)}
 
 
-def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs,
+          precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
     """The stage as one replica of its group (:func:`~gpualloc.execute.engine.parallelize.wrap_replica`); under a
     pipeline DDP is built with ``find_unused_parameters=True`` (torch 2.13's DDP inside ``PipelineStage`` otherwise
     fails its bucket rebuild on the second step)."""
     from gpualloc.execute.engine.parallelize import wrap_replica
 
-    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.pp > 1)
+    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.pp > 1,
+                               precision=precision)
     if getattr(module, "find_unused_parameters", False) and hasattr(module, "_post_forward"):
         post_forward = module._post_forward
 
