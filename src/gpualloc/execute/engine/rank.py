@@ -83,16 +83,18 @@ class Tolerances:
 
 FP32 = Tolerances()
 LOW_PRECISION = Tolerances(loss=1e-3, grad=1e-2, adam_grad=1e-2, weight=1e-2, output=4e-3)
-"""bf16 autocast (and TF32 matmuls on CUDA): every matmul's output is rounded to bfloat16's 8-bit significand
-(one unit in the last place, ulp, is 2^-8 = 0.39% of the value; TF32 rounds its inputs to 10 bits, 0.1%). The
-engine and the unsplit model run the same operators on the same samples, but a weight gradient is summed in
-parts (each local batch's matmul rounded to bfloat16) and then across replicas in fp32, and a different local
-batch can change how a matmul blocks its sums, so values that straddle a rounding boundary land one bfloat16 ulp
-apart. So: an output within one ulp of the largest output (4e-3); a gradient within 2.5 ulp of its tensor's
-largest (1e-2: ``gpt-tiny`` split 5:3 measured 0.46%, one ulp, while the same model's bf16 and fp32 gradients
-differ by 1.8%, so the check still tells the recipes apart); an SGD update (the gradient times ``lr``) and
-Adam's gradient slack the same; the loss, a mean of fp32 cross-entropies, within 1e-3 (measured 4e-8). Checking
-against the fp32 model instead would measure the precision's own error, a different question."""
+"""The bf16 recipe (and TF32 matmuls on CUDA): bf16 weights, activations and gradients, fp32 master weights
+(:func:`~gpualloc.execute.engine.parallelize.bf16_recipe`): every op's output is rounded to bfloat16's 8-bit
+significand (one unit in the last place, ulp, is 2^-8 = 0.39% of the value; TF32 rounds its inputs to 10 bits,
+0.1%). The engine and the unsplit model run the same operators on the same samples, but a weight gradient is
+summed in parts (each local batch's reduction rounded to bfloat16, then added across replicas in bf16), so
+values near a rounding boundary land an ulp or two apart. So: an output within one ulp of the largest output
+(4e-3); a gradient within 2.5 ulp of its tensor's largest (1e-2: ``gpt-tiny`` split 16:16 of 32 measured 0.70%
+in one process with the replicas' sum in bf16, while its bf16 and fp32 gradients differ by 1.9% at a batch of
+8, so the check still tells the recipes apart); an SGD update (the gradient times ``lr``) and Adam's gradient
+slack the same, the weights compared after rounding to bf16 (:func:`_weight_error`: one bf16 ulp more); the
+loss, a mean of fp32 cross-entropies on fp32-cast logits, within 1e-3 (measured 4e-8 of it on gpt-tiny).
+Checking against the fp32 model instead would measure the precision's own error, a different question."""
 
 
 @dataclass(frozen=True)
