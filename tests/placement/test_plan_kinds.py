@@ -58,7 +58,11 @@ def test_run_predicts_the_score_place_gave(kind, tmp_path):
                     "--method", KINDS[kind], "-o", path, "--json")
     ran = invoke("run", "resnet-tiny", "--plan", path, "--steps", 1, "--warmup", 0, "--threads", 2,
                  "--no-calibrate", "--json")
-    assert ran["output_match"] is True and ran["measured_step_s"] > 0
+    if kind == "hybrid":  # the engine: resnet-tiny's BatchNorm makes its checks null, with the reason
+        assert ran["runner"] == "engine" and set(ran["checks"]) >= {"output", "loss", "grad"}
+    else:
+        assert ran["output_match"] is True
+    assert ran["measured_step_s"] > 0
     assert ran["predicted_step_s"] == pytest.approx(placed["step_time_s"], rel=1e-9)
 
 
