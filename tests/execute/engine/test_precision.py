@@ -14,6 +14,7 @@ import torch
 
 from gpualloc.errors import EngineError
 from gpualloc.execute.engine.loss import loss_for
+from gpualloc.execute.engine.parallelize import MasterWeights, bf16_recipe
 from gpualloc.execute.engine.rank import LOW_PRECISION, _grad_error, _reference, _set_precision, _tolerances
 from gpualloc.graph.runnable import build_model
 from gpualloc.placement.hybrid.runnable import PRECISIONS_RUN, SHARDINGS_RUN, reasons
@@ -68,14 +69,52 @@ def _refs(precision: str, sgd_lr: float = 0.01):
 
 
 def test_the_bf16_check_tells_the_bf16_recipe_from_fp32():
-    """The unsplit model under bf16 autocast is the reference for a bf16 plan: the fp32 model's gradients are
-    outside the bf16 tolerances of it (1.8% of a tensor's largest gradient against 1%), so a check against the
-    fp32 model, or an engine that forgot its autocast, fails."""
+    """The unsplit model in the bf16 recipe (bf16 weights, fp32 masters) is the reference for a bf16 plan: the fp32
+    model's gradients are outside the bf16 tolerances of it (1.9% of a tensor's largest gradient against 1%), so a
+    check against the fp32 model, or an engine that trained in fp32, fails."""
     bf16, fp32 = _refs("bf16"), _refs("fp32")
     assert bf16.tol == LOW_PRECISION and bf16.loss != fp32.loss
     assert _grad_error(bf16.grads, bf16) == (0.0, True)
     assert not _grad_error(fp32.grads, bf16)[1]
     assert not _grad_error(bf16.grads, dataclasses.replace(fp32, tol=LOW_PRECISION))[1]
+    assert {g.dtype for g in bf16.grads.values()} == {torch.bfloat16}  # bf16 gradients, as the memory model charges
+
+
+def test_the_bf16_recipe_is_bf16_weights_with_norms_computed_in_fp32():
+    """Every parameter bf16 (the norms' too), bf16 outputs; a layer norm's weight gradient is its fp32 reduction
+    over the rows rounded to bf16 once."""
+    module, (ids,) = build_model("gpt-tiny", 2, seed=0)
+    bf16_recipe(module)
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    assert module(ids).dtype == torch.bfloat16
+    ln = module.h[0].ln_1
+    x = torch.randn(64, 16, ln.normalized_shape[0], generator=torch.Generator().manual_seed(0)).bfloat16()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+    w32 = ln.weight.detach().float().requires_grad_(True)
+    out32 = torch.nn.functional.layer_norm(x.float(), ln.normalized_shape, w32, ln.bias.detach().float(), ln.eps)
+    out32.backward(g.float())
+    out = ln(x)
+    out.backward(g)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, out32.bfloat16())
+    assert ln.weight.grad.dtype == torch.bfloat16 and torch.equal(ln.weight.grad, w32.grad.bfloat16())
+
+
+def test_master_weights_keep_updates_below_a_bf16_ulp():
+    """Ten SGD steps of 1e-3 on a weight of 1 (a bf16 ulp there is 2^-8 below, 2^-7 above): plain bf16 SGD rounds
+    every one away; the fp32 master keeps them and the bf16 weight follows it."""
+    plain = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+    mixed = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+    sgd, master = torch.optim.SGD([plain], lr=1.0), MasterWeights([mixed], torch.optim.SGD, lr=1.0)
+    for _ in range(10):
+        for p, opt in ((plain, sgd), (mixed, master)):
+            opt.zero_grad()
+            p.grad = torch.full_like(p, 1e-3)
+            opt.step()
+    ((_, m),) = master.pairs
+    step = float(torch.tensor(1e-3).bfloat16())  # the bf16 gradient
+    assert float(plain.detach()) == 1.0 and m.dtype == torch.float32
+    assert float(m.detach()) == pytest.approx(1 - 10 * step, abs=1e-6)
+    assert float(mixed.detach()) == float(torch.tensor(1 - 10 * step).bfloat16()) and mixed.dtype == torch.bfloat16
 
 
 # ------------------------------------------------------------------------------------------------ torchrun
@@ -98,9 +137,10 @@ def test_zero2_unequal_shares_adam_matches_the_unsplit_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_bf16_zero2_unequal_shares_adam_matches_the_unsplit_model_under_autocast(tmp_path):
-    """bf16 (autocast) on FSDP2 ZeRO-2, shares 5:3, one Adam step: the engine's checks pass at the bf16 tolerances,
-    and the reference they used is the bf16 one (its loss is not the fp32 model's)."""
+def test_bf16_zero2_unequal_shares_adam_matches_the_unsplit_model_in_the_same_recipe(tmp_path):
+    """bf16 on FSDP2 ZeRO-2 (fp32 sharded masters, MixedPrecisionPolicy bf16), shares 5:3, one Adam step: the
+    engine's checks pass at the bf16 tolerances, and the reference they used is the bf16 one (its loss is not the
+    fp32 model's)."""
     plan = write_plan(tmp_path / "plan.json", _one_stage("zero2", "bf16"))
     run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
                    "--optimizer", "adam")
@@ -114,8 +154,9 @@ def test_bf16_zero2_unequal_shares_adam_matches_the_unsplit_model_under_autocast
 
 
 @pytest.mark.slow
-def test_bf16_pp2_1f1b_runs_under_autocast_and_matches_the_unsplit_model(tmp_path):
-    """torch.distributed.pipelining under autocast: 2 stages, 1F1B, 2 microbatches of gpt-tiny in bf16."""
+def test_bf16_pp2_1f1b_matches_the_unsplit_model(tmp_path):
+    """torch.distributed.pipelining of a bf16 model (bf16 activations between the stages, fp32 masters): 2 stages,
+    1F1B, 2 microbatches of gpt-tiny."""
     plan = write_plan(tmp_path / "plan.json", {
         "cluster": "2xA100", "global_batch": 8, "microbatches": 2, "schedule": "1f1b", "precision": "bf16",
         "stages": [{"layers": [0, 12], "replicas": [{"devices": [0], "batch_share": 8}]},
@@ -126,6 +167,19 @@ def test_bf16_pp2_1f1b_runs_under_autocast_and_matches_the_unsplit_model(tmp_pat
     _assert_matches(engine)
     assert engine["precision"] == "bf16" and engine["mesh"] == {"pp": 2, "dp": 1, "tp": 1}
     assert engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("bf16").loss, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_bf16_zero1_unequal_shares_adam_matches_the_unsplit_model(tmp_path):
+    """DDP all-reducing bf16 gradients and ZeroRedundancyOptimizer over fp32 masters of each rank's shard
+    (MasterWeights as its local optimizer), shares 5:3, one Adam step, bf16 tolerances."""
+    plan = write_plan(tmp_path / "plan.json", _one_stage("zero1", "bf16"))
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--optimizer", "adam")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert run.engine["precision"] == "bf16" and run.engine["sharding"] == "zero1"
+    assert run.engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("bf16").loss, rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ launch, record
