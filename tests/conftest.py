@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,22 @@ def one_torch_thread():
 @pytest.fixture
 def diamond_graph() -> OpGraph:
     return diamond()
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run ``gpualloc ARGS...`` through ``main()`` (domain errors become one line and exit 2); returns
+    ``(exit status, stdout, stderr)``. A test module may define its own ``cli`` with another shape."""
+    from gpualloc.cli.main import main
+
+    def run(*args) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["gpualloc", *map(str, args)])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        out, err = capsys.readouterr()
+        return (0 if exc.value.code is None else exc.value.code), out, err
+
+    return run
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,28 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpualloc.cli.main import main
 from gpualloc.errors import CaptureError, ClusterError, GraphError, PlacementError, TraceError
 from gpualloc.limits import MAX_DEVICES, MAX_JOBS, MAX_MICROBATCHES, MAX_SEED
 
 from tests.conftest import diamond
 
 BINARY = bytes(range(256)) * 4  # not UTF-8 from byte 0x80 on
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """Run ``gpualloc ARGS...`` through ``main()`` (where domain errors become one line and exit 2)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["gpualloc", *map(str, args)])
-        with pytest.raises(SystemExit) as exc:
-            main()
-        out, err = capsys.readouterr()
-        code = exc.value.code
-        return (0 if code is None else code), out, err
-
-    return run
 
 
 def one_line_error(cli, *args: str, names: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
@@ -62,19 +61,3 @@ def plans(problems):
                   "unequal": unequal_plan(p, units_of(p.graph)), "tp": tp_plan(p, units_of(p.graph)),
                   "accumulate": accumulate_plan(p, units_of(p.graph))}
     return out
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """Run ``gpualloc ARGS...`` through ``main()`` (domain errors become one line and exit 2)."""
-    from gpualloc.cli.main import main
-
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["gpualloc", *map(str, args)])
-        with pytest.raises(SystemExit) as exc:
-            main()
-        out, err = capsys.readouterr()
-        code = exc.value.code
-        return (0 if code is None else code), out, err
-
-    return run

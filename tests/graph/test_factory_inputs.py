@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 
-from gpualloc.cli.main import main
 from gpualloc.errors import CaptureError
 from gpualloc.graph.capture import build_from_factory, capture, shaped_inputs
 
@@ -70,18 +69,6 @@ def package(tmp_path, monkeypatch):
     for name in made:
         for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
             sys.modules.pop(key)
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    def run(*args) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["gpualloc", *map(str, args)])
-        with pytest.raises(SystemExit) as exc:
-            main()
-        out, err = capsys.readouterr()
-        return (0 if exc.value.code is None else exc.value.code), out, err
-
-    return run
 
 
 def test_the_models_own_method(package):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpualloc.cli.main import main
 from gpualloc.errors import ImportFormatError
 from gpualloc.graph.importers import IMPORTERS
 from gpualloc.graph.ir import OpGraph
@@ -34,20 +32,6 @@ needs_data = pytest.mark.skipif(not (DATA / "profiles").is_dir(), reason=f"Sailo
 
 def _raw(model: str, gpu: str) -> dict:
     return json.loads((DATA / "profiles" / model / gpu / "profile.json").read_text())
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """Run ``gpualloc ARGS...`` through ``main()``; returns (exit code, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["gpualloc", *map(str, args)])
-        with pytest.raises(SystemExit) as exc:
-            main()
-        out, err = capsys.readouterr()
-        return (0 if exc.value.code is None else exc.value.code), out, err
-
-    return run
 
 
 # ---------------------------------------------------------------------------------------- a tiny folder
