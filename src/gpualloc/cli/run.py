@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from gpualloc.cli.common import cache_folder, console, print_json, progress_bar  # noqa: F401 - cache_folder: re-exported
+from gpualloc.cli.common import cache_folder, console, print_json  # noqa: F401 - cache_folder: re-exported
 from gpualloc.cli.plan_inputs import model_graph as _model_graph
-from gpualloc.cli.plan_inputs import prediction_calibration as _calibration
 from gpualloc.limits import MAX_BATCH, MAX_MICROBATCHES, MAX_SEED, MAX_STEPS
 
 MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSON captured from one "
@@ -19,11 +17,10 @@ MODEL_HELP = ("A zoo model name, package.module:factory, or a gpualloc-graph JSO
 
 def run_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
-    plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o` (version 1: op-level, "
-                                                  "run by gpualloc's worker pipeline; 2: hybrid, run under torchrun "
-                                                  "by the engine, as `gpualloc launch` runs it on one host), trained "
-                                                  "with the optimizer it was costed with (SGD for files that name "
-                                                  "none)."),
+    plan: Path = typer.Option(..., "--plan", help="A plan JSON written by `gpualloc place -o` (op-level or hybrid), "
+                                                  "run under torchrun by the engine as `gpualloc launch` runs it on "
+                                                  "one host, trained with the optimizer it was costed with (SGD for "
+                                                  "files that name none)."),
     steps: int = typer.Option(5, "--steps", max=MAX_STEPS, min=1,
                               help="Timed training steps (the median is reported)."),
     warmup: int = typer.Option(1, "--warmup", max=MAX_STEPS, min=0, help="Untimed training steps run first."),
@@ -37,11 +34,11 @@ def run_cmd(
                                            "of calibrating them on the fly."),
     cluster: str = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's)."),
     devices: str = typer.Option(None, "--devices",
-                                help="Torch device per cluster device, comma-separated (e.g. cuda:0,cpu); "
-                                     "default: cpu for CPU types, cuda:0, cuda:1, ... for the others. A hybrid "
-                                     "plan's ranks are placed so by the engine: another list is refused."),
+                                help="Torch device per cluster device, comma-separated: the engine places ranks "
+                                     "on cpu for CPU types and cuda:0, cuda:1, ... for the others, and refuses "
+                                     "another list (choose GPUs with CUDA_VISIBLE_DEVICES)."),
     threads: int = typer.Option(None, "--threads", min=1,
-                                help="CPU threads split between the CPU workers (default: all available)."),
+                                help="CPU threads split between the CPU ranks (default: all available)."),
     batch: int = typer.Option(None, "--batch", max=MAX_BATCH, min=1,
                               help="Batch size (default: the plan's, else 32; a graph JSON brings its own)."),
     microbatches: int = typer.Option(None, "--microbatches", max=MAX_MICROBATCHES, min=1,
@@ -54,16 +51,15 @@ def run_cmd(
                                        "per-op profiles of this model."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the weights and inputs."),
     precision: str = typer.Option(None, "--precision",
-                                  help="Training precision (default: the plan's). An op-level plan trains in "
-                                       "fp32; a hybrid plan on the engine in fp32, tf32 or bf16; another is "
-                                       "refused in one line."),
+                                  help="Training precision (default: the plan's): the engine trains in fp32, "
+                                       "tf32 or bf16; another is refused in one line."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a placement plan on real devices and compare the measured step time with the prediction.
 
     Split MODEL by the plan, check it against the unsplit model, train N steps, and report the measured step
-    time and peak memory beside the simulator's prediction. A hybrid (v2) plan runs on the torch-native engine
-    under torchrun on this host (`gpualloc launch`'s path)."""
+    time and peak memory beside the simulator's prediction. The plan runs on the torch-native engine under
+    torchrun on this host (`gpualloc launch`'s path)."""
     from gpualloc.errors import ExecutionError
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.document import read_plan
@@ -81,44 +77,29 @@ def run_cmd(
     model_name, graph = _model_graph(model, batch or saved.global_batch or 32, saved.node_ids)
     the_plan = saved.plan_for(PlacementProblem(graph, clus), microbatches=microbatches, schedule=schedule,
                               global_batch=batch)
-    if the_plan.kind == "hybrid":
-        _run_on_engine(plan, saved, clus, model_name, graph, the_plan, cluster=cluster, steps=steps, warmup=warmup,
-                       seed=seed, threads=threads, calibration=calibration, no_calibrate=no_calibrate,
-                       roofline=roofline, as_json=as_json, devices=devices)
-        return
-    if saved.precision != "fp32":
-        raise ExecutionError(f"{plan}: precision: the op-level runner trains in fp32 only, the plan in "
-                             f"{saved.precision} (mixed precision and TF32 run on the engine: a hybrid plan)")
-    torch_devices = devices.split(",") if devices else None
-    scored_with = Path(saved.calibration) if saved.calibration and Path(saved.calibration).is_file() else None
-    cal, cal_info = _calibration(calibration or scored_with, no_calibrate, clus, list(the_plan.devices), torch_devices,
-                                 threads, seed)
-    with progress_bar() as bar:
-        task = bar.add_task("starting", total=1)
-        run = _execute_operators(
-            model_name, graph, the_plan, clus, calibration=cal, calibration_name=cal_info["path"] or "shipped",
-            steps=steps, warmup=warmup, torch_devices=torch_devices, threads=threads, use_profiles=not roofline,
-            seed=seed, optimizer=saved.optimizer or "sgd",
-            progress=lambda phase, done, total: bar.update(task, description=phase, completed=done, total=total))
-    if as_json:
-        print_json({**run.to_dict(), "plan": str(plan), "calibration": cal_info})
-        return
-    _print(run, cal_info)
+    _run_on_engine(plan, saved, clus, model_name, graph, the_plan, cluster=cluster, steps=steps, warmup=warmup,
+                   seed=seed, threads=threads, calibration=calibration, no_calibrate=no_calibrate, roofline=roofline,
+                   as_json=as_json, devices=devices)
 
 
 def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *, cluster: str | None, steps: int,
                    warmup: int, seed: int, threads: int | None, calibration: Path | None, no_calibrate: bool,
                    roofline: bool, as_json: bool, devices: str | None = None) -> None:
-    """A hybrid plan through the torch-native engine, as ``gpualloc launch`` runs it on one host (its functions:
-    one code path): refused in one line before anything starts where the engine or this host cannot run it,
-    else torchrun on this host's devices, then measured against predicted step time, compute and peak memory
-    per rank, and the checks against the unsplit model (output, loss, gradients, one step's weights)."""
+    """A plan through the torch-native engine, as ``gpualloc launch`` runs it on one host (its functions: one code
+    path): refused in one line before anything starts where the engine or this host cannot run it, else torchrun
+    on this host's devices, then measured against predicted step time, compute and peak memory per rank, and the
+    checks against the unsplit model (output, loss, gradients, one step's weights). An operator plan whose
+    microbatches, schedule or batch were overridden runs as written here (the ranks read the plan file)."""
     import tempfile
+
+    from gpualloc.placement.document import write_plan
+    from gpualloc.placement.problem import PlacementProblem
 
     from gpualloc.cli.launch import _cuda_host, _threads, finish_run, host_share, run_torchrun, torchrun_command
     from gpualloc.errors import EngineError
     from gpualloc.execute.engine.rank import EngineArgs, _load
 
+    shown = plan
     nodes = {clus.devices[d].node for d in the_plan.devices}
     if len(nodes) > 1:
         raise EngineError(f"{plan}: the plan runs on {len(nodes)} nodes of {clus.name}: `gpualloc run` runs one "
@@ -131,6 +112,10 @@ def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *,
         out = Path(tmp)
         graph_file = out / "graph.json"  # traced once here, not again on every rank
         graph.save(graph_file)
+        if the_plan.kind != "hybrid":  # with --microbatches/--schedule/--batch as given, on this graph
+            plan = out / "plan.json"
+            write_plan(plan, PlacementProblem(graph, clus), the_plan, saved.cluster or clus.name,
+                       {"optimizer": optimizer} if saved.optimizer else None)
         # the ranks' own checks (stage layout, TP divisibility), here, before anything is spawned
         _, _, top, _ = _load(EngineArgs(plan=str(plan), model=model_name, cluster=cluster, graph=str(graph_file),
                                          seed=seed))
@@ -146,7 +131,7 @@ def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *,
                               "says why")
         report = finish_run(out / "ranks", saved, clus, graph, the_plan, optimizer, calibration, no_calibrate,
                             per_rank, seed, None, use_profiles=not roofline)
-    report = {**report, "folder": None, "plan": str(plan), "plan_version": 2, "runner": "engine"}
+    report = {**report, "folder": None, "plan": str(shown), "plan_version": saved.version, "runner": "engine"}
     if as_json:
         print_json(report)
         return
@@ -165,7 +150,7 @@ def _same_devices(devices: str, share, n_devices: int) -> None:
     want = {d: t for d, t in zip(share.devices, share.torch_devices, strict=True)}
     if len(given) != n_devices or any(given[d] != t for d, t in want.items()):
         placed = ", ".join(f"device {d} on {t}" for d, t in want.items())
-        raise ExecutionError(f"--devices {devices}: a hybrid plan runs on the engine, which places its ranks "
+        raise ExecutionError(f"--devices {devices}: the engine places its ranks "
                              f"itself ({placed}; one CUDA device per GPU rank): choose the GPUs with "
                              "CUDA_VISIBLE_DEVICES")
 
@@ -175,16 +160,3 @@ def _known_precision(precision: str) -> None:
     from gpualloc.cost.memory import precision as known
 
     known(precision)
-
-
-def _execute_operators(model: str, graph, plan, cluster, **options):
-    from gpualloc.execute.run import execute_plan
-
-    return execute_plan(model, graph, plan.assignment, cluster, microbatches=plan.microbatches,
-                        schedule=plan.schedule, **options)
-
-
-def _print(r, cal_info: dict[str, Any]) -> None:
-    from gpualloc.reports.execution import run_view
-
-    console.print(run_view(r, cal_info))

@@ -97,13 +97,16 @@ def node_devices(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> 
     return {name: int(assignment[graph.index[node_id]]) for name, node_id in own.items()}
 
 
-def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> SplitModel:
+def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray, *, by_level: bool = True) -> SplitModel:
     """Cut ``gm`` (exported by :func:`gpualloc.graph.runnable.export_runnable`) by ``assignment``.
 
     Args:
         gm: the exported module.
         graph: the captured graph the plan was made for (same model; any batch, op or layer granularity).
         assignment: device index per node of ``graph``.
+
+        by_level: cut by (level, device) (see the module docstring); False: ``assignment`` is already a chain of
+            stages (every node's stage at least its inputs'), cut by it as it is.
 
     Raises:
         ExecutionError: the model's output is one of its inputs, or an fx node could not be placed.
@@ -131,6 +134,8 @@ def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> S
             level[n.name] = max(0, min(level[u.name] - (device[u.name] != device[n.name]) for u in users))
         elif own.get(n.name) in level:
             level[n.name] = level[own[n.name]]
+    if not by_level:
+        level = dict(device)
     first: dict[tuple[int, int], int] = {}
     for i, n in enumerate(calls):
         first.setdefault((level[n.name], device[n.name]), i)

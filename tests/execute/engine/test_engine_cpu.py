@@ -228,3 +228,25 @@ def test_pp2_1f1b_operator_plan_matches_the_unsplit_model(tmp_path, gpt_graph):
     assert (run.engine["kind"], run.engine["schedule"], run.engine["mesh"]) == ("assignment", "1f1b",
                                                                                 {"pp": 2, "dp": 1, "tp": 1})
     assert (run.rank(1)["stage"], run.rank(1)["device"], run.rank(0)["stage"]) == (0, 2, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, microbatches", [("1f1b", 4), ("gpipe", 2)])
+def test_operator_plan_that_returns_to_a_device_runs_its_stages_on_one_rank(tmp_path, gpt_graph, schedule,
+                                                                            microbatches):
+    # A -> B -> A: device 0 runs the first and last thirds (with the tied embedding, wte and lm_head, in both),
+    # device 1 the middle: three stages on two ranks, rank 0 runs two under the generated schedule
+    graph, graph_path = gpt_graph
+    order = {i: k for k, i in enumerate(graph.topo_order)}
+    n = len(graph.nodes)
+    doc = {"format": "gpualloc-plan", "version": 1, "cluster": "4xA100", "batch_size": 4,
+           "microbatches": microbatches, "schedule": schedule,
+           "assignment": {node.id: 1 if n // 3 <= order[i] < 2 * n // 3 else 0 for i, node in enumerate(graph.nodes)}}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--graph", str(graph_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert run.engine["mesh"] == {"pp": 2, "dp": 1, "tp": 1}
+    assert (run.rank(0)["stages"], run.rank(1)["stages"]) == ([0, 2], [1])

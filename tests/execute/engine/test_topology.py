@@ -7,8 +7,9 @@ import pytest
 
 from gpualloc.errors import EngineError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
-from gpualloc.execute.engine.topology import loss_scale, topology
+from gpualloc.execute.engine.topology import loss_scale, pipeline_order, topology
 from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Replica, Sync
+from gpualloc.placement.hybrid.runnable import operator_chain
 from gpualloc.placement.plan import OperatorPlan
 
 
@@ -105,8 +106,60 @@ def test_operator_plan_chain_is_a_pipeline():
     assert top.ranks[top.rank_of(2)].stage == 0 and top.mesh == (((1,),), ((0,),))
 
 
-def test_operator_plan_that_returns_to_a_device_is_refused():
-    with pytest.raises(EngineError, match="device 0 runs two separate parts .* node 'n2'"):
-        topology(OperatorPlan(np.array([0, 1, 0, 1]), microbatches=2, global_batch=8), chain_graph(4))
+def test_operator_plan_that_returns_to_a_device_holds_several_stages_on_its_rank():
+    graph = chain_graph(5)
+    top = topology(OperatorPlan(np.array([0, 0, 1, 0, 1]), microbatches=2, global_batch=8), graph)
+    assert (top.pp, top.n_stages, top.stage_devices) == (2, 4, (0, 1, 0, 1))
+    assert top.stage_assignment(graph).tolist() == [0, 0, 1, 2, 3]
+    assert [r.held for r in top.ranks] == [(0, 2), (1, 3)]
+    assert [top.stage_rank(s) for s in range(4)] == [0, 1, 0, 1]
     with pytest.raises(EngineError, match="needs the graph"):
         topology(OperatorPlan(np.array([0, 1]), global_batch=8))
+
+
+def test_operator_chain_stays_on_a_device_while_it_has_ready_operators():
+    # two independent branches 0-1 and 2-3 joined at 4: device 0 runs a branch, device 1 the other and the join;
+    # the order finishes device 0's branch before it moves, so it cuts once, not at every node
+    nodes = [OpNode(f"n{i}", f"n{i}", "linear", layer=f"l{i}") for i in range(5)]
+    graph = OpGraph("fork", nodes, [OpEdge("n0", "n1", 1.0), OpEdge("n2", "n3", 1.0), OpEdge("n1", "n4", 1.0),
+                                    OpEdge("n3", "n4", 1.0)], batch_size=4)
+    stage_of, stages, why = operator_chain(OperatorPlan(np.array([0, 0, 1, 1, 1]), global_batch=4), graph)
+    assert why is None and stages == [0, 1] and stage_of == [0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stage_ranks, m", [([0, 1], 4), ([0, 1, 0], 4), ([0, 1, 0, 1, 2], 3), ([1, 0, 1], 1),
+                                            ([0], 2), ([0, 0, 1], 5)])
+def test_pipeline_order_runs_every_action_once_after_its_inputs(stage_ranks, m, schedule):
+    order = pipeline_order(stage_ranks, m, schedule)
+    n = len(stage_ranks)
+    assert set(order) == set(stage_ranks)
+    acts = [a for r in order for a in order[r]]
+    assert sorted(acts) == sorted((k, s, j) for k in "FB" for s in range(n) for j in range(m))
+    for r, mine in order.items():
+        assert all(stage_ranks[s] == r for _, s, _ in mine)
+    # replay every rank's list in order, as the runtime does: it never waits on an action that cannot come
+    pos = dict.fromkeys(order, 0)
+    done: set[tuple[str, int, int]] = set()
+    while len(done) < len(acts):
+        moved = False
+        for r, mine in order.items():
+            if pos[r] < len(mine):
+                k, s, j = mine[pos[r]]
+                need = [("F", s - 1, j)] if k == "F" and s else []
+                if k == "B":
+                    need = [("F", s, j)] + ([("B", s + 1, j)] if s < n - 1 else [])
+                if all(x in done for x in need):
+                    done.add(mine[pos[r]])
+                    pos[r] += 1
+                    moved = True
+        assert moved, "deadlock"
+    if schedule == "1f1b":  # stage s never holds more than n - s microbatches between its forward and backward
+        for r, mine in order.items():
+            for s in {s for _, s, _ in mine}:
+                live = peak = 0
+                for k, t, _ in mine:
+                    if t == s:
+                        live += 1 if k == "F" else -1
+                        peak = max(peak, live)
+                assert peak <= n - s

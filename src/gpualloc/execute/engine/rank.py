@@ -332,7 +332,7 @@ def _local_rows(top: Topology, me: RankSpec, plan) -> tuple[int, int]:
 
 
 def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, build: Callable[[int], Any],
-                  device: torch.device, precision: str = "fp32") -> nn.Module:
+                  device: torch.device, precision: str = "fp32", aliases: Mapping[str, str] | None = None) -> nn.Module:
     """This rank's stage on ``device`` (before its replica group is wrapped). A pipeline stage is exported on the
     device itself: an export bakes the device of the tensors it creates (GPT's positions) into the graph. A bf16
     plan's model is made bf16 first (:func:`~gpualloc.execute.engine.parallelize.bf16_recipe`; its parameters left
@@ -355,7 +355,7 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
         stage = parallelize.module_stage(args.model, module.to(device), first, last,
                                          layer_names(graph, layer_of_node(graph)))
         return parallelize.apply_tensor_parallel(stage, mesh["tp"], args.model)
-    if top.pp == 1:
+    if top.n_stages == 1:
         module, _ = build(1)
         return module.to(device)
     from gpualloc.graph.runnable import export_runnable
@@ -363,7 +363,61 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
     module, sample = build(me.microbatch)
     exported = export_runnable(module.to(device), tuple(t.to(device) for t in sample), training=True,
                                name=args.model).module
-    return chain(exported, graph, top.stage_assignment(graph)).stages[me.stage].to(device)
+    stages = [st.to(device) for st in chain(exported, graph, top.stage_assignment(graph)).stages]
+    mine = [stages[s] for s in me.held]
+    if top.kind != "hybrid":  # an operator plan cuts anywhere: a later stage may read the token ids
+        examples = _examples(stages, tuple(t.to(device) for t in sample))
+        for s, st in zip(me.held, mine, strict=True):
+            st.pipeline_example = examples[s]
+    return mine[0] if len(mine) == 1 else LocalStages(mine, aliases or {})
+
+
+def _examples(stages: Sequence[nn.Module], sample: tuple[Tensor, ...]) -> list[tuple[tuple[Tensor, ...], ...]]:
+    """``(inputs, outputs)`` of every chain stage on one microbatch: what ``PipelineStage`` takes as ``input_args``
+    and ``output_args`` so that it infers no shapes by running a stage on uninitialised tensors (token ids that a
+    later stage's embedding reads would index out of range). Every rank runs the whole chain once; buffers that a
+    forward updates (BatchNorm's running statistics) are put back."""
+    out = []
+    values = sample
+    for st in stages:
+        kept = {name: b.clone() for name, b in st.named_buffers()}
+        with torch.enable_grad():
+            got = _as_tuple(st(*values))
+        with torch.no_grad():
+            for name, b in st.named_buffers():
+                b.copy_(kept[name])
+        got = tuple(t.detach().requires_grad_(t.requires_grad) for t in got)
+        out.append((values, got))
+        values = got
+    return out
+
+
+class LocalStages(nn.Module):
+    """The stages one rank runs (an operator plan that returns to its device), as one module for the optimizer and
+    the checks: its parameters keep the model's names, and a weight several of them hold (a tied embedding) is one
+    parameter, so its gradient sums over them."""
+
+    def __init__(self, stages: Sequence[nn.Module], aliases: Mapping[str, str]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(stages)
+        first: dict[str, nn.Parameter] = {}
+        for part in self.parts:
+            for name, p in list(part.named_parameters()):
+                key = aliases.get(name, name)  # a tied weight may go by another name in another stage
+                if key in first:
+                    owner, _, leaf = name.rpartition(".")
+                    setattr(part.get_submodule(owner) if owner else part, leaf, first[key])
+                else:
+                    first[key] = p
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, nn.Parameter]]:
+        seen: set[int] = set()
+        for part in self.parts:
+            for name, p in part.named_parameters(prefix, recurse, remove_duplicate):
+                if not (remove_duplicate and id(p) in seen):
+                    seen.add(id(p))
+                    yield name, p
 
 
 def _warm_up(device: torch.device, optimizer: str, *, export: bool) -> None:
@@ -540,7 +594,11 @@ def run_rank(args: EngineArgs, rank: int, world_size: int, local_rank: int, *,
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.timeout_s), **store)
     try:
-        return _run(args, plan, graph, cluster, top, me, device, build_model)
+        record = _run(args, plan, graph, cluster, top, me, device, build_model)
+        # every rank past its last collective before any leaves: a rank that tears gloo down while a peer's
+        # background work (FSDP2's reduce-scatter) still runs dies in std::terminate at exit
+        dist.barrier()
+        return record
     finally:
         dist.destroy_process_group()
 
@@ -602,21 +660,21 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
         return build_model(args.model, batch, seed=args.seed)
 
     offset, count = _local_rows(top, me, plan)
-    last = me.stage == top.pp - 1
+    last = top.n_stages - 1 in me.held
     rows = slice(offset, offset + count) if last else None
     precision = plan.precision
     _set_precision(precision, device)
     loss, aliases, inputs, targets, ref, why_not = _unsplit(args, top, device, build, rows, precision)
     probe = MemoryProbe(device)
     if args.memory and probe.method == "mallinfo2":  # what a process keeps after its first export/step: not the step's
-        _warm_up(device, args.optimizer, export=top.pp > 1 and top.tp == 1)
+        _warm_up(device, args.optimizer, export=top.n_stages > 1 and top.tp == 1)
         gc.collect()
     probe.baseline()
     x = _cast_inputs(tuple(t[offset: offset + count].to(device) for t in inputs), precision)
     y = targets[offset: offset + count].to(device)
     scale = top.dp / top.global_batch  # the loss_scale over the local batch, on a sum of per-sample losses
 
-    stage = _stage_module(args, top, me, graph, mesh, build, device, precision)
+    stage = _stage_module(args, top, me, graph, mesh, build, device, precision, aliases)
     if top.recompute:
         _recompute(stage)
     gc.collect()
@@ -629,14 +687,14 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
         return loss.per_sample(_fp32(_as_tuple(out)), target).sum() * scale
 
     step_losses: list[Tensor] = []
-    if top.pp == 1:
+    if top.n_stages == 1:
         step = _accumulating_step(top, module, x, y, loss_fn, clock, step_losses)
     else:
         schedule = _schedule(top, me, module, mesh, device, loss_fn, clock)
 
         def step(keep: bool) -> tuple[Tensor, ...] | None:
             step_losses.clear()
-            out = schedule.step(*(x if me.stage == 0 else ()), target=y if last else None,
+            out = schedule.step(*(x if 0 in me.held else ()), target=y if last else None,
                                 losses=step_losses if last else None, return_outputs=keep and last)
             return _as_tuple(out) if keep and last else None
 
@@ -684,7 +742,8 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
 
     record = {"rank": me.rank, "world_size": top.world_size, "device": me.device,
               "device_type": cluster.devices[me.device].type.name, "torch_device": str(device),
-              "stage": me.stage, "replica": me.replica, "tp_rank": me.tp_rank, "local_batch": count,
+              "stage": me.stage, "stages": list(me.held), "replica": me.replica, "tp_rank": me.tp_rank,
+              "local_batch": count,
               "microbatches": top.microbatches, "step_times_s": times,
               "stage_forward_s": _median(fwd), "stage_backward_s": _median(bwd), "optimizer_s": _median(opt_s),
               "peak_memory_bytes": peak, "peak_reserved_bytes": reserve, "loss": local_loss}
@@ -712,7 +771,7 @@ def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs,
     fails its bucket rebuild on the second step)."""
     from gpualloc.execute.engine.parallelize import wrap_replica
 
-    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.pp > 1,
+    module, opt = wrap_replica(stage, dp_mesh, top.sharding, args.optimizer, args.lr, pipelined=top.n_stages > 1,
                                precision=precision)
     if getattr(module, "find_unused_parameters", False) and hasattr(module, "_post_forward"):
         post_forward = module._post_forward
@@ -738,17 +797,49 @@ def _all_reduce(value: float, op) -> float:
 
 
 def _schedule(top: Topology, me: RankSpec, module: nn.Module, mesh, device: torch.device, loss_fn, clock: _Clock):
+    """The pipeline schedule of this rank's stages: ``ScheduleGPipe`` or ``Schedule1F1B`` where every rank runs one
+    stage and (1F1B) every stage gets a microbatch; else :func:`~gpualloc.execute.engine.topology.pipeline_order`
+    run by ``torch.distributed.pipelining``'s multi-stage runtime (an operator plan that returns to a device)."""
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-    pp_mesh = mesh["pp"]
-    group = pp_mesh.get_group()
-    stage = _timed_stage_class()(module, me.stage, top.pp, device, group=group)
-    stage.clock = clock
-    # a new_group numbers its ranks in ascending order; stage s sits on mesh[s][r][t], whatever its rank
-    ranks = [top.mesh[s][me.replica][me.tp_rank] for s in range(top.pp)]
-    stage.stage_index_to_group_rank = {s: dist.get_group_rank(group, r) for s, r in enumerate(ranks)}
-    kind = Schedule1F1B if top.schedule == "1f1b" else ScheduleGPipe
-    return kind(stage, top.microbatches, loss_fn=loss_fn, scale_grads=False)
+    group = mesh["pp"].get_group()
+    # a new_group numbers its ranks in ascending order; stage s sits on stage_rank(s), whatever its rank
+    to_group = {s: dist.get_group_rank(group, top.stage_rank(s, me.replica, me.tp_rank)) for s in range(top.n_stages)}
+    parts = module.parts if isinstance(module, LocalStages) else [module]
+    stages = []
+    for s, part in zip(me.held, parts, strict=True):
+        inputs, outputs = getattr(part, "pipeline_example", (None, None))
+        stage = _timed_stage_class()(part, s, top.n_stages, device, input_args=inputs, output_args=outputs,
+                                     group=group)
+        stage.clock = clock
+        stage.stage_index_to_group_rank = dict(to_group)
+        stages.append(stage)
+    single = top.pp == top.n_stages and (top.schedule == "gpipe" or top.microbatches >= top.n_stages)
+    if single:
+        kind = Schedule1F1B if top.schedule == "1f1b" else ScheduleGPipe
+        return kind(stages[0], top.microbatches, loss_fn=loss_fn, scale_grads=False)
+    from gpualloc.execute.engine.topology import pipeline_order
+
+    order = pipeline_order([to_group[s] for s in range(top.n_stages)], top.microbatches, top.schedule)
+    return _generated_schedule_class()(stages, top.microbatches, order, loss_fn=loss_fn, scale_grads=False)
+
+
+def _generated_schedule_class():
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+
+    class GeneratedSchedule(_PipelineScheduleRuntime):
+        """``torch.distributed.pipelining``'s multi-stage runtime on a given order (ranks of the pipeline group ->
+        ``(kind, stage, microbatch)`` actions): it adds the sends and receives, and checks the order."""
+
+        def __init__(self, stages: list, n_microbatches: int, order: Mapping[int, list[tuple[str, int, int]]],
+                     **kwargs: Any) -> None:
+            super().__init__(stages, n_microbatches, **kwargs)
+            self.pipeline_order = {r: [_Action(s, kinds[k], m) for k, s, m in acts] for r, acts in order.items()}
+            self._prepare_schedule_with_comms(self.pipeline_order)
+
+    return GeneratedSchedule
 
 
 def _aliases(module: nn.Module) -> dict[str, str]:
@@ -770,11 +861,11 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
     for name in original_names(module):
         mine.setdefault(aliases.get(name, name), []).append(name)
     held: list[Any] = [None] * top.world_size
-    dist.all_gather_object(held, (me.stage, sorted(mine)))
+    dist.all_gather_object(held, (me.held, sorted(mine)))
     stages_of: dict[str, set[int]] = {}
-    for stage, ns in held:
+    for stages, ns in held:
         for n in ns:
-            stages_of.setdefault(n, set()).add(stage)
+            stages_of.setdefault(n, set()).update(stages)
     by_stages: dict[tuple[int, ...], list[str]] = {}
     for n, ss in sorted(stages_of.items()):
         if len(ss) > 1:
@@ -787,7 +878,9 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
     for ss, ns in sorted(by_stages.items()):
         for r in range(top.dp):
             for t in range(top.tp):
-                ranks = sorted(top.mesh[s][r][t] for s in ss)
+                ranks = sorted({top.stage_rank(s, r, t) for s in ss})
+                if len(ranks) == 1:  # stages of one rank: LocalStages holds the weight once
+                    continue
                 group = dist.new_group(ranks)
                 if me.rank in ranks:
                     out.append((group, [params[local] for n in ns for local in mine.get(n, [])]))

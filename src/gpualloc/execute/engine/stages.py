@@ -71,7 +71,7 @@ def chain(gm: fx.GraphModule, graph: OpGraph, stage_of_node: np.ndarray | Sequen
     """
     assignment = np.asarray(stage_of_node, dtype=np.int64)
     n_stages = int(assignment.max()) + 1
-    sm = split_model(gm, graph, assignment)
+    sm = split_model(gm, graph, assignment, by_level=False)
     parts: dict[int, list[int]] = {}
     for st in sm.stages:
         parts.setdefault(st.device, []).append(st.index)

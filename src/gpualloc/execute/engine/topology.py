@@ -9,8 +9,10 @@ replica count and every replica with the same TP degree, and replica ``r`` takes
 every stage (pipeline ``r`` carries one fixed local batch from the first stage to the last). The ranks form
 a :class:`~torch.distributed.device_mesh.DeviceMesh` of that shape with dimensions ``("pp", "dp", "tp")``,
 whose entry ``[s, r, t]`` is the rank of device ``t`` of replica ``r`` of stage ``s``
-(:attr:`Topology.mesh`). An operator plan (one device per operator) is runnable when every device it uses
-runs one contiguous part of the graph's topological order: a pipeline with one replica per stage.
+(:attr:`Topology.mesh`). An operator plan (one device per operator) is a chain of stages with one replica each
+(:func:`~gpualloc.placement.hybrid.runnable.operator_chain`); a device the chain returns to holds several stages,
+so its mesh is ``(devices, 1, 1)`` in the order the chain first reaches them, and :meth:`Topology.stage_rank` maps
+a stage to its rank. :func:`pipeline_order` is the schedule of a rank that holds several stages.
 
 Unequal shares keep the gradient exact through :func:`loss_scale`: each rank's loss is the mean over its
 local samples times ``dp x local / global``, so DDP's (or FSDP's) average over the ``dp`` replicas is the
@@ -22,6 +24,7 @@ Everything here is pure (no processes, no torch): what cannot run is an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +38,7 @@ from gpualloc.placement.plan import OperatorPlan, Plan
 if TYPE_CHECKING:
     from gpualloc.graph.ir import OpGraph
 
-__all__ = ["PRECISIONS_RUN", "SHARDINGS_RUN", "RankSpec", "Topology", "loss_scale", "topology"]
+__all__ = ["PRECISIONS_RUN", "SHARDINGS_RUN", "RankSpec", "Topology", "loss_scale", "pipeline_order", "topology"]
 
 
 def loss_scale(local_batch: int, global_batch: int, dp: int) -> float:
@@ -57,7 +60,7 @@ class RankSpec:
     Attributes:
         rank: its rank in the job (``0 .. world_size - 1``).
         device: the plan's (cluster's) device index it stands for.
-        stage: its pipeline stage.
+        stage: its (first) pipeline stage.
         replica: its data-parallel replica (= its pipeline: a replica index is the same in every stage).
         tp_rank: its position in the replica's tensor-parallel group.
         local_batch: samples its pipeline takes per step (the replica's batch share).
@@ -72,6 +75,12 @@ class RankSpec:
     tp_rank: int
     local_batch: int
     microbatch: int
+    stages: tuple[int, ...] = ()
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Every stage it runs, in pipeline order (one, but for an operator plan that returns to its device)."""
+        return self.stages or (self.stage,)
 
 
 @dataclass(frozen=True)
@@ -80,13 +89,15 @@ class Topology:
 
     Attributes:
         kind: the plan's kind (``hybrid`` or ``assignment``).
-        pp, dp, tp: the mesh's shape.
+        pp, dp, tp: the mesh's shape (``pp`` is :attr:`n_stages` but for an operator plan that returns to a
+            device: then the number of devices it uses).
         global_batch, microbatches, schedule, sharding: the plan's.
         devices: plan device index of every rank (ascending).
         ranks: one :class:`RankSpec` per rank.
         mesh: ``mesh[s][r][t]``: the rank of device ``t`` of replica ``r`` of stage ``s``.
         layers: ``(first, last)`` layer of every stage (hybrid plans; empty for an operator plan).
-        stage_devices: the device of every stage (operator plans; empty for a hybrid plan).
+        stage_devices: the device of every stage (operator plans, a device repeated where the chain returns to it;
+            empty for a hybrid plan).
         node_stages: the stage of every graph node (operator plans; empty for a hybrid plan).
         recompute: whether activations are recomputed in the backward (hybrid plans).
     """
@@ -110,6 +121,17 @@ class Topology:
     @property
     def world_size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def n_stages(self) -> int:
+        """Pipeline stages (more than ``pp`` where a device holds several)."""
+        return len(self.stage_devices) if self.kind != "hybrid" else self.pp
+
+    def stage_rank(self, stage: int, replica: int = 0, tp_rank: int = 0) -> int:
+        """The rank that runs slice ``tp_rank`` of replica ``replica`` of ``stage``."""
+        if self.kind != "hybrid":
+            return self.rank_of(self.stage_devices[stage])
+        return self.mesh[stage][replica][tp_rank]
 
     def rank_of(self, device: int) -> int:
         """The rank that runs plan device ``device``."""
@@ -174,14 +196,64 @@ def _hybrid(plan: HybridPlan) -> Topology:
 
 
 def _operator(plan: OperatorPlan, graph: OpGraph) -> Topology:
-    order, _ = operator_chain(plan, graph)
-    pp = len(order)
-    devices = tuple(sorted(order))
+    node_stages, order, _ = operator_chain(plan, graph)
+    n = len(order)
+    devices = tuple(sorted(set(order)))
     rank = {d: i for i, d in enumerate(devices)}
-    mb = plan.global_batch // plan.microbatches if pp > 1 else -(-plan.global_batch // plan.microbatches)
-    specs = {rank[d]: RankSpec(rank[d], d, s, 0, 0, plan.global_batch, mb) for s, d in enumerate(order)}
-    mesh = tuple(((rank[d],),) for d in order)
-    return Topology("assignment", pp, 1, 1, plan.global_batch, plan.microbatches, plan.schedule, "none", devices,
-                    tuple(specs[r] for r in range(len(devices))), mesh, stage_devices=tuple(order),
-                    node_stages=tuple(order.index(int(d)) for d in plan.assignment))
+    mb = plan.global_batch // plan.microbatches if n > 1 else -(-plan.global_batch // plan.microbatches)
+    held = {d: tuple(s for s, e in enumerate(order) if e == d) for d in devices}
+    specs = [RankSpec(rank[d], d, held[d][0], 0, 0, plan.global_batch, mb, held[d]) for d in devices]
+    mesh = tuple(((rank[d],),) for d in dict.fromkeys(order))
+    return Topology("assignment", len(mesh), 1, 1, plan.global_batch, plan.microbatches, plan.schedule, "none",
+                    devices, tuple(specs), mesh, stage_devices=tuple(order), node_stages=tuple(node_stages))
 
+
+def pipeline_order(stage_ranks: Sequence[int], microbatches: int,
+                   schedule: str) -> dict[int, list[tuple[str, int, int]]]:
+    """Every rank's actions ``(kind, stage, microbatch)``, ``kind`` ``"F"`` (forward) or ``"B"`` (backward), for a
+    chain of stages where ``stage_ranks[s]`` runs stage ``s`` and a rank may run several.
+
+    A list schedule in unit steps: each rank takes one ready action per step; a forward is ready when the previous
+    stage's forward of that microbatch ran in an earlier step, a backward when its own forward and the next
+    stage's backward did. ``gpipe`` takes every ready forward first (all forwards, then all backwards); ``1f1b``
+    takes a ready backward first and lets stage ``s`` hold at most ``n - s`` microbatches forwarded but not yet
+    backwarded (1F1B's memory bound), earlier stages' forwards first. Every rank following its list in order
+    cannot deadlock: each action's inputs were made in an earlier step of the same simulation.
+    """
+    n, m = len(stage_ranks), microbatches
+    if n < 1 or m < 1:
+        raise EngineError(f"pipeline_order: {n} stages, {m} microbatches: both must be positive")
+    cap = [n - s if schedule == "1f1b" else m for s in range(n)]
+    f_next, b_next = [0] * n, [0] * n
+    done: dict[tuple[str, int, int], int] = {}
+    by_rank: dict[int, list[int]] = {}
+    for s, r in enumerate(stage_ranks):
+        by_rank.setdefault(r, []).append(s)
+    order: dict[int, list[tuple[str, int, int]]] = {r: [] for r in by_rank}
+    def ready(kind: str, s: int, step: int) -> bool:
+        if kind == "B":
+            k = b_next[s]
+            return (k < f_next[s] and done[("F", s, k)] < step
+                    and (s == n - 1 or done.get(("B", s + 1, k), step) < step))
+        k = f_next[s]
+        return k < m and k - b_next[s] < cap[s] and (s == 0 or done.get(("F", s - 1, k), step) < step)
+
+    step = 0
+    while any(b < m for b in b_next):
+        moved = False
+        for r, stages in by_rank.items():
+            backs = [("B", s) for s in reversed(stages) if ready("B", s, step)]
+            fores = [("F", s) for s in stages if ready("F", s, step)]
+            pick = (backs + fores) if schedule == "1f1b" else (fores + backs)
+            if not pick:
+                continue
+            kind, s = pick[0]
+            nxt = b_next if kind == "B" else f_next
+            order[r].append((kind, s, nxt[s]))
+            done[(kind, s, nxt[s])] = step
+            nxt[s] += 1
+            moved = True
+        if not moved:
+            raise EngineError(f"pipeline_order: no stage can move at step {step} ({n} stages, {m} microbatches)")
+        step += 1
+    return order

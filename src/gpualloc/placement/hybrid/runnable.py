@@ -11,9 +11,11 @@ executes:
   (``torch.distributed.pipelining`` sizes its buffers on the first one), and 1F1B has at least one
   microbatch per stage.
 
-An operator plan (one device per operator) is runnable when every device it uses runs one contiguous part of
-the graph's topological order (a pipeline with one replica per stage), under the same microbatch and schedule
-conditions.
+An operator plan (one device per operator) always has a chain of stages: :func:`operator_chain` orders the graph
+topologically, staying on a device while it has ready operators, and cuts it where the device changes. A device
+may hold several stages (a plan that returns to it); the engine then runs that rank's stages under one generated
+schedule (:func:`gpualloc.execute.engine.topology.pipeline_order`), so the 1F1B microbatch rule does not apply.
+Its batch must split into equal microbatches when it has more than one stage.
 
 :func:`reasons` lists every rule a plan breaks, each one line naming the field; the engine's
 :func:`~gpualloc.execute.engine.topology.topology` refuses with the first, and the hybrid planner
@@ -118,32 +120,48 @@ def _hybrid(plan: HybridPlan) -> list[str]:
     return out
 
 
-def operator_chain(plan: OperatorPlan, graph: OpGraph) -> tuple[list[int], str | None]:
-    """The devices of ``plan``'s stages in pipeline order (each device's operators contiguous in the graph's
-    topological order), and the reason it is no such chain (None when it is)."""
-    if len(plan.assignment) != len(graph.nodes):
-        return [], (f"plan: assignment: {len(plan.assignment)} nodes placed, graph {graph.name!r} has "
-                    f"{len(graph.nodes)}")
-    order: list[int] = []
-    for i in graph.topo_order:
-        d = int(plan.assignment[i])
-        if not order or order[-1] != d:
-            if d in order:
-                return order, (f"plan: assignment: device {d} runs two separate parts of the model (again at node "
-                               f"{graph.nodes[i].id!r}): the engine runs each device as one pipeline stage, so each "
-                               "device's operators must be contiguous in the graph's order")
-            order.append(d)
-    return order, None
+def operator_chain(plan: OperatorPlan, graph: OpGraph) -> tuple[list[int], list[int], str | None]:
+    """``plan``'s chain of stages: ``(stage of every node, device of every stage, why none)``.
+
+    A topological order of ``graph`` (Kahn's, ties by index) that runs on the current device while that device has
+    a ready operator, cut where the device changes: the fewest cuts such an order gives, each stage reading only
+    earlier stages. A device that the order leaves and comes back to holds several stages."""
+    n = len(graph.nodes)
+    if len(plan.assignment) != n:
+        return [], [], (f"plan: assignment: {len(plan.assignment)} nodes placed, graph {graph.name!r} has {n}")
+    import heapq
+
+    device = [int(d) for d in plan.assignment]
+    indeg = [len(p) for p in graph.predecessors]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, preds in enumerate(graph.predecessors):
+        for j in preds:
+            succ[j].append(i)
+    ready: dict[int, list[int]] = {}
+    for i in range(n):
+        if indeg[i] == 0:
+            heapq.heappush(ready.setdefault(device[i], []), i)
+    stage_of = [0] * n
+    stages: list[int] = []
+    while any(ready.values()):
+        here = stages[-1] if stages and ready.get(stages[-1]) else min(
+            (h[0], d) for d, h in ready.items() if h)[1]
+        if not stages or stages[-1] != here:
+            stages.append(here)
+        i = heapq.heappop(ready[here])
+        stage_of[i] = len(stages) - 1
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready.setdefault(device[j], []), j)
+    return stage_of, stages, None
 
 
 def _operator(plan: OperatorPlan, graph: OpGraph) -> list[str]:
-    order, why = operator_chain(plan, graph)
+    _, stages, why = operator_chain(plan, graph)
     if why is not None:
         return [why]
-    out = []
-    if len(order) > 1:
-        if plan.global_batch % plan.microbatches:
-            out.append(f"plan: microbatches: the batch of {plan.global_batch} does not split into "
-                       f"{plan.microbatches} equal microbatches, which torch.distributed.pipelining needs")
-        out += [r for r in (schedule_reason(plan.schedule, plan.microbatches, len(order)),) if r]
-    return out
+    if len(stages) > 1 and plan.global_batch % plan.microbatches:
+        return [f"plan: microbatches: the batch of {plan.global_batch} does not split into {plan.microbatches} "
+                "equal microbatches, which torch.distributed.pipelining needs"]
+    return []
