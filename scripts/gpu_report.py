@@ -10,11 +10,12 @@ counters do not see, as benchmarks/memory_accuracy.py compares), the caching all
 (``max_memory_reserved - max_memory_allocated``), and MFU: 3 x forward FLOPs of the captured graph per step over
 the device's FP32 peak (the runs train in FP32) and over its dense tensor-core peak.
 
-Two documents are read: an operator plan's run (and the retired queue runner's, in the archives of 2026-11-27:
-``devices[].memory``, ``batch_size``, ``error``, ``output_match``), and a hybrid plan's run on the torch-native
-engine (``gpualloc run --json`` with ``"runner": "engine"``, and ``gpualloc launch --json``: ``ranks[]``,
-``step_error``, ``checks``; the batch is the plan's ``global_batch``), step 3's ``run-*.out`` and step 5's
-``launch.out``.
+Two documents are read. Every run now is the torch-native engine's (``gpualloc run --json`` of any plan, op-level
+or hybrid, with ``"runner": "engine"``, and ``gpualloc launch --json``: ``ranks[]``, ``step_error``, ``checks``;
+the batch is the plan's ``global_batch``, an op-level file's ``batch_size``), step 3's ``run-*.out`` and step 5's
+``launch.out``. The archives of 2026-11-27 hold the retired queue runner's documents (``devices[].memory``,
+``batch_size``, ``error``, ``output_match``: op-level plans on ``gpualloc.execute.run``, hybrid ones on its hybrid
+runner, both deleted in issue 38); they are still read, their rows labelled ``queue runner``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _mfu(train_flops: float, step_s: float | None, dt) -> tuple[float | None, fl
 
 
 def _operator_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
-    """A run of the operator runner (or the retired queue runner): ``devices[]`` with ``memory``."""
+    """A run of the retired queue runner (an op-level or a hybrid plan, archives of 2026-11-27): ``devices[]`` with
+    ``memory``."""
     graph = capture_cached(r["model"], batch=int(r["batch_size"]))
     train_flops = 3.0 * float(sum(n.flops for n in graph.nodes))
     dev = r["devices"][0]  # the ranks of a run on one GPU measure alike
@@ -71,7 +73,7 @@ def _operator_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
     pred_peak = dev["predicted_peak_bytes"] - (reserve or 0.0)
     mfu_fp32, mfu_tensor = _mfu(train_flops, r["measured_step_s"], dt)
     return {
-        "call": call, "run": run, "runner": "queue runner" if plan.get("version") == 2 else "operators",
+        "call": call, "run": run, "runner": "queue runner",
         "model": r["model"],
         "batch": r["batch_size"], "plan_version": plan.get("version"), "method": plan.get("method"),
         "device": dev["torch_device"], "processes": len(r["devices"]),
@@ -87,16 +89,17 @@ def _operator_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
 
 
 def _engine_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
-    """A run on the torch-native engine (``gpualloc run`` of a v2 plan, ``gpualloc launch``): ``ranks[]``, whose
-    ``predicted_peak_bytes`` is already the simulator's peak less its reserve; rank 0's memory (the plan's first
-    device: a one-GPU plan has one rank)."""
-    batch = plan.get("global_batch")
+    """A run on the torch-native engine (``gpualloc run`` of an op-level or hybrid plan, ``gpualloc launch``):
+    ``ranks[]``, whose ``predicted_peak_bytes`` is already the simulator's peak less its reserve. One row a run:
+    the memory is the first GPU rank's (a one-GPU plan has one rank), rank 0's where no rank is on a GPU."""
+    batch = plan.get("global_batch") or plan.get("batch_size")
     if batch is None:  # the first stage's ranks carry the whole batch between them
         batch = sum(k["local_batch"] for k in r["ranks"] if k["stage"] == 0) // max(
             1, len({k.get("tp_rank", 0) for k in r["ranks"]}))
     graph = capture_cached(r["model"], batch=int(batch))
     train_flops = 3.0 * float(sum(n.flops for n in graph.nodes))
-    k = min(r["ranks"], key=lambda x: x["rank"])
+    ranks = sorted(r["ranks"], key=lambda x: x["rank"])
+    k = next((x for x in ranks if x["torch_device"].startswith("cuda")), ranks[0])
     checks = {name: c.get("ok") for name, c in (r.get("checks") or {}).items()}
     mfu_fp32, mfu_tensor = _mfu(train_flops, r["measured_step_s"], dt)
     return {

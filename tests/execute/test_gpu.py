@@ -1,14 +1,23 @@
-"""On a GPU: calibration within physical bounds, and a split ResNet-50 running on cuda + cpu."""
+"""On a GPU: calibration within physical bounds, and an operator plan split between cuda and cpu run by the engine
+(`gpualloc run`, torchrun)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpualloc.cost.microbench import calibrate_device, catalog_type_for
-from gpualloc.execute.run import execute_plan
 from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
+from gpualloc.placement.document import write_plan
+from gpualloc.placement.plan import OperatorPlan
+from gpualloc.placement.problem import PlacementProblem
 
 pytestmark = pytest.mark.gpu
 
@@ -26,15 +35,50 @@ def test_cuda_calibration_is_within_physical_bounds():
     assert {"device", "h2d", "d2h"} <= kinds
 
 
-def test_a_split_resnet50_runs_on_cuda_and_cpu(tmp_path):
-    gpu = catalog_type_for("cuda:0").name
+def operator_plan_on_gpu_and_cpu(tmp_path: Path, gpu: str, model: str = "gpt-tiny", batch: int = 4) -> Path:
+    """An op-level plan (file version 1) on a one-node cluster of one ``gpu`` and one cpu: the graph's first 80 %
+    in topological order on the GPU, the rest (the head) on the CPU; a two-stage pipeline, one rank each."""
     spec = tmp_path / "gpu-cpu.toml"
     spec.write_text(f'name = "gpu+cpu"\n[[nodes]]\ndevices = {{ "{gpu}" = 1, cpu = 1 }}\nlink = "pcie4"\n')
     cluster = load_cluster(spec)
-    graph = capture("resnet50", batch=4)
-    plan = (np.arange(len(graph)) >= int(0.8 * len(graph))).astype(np.int64)  # the head on the CPU
-    result = execute_plan("resnet50", graph, plan, cluster, microbatches=2, steps=2, warmup=1,
-                          torch_devices=["cuda:0", "cpu"])
-    assert result.output_match
-    assert [d.torch_device for d in result.devices] == ["cuda:0", "cpu"]
-    assert result.measured_step_s > 0 and result.predicted_step_s > 0
+    assert [d.type.name for d in cluster.devices] == [gpu, "cpu"]
+    graph = capture(model, batch=batch)
+    order = np.empty(len(graph), dtype=np.int64)
+    order[np.asarray(graph.topo_order)] = np.arange(len(graph))
+    assignment = (order >= int(0.8 * len(graph))).astype(np.int64)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, PlacementProblem(graph, cluster),
+               OperatorPlan(assignment, microbatches=2, schedule="1f1b", global_batch=batch), str(spec))
+    return plan
+
+
+def run_json(model: str, plan: Path, devices: str) -> dict:
+    """``gpualloc run MODEL --plan PLAN --json`` in a process of its own (the engine's torchrun under it)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    run = subprocess.run([sys.executable, "-m", "gpualloc.cli.main", "run", model, "--plan", str(plan), "--steps",
+                          "2", "--warmup", "1", "--devices", devices, "--json"], capture_output=True, text=True,
+                         env=env, timeout=300, start_new_session=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def assert_engine_ran(doc: dict, torch_devices: list[str]) -> None:
+    assert doc["runner"] == "engine" and doc["plan_version"] == 1 and doc["world_size"] == len(torch_devices)
+    ranks = sorted(doc["ranks"], key=lambda k: k["rank"])
+    assert [k["torch_device"] for k in ranks] == torch_devices
+    assert [k["stage"] for k in ranks] == list(range(len(torch_devices)))
+    assert doc["measured_step_s"] > 0 and doc["predicted_step_s"] > 0
+    assert all(k["measured_compute_s"] > 0 and k["predicted_compute_s"] > 0 for k in ranks)
+    assert {"output", "loss", "grad", "weights_after_step"} <= set(doc["checks"])
+    for name, check in doc["checks"].items():  # passed, or not run with the reason (dropout, BatchNorm)
+        assert check["ok"] is True or (check["ok"] is None and check["why_not"]), (name, check)
+
+
+@pytest.mark.slow
+def test_an_operator_plan_runs_on_the_engine_on_cuda_and_cpu(tmp_path):
+    # the retired queue runner's split-model test, now through the engine: rank 0 (the GPU type) on cuda:0 over
+    # NCCL, rank 1 (cpu) on the CPU; gpt-tiny has no dropout or BatchNorm, so every check runs and passes
+    plan = operator_plan_on_gpu_and_cpu(tmp_path, catalog_type_for("cuda:0").name)
+    doc = run_json("gpt-tiny", plan, "cuda:0,cpu")
+    assert_engine_ran(doc, ["cuda:0", "cpu"])
+    assert all(check["ok"] is True for check in doc["checks"].values()), doc["checks"]

@@ -1,5 +1,6 @@
-"""scripts/gpu_report.py reads both run documents of scripts/gpu-check.sh's archives (issue 38 / 39): the operator
-runner's (and the retired queue runner's, in the shipped H100 archives) and a hybrid plan's run on the engine."""
+"""scripts/gpu_report.py reads both run documents of scripts/gpu-check.sh's archives (issue 38 / 39): the retired
+queue runner's (op-level and hybrid plans, in the shipped H100 archives) and the engine's, which now runs every plan
+(a hybrid plan as step 3 runs it, an op-level plan as `gpualloc run` of a version 1 file)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +40,16 @@ def test_the_shipped_h100_archives_read_as_before(monkeypatch):
     assert len(rows) == len(shipped) == 8
     for got, want in zip(rows, shipped, strict=True):
         assert {k: got[k] for k in want} == want
-        assert got["runner"] == ("queue runner" if got["plan_version"] == 2 else "operators")
+        assert got["runner"] == "queue runner"  # op-level (v1) and hybrid (v2) plans alike: both runners retired
         assert got["checks"] is None
+
+
+def _run_json(ga: list[str], model: str, plan: Path, devices: str, env: dict) -> subprocess.CompletedProcess:
+    run = subprocess.run([*ga, "run", model, "--plan", str(plan), "--steps", "2", "--warmup", "0", "--devices",
+                          devices, "--json"], capture_output=True, env=env, timeout=240, text=True,
+                         start_new_session=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
 
 
 def _pack(path: Path, files: dict[str, bytes]) -> Path:
@@ -60,10 +70,7 @@ def test_an_engine_run_of_step_3_is_a_row(tmp_path):
     plan = tmp_path / "plan-gpt-tiny.json"
     subprocess.run([*ga, "place", "gpt-tiny", "--cluster", "1xcpu", "--batch", "2", "--method", "hybrid", "-o",
                     str(plan)], check=True, capture_output=True, env=env, timeout=120)
-    run = subprocess.run([*ga, "run", "gpt-tiny", "--plan", str(plan), "--steps", "2", "--warmup", "0", "--devices",
-                          "cpu", "--json"], capture_output=True, env=env, timeout=240, text=True,
-                         start_new_session=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run_json(ga, "gpt-tiny", plan, "cpu", env)
     # the archive as gpu-check.sh packs it: the plan's path is this machine's, the archive holds its file name
     archive = _pack(tmp_path / "gpu-check.tgz", {"plan-gpt-tiny.json": plan.read_bytes(),
                                                   "run-gpt-tiny.out": run.stdout.encode()})
@@ -79,3 +86,38 @@ def test_an_engine_run_of_step_3_is_a_row(tmp_path):
     assert row["peak_error"] == pytest.approx(row["predicted_peak_bytes"] / row["measured_peak_bytes"] - 1)
     assert row["allocator_slack_bytes"] is None  # on a CPU the probe's reserve is the baseline, not a slack
     assert row["train_flops"] > 0 and row["mfu_fp32"] > 0
+
+
+@pytest.mark.slow
+def test_an_engine_run_of_an_operator_plan_is_a_row(tmp_path):
+    # `gpualloc run` of an op-level plan (file version 1, whose batch is `batch_size`) now prints the engine's
+    # document, not the queue runner's: a two-stage pipeline on 2xcpu, the first 80 % of gpt-tiny's operators in
+    # topological order on device 0, the head on device 1
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.document import write_plan
+    from gpualloc.placement.plan import OperatorPlan
+    from gpualloc.placement.problem import PlacementProblem
+
+    graph = capture("gpt-tiny", batch=4)
+    order = np.empty(len(graph), dtype=np.int64)
+    order[np.asarray(graph.topo_order)] = np.arange(len(graph))
+    plan = tmp_path / "plan-gpt-tiny.json"
+    write_plan(plan, PlacementProblem(graph, load_cluster("2xcpu")),
+               OperatorPlan((order >= int(0.8 * len(graph))).astype(np.int64), microbatches=2, global_batch=4),
+               "2xcpu")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    run = _run_json([sys.executable, "-m", "gpualloc.cli.main"], "gpt-tiny", plan, "cpu,cpu", env)
+    archive = _pack(tmp_path / "gpu-check.tgz", {"plan-gpt-tiny.json": plan.read_bytes(),
+                                                  "run-gpt-tiny.out": run.stdout.encode()})
+    report = _report()
+    (row,) = report.runs(report._read(archive), "cpu", 1)
+    doc = json.loads(run.stdout)
+    assert doc["runner"] == "engine" and "devices" not in doc  # no queue-runner document any more
+    assert (row["runner"], row["plan_version"], row["batch"], row["processes"], row["device"]) == (
+        "engine", 1, 4, 2, "cpu")
+    assert row["checks"] == {"output": True, "loss": True, "grad": True, "weights_after_step": True}
+    rank0 = min(doc["ranks"], key=lambda k: k["rank"])
+    assert rank0["stage"] == 0 and row["measured_peak_bytes"] == rank0["measured_peak_bytes"] > 0
+    assert row["measured_step_s"] == doc["measured_step_s"] > 0 and row["predicted_step_s"] > 0
+    assert row["mfu_fp32"] > 0
