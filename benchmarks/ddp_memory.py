@@ -51,8 +51,7 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, model: str, shares: tuple[int, ...], sharding: str, port: int, out: str) -> None:
-    from gpualloc.execute.measure import MemoryProbe, tensor_bytes
-    from gpualloc.execute.worker import optimizer_state_bytes
+    from gpualloc.execute.measure import MemoryProbe, optimizer_state_bytes, tensor_bytes
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

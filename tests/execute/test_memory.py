@@ -1,14 +1,14 @@
 """The memory probe: a region's peak above the baseline, measured (glibc ``mallinfo2`` on the CPU, the caching
-allocator's peaks on a GPU), and what a worker reports from it."""
+allocator's peaks on a GPU), and the optimizer state counted from its tensors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpualloc.errors import ExecutionError
-from gpualloc.execute.measure import MemoryProbe, malloc_in_use_bytes
-from gpualloc.execute.worker import make_optimizer, optimizer_state_bytes
+from gpualloc.errors import EngineError
+from gpualloc.execute.engine.parallelize import OPTIMIZERS, wrap_replica
+from gpualloc.execute.measure import MemoryProbe, malloc_in_use_bytes, optimizer_state_bytes
 
 N = 48 << 20  # bytes: far above glibc's mmap threshold and any allocator noise
 
@@ -52,14 +52,14 @@ def test_the_peak_inside_an_autograd_backward_is_seen():
 def test_optimizer_state_is_counted_from_its_tensors_and_sgd_keeps_none():
     p = torch.nn.Parameter(torch.ones(1000))
     p.grad = torch.ones(1000)
-    adam = make_optimizer("adam", [p], 0.1)
+    adam = OPTIMIZERS["adam"]([p], lr=0.1)
     adam.step()
     assert optimizer_state_bytes(adam) >= 2 * 4000  # exp_avg and exp_avg_sq (and a step counter)
-    sgd = make_optimizer("sgd", [p], 0.1)
+    sgd = OPTIMIZERS["sgd"]([p], lr=0.1)
     sgd.step()
     assert optimizer_state_bytes(sgd) == 0
-    with pytest.raises(ExecutionError, match="optimizer: expected one of sgd, adam"):
-        make_optimizer("lamb", [p], 0.1)
+    with pytest.raises(EngineError, match="optimizer: expected one of sgd, adam"):
+        wrap_replica(torch.nn.Linear(2, 2), None, "none", "lamb", 0.1)
 
 
 @pytest.mark.gpu

@@ -34,22 +34,29 @@ def check_order(sm) -> None:
             assert name in sm.inputs or sm.producer[name] < stage.index
 
 
-def test_a_contiguous_plan_gives_one_stage_per_device_and_the_same_output(resnet):
+def test_two_halves_give_two_stages_and_the_same_output(resnet):
     graph, module, args = resnet
     sm = split_model(export_runnable(module, args, training=False).module, graph, halves(len(graph)))
-    assert [s.device for s in sm.stages] == [0, 1]
-    assert sm.devices == (0, 1)
+    assert [s.stage for s in sm.stages] == [0, 1]
     check_order(sm)
     assert set(sm.stages[0].node_ids) | set(sm.stages[1].node_ids) == set(graph.index)
     with torch.no_grad():
         torch.testing.assert_close(sm.run(*args)[0], module.eval()(*args))
 
 
-def test_a_back_and_forth_plan_splits_into_an_acyclic_chain_of_stages():
+def test_an_operator_plan_that_returns_to_a_device_cuts_into_its_chain_of_stages():
+    # device 0, 1, 0, 1 by quarters of the graph's order: operator_chain's stages, each reading only earlier ones
+    from gpualloc.placement.hybrid.runnable import operator_chain
+    from gpualloc.placement.plan import OperatorPlan
+
     graph = capture("bert-tiny", batch=2)
     module, args = build_model("bert-tiny", 2)
-    sm = split_model(export_runnable(module, args, training=False).module, graph, np.arange(len(graph)) % 2)
-    assert len(sm.stages) > 2
+    pos = {int(i): k for k, i in enumerate(graph.topo_order)}
+    plan = OperatorPlan(np.array([(4 * pos[i] // len(graph)) % 2 for i in range(len(graph))]), global_batch=2)
+    stage_of, devices, why = operator_chain(plan, graph)
+    assert why is None and devices == [0, 1, 0, 1]
+    sm = split_model(export_runnable(module, args, training=False).module, graph, np.asarray(stage_of))
+    assert [s.stage for s in sm.stages] == [0, 1, 2, 3]
     check_order(sm)
     with torch.no_grad():
         for got, want in zip(sm.run(*args), flat(module.eval()(*args)), strict=False):
@@ -102,7 +109,7 @@ def test_a_layer_granularity_plan_applies_through_module_paths(resnet):
     calls = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     assert set(calls) <= set(own) and set(own.values()) <= set(layer_graph.index)
     sm = split_model(export_runnable(module, args, training=False).module, layer_graph, halves(len(layer_graph)))
-    assert sm.devices == (0, 1)
+    assert [s.stage for s in sm.stages] == [0, 1]
     check_order(sm)
     with torch.no_grad():
         torch.testing.assert_close(sm.run(*args)[0], module.eval()(*args))

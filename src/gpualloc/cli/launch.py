@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from gpualloc.cli.common import console, output_file, print_json
+from gpualloc.cli.plan_inputs import is_cpu_type
 from gpualloc.limits import MAX_SEED, MAX_STEPS
 
 ENGINE_MODULE = "gpualloc.execute.engine"
@@ -83,7 +84,7 @@ def host_share(where: str, saved, cluster, *, nnodes: int, node_rank: int, cuda_
     if not 0 <= node_rank < nnodes:
         raise EngineError(f"--node-rank {node_rank}: expected 0..{nnodes - 1}")
     mine = tuple(d for d in used if cluster.devices[d].node == nodes[node_rank])
-    gpus = [d for d in mine if not _is_cpu(cluster.devices[d].type)]
+    gpus = [d for d in mine if not is_cpu_type(cluster.devices[d].type)]
     if gpus and cuda_count == 0:
         kinds = sorted({cluster.devices[d].type.name for d in gpus})
         raise EngineError(f"{where}: the plan puts ranks on {len(gpus)} {'/'.join(kinds)} GPU(s) "
@@ -96,7 +97,7 @@ def host_share(where: str, saved, cluster, *, nnodes: int, node_rank: int, cuda_
     torch_devices, g = [], 0
     for d in mine:
         dtype = cluster.devices[d].type
-        if _is_cpu(dtype):
+        if is_cpu_type(dtype):
             torch_devices.append("cpu")
             continue
         if cuda_names and g < len(cuda_names):
@@ -109,10 +110,6 @@ def host_share(where: str, saved, cluster, *, nnodes: int, node_rank: int, cuda_
         torch_devices.append(f"cuda:{g}")
         g += 1
     return HostShare(tuple(used.index(d) for d in mine), mine, tuple(torch_devices), len(used), len(nodes))
-
-
-def _is_cpu(dtype) -> bool:
-    return dtype.vendor == "cpu" or dtype.name == "cpu"
 
 
 def torchrun_command(plan: Path, model: str, share: HostShare, *, steps: int, warmup: int, seed: int,
@@ -296,9 +293,7 @@ def finish_run(out_dir: Path, saved, cluster, graph, the_plan, optimizer: str, c
     run = read_run(out_dir)
     used = plan_devices(saved)
     scored_with = Path(saved.calibration) if saved.calibration and Path(saved.calibration).is_file() else None
-    cpu_ranks = sum(1 for d in used if _is_cpu(cluster.devices[d].type))
-    cal, cal_info = _calibration(calibration or scored_with, no_calibrate, cluster, list(used), None,
-                                 threads * cpu_ranks or None, seed)
+    cal, cal_info = _calibration(calibration or scored_with, no_calibrate, cluster, list(used), threads, seed)
     prediction = predict_run(the_plan, graph, cluster, cal, optimizer=optimizer, use_profiles=use_profiles)
     rows = compare_run(run, prediction, cluster)
     if calibration_out is not None:

@@ -28,22 +28,17 @@ def model_graph(model: str, batch: int, node_ids) -> tuple[str, Any]:
     return model, capture_for_plan(model, batch, set(node_ids))
 
 
-def prediction_calibration(given: Path | None, no_calibrate: bool, cluster, assignment, torch_devices,
-                           threads: int | None, seed: int) -> tuple[Any, dict[str, Any]]:
-    """The calibration to predict with, and where it came from: ``{"path", "source"}`` with source
-    ``given``, ``cached``, ``fresh`` (a quick CPU calibration measured now) or ``shipped``."""
-    import numpy as np
-
+def prediction_calibration(given: Path | None, no_calibrate: bool, cluster, devices, threads_per_rank: int,
+                           seed: int) -> tuple[Any, dict[str, Any]]:
+    """The calibration to predict a run on ``devices`` (cluster indices) with, and where it came from: ``{"path",
+    "source"}`` with source ``given``, ``cached``, ``fresh`` (a quick CPU calibration measured now, at the
+    threads of one CPU rank, as many running at once as the run has CPU ranks) or ``shipped``."""
     from gpualloc.cost.microbench import QUICK_STEPS, cached_cpu_calibration
     from gpualloc.cost.model import Calibration
-    from gpualloc.execute.run import torch_devices_for, worker_threads
 
     if given is not None:
         return Calibration.load(given), {"path": str(given), "source": "given"}
-    placed = torch_devices_for(cluster, torch_devices)
-    used = {int(d): placed[int(d)] for d in np.unique(assignment)}
-    per_worker = worker_threads(used, threads)
-    cpu = [d for d, name in used.items() if name == "cpu"]
+    cpu = [d for d in dict.fromkeys(int(d) for d in devices) if is_cpu_type(cluster.devices[d].type)]
     if not cpu:
         return None, {"path": None, "source": "shipped"}
     if no_calibrate:
@@ -54,7 +49,7 @@ def prediction_calibration(given: Path | None, no_calibrate: bool, cluster, assi
     with progress_bar() as bar:
         task = bar.add_task("calibrating the CPU (once; cached)", total=QUICK_STEPS)
         cal, path, fresh = cached_cpu_calibration(
-            cache_folder(), threads=per_worker[cpu[0]], concurrent=len(cpu), seed=seed,
+            cache_folder(), threads=threads_per_rank, concurrent=len(cpu), seed=seed,
             progress=lambda label: bar.update(task, description=f"calibrating the CPU: {label}", advance=1))
     return cal, {"path": str(path), "source": "fresh" if fresh else "cached"}
 
@@ -71,3 +66,8 @@ def capture_for_plan(model: str, batch: int, ids: set[str]):
             if ids <= set(layer.index):
                 return layer
     return graph
+
+
+def is_cpu_type(dtype) -> bool:
+    """A device type that runs on the host's CPU (the engine places its rank on ``cpu``)."""
+    return dtype.vendor == "cpu" or dtype.name == "cpu"

@@ -1,9 +1,4 @@
-"""Plans on real devices: split a model by a placement plan, pipeline it over worker processes (one per
-device), check it against the unsplit model, and time its training steps beside the simulator's.
-
-``split`` cuts an exported model into stages, ``worker`` runs one device's stages, ``pipeline`` starts and
-drives the workers, ``measure`` times tasks, and ``run`` (:func:`gpualloc.execute.run.execute_plan`) ties
-them to a plan file and the simulator (operator plans, version 1). Hybrid plans (version 2) run on the
-torch-native engine under torchrun, :mod:`gpualloc.execute.engine`. Nothing is imported here: a worker process
-imports only what it runs.
+"""Plans on real devices: the torch-native engine (:mod:`gpualloc.execute.engine`) runs every plan, op-level or
+hybrid, under torchrun; ``split`` cuts an exported model into the engine's stages and ``measure`` takes a
+region's peak memory. Nothing is imported here: a rank imports only what it runs.
 """

@@ -1,27 +1,20 @@
-"""Timing and memory on real devices: CUDA events and the caching allocator's peaks on a GPU,
-``perf_counter`` and glibc's ``mallinfo2`` on the CPU; robust summaries.
+"""Memory on real devices: the caching allocator's peaks on a GPU, glibc's ``mallinfo2`` on the CPU.
 
-On a GPU, host timestamps around an op measure only its launch; the op's device time is between two
-``torch.cuda.Event`` records. :class:`TaskClock` hides the difference: ``start(key)`` / ``stop(key)``
-around each task, ``totals()`` once the device is synchronised. :class:`MemoryProbe` does the same for
-the peak memory of a region (a training step).
+:class:`MemoryProbe` measures the peak memory of a region (a training step) above a baseline, the same way on
+either device; :func:`synchronize` waits for a device before a host clock is read.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import statistics
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MemoryProbe", "MemoryReport", "Summary", "TaskClock", "malloc_in_use_bytes", "summarize",
-           "synchronize", "tensor_bytes"]
+__all__ = ["MemoryProbe", "malloc_in_use_bytes", "optimizer_state_bytes", "synchronize", "tensor_bytes"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -30,68 +23,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class TaskClock:
-    """Accumulated time per key on one device (CUDA events on ``cuda``, ``perf_counter`` elsewhere)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self._open: dict[object, object] = {}
-        self._spans: list[tuple[object, object, object]] = []
-        self._host: dict[object, float] = {}
-
-    def start(self, key: object) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._open[key] = event
-        else:
-            self._open[key] = time.perf_counter()
-
-    def stop(self, key: object) -> None:
-        begin = self._open.pop(key)
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._spans.append((key, begin, end))
-        else:
-            self._host[key] = self._host.get(key, 0.0) + time.perf_counter() - begin  # type: ignore[operator]
-
-    def totals(self) -> dict[object, float]:
-        """Seconds per key since the last call (synchronises a GPU first)."""
-        out = dict(self._host)
-        if self.cuda:
-            synchronize(self.device)
-            for key, begin, end in self._spans:
-                out[key] = out.get(key, 0.0) + begin.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
-        self._host.clear()
-        self._spans.clear()
-        return out
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Robust summary of repeated timings (seconds)."""
-
-    median_s: float
-    min_s: float
-    max_s: float
-    mean_s: float
-    n: int
-
-    def to_dict(self) -> dict[str, float | int]:
-        return {"median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s, "mean_s": self.mean_s,
-                "n": self.n}
-
-
-def summarize(samples: Sequence[float]) -> Summary:
-    """Median (the figure reported: robust to a noisy neighbour), min, max and mean of ``samples``."""
-    if not samples:
-        raise ValueError("no samples to summarize")
-    return Summary(statistics.median(samples), min(samples), max(samples), statistics.fmean(samples), len(samples))
-
-
-# ----------------------------------------------------------------------------------------- memory
 class _MallInfo2(ctypes.Structure):
     """glibc's ``struct mallinfo2`` (glibc >= 2.33; ``man 3 mallinfo2``): every field a ``size_t``."""
 
@@ -128,34 +59,12 @@ def tensor_bytes(tensors: Iterable[Any]) -> int:
     return int(sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor)))
 
 
-@dataclass(frozen=True)
-class MemoryReport:
-    """One worker's memory in a training step (bytes). ``weights``, ``grads`` and ``optimizer`` are counted
-    from the tensors; ``peak`` and ``reserve`` are measured (:class:`MemoryProbe`).
-
-    Attributes:
-        weights_bytes: its parameters (each once).
-        grads_bytes: their gradients when the optimizer steps.
-        optimizer_bytes: tensors in its optimizer's state (for ZeRO-1, this worker's shard only).
-        peak_bytes: the most its allocator held during the step, above the baseline taken before the
-            model was built.
-        reserve_bytes: the runtime's own memory, apart from the model: on the CPU, what ``malloc`` held at
-            the baseline (interpreter, torch, gloo); on a GPU, what the caching allocator reserved beyond
-            its allocated peak.
-        method: how ``peak`` was measured (``"mallinfo2"`` or ``"cuda"``).
-        peak_op: the aten op after which the CPU peak was sampled (where the peak is); "" on a GPU.
-    """
-
-    weights_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    peak_bytes: int
-    reserve_bytes: int
-    method: str
-    peak_op: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the tensors in ``optimizer``'s state (a ZeRO optimizer's local shard)."""
+    if optimizer is None:
+        return 0
+    local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
+    return tensor_bytes(v for state in local.state.values() for v in state.values())
 
 
 class _SampleAfterEveryOp(TorchDispatchMode):
@@ -187,9 +96,7 @@ class MemoryProbe:
       events would count only tensors allocated while it records, not the weights and optimizer state
       from before; ``mallinfo2`` sees everything, including gloo's buffers, which is the point of
       measuring. The sampling costs a Python call per op: run it on a step that is not timed.
-      The baseline (everything ``malloc`` held before the model was built) is the reserve; tensors in
-      shared memory (what the worker queues carry) are not ``malloc``-ed and not seen, so the runners copy
-      what they send and receive into the worker's own memory.
+      The baseline (everything ``malloc`` held before the model was built) is the reserve.
     * **CUDA**: ``torch.cuda.max_memory_allocated`` since ``reset_peak_memory_stats`` at the region's
       start, above the baseline's ``memory_allocated``; the reserve is ``max_memory_reserved`` minus
       ``max_memory_allocated`` (the caching allocator's slack).

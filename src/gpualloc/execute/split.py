@@ -1,16 +1,12 @@
-"""Cut an exported model into stages by a plan: one ``GraphModule`` per (device, level).
+"""Cut an exported model into a chain of stages: one ``GraphModule`` per stage.
 
-A plan assigns every captured graph node to a device; :func:`gpualloc.graph.runnable.owners` carries
-that to every fx node of the exported module. Nodes are then grouped into stages, as
-``torch.fx.passes.split_module`` does, but with a level that keeps the stage graph acyclic for any
-plan (not only contiguous ones):
-
-    level(v) = max over inputs u of level(u) + (1 if device(u) != device(v) else 0)
-
-and a stage is the set of nodes with one (level, device). A contiguous pipeline plan gives one stage
-per device; a plan that goes back and forth between devices gives a stage per visit. Each stage is a
-``GraphModule`` whose inputs are the values it reads from other stages (or the model's inputs) and
-whose outputs are the values other stages (or the model's output) read from it.
+A plan gives every captured graph node a stage (:meth:`gpualloc.execute.engine.topology.Topology.stage_assignment`:
+a hybrid plan's layer ranges, an operator plan's chain from
+:func:`gpualloc.placement.hybrid.runnable.operator_chain`), every node's stage at least its inputs';
+:func:`gpualloc.graph.runnable.owners` carries that to every fx node of the exported module, and a stage is the
+set of fx nodes with one stage. Each stage is a ``GraphModule`` whose inputs are the values it reads from other
+stages (or the model's inputs) and whose outputs are the values other stages (or the model's output) read from it
+(:mod:`gpualloc.execute.engine.stages` turns them into chain stages).
 
 Two details make stages trainable on their own: parameters read by several stages (tied weights) are
 copied into each, and a stage input that an op of the stage mutates in place (``relu_`` right after
@@ -38,9 +34,8 @@ class Stage:
     """One stage of a split model.
 
     Attributes:
-        index: position in ``SplitModel.stages`` (a topological order of the stage graph).
-        device: cluster device index that runs it.
-        level: its level (see the module docstring).
+        index: position in ``SplitModel.stages`` (stages in the assignment's order).
+        stage: the assignment's stage value it holds.
         module: the stage's ``GraphModule``; called with the values named by ``inputs``, it returns a
             tuple of the values named by ``outputs``.
         inputs: names of the values it reads (model inputs or other stages' outputs).
@@ -49,8 +44,7 @@ class Stage:
     """
 
     index: int
-    device: int
-    level: int
+    stage: int
     module: fx.GraphModule
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -77,11 +71,6 @@ class SplitModel:
     consumers: Mapping[str, tuple[int, ...]]
     differentiable: frozenset[str]
 
-    @property
-    def devices(self) -> tuple[int, ...]:
-        """Cluster devices that run at least one stage, in order of first stage."""
-        return tuple(dict.fromkeys(s.device for s in self.stages))
-
     def run(self, *args: torch.Tensor) -> tuple[object, ...]:
         """Run every stage in order in this process (a reference for the pipelined execution)."""
         values: dict[str, object] = dict(zip(self.inputs, args, strict=False))
@@ -91,57 +80,33 @@ class SplitModel:
         return tuple(values[name] for name in self.outputs)
 
 
-def node_devices(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> dict[str, int]:
-    """Device of every ``call_function`` node of ``gm``, from a plan's assignment of ``graph``'s nodes."""
+def node_stages(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> dict[str, int]:
+    """Stage of every ``call_function`` node of ``gm``, from a plan's assignment of ``graph``'s nodes."""
     own = owners(gm, graph)
     return {name: int(assignment[graph.index[node_id]]) for name, node_id in own.items()}
 
 
-def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray, *, by_level: bool = True) -> SplitModel:
+def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> SplitModel:
     """Cut ``gm`` (exported by :func:`gpualloc.graph.runnable.export_runnable`) by ``assignment``.
 
     Args:
         gm: the exported module.
         graph: the captured graph the plan was made for (same model; any batch, op or layer granularity).
-        assignment: device index per node of ``graph``.
-
-        by_level: cut by (level, device) (see the module docstring); False: ``assignment`` is already a chain of
-            stages (every node's stage at least its inputs'), cut by it as it is.
+        assignment: stage index per node of ``graph`` (see the module docstring).
 
     Raises:
         ExecutionError: the model's output is one of its inputs, or an fx node could not be placed.
     """
-    device = node_devices(gm, graph, assignment)
+    stage_of = node_stages(gm, graph, assignment)
     own = owners(gm, graph)
     nodes = list(gm.graph.nodes)
     calls = [n for n in nodes if n.op == "call_function"]
-    level: dict[str, int] = {}
     for n in calls:
-        if n.name not in device:
-            raise ExecutionError(f"fx node {n.name!r} of {graph.name!r} has no device")
-        lv = 0
-        for a in n.all_input_nodes:
-            if a.op == "call_function":
-                lv = max(lv, level[a.name] + (device[a.name] != device[n.name]))
-        level[n.name] = lv
-    # A node that reads no other op (an ``arange``, a ``num_batches_tracked`` increment) joins the
-    # latest level its users allow, or its owner's: otherwise it would open a stage of its own.
-    for n in calls:
-        if any(a.op == "call_function" for a in n.all_input_nodes):
-            continue
-        users = [u for u in n.users if u.op == "call_function"]
-        if users:
-            level[n.name] = max(0, min(level[u.name] - (device[u.name] != device[n.name]) for u in users))
-        elif own.get(n.name) in level:
-            level[n.name] = level[own[n.name]]
-    if not by_level:
-        level = dict(device)
-    first: dict[tuple[int, int], int] = {}
-    for i, n in enumerate(calls):
-        first.setdefault((level[n.name], device[n.name]), i)
-    keys = sorted(first, key=lambda key: (key[0], first[key]))
+        if n.name not in stage_of:
+            raise ExecutionError(f"fx node {n.name!r} of {graph.name!r} has no stage")
+    keys = sorted({stage_of[n.name] for n in calls})
     rank = {key: k for k, key in enumerate(keys)}
-    stage_of = {n.name: rank[(level[n.name], device[n.name])] for n in calls}
+    stage_of = {n.name: rank[stage_of[n.name]] for n in calls}
 
     out_node = next(n for n in nodes if n.op == "output")
     flat_out = [a for a in _flatten(out_node.args[0])]
@@ -161,7 +126,7 @@ def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray, *, b
         members = [n for n in calls if stage_of[n.name] == k]
         module, inputs, outputs = _stage_module(gm, members, stage_of, k, consumers, outputs_needed)
         ids = tuple(dict.fromkeys(own[n.name] for n in members if n.name in own))
-        stages.append(Stage(k, key[1], key[0], module, inputs, outputs, ids))
+        stages.append(Stage(k, key, module, inputs, outputs, ids))
 
     differentiable = frozenset(
         n.name for n in calls

@@ -155,7 +155,7 @@ def test_pipeline_order_runs_every_action_once_after_its_inputs(stage_ranks, m, 
                     moved = True
         assert moved, "deadlock"
     if schedule == "1f1b":  # stage s never holds more than n - s microbatches between its forward and backward
-        for r, mine in order.items():
+        for mine in order.values():
             for s in {s for _, s, _ in mine}:
                 live = peak = 0
                 for k, t, _ in mine:

@@ -378,12 +378,14 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, model_name: str) -> n
 
 
 # ---------------------------------------------------------------------------------------------- replica group
-def _optimizer_class(optimizer: str) -> type[torch.optim.Optimizer]:
-    from gpualloc.execute.worker import OPTIMIZERS
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+"""The optimizers the engine trains with, by name (torch's defaults but the learning rate)."""
 
+
+def _optimizer_class(optimizer: str) -> type[torch.optim.Optimizer]:
     if optimizer not in OPTIMIZERS:
         raise EngineError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    return OPTIMIZERS[optimizer]  # type: ignore[return-value]
+    return OPTIMIZERS[optimizer]
 
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
@@ -504,7 +506,7 @@ def _has_dtensor(module: nn.Module) -> bool:
 def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str, lr: float, *,
                  pipelined: bool = False, precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
     """``module`` made one replica of the data-parallel group ``dp_mesh`` (a 1-D DeviceMesh, or None), and its
-    optimizer (``optimizer`` names one of :data:`gpualloc.execute.worker.OPTIMIZERS`, with learning rate ``lr``):
+    optimizer (``optimizer`` names one of :data:`OPTIMIZERS`, with learning rate ``lr``):
 
     * ``"none"``: ``DistributedDataParallel`` over the group (gradients all-reduced and averaged, overlapped
       with the backward);

@@ -224,7 +224,7 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
     through fp32 master weights (:class:`~gpualloc.execute.engine.parallelize.MasterWeights`), the loss taken on
     fp32-cast outputs."""
     from gpualloc.execute.engine.parallelize import MasterWeights, bf16_recipe
-    from gpualloc.execute.worker import OPTIMIZERS
+    from gpualloc.execute.engine.parallelize import OPTIMIZERS
 
     device = next(module.parameters()).device
     tol = _tolerances(precision, device)
@@ -432,7 +432,7 @@ def _warm_up(device: torch.device, optimizer: str, *, export: bool) -> None:
     0.3 MB after this warm-up), and with ``--no-check`` (no unsplit reference step before the baseline) a first
     backward and optimizer step keep about 4 MB more (``gpt-tiny`` PP2 x DP2, SGD). That is the runtime's, paid
     here once. A GPU's probe counts CUDA tensors only and needs no warm-up."""
-    from gpualloc.execute.worker import OPTIMIZERS
+    from gpualloc.execute.engine.parallelize import OPTIMIZERS
     from gpualloc.graph.runnable import export_runnable
 
     class _Warm(nn.Module):

@@ -66,27 +66,22 @@ def chain(gm: fx.GraphModule, graph: OpGraph, stage_of_node: np.ndarray | Sequen
     ``graph.nodes[i]`` (:meth:`gpualloc.execute.engine.topology.Topology.stage_assignment`).
 
     Raises:
-        EngineError: the cut does not form a chain (a stage that reads a later stage's value, or a stage that
-            splits into two parts), or a stage has no operators.
+        EngineError: the cut does not form a chain (a stage that reads a later stage's value), or a stage has no
+            operators.
     """
     assignment = np.asarray(stage_of_node, dtype=np.int64)
     n_stages = int(assignment.max()) + 1
-    sm = split_model(gm, graph, assignment, by_level=False)
-    parts: dict[int, list[int]] = {}
-    for st in sm.stages:
-        parts.setdefault(st.device, []).append(st.index)
+    sm = split_model(gm, graph, assignment)
+    by_stage = {st.stage: st for st in sm.stages}
     for s in range(n_stages):
-        if s not in parts:
+        if s not in by_stage:
             raise EngineError(f"plan: stages[{s}]: the stage runs no operator of {graph.name!r}")
-        if len(parts[s]) > 1:
-            raise EngineError(f"plan: stages[{s}]: the stage's operators do not form one part of {graph.name!r} (a "
-                              "later stage feeds it): the engine runs stages as a chain")
-    own = [sm.stages[parts[s][0]] for s in range(n_stages)]
+    own = [by_stage[s] for s in range(n_stages)]
     for s, st in enumerate(own):
         for name in st.inputs:
-            if name in sm.producer and sm.stages[sm.producer[name]].device > s:
+            if name in sm.producer and sm.stages[sm.producer[name]].stage > s:
                 raise EngineError(f"plan: stages[{s}]: reads {name!r} from stage "
-                                  f"{sm.stages[sm.producer[name]].device}: the engine runs stages as a chain")
+                                  f"{sm.stages[sm.producer[name]].stage}: the engine runs stages as a chain")
     carried = _carried(sm, own)
     stages = tuple(_chain_stage(st, carried[s - 1] if s else sm.inputs, carried[s], s, s == n_stages - 1)
                    for s, st in enumerate(own))
