@@ -13,7 +13,8 @@
 # Each step has its own time limit; a failed step is recorded and the next one runs.
 set -u
 OUT=${OUT:-/tmp/gpu-check-out}  # the device tool brings back at most 8 files: everything goes to one archive there
-RES=$(mktemp -d /tmp/gpu-check.XXXXXX)
+RES=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+trap 'rm -rf "$RES"' EXIT  # everything it holds is in the archive (packed after every step)
 mkdir -p "$OUT"
 pack() { tar czf "$OUT/gpu-check.tgz.tmp" -C "$RES" . && mv "$OUT/gpu-check.tgz.tmp" "$OUT/gpu-check.tgz"; }
 REHEARSE=${GPU_CHECK_REHEARSE:-0}
@@ -64,7 +65,9 @@ step() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader 2>&1 || true
     "$PY" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())" 2>&1
 } > "$RES/env.txt"
-step import 60 "$PY" -c "import gpualloc.cli.main, gpualloc.execute.run, gpualloc.telemetry.nvml; print('ok')" \
+# the engine (every `gpualloc run` and `gpualloc launch` runs on it: the op-level queue runner is gone) and NVML
+step import 60 "$PY" -c "import gpualloc.cli.main, gpualloc.cli.run, gpualloc.cli.launch, gpualloc.execute.engine.rank, \
+gpualloc.execute.engine.record, gpualloc.execute.measure, gpualloc.telemetry.nvml; print('ok')" \
     || { cat "$RES/import.log"; exit 1; }  # nothing else can run: stop at once, so that a rerun has the time
 
 # 1. calibration: matmul peaks in FP32, TF32, FP16 and BF16, copies, and per-op times of the three models
@@ -76,7 +79,8 @@ CAL=()
 [ -s "$RES/calibration.json" ] && CAL=(--calibration "$RES/calibration.json")
 
 # 2. the gpu-marked tests (the files by name: collecting whole folders would import the service's modules,
-# whose packages the GPU machine may lack)
+# whose packages the GPU machine may lack): calibration on cuda:0, an op-level plan split between cuda:0 and the
+# CPU run by the engine (`gpualloc run`), the CUDA memory probe, NVML
 step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/execute/test_gpu.py tests/execute/test_memory.py \
     tests/telemetry/test_nvml.py --junitxml="$RES/tests.xml"
 
