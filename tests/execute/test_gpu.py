@@ -1,5 +1,5 @@
-"""On a GPU: calibration within physical bounds, and an operator plan split between cuda and cpu run by the engine
-(`gpualloc run`, torchrun)."""
+"""On a GPU: calibration within physical bounds, and an operator plan run on cuda:0 by the engine (`gpualloc run`,
+torchrun, NCCL). A plan that mixes the GPU and the CPU is refused in one line (tests/execute/test_run.py)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ def test_cuda_calibration_is_within_physical_bounds():
     assert {"device", "h2d", "d2h"} <= kinds
 
 
-def operator_plan_on_gpu_and_cpu(tmp_path: Path, gpu: str, model: str = "gpt-tiny", batch: int = 4) -> Path:
-    """An op-level plan (file version 1) on a one-node cluster of one ``gpu`` and one cpu: the graph's first 80 %
-    in topological order on the GPU, the rest (the head) on the CPU; a two-stage pipeline, one rank each."""
+def operator_plan_on_gpu_and_cpu(tmp_path: Path, gpu: str, model: str = "gpt-tiny", batch: int = 4,
+                                 on_cpu: float = 0.2) -> Path:
+    """An op-level plan (file version 1) on a one-node cluster of one ``gpu`` and one cpu: the graph's last
+    ``on_cpu`` share in topological order on the CPU, the rest on the GPU (``on_cpu=0``: all on the GPU)."""
     spec = tmp_path / "gpu-cpu.toml"
     spec.write_text(f'name = "gpu+cpu"\n[[nodes]]\ndevices = {{ "{gpu}" = 1, cpu = 1 }}\nlink = "pcie4"\n')
     cluster = load_cluster(spec)
@@ -45,7 +46,8 @@ def operator_plan_on_gpu_and_cpu(tmp_path: Path, gpu: str, model: str = "gpt-tin
     graph = capture(model, batch=batch)
     order = np.empty(len(graph), dtype=np.int64)
     order[np.asarray(graph.topo_order)] = np.arange(len(graph))
-    assignment = (order >= int(0.8 * len(graph))).astype(np.int64)
+    assignment = (order >= int((1 - on_cpu) * len(graph))).astype(np.int64) if on_cpu else np.zeros(len(graph),
+                                                                                                     np.int64)
     plan = tmp_path / "plan.json"
     write_plan(plan, PlacementProblem(graph, cluster),
                OperatorPlan(assignment, microbatches=2, schedule="1f1b", global_batch=batch), str(spec))
@@ -75,10 +77,10 @@ def assert_engine_ran(doc: dict, torch_devices: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_an_operator_plan_runs_on_the_engine_on_cuda_and_cpu(tmp_path):
-    # the retired queue runner's split-model test, now through the engine: rank 0 (the GPU type) on cuda:0 over
-    # NCCL, rank 1 (cpu) on the CPU; gpt-tiny has no dropout or BatchNorm, so every check runs and passes
-    plan = operator_plan_on_gpu_and_cpu(tmp_path, catalog_type_for("cuda:0").name)
+def test_an_operator_plan_runs_on_the_engine_on_cuda(tmp_path):
+    # the retired queue runner's split-model test, now through the engine: one rank on cuda:0 over NCCL; gpt-tiny
+    # has no dropout or BatchNorm, so every check runs and passes
+    plan = operator_plan_on_gpu_and_cpu(tmp_path, catalog_type_for("cuda:0").name, on_cpu=0.0)
     doc = run_json("gpt-tiny", plan, "cuda:0,cpu")
-    assert_engine_ran(doc, ["cuda:0", "cpu"])
+    assert_engine_ran(doc, ["cuda:0"])
     assert all(check["ok"] is True for check in doc["checks"].values()), doc["checks"]

@@ -72,3 +72,12 @@ def test_microbatches_must_divide_the_batch_and_devices_are_the_engines(tmp_path
     assert code == 2 and "equal microbatches" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli("run", "resnet-tiny", "--plan", plan, "--devices", "cpu,cuda:0")
     assert code == 2 and "CUDA_VISIBLE_DEVICES" in err
+
+
+def test_a_plan_that_mixes_gpus_and_the_cpu_is_one_line(tmp_path, cli):
+    # the engine runs a job on one backend: NCCL cannot carry a CPU rank's tensors, gloo no GPU's at full speed
+    from tests.execute.test_gpu import operator_plan_on_gpu_and_cpu
+
+    plan = operator_plan_on_gpu_and_cpu(tmp_path, "A100-80GB")
+    code, _, err = cli("run", "gpt-tiny", "--plan", plan)
+    assert code == 2 and "mixes GPUs" in err and len(err.strip().splitlines()) == 1

@@ -85,6 +85,11 @@ def host_share(where: str, saved, cluster, *, nnodes: int, node_rank: int, cuda_
         raise EngineError(f"--node-rank {node_rank}: expected 0..{nnodes - 1}")
     mine = tuple(d for d in used if cluster.devices[d].node == nodes[node_rank])
     gpus = [d for d in mine if not is_cpu_type(cluster.devices[d].type)]
+    if gpus and len(gpus) < len(used):
+        cpus = [d for d in used if is_cpu_type(cluster.devices[d].type)]
+        raise EngineError(f"{where}: the plan mixes GPUs ({cluster.devices[gpus[0]].label}, ...) and CPUs "
+                          f"({cluster.devices[cpus[0]].label}, ...): the engine runs every rank of a job on one "
+                          "backend (NCCL on GPUs, gloo on CPUs); plan on the GPUs or on the CPUs")
     if gpus and cuda_count == 0:
         kinds = sorted({cluster.devices[d].type.name for d in gpus})
         raise EngineError(f"{where}: the plan puts ranks on {len(gpus)} {'/'.join(kinds)} GPU(s) "
