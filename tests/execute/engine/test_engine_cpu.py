@@ -250,3 +250,22 @@ def test_operator_plan_that_returns_to_a_device_runs_its_stages_on_one_rank(tmp_
     _assert_matches(run.engine)
     assert run.engine["mesh"] == {"pp": 2, "dp": 1, "tp": 1}
     assert (run.rank(0)["stages"], run.rank(1)["stages"]) == ([0, 2], [1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, stage", [
+    ("bert-tiny", {"replicas": [{"devices": [0, 1], "tp": 2, "batch_share": 8}]}),  # dropout, sharded by head
+    ("resnet-tiny", {"replicas": [{"devices": [0], "batch_share": 5}, {"devices": [1], "batch_share": 3}]}),
+])
+def test_a_batch_coupled_model_is_checked_on_its_decoupled_variant(tmp_path, model, stage):
+    # dropout (BERT, under TP2) and BatchNorm (ResNet, DDP 5:3) make a split batch differ from the whole: the
+    # checked first step runs the variant with dropout off and BatchNorm on its running statistics, and matches
+    from gpualloc.placement.hybrid.layers import layer_of_node as layers_of
+
+    layers = int(layers_of(capture(model, batch=2, saved_activations=False)).max())
+    plan = write_plan(tmp_path / "plan.json", {"cluster": "4xA100", "global_batch": 8, "microbatches": 1,
+                                               "stages": [{"layers": [0, layers], **stage}]})
+    run = torchrun(2, plan, model, tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    assert all("running statistics" in check["variant"] for check in run.engine["checks"].values())
