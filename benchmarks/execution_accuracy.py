@@ -1,7 +1,7 @@
 """Predicted vs measured training step of split zoo models on real devices, after calibration.
 
 For each model, on a cluster of CPU devices (``2xcpu``: two engine ranks, the machine's threads split
-between them) and, where a GPU is present, on ``cuda:0`` + ``cpu``:
+between them) and, where the host has two CUDA devices of one type, on those two (``2x<GPU>``):
 
 1. calibrate the devices (``gpualloc calibrate``): microbenchmarks and per-op timings of every model
    at its microbatch size, with the threads one rank gets (``cli/launch.py:_threads``: the CPUs split
@@ -11,7 +11,7 @@ between them) and, where a GPU is present, on ``cuda:0`` + ``cpu``:
 3. run the plan on the torch-native engine under torchrun (``gpualloc run MODEL --plan PLAN --json``
    as a subprocess): ``--warmup`` + ``--steps`` training steps, the step being the median over steps of
    the slowest rank, and the engine's checks against the unsplit model (outputs, loss, gradients,
-   weights after one step; skipped for models with dropout or BatchNorm);
+   weights after one step; for models with dropout or BatchNorm, on their decoupled variant);
 4. compare the measured step with three predictions of the same plan
    (``engine/record.py:predict_run``): from the calibration's per-op profiles of the model (what
    ``gpualloc run`` reports by default), from the roofline fitted on all the models, and from the
@@ -34,7 +34,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,16 +60,20 @@ DEFAULT = ("resnet50:8:4", "bert-base:8:4", "gpt2-small:2:2")
 
 
 def setups() -> list[tuple[str, str, list[str]]]:
-    """(name, cluster spec, torch devices) to run on this machine."""
+    """(name, cluster spec, torch devices) to run on this machine: ``2xcpu``, and ``2x<GPU>`` on ``cuda:0`` and
+    ``cuda:1`` where the host has two CUDA devices of one catalog type (the engine refuses a plan that mixes GPUs
+    and CPUs: one backend per job, so one GPU cannot hold a two-stage pipeline with the CPU)."""
     out = [("cpu x2", "2xcpu", ["cpu", "cpu"])]
     if torch.cuda.is_available():
-        cat = default_catalog()
         from gpualloc.cost.microbench import catalog_type_for
 
-        gpu = catalog_type_for("cuda:0", cat).name
-        spec = Path(tempfile.mkdtemp()) / "gpu-cpu.toml"
-        spec.write_text(f'name = "gpu+cpu"\n[[nodes]]\ndevices = {{ "{gpu}" = 1, cpu = 1 }}\nlink = "pcie4"\n')
-        out.append(("cuda:0 + cpu", str(spec), ["cuda:0", "cpu"]))
+        cat = default_catalog()
+        types = [catalog_type_for(f"cuda:{i}", cat).name for i in range(min(2, torch.cuda.device_count()))]
+        if len(types) == 2 and types[0] == types[1]:
+            out.append((f"{types[0]} x2", f"2x{types[0]}", ["cuda:0", "cuda:1"]))
+        else:
+            print(f"no GPU setup: the engine needs two CUDA devices of one type for a GPU pipeline, this host has "
+                  f"{', '.join(types)}", flush=True)
     return out
 
 
@@ -130,7 +133,9 @@ def checks_verdict(checks: dict) -> tuple[bool | None, str]:
     if failed:
         return False, "NO: " + ", ".join(failed)
     if checks and all(isinstance(c, dict) and c.get("ok") is True for c in checks.values()):
-        return True, f"yes ({len(checks)})"
+        variant = any(isinstance(c, dict) and c.get("variant") for c in checks.values())
+        # a batch-coupled model (dropout, BatchNorm) is checked on its decoupled variant (engine/rank.py)
+        return True, f"yes ({len(checks)}{', decoupled variant' if variant else ''})"
     why = next((c.get("why_not") for c in checks.values() if isinstance(c, dict) and c.get("why_not")), None)
     return None, f"skipped: {why}" if why else "not checked"
 
@@ -156,10 +161,13 @@ def main() -> None:
         cal = Calibration.load()
         measurements = {}
         t0 = time.perf_counter()
-        for torch_device, dt in dict.fromkeys((d, cluster.devices[i].type.name) for i, d in enumerate(devices)):
+        first: dict[str, str] = {}  # each device type once, on its first torch device
+        for i, d in enumerate(devices):
+            first.setdefault(cluster.devices[i].type.name, d)
+        for dt, torch_device in first.items():  # a GPU ignores threads and neighbours
             m = measure_device(torch_device, default_catalog().device(dt), threads=per_rank,
                                models=[(name, b // k) for name, b, k in runs], repeats=args.repeats,
-                               concurrent=cpu_ranks,
+                               concurrent=max(1, cpu_ranks),
                                progress=lambda s, d=torch_device, setup=setup:
                                print(f"[{setup}] calibrate {d}: {s}", flush=True))
             eff, report = efficiency_from(m, default_catalog().device(dt))
