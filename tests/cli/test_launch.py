@@ -145,3 +145,40 @@ def test_launch_runs_the_plan_under_torchrun_and_closes_the_loop(tmp_path):
     assert all(c["ok"] for c in report["checks"].values()), report["checks"]
     assert len(report["ranks"]) == 2 and all(r["measured_compute_s"] > 0 for r in report["ranks"])
     assert report["scale"]["cpu"] > 0 and Calibration.load(cal).fit["engine_run"]["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_and_node_0_reports(tmp_path):
+    """Multi-node for real, on one host: a pipeline over two one-CPU nodes, each node's `gpualloc launch
+    --nnodes 2 --node-rank r` its own torchrun agent, meeting at node 0's address; node 0 reports the run."""
+    import json
+    import os
+    import signal
+
+    from tests.execute.engine.conftest import free_port
+
+    spec = tmp_path / "two.toml"
+    spec.write_text('name = "2nodes-cpu"\n[[nodes]]\ndevices = { cpu = 1 }\n[[nodes]]\ndevices = { cpu = 1 }\n')
+    path = tmp_path / "plan.json"
+    placed = runner.invoke(app, ["place", "gpt-tiny", "--cluster", str(spec), "--method", "pipeline",
+                                 "--microbatches", "2", "--batch", "8", "-o", str(path), "--json"])
+    assert placed.exit_code == 0, placed.output
+    port = free_port()
+    logs = {r: (tmp_path / f"node{r}.out", tmp_path / f"node{r}.err") for r in (0, 1)}  # files: no pipe fills up
+    procs = {r: subprocess.Popen([sys.executable, "-m", "gpualloc.cli.main", "launch", str(path), "--nnodes", "2",
+                                  "--node-rank", str(r), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                  "--out", str(tmp_path / "run"), "--steps", "1", "--warmup", "0", "--no-calibrate",
+                                  "--json"], stdout=logs[r][0].open("w"), stderr=logs[r][1].open("w"),
+                                 start_new_session=True) for r in (1, 0)}
+    try:
+        for p in procs.values():
+            p.wait(timeout=240)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+    assert all(p.returncode == 0 for p in procs.values()), [err.read_text()[-2000:] for _, err in logs.values()]
+    assert "node 0 reports" in logs[1][0].read_text()
+    report = json.loads(logs[0][0].read_text())
+    assert [r["device"] for r in sorted(report["ranks"], key=lambda r: r["rank"])] == ["n0.cpu.0", "n1.cpu.0"]
+    assert all(c["ok"] for c in report["checks"].values()), report["checks"]
