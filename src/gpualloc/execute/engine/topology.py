@@ -211,40 +211,48 @@ def _operator(plan: OperatorPlan, graph: OpGraph) -> Topology:
 def pipeline_order(stage_ranks: Sequence[int], microbatches: int,
                    schedule: str) -> dict[int, list[tuple[str, int, int]]]:
     """Every rank's actions ``(kind, stage, microbatch)``, ``kind`` ``"F"`` (forward) or ``"B"`` (backward), for a
-    chain of stages where ``stage_ranks[s]`` runs stage ``s`` and a rank may run several.
+    chain of stages where ``stage_ranks[s]`` runs stage ``s`` and a rank may run several: the schedule the
+    op-level simulator models (:mod:`gpualloc.placement.simulate`), in unit steps.
 
-    A list schedule in unit steps: each rank takes one ready action per step; a forward is ready when the previous
-    stage's forward of that microbatch ran in an earlier step, a backward when its own forward and the next
-    stage's backward did. ``gpipe`` takes every ready forward first (all forwards, then all backwards); ``1f1b``
-    takes a ready backward first and lets stage ``s`` hold at most ``n - s`` microbatches forwarded but not yet
-    backwarded (1F1B's memory bound), earlier stages' forwards first. Every rank following its list in order
-    cannot deadlock: each action's inputs were made in an earlier step of the same simulation.
+    Each rank takes one ready action per step; a forward is ready when the previous stage's forward of that
+    microbatch ran in an earlier step, a backward when its own forward and the next stage's backward did.
+    ``gpipe`` runs forwards first (microbatch, then stage) and a rank's backwards only after all its forwards;
+    ``1f1b`` runs the oldest microbatch first, and a rank admits a new microbatch (its first stage's forward) only
+    while fewer than its stage depth are in flight on it: ``n - s`` for a rank whose first stage is ``s`` of
+    ``n``, the simulator's limit on a chain. Every rank following its list in order cannot deadlock: each
+    action's inputs were made in an earlier step of the same simulation.
     """
     n, m = len(stage_ranks), microbatches
     if n < 1 or m < 1:
         raise EngineError(f"pipeline_order: {n} stages, {m} microbatches: both must be positive")
-    cap = [n - s if schedule == "1f1b" else m for s in range(n)]
     f_next, b_next = [0] * n, [0] * n
     done: dict[tuple[str, int, int], int] = {}
     by_rank: dict[int, list[int]] = {}
     for s, r in enumerate(stage_ranks):
         by_rank.setdefault(r, []).append(s)
-    order: dict[int, list[tuple[str, int, int]]] = {r: [] for r in by_rank}
+    cap = {r: n - stages[0] if schedule == "1f1b" else m for r, stages in by_rank.items()}
+
     def ready(kind: str, s: int, step: int) -> bool:
         if kind == "B":
             k = b_next[s]
             return (k < f_next[s] and done[("F", s, k)] < step
                     and (s == n - 1 or done.get(("B", s + 1, k), step) < step))
         k = f_next[s]
-        return k < m and k - b_next[s] < cap[s] and (s == 0 or done.get(("F", s - 1, k), step) < step)
+        return k < m and (s == 0 or done.get(("F", s - 1, k), step) < step)
 
+    order: dict[int, list[tuple[str, int, int]]] = {r: [] for r in by_rank}
     step = 0
     while any(b < m for b in b_next):
         moved = False
         for r, stages in by_rank.items():
-            backs = [("B", s) for s in reversed(stages) if ready("B", s, step)]
-            fores = [("F", s) for s in stages if ready("F", s, step)]
-            pick = (backs + fores) if schedule == "1f1b" else (fores + backs)
+            first = stages[0]
+            admit = f_next[first] - b_next[first] < cap[r]  # microbatches in flight on the rank
+            fores = [("F", s) for s in stages if ready("F", s, step) and (s != first or admit)]
+            backs = [("B", s) for s in stages if ready("B", s, step)]
+            if schedule == "gpipe":
+                pick = fores or (backs if all(f_next[s] == m for s in stages) else [])
+            else:  # the oldest microbatch first
+                pick = sorted(fores + backs, key=lambda a: ((f_next if a[0] == "F" else b_next)[a[1]], a[0] == "F"))
             if not pick:
                 continue
             kind, s = pick[0]
