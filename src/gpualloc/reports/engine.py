@@ -21,7 +21,7 @@ def _check_line(name: str, check: dict[str, Any]) -> str:
     ok = check.get("ok")
     verdict = "[green]yes[/]" if ok else ("[red]NO[/]" if ok is not None else "not checked")
     detail = ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
-                       for k, v in check.items() if k != "ok")
+                       for k, v in check.items() if k not in ("ok", "variant"))
     return f"{name} equals the unsplit model's: {verdict}" + (f" ({detail})" if detail else "")
 
 
@@ -34,7 +34,8 @@ def engine_run_view(report: dict[str, Any]) -> Group:
                 "predicted compute", "error", "measured peak", "predicted peak", "predicted reserve"):
         table.add_column(col, justify="left" if col in ("device", "torch") else "right")
     for r in report["ranks"]:
-        table.add_row(str(r["rank"]), r["device"], r["torch_device"], str(r["stage"]), str(r["replica"]),
+        table.add_row(str(r["rank"]), r["device"], r["torch_device"],
+                      ",".join(map(str, r.get("stages") or [r["stage"]])), str(r["replica"]),
                       str(r["local_batch"]), ms(r["measured_step_s"]), ms(r["measured_compute_s"]),
                       ms(r["predicted_compute_s"]), signed_pct(r["compute_error"]), _bytes(r["measured_peak_bytes"]),
                       _bytes(r["predicted_peak_bytes"]), _bytes(r["predicted_reserve_bytes"]))
@@ -46,6 +47,8 @@ def engine_run_view(report: dict[str, Any]) -> Group:
         f"{signed_pct(err) if err is not None else '-'}",
         *(_check_line(name, check) for name, check in (report.get("checks") or {}).items()
           if isinstance(check, dict)),
+        *sorted({f"checked on the model's variant: {c['variant']}" for c in (report.get("checks") or {}).values()
+                 if isinstance(c, dict) and c.get("variant")}),
         "peak memory: measured above the process's baseline, predicted without the framework reserve",
     ]
     if cal:

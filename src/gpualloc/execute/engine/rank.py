@@ -711,9 +711,10 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
             check["variant"] = CHECK_VARIANT
         del trainer
         gc.collect()
-        ref, why_not = None, "checked on the decoupled variant"
     trainer = _Trainer(args, top, me, graph, mesh, build, device, precision, aliases, loss, x, y)
-    first_checks, first_opt_s, local_loss = trainer.first_step(ref, why_not, count)
+    # (the reference stays alive, as it does unchecked: it is part of the memory baseline taken before)
+    first_checks, first_opt_s, local_loss = (trainer.first_step(ref, why_not, count) if decoupled is None else
+                                             trainer.first_step(None, "checked on the decoupled variant", count))
     if decoupled is None:
         checks = first_checks
     train_step, opt, clock = trainer.train_step, trainer.opt, trainer.clock

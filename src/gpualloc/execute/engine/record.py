@@ -66,6 +66,12 @@ class RankRecord:
     peak_memory_bytes: int | None
     peak_reserved_bytes: int | None
     loss: float | None
+    stages: tuple[int, ...] = ()
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Every stage the rank ran (several where an operator plan returns to its device)."""
+        return self.stages or (self.stage,)
 
     @property
     def compute_s(self) -> float:
@@ -130,7 +136,16 @@ def _rank_record(path: Path) -> RankRecord:
         optimizer_s=float(_field(doc, "optimizer_s", num, where, minimum=0)),
         peak_memory_bytes=_field(doc, "peak_memory_bytes", int, where, optional=True, minimum=0),
         peak_reserved_bytes=_field(doc, "peak_reserved_bytes", int, where, optional=True, minimum=0),
-        loss=_field(doc, "loss", num, where, optional=True))
+        loss=_field(doc, "loss", num, where, optional=True),
+        stages=tuple(_stages(doc, where)))
+
+
+def _stages(doc: Mapping[str, Any], where: str) -> list[int]:
+    """The optional ``stages`` list (records from before it default to the one ``stage``)."""
+    held = _field(doc, "stages", list, where, optional=True) or []
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in held):
+        raise EngineError(f"{where}: stages: expected a list of stage indices >= 0, got {held!r}")
+    return held
 
 
 def read_run(folder: str | Path) -> EngineRun:
@@ -221,6 +236,7 @@ class RankComparison:
     predicted_peak_bytes: float
     predicted_reserve_bytes: float
     measured_reserve_bytes: int | None
+    stages: tuple[int, ...] = ()
 
     @property
     def compute_error(self) -> float | None:
@@ -251,7 +267,7 @@ def compare_run(run: EngineRun, prediction: Prediction, cluster: ClusterSpec) ->
                               f"{r.device} ({dev.label}) is a {dev.type.name}")
         out.append(RankComparison(
             rank=r.rank, device=r.device, label=dev.label, device_type=r.device_type, torch_device=r.torch_device,
-            stage=r.stage, replica=r.replica, local_batch=r.local_batch,
+            stage=r.stage, stages=r.held, replica=r.replica, local_batch=r.local_batch,
             measured_step_s=float(statistics.median(r.step_times_s)), measured_compute_s=r.compute_s,
             predicted_compute_s=prediction.busy_s[r.device], measured_peak_bytes=r.peak_memory_bytes,
             predicted_peak_bytes=prediction.peak_mem_bytes[r.device],
@@ -351,8 +367,9 @@ def run_summary(run: EngineRun, rows: Sequence[RankComparison], prediction: Pred
         "step_error": prediction.step_time_s / measured - 1.0 if measured > 0 else None,
         "prediction": prediction.how, "checks": dict(run.checks),
         "ranks": [{"rank": r.rank, "device": r.label, "device_type": r.device_type, "torch_device": r.torch_device,
-                   "stage": r.stage, "replica": r.replica, "local_batch": r.local_batch,
-                   "measured_step_s": r.measured_step_s, "measured_compute_s": r.measured_compute_s,
+                   "stage": r.stage, "stages": list(r.stages or (r.stage,)), "replica": r.replica,
+                   "local_batch": r.local_batch, "measured_step_s": r.measured_step_s,
+                   "measured_compute_s": r.measured_compute_s,
                    "predicted_compute_s": r.predicted_compute_s, "compute_error": r.compute_error,
                    "measured_peak_bytes": r.measured_peak_bytes, "predicted_peak_bytes": r.predicted_tensor_bytes,
                    "predicted_reserve_bytes": r.predicted_reserve_bytes,
