@@ -327,7 +327,8 @@ def build_tasks(problem: PlacementProblem, assignment: np.ndarray, *, gpipe: boo
 
 def inflight_limits(graph: OpGraph, assignment: np.ndarray, k: int, M: int) -> np.ndarray:
     """1F1B in-flight microbatch limit of each of the ``k`` devices for ``assignment`` (node -> device):
-    what the simulator uses, and what ``gpualloc run``'s workers obey (see :func:`_limits`)."""
+    what the simulator uses, and what the engine's generated schedule obeys
+    (:func:`gpualloc.execute.engine.topology.pipeline_order`; see :func:`_limits`)."""
     pos = np.empty(len(graph), dtype=np.int64)
     pos[graph.topo_order] = np.arange(len(graph))
     return _limits(np.asarray(assignment, dtype=np.int64), graph.edge_src, graph.edge_dst, pos, k, M)

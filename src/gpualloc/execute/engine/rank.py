@@ -885,7 +885,8 @@ def _schedule(top: Topology, me: RankSpec, module: nn.Module, mesh, device: torc
         return kind(stages[0], top.microbatches, loss_fn=loss_fn, scale_grads=False)
     from gpualloc.execute.engine.topology import pipeline_order
 
-    order = pipeline_order([to_group[s] for s in range(top.n_stages)], top.microbatches, top.schedule)
+    limits = {to_group[s]: top.limits[top.stage_rank(s)] for s in range(top.n_stages)} if top.limits else None
+    order = pipeline_order([to_group[s] for s in range(top.n_stages)], top.microbatches, top.schedule, limits)
     return _generated_schedule_class()(stages, top.microbatches, order, loss_fn=loss_fn, scale_grads=False)
 
 

@@ -24,7 +24,7 @@ Everything here is pure (no processes, no torch): what cannot run is an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,6 +99,8 @@ class Topology:
         stage_devices: the device of every stage (operator plans, a device repeated where the chain returns to it;
             empty for a hybrid plan).
         node_stages: the stage of every graph node (operator plans; empty for a hybrid plan).
+        limits: every rank's 1F1B in-flight microbatch limit, the simulator's
+            (:func:`gpualloc.placement.simulate.inflight_limits`; operator plans; empty for a hybrid plan).
         recompute: whether activations are recomputed in the backward (hybrid plans).
     """
 
@@ -116,6 +118,7 @@ class Topology:
     layers: tuple[tuple[int, int], ...] = ()
     stage_devices: tuple[int, ...] = ()
     node_stages: tuple[int, ...] = ()
+    limits: tuple[int, ...] = ()
     recompute: bool = False
 
     @property
@@ -204,12 +207,16 @@ def _operator(plan: OperatorPlan, graph: OpGraph) -> Topology:
     held = {d: tuple(s for s, e in enumerate(order) if e == d) for d in devices}
     specs = [RankSpec(rank[d], d, held[d][0], 0, 0, plan.global_batch, mb, held[d]) for d in devices]
     mesh = tuple(((rank[d],),) for d in dict.fromkeys(order))
+    from gpualloc.placement.simulate import inflight_limits
+
+    limit = inflight_limits(graph, plan.assignment, max(devices) + 1, plan.microbatches)
     return Topology("assignment", len(mesh), 1, 1, plan.global_batch, plan.microbatches, plan.schedule, "none",
-                    devices, tuple(specs), mesh, stage_devices=tuple(order), node_stages=tuple(node_stages))
+                    devices, tuple(specs), mesh, stage_devices=tuple(order), node_stages=tuple(node_stages),
+                    limits=tuple(int(limit[d]) for d in devices))
 
 
-def pipeline_order(stage_ranks: Sequence[int], microbatches: int,
-                   schedule: str) -> dict[int, list[tuple[str, int, int]]]:
+def pipeline_order(stage_ranks: Sequence[int], microbatches: int, schedule: str,
+                   limits: Mapping[int, int] | None = None) -> dict[int, list[tuple[str, int, int]]]:
     """Every rank's actions ``(kind, stage, microbatch)``, ``kind`` ``"F"`` (forward) or ``"B"`` (backward), for a
     chain of stages where ``stage_ranks[s]`` runs stage ``s`` and a rank may run several: the schedule the
     op-level simulator models (:mod:`gpualloc.placement.simulate`), in unit steps.
@@ -218,9 +225,11 @@ def pipeline_order(stage_ranks: Sequence[int], microbatches: int,
     microbatch ran in an earlier step, a backward when its own forward and the next stage's backward did.
     ``gpipe`` runs forwards first (microbatch, then stage) and a rank's backwards only after all its forwards;
     ``1f1b`` runs the oldest microbatch first, and a rank admits a new microbatch (its first stage's forward) only
-    while fewer than its stage depth are in flight on it: ``n - s`` for a rank whose first stage is ``s`` of
-    ``n``, the simulator's limit on a chain. Every rank following its list in order cannot deadlock: each
-    action's inputs were made in an earlier step of the same simulation.
+    while fewer than ``limits[rank]`` are in flight on it (the simulator's, :attr:`Topology.limits`; default its
+    stage depth on a chain, ``n - s`` for a rank whose first stage is ``s`` of ``n``). A limit below the chain's
+    depth only stalls: a rank's later stages are not admitted, so the oldest microbatch's backward always comes
+    back. Every rank following its list in order cannot deadlock: each action's inputs were made in an earlier
+    step of the same simulation.
     """
     n, m = len(stage_ranks), microbatches
     if n < 1 or m < 1:
@@ -230,7 +239,8 @@ def pipeline_order(stage_ranks: Sequence[int], microbatches: int,
     by_rank: dict[int, list[int]] = {}
     for s, r in enumerate(stage_ranks):
         by_rank.setdefault(r, []).append(s)
-    cap = {r: n - stages[0] if schedule == "1f1b" else m for r, stages in by_rank.items()}
+    cap = {r: max(1, (limits or {}).get(r, n - stages[0])) if schedule == "1f1b" else m
+           for r, stages in by_rank.items()}
 
     def ready(kind: str, s: int, step: int) -> bool:
         if kind == "B":
