@@ -623,8 +623,8 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
 def set_tf32(allowed: bool) -> tuple[bool, bool]:
     """Allow or forbid TF32 in CUDA matmuls and cuDNN convolutions; the flags before, to restore them.
 
-    FP32 means FP32 wherever gpualloc measures or trains: calibration, and the workers of ``gpualloc run``
-    (the check compares with a CPU reference, and the plans are scored in FP32). PyTorch's own default leaves
+    FP32 means FP32 wherever gpualloc measures or trains: calibration, and the engine's ranks for every plan but
+    a tf32 one (the plans are scored in their precision). PyTorch's own default leaves
     TF32 on for cuDNN alone: on an H100, a ResNet-50 step at batch 64 took 37.3 ms with it on against 80.6 ms
     off (docs/execution.md)."""
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)

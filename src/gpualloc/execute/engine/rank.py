@@ -304,16 +304,19 @@ def _fp32(outputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
 
 def _set_precision(precision: str, device: torch.device) -> None:
     """Per process: TF32 matmuls and convolutions on CUDA for a tf32 plan (fp32 storage; ``torch.backends``'
-    switches, ``torch.set_float32_matmul_precision("high")``); a CPU has no TF32, so there tf32 is fp32. fp16
+    switches, ``torch.set_float32_matmul_precision("high")``), and off for every other plan, as the calibration
+    measures (:func:`gpualloc.cost.microbench.set_tf32`: PyTorch leaves cuDNN's TF32 on by default, which would
+    run an fp32 plan's convolutions in TF32); a CPU has no TF32, so there tf32 is fp32. fp16
     needs CUDA (a CPU's float16 autocast is not a training recipe) and a gradient scaler, which the rule
     (:data:`~gpualloc.placement.hybrid.runnable.PRECISIONS_RUN`) does not admit yet."""
     if precision == "fp16" and device.type != "cuda":
         raise EngineError("plan: precision: fp16 trains on CUDA only (with a gradient scaler); this rank has no "
                           "GPU: plan bf16 or fp32")
-    if precision == "tf32" and device.type == "cuda":
-        torch.set_float32_matmul_precision("high")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cuda":
+        from gpualloc.cost.microbench import set_tf32
+
+        set_tf32(precision == "tf32")
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
 
 
 def _grad_error(got: Mapping[str, Tensor], ref: _Reference) -> tuple[float, bool]:
