@@ -57,11 +57,11 @@ def test_reasons_lists_every_broken_rule_and_none_for_a_grid():
     assert not runnable(bad)
 
 
-def test_operator_plans_need_a_contiguous_chain_and_their_graph():
+def test_operator_plans_run_whatever_their_chain_and_need_their_graph():
     g = chain_graph(4)
     assert reasons(OperatorPlan(np.array([2, 2, 0, 0]), microbatches=2, global_batch=8), g) == []
-    assert "device 0 runs two separate parts" in reasons(OperatorPlan(np.array([0, 1, 0, 1]), 2, global_batch=8),
-                                                         g)[0]
+    assert reasons(OperatorPlan(np.array([0, 1, 0, 1]), 2, global_batch=8), g) == []  # returns to its devices
+    assert reasons(OperatorPlan(np.array([0, 1, 0, 1]), 1, schedule="1f1b", global_batch=8), g) == []
     assert "does not split into 3" in reasons(OperatorPlan(np.array([0, 0, 1, 1]), 3, global_batch=8), g)[0]
     assert "needs the graph" in reasons(OperatorPlan(np.array([0, 1]), global_batch=8))[0]
 
