@@ -66,7 +66,8 @@ def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache
     plan = _plan(tmp_path)
     screen = io.StringIO()
     monkeypatch.setattr(common, "err_console", Console(file=screen, force_terminal=True, width=120))
-    args = ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0", "--threads", "2", "--json"]
+    args = ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0", "--threads", "2",
+            "--no-check", "--json"]  # (the checks are not this test's: they cost a second build of the model)
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     doc = json.loads(first.stdout)  # stdout is pure JSON; the progress went to the (terminal) stderr
@@ -89,7 +90,7 @@ def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache
 def test_no_calibrate_warns_in_one_line_and_uses_the_shipped_guess(tmp_path, private_cache):
     plan = _plan(tmp_path)
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
-                                 "--threads", "2", "--no-calibrate", "--json"])
+                                 "--threads", "2", "--no-calibrate", "--no-check", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["calibration"] == {"path": None, "source": "shipped"}
     # (a slow run also prints progress lines, "...elapsed...", every 10 s: stderr is not a terminal here)
@@ -104,7 +105,7 @@ def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
     Calibration.load().save(cal)
     plan = _plan(tmp_path)
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
-                                 "--threads", "2", "--calibration", str(cal), "--json"])
+                                 "--threads", "2", "--calibration", str(cal), "--no-check", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["calibration"] == {"path": str(cal), "source": "given"}
     assert not list(private_cache.glob("cpu-*.json"))
@@ -115,7 +116,7 @@ def test_the_quick_calibration_predicts_far_closer_than_the_shipped_guess(tmp_pa
     plan = _plan(tmp_path, batch=8)
     quick, _, _ = cached_cpu_calibration(private_cache, threads=1, concurrent=2)
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "3", "--warmup", "1",
-                                 "--threads", "2", "--no-calibrate", "--json"])
+                                 "--threads", "2", "--no-calibrate", "--no-check", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     cluster, graph = load_cluster("2xcpu"), capture("resnet-tiny", batch=8)

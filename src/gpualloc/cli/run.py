@@ -53,6 +53,8 @@ def run_cmd(
     precision: str = typer.Option(None, "--precision",
                                   help="Training precision (default: the plan's): the engine trains in fp32, "
                                        "tf32 or bf16; another is refused in one line."),
+    check: bool = typer.Option(True, "--check/--no-check",
+                               help="Check loss, gradients and one step's weights against the unsplit model."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a placement plan on real devices and compare the measured step time with the prediction.
@@ -79,12 +81,12 @@ def run_cmd(
                               global_batch=batch)
     _run_on_engine(plan, saved, clus, model_name, graph, the_plan, cluster=cluster, steps=steps, warmup=warmup,
                    seed=seed, threads=threads, calibration=calibration, no_calibrate=no_calibrate, roofline=roofline,
-                   as_json=as_json, devices=devices)
+                   as_json=as_json, devices=devices, check=check)
 
 
 def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *, cluster: str | None, steps: int,
                    warmup: int, seed: int, threads: int | None, calibration: Path | None, no_calibrate: bool,
-                   roofline: bool, as_json: bool, devices: str | None = None) -> None:
+                   roofline: bool, as_json: bool, devices: str | None = None, check: bool = True) -> None:
     """A plan through the torch-native engine, as ``gpualloc launch`` runs it on one host (its functions: one code
     path): refused in one line before anything starts where the engine or this host cannot run it, else torchrun
     on this host's devices, then measured against predicted step time, compute and peak memory per rank, and the
@@ -121,7 +123,7 @@ def _run_on_engine(plan: Path, saved, clus, model_name: str, graph, the_plan, *,
                                          seed=seed))
         top.stage_assignment(graph)  # the plan's layers are the model's (a one-stage plan's ranks do not cut it)
         cmd = torchrun_command(plan, model_name, share, steps=steps, warmup=warmup, seed=seed, optimizer=optimizer,
-                               lr=None, out=out / "ranks", check=True, node_rank=0, master_addr=None,
+                               lr=None, out=out / "ranks", check=check, node_rank=0, master_addr=None,
                                master_port=None, cluster=cluster) + ["--graph", str(graph_file)]
         per_rank = _threads(share, threads)
         (out / "ranks").mkdir()
