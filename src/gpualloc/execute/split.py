@@ -60,16 +60,12 @@ class SplitModel:
         inputs: names of the model's (flat) inputs, in call order.
         outputs: names of the model's (flat) outputs, in order.
         producer: value name -> index of the stage producing it (model inputs are absent).
-        consumers: value name -> indices of the stages reading it.
-        differentiable: names of floating-point tensor values (gradients flow back through them).
     """
 
     stages: tuple[Stage, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     producer: Mapping[str, int]
-    consumers: Mapping[str, tuple[int, ...]]
-    differentiable: frozenset[str]
 
     def run(self, *args: torch.Tensor) -> tuple[object, ...]:
         """Run every stage in order in this process (a reference for the pipelined execution)."""
@@ -128,16 +124,11 @@ def split_model(gm: fx.GraphModule, graph: OpGraph, assignment: np.ndarray) -> S
         ids = tuple(dict.fromkeys(own[n.name] for n in members if n.name in own))
         stages.append(Stage(k, key, module, inputs, outputs, ids))
 
-    differentiable = frozenset(
-        n.name for n in calls
-        if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point())
     return SplitModel(
         stages=tuple(stages),
         inputs=model_inputs,
         outputs=tuple(a.name for a in flat_out),
         producer={n.name: stage_of[n.name] for n in calls},
-        consumers={k: tuple(sorted(v)) for k, v in consumers.items()},
-        differentiable=differentiable,
     )
 
 
