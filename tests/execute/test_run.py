@@ -15,12 +15,18 @@ from gpualloc.placement.document import read_plan
 runner = CliRunner()
 
 
+def _pipeline_plan(tmp_path, model: str, *, microbatches: int, batch: int):
+    """``gpualloc place MODEL --cluster 2xcpu --method pipeline ... -o plan.json``: the plan file."""
+    plan = tmp_path / "plan.json"
+    placed = runner.invoke(app, ["place", model, "--cluster", "2xcpu", "--method", "pipeline", "--microbatches",
+                                 str(microbatches), "--batch", str(batch), "-o", str(plan), "--json"])
+    assert placed.exit_code == 0, placed.output
+    return plan
+
+
 @pytest.mark.slow
 def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
-    plan = tmp_path / "plan.json"
-    placed = runner.invoke(app, ["place", "resnet-tiny", "--cluster", "2xcpu", "--method", "pipeline",
-                                 "--microbatches", "2", "--batch", "4", "-o", str(plan), "--json"])
-    assert placed.exit_code == 0, placed.output
+    plan = _pipeline_plan(tmp_path, "resnet-tiny", microbatches=2, batch=4)
     assert read_plan(plan).global_batch == 4  # written with the plan
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "2", "--warmup", "0",
                                  "--threads", "2", "--json"])
@@ -41,10 +47,7 @@ def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
 @pytest.mark.slow
 def test_an_overridden_schedule_and_microbatches_run_as_given(tmp_path):
     # gpt-tiny (no dropout, no BatchNorm: the checks run); the plan's 1 microbatch becomes 4 under gpipe
-    plan = tmp_path / "plan.json"
-    placed = runner.invoke(app, ["place", "gpt-tiny", "--cluster", "2xcpu", "--method", "pipeline",
-                                 "--microbatches", "1", "--batch", "8", "-o", str(plan), "--json"])
-    assert placed.exit_code == 0, placed.output
+    plan = _pipeline_plan(tmp_path, "gpt-tiny", microbatches=1, batch=8)
     result = runner.invoke(app, ["run", "gpt-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
                                  "--microbatches", "4", "--schedule", "gpipe", "--json"])
     assert result.exit_code == 0, result.output
@@ -66,10 +69,7 @@ def test_a_plan_for_another_graph_is_a_one_line_error(tmp_path):
 
 @pytest.mark.slow
 def test_microbatches_must_divide_the_batch_and_devices_are_the_engines(tmp_path, cli):
-    plan = tmp_path / "plan.json"
-    placed = runner.invoke(app, ["place", "resnet-tiny", "--cluster", "2xcpu", "--method", "pipeline",
-                                 "--microbatches", "2", "--batch", "4", "-o", str(plan), "--json"])
-    assert placed.exit_code == 0, placed.output
+    plan = _pipeline_plan(tmp_path, "resnet-tiny", microbatches=2, batch=4)
     code, _, err = cli("run", "resnet-tiny", "--plan", plan, "--batch", "3")
     assert code == 2 and "equal microbatches" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli("run", "resnet-tiny", "--plan", plan, "--devices", "cpu,cuda:0")

@@ -211,20 +211,30 @@ def test_values_crossing_a_boundary_are_contiguous():
     assert all(torch.equal(a, b) for a, b in zip(ch.stages[1](*crossing), module.eval()(*args), strict=True))
 
 
-@pytest.mark.slow
-def test_pp2_1f1b_operator_plan_matches_the_unsplit_model(tmp_path, gpt_graph):
-    # a plain PP2 under 1F1B, from an operator plan (plan file version 1): the first ten operators on device 2,
-    # the rest on device 0, so stage 0 runs on rank 1
+def _operator_plan_run(tmp_path, gpt_graph, device_at, microbatches: int, schedule: str):
+    """An operator plan (file version 1) for gpt-tiny, batch 4, the node at position ``pos`` of ``n`` in the
+    graph's topological order on device ``device_at(pos, n)``, run on 2 ranks for one checked step; the checks
+    pass."""
     graph, graph_path = gpt_graph
     order = {i: k for k, i in enumerate(graph.topo_order)}
-    doc = {"format": "gpualloc-plan", "version": 1, "cluster": "4xA100", "batch_size": 4, "microbatches": 2,
-           "schedule": "1f1b", "assignment": {n.id: 2 if order[i] < 10 else 0 for i, n in enumerate(graph.nodes)}}
+    n = len(graph.nodes)
+    doc = {"format": "gpualloc-plan", "version": 1, "cluster": "4xA100", "batch_size": 4,
+           "microbatches": microbatches, "schedule": schedule,
+           "assignment": {node.id: device_at(order[i], n) for i, node in enumerate(graph.nodes)}}
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
                    "--graph", str(graph_path))
     assert run.returncode == 0, run.stderr[-3000:]
     _assert_matches(run.engine)
+    return run
+
+
+@pytest.mark.slow
+def test_pp2_1f1b_operator_plan_matches_the_unsplit_model(tmp_path, gpt_graph):
+    # a plain PP2 under 1F1B, from an operator plan (plan file version 1): the first ten operators on device 2,
+    # the rest on device 0, so stage 0 runs on rank 1
+    run = _operator_plan_run(tmp_path, gpt_graph, lambda pos, n: 2 if pos < 10 else 0, 2, "1f1b")
     assert (run.engine["kind"], run.engine["schedule"], run.engine["mesh"]) == ("assignment", "1f1b",
                                                                                 {"pp": 2, "dp": 1, "tp": 1})
     assert (run.rank(1)["stage"], run.rank(1)["device"], run.rank(0)["stage"]) == (0, 2, 1)
@@ -236,18 +246,8 @@ def test_operator_plan_that_returns_to_a_device_runs_its_stages_on_one_rank(tmp_
                                                                             microbatches):
     # A -> B -> A: device 0 runs the first and last thirds (with the tied embedding, wte and lm_head, in both),
     # device 1 the middle: three stages on two ranks, rank 0 runs two under the generated schedule
-    graph, graph_path = gpt_graph
-    order = {i: k for k, i in enumerate(graph.topo_order)}
-    n = len(graph.nodes)
-    doc = {"format": "gpualloc-plan", "version": 1, "cluster": "4xA100", "batch_size": 4,
-           "microbatches": microbatches, "schedule": schedule,
-           "assignment": {node.id: 1 if n // 3 <= order[i] < 2 * n // 3 else 0 for i, node in enumerate(graph.nodes)}}
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(doc))
-    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
-                   "--graph", str(graph_path))
-    assert run.returncode == 0, run.stderr[-3000:]
-    _assert_matches(run.engine)
+    run = _operator_plan_run(tmp_path, gpt_graph, lambda pos, n: 1 if n // 3 <= pos < 2 * n // 3 else 0,
+                             microbatches, schedule)
     assert run.engine["mesh"] == {"pp": 2, "dp": 1, "tp": 1}
     assert (run.rank(0)["stages"], run.rank(1)["stages"]) == ([0, 2], [1])
 

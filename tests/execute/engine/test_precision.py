@@ -118,17 +118,23 @@ def test_master_weights_keep_updates_below_a_bf16_ulp():
 
 
 # ------------------------------------------------------------------------------------------------ torchrun
+def _zero2_adam_run(tmp_path, precision: str):
+    """gpt-tiny on 2 ranks under ZeRO-2 with shares 5:3 in ``precision``, one checked Adam step; its checks pass."""
+    plan = write_plan(tmp_path / "plan.json", _one_stage("zero2", precision))
+    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
+                   "--optimizer", "adam")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_matches(run.engine)
+    return run
+
+
 @pytest.mark.slow
 def test_zero2_unequal_shares_adam_matches_the_unsplit_model(tmp_path):
     """ZeRO-2 (FSDP2, reshard_after_forward=False) over 2 ranks with shares 5:3, planned in tf32 (on a CPU: fp32):
     loss, outputs, every gradient and the weights after one Adam step equal the unsplit model's (fp32
     tolerances of the engine's checks)."""
-    plan = write_plan(tmp_path / "plan.json", _one_stage("zero2", "tf32"))
-    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
-                   "--optimizer", "adam")
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _zero2_adam_run(tmp_path, "tf32")
     engine = run.engine
-    _assert_matches(engine)
     assert engine["sharding"] == "zero2" and engine["precision"] == "tf32"
     assert engine["mesh"] == {"pp": 1, "dp": 2, "tp": 1}
     assert engine["checks"]["loss"]["abs_err"] <= 1e-5 * abs(engine["checks"]["loss"]["unsplit"])
@@ -141,12 +147,7 @@ def test_bf16_zero2_unequal_shares_adam_matches_the_unsplit_model_in_the_same_re
     """bf16 on FSDP2 ZeRO-2 (fp32 sharded masters, MixedPrecisionPolicy bf16), shares 5:3, one Adam step: the
     engine's checks pass at the bf16 tolerances, and the reference they used is the bf16 one (its loss is not the
     fp32 model's)."""
-    plan = write_plan(tmp_path / "plan.json", _one_stage("zero2", "bf16"))
-    run = torchrun(2, plan, "gpt-tiny", tmp_path / "out", "--steps", "1", "--warmup", "0", "--no-memory",
-                   "--optimizer", "adam")
-    assert run.returncode == 0, run.stderr[-3000:]
-    engine = run.engine
-    _assert_matches(engine)
+    engine = _zero2_adam_run(tmp_path, "bf16").engine
     assert engine["precision"] == "bf16" and engine["sharding"] == "zero2"
     assert engine["checks"]["loss"]["unsplit"] == pytest.approx(_refs("bf16").loss, rel=1e-6)
     assert engine["checks"]["loss"]["unsplit"] != pytest.approx(_refs("fp32").loss, rel=1e-5)
