@@ -133,10 +133,6 @@ def operator_chain(plan: OperatorPlan, graph: OpGraph) -> tuple[list[int], list[
 
     device = [int(d) for d in plan.assignment]
     indeg = [len(p) for p in graph.predecessors]
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for i, preds in enumerate(graph.predecessors):
-        for j in preds:
-            succ[j].append(i)
     ready: dict[int, list[int]] = {}
     for i in range(n):
         if indeg[i] == 0:
@@ -150,7 +146,7 @@ def operator_chain(plan: OperatorPlan, graph: OpGraph) -> tuple[list[int], list[
             stages.append(here)
         i = heapq.heappop(ready[here])
         stage_of[i] = len(stages) - 1
-        for j in succ[i]:
+        for j in graph.successors[i]:
             indeg[j] -= 1
             if indeg[j] == 0:
                 heapq.heappush(ready.setdefault(device[j], []), j)
