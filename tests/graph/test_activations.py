@@ -34,7 +34,7 @@ def test_mlp_saves_the_first_input_and_the_relu_output() -> None:
     # addmm saves mat1 (x; not the weight, since x needs no grad); relu saves its result; the second addmm
     # saves that same result (counted once) and weight.t() (a parameter).
     saved = measure_saved_bytes(_mlp(), (torch.randn(8, 16),), loss=None)
-    assert saved.by_module() == {"0": 8 * 16 * F32, "1": 8 * 32 * F32}
+    assert saved.saves == (("0", 8 * 16 * F32), ("1", 8 * 32 * F32))
     assert saved.total_nbytes == 8 * 16 * F32 + 8 * 32 * F32
     assert saved.batch == 8 and saved.loss_nbytes == 0
     assert saved.weight_nbytes == 32 * 4 * F32  # the second weight, saved but not counted

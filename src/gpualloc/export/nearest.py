@@ -293,8 +293,3 @@ def nearest_plan(problem: PlacementProblem, plan: Plan, units: Units, fw: Framew
                        f"{best.microbatches}")
     return Nearest(best, target, tuple(dropped), stage_units)
 
-
-def simulated_step_s(problem: PlacementProblem, plan: Plan) -> float:
-    """The plan's simulated step time (:func:`gpualloc.placement.outcome.simulate_plan`)."""
-    return float(simulate_plan(problem, plan).step_time_s)
-

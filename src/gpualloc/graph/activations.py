@@ -60,12 +60,6 @@ class SavedActivations:
     def total_nbytes(self) -> int:
         return sum(n for _, n in self.saves) + self.loss_nbytes
 
-    def by_module(self) -> dict[str | None, int]:
-        out: dict[str | None, int] = {}
-        for path, n in self.saves:
-            out[path] = out.get(path, 0) + n
-        return out
-
     def per_layer(self, graph: OpGraph) -> np.ndarray:
         """Saved bytes of each layer of ``graph`` (:func:`layer_keys` order) for ``batch`` samples, (L,).
 

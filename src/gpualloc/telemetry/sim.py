@@ -103,7 +103,6 @@ class PlacementLoad:
 
     def __init__(self, source: Any) -> None:
         self.source = source
-        self._cap = np.asarray(source.problem.mem_cap_bytes, dtype=np.float64)
 
     def at(self, time_s: float) -> LoadState:
         step_s = self.source.step().step_time_s

@@ -491,8 +491,6 @@ def read_philly(path: str | Path) -> Trace:
 
 
 # --------------------------------------------------------------------------- Pollux / Sia
-POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
-
 
 def pollux_gpu_seconds() -> dict[str, float]:
     """Reference GPU-seconds of one whole training per Pollux/Sia application (an ESTIMATE).
