@@ -190,17 +190,6 @@ class ClusterSpec:
             counts[d.type.name] = counts.get(d.type.name, 0) + 1
         return counts
 
-    def summary_rows(self) -> list[dict[str, Any]]:
-        """One row per node: name, device count, ``{type: count}``, intra-node link name."""
-        rows = []
-        for node in self.nodes:
-            counts: dict[str, int] = {}
-            for i in node.devices:
-                counts[self.devices[i].type.name] = counts.get(self.devices[i].type.name, 0) + 1
-            rows.append({"node": node.name, "devices": len(node.devices), "types": counts,
-                         "link": node.link.name})
-        return rows
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (device types and links in full, devices by type name)."""
         links = {n.link.name: n.link for n in self.nodes} | {self.network.name: self.network}

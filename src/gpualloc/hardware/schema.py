@@ -23,8 +23,6 @@ GIB = 2**30
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 
-LINK_KINDS = ("nvlink", "infinity-fabric", "pcie", "network", "host")
-
 
 def format_validation_error(err: ValidationError) -> str:
     """``"field.path: problem"`` for the first error of ``err`` (list indices as ``[i]``)."""
