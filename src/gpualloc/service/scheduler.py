@@ -300,19 +300,6 @@ def check_policy_name(name: str) -> None:
         raise POLICIES.unknown(name)
 
 
-def _registered_policy(name: str, options: dict[str, Any]) -> Policy:
-    """A registry policy for the service (:func:`check_policy_name`) made with ``options``.
-
-    Raises:
-        SchedulingError: unknown name or bad options.
-    """
-    check_policy_name(name)
-    try:
-        return make_policy(name, **options)
-    except TypeError as err:
-        raise SchedulingError(f"policy {name}: bad options: {err}") from err
-
-
 class _NoPreemption:
     """``inner`` with its preemptions turned off: under quotas the view allows preemption (a reclaim
     needs it) even where the service does not let the policy itself preempt (no ``--preemption``)."""
@@ -354,7 +341,10 @@ def live_policy(name: str, options: dict[str, Any], quotas: Quotas | None, preem
     require_knowledge(name, knowledge)
     if history is not None and "predictor" in policy_options(name):
         options = {**options, "predictor": history.predictor}
-    policy = _registered_policy(name, options)
+    try:
+        policy = make_policy(name, **options)
+    except TypeError as err:
+        raise SchedulingError(f"policy {name}: bad options: {err}") from err
     require_policy(name, knowledge, options, policy=policy)  # an agent that reads what the level hides
     if quotas is None:
         return policy
@@ -492,9 +482,6 @@ class Scheduler:
             self._thread.join(timeout=30)
             self._thread = None
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def notify_submitted(self, rec: JobRecord) -> None:
         """A job was committed to the store as queued."""
         self._inbox.append(("job", rec))
@@ -571,13 +558,12 @@ class Scheduler:
                 new = self._record_lost(rec, st.error or "lost")
                 self.backend.release(ref)
                 if new.state is JobState.QUEUED:
-                    self._enqueue(self._add([new])[0], new)
+                    self._add_queued([new])
                     report["requeued"].append(rec.id)
                 else:
                     report["failed"].append(rec.id)
         queued = [r for r in active if r.state is JobState.QUEUED]
-        for row, rec in zip(self._add(queued), queued, strict=False):
-            self._enqueue(row, rec)
+        self._add_queued(queued)
         report["queued"] = [r.id for r in queued]
         stale = self.backend.cleanup(adopted)
         if stale:
@@ -610,6 +596,11 @@ class Scheduler:
         if self.live.table is not before:
             self._remap(self.live.remap)
         return rows
+
+    def _add_queued(self, recs: list[JobRecord]) -> None:
+        """Rows for ``recs``, put in the queue."""
+        for row, rec in zip(self._add(recs), recs, strict=True):
+            self._enqueue(row, rec)
 
     def _remap(self, remap: dict[int, int]) -> None:
         self.queue = {remap[r]: None for r in self.queue}
@@ -706,13 +697,10 @@ class Scheduler:
                 new.append(item)
                 continue
             if new:  # keep the order: a cancel may name a job of this batch
-                for row, rec in zip(self._add(new), new, strict=False):
-                    self._enqueue(row, rec)
+                self._add_queued(new)
                 new = []
             self._cancel(int(item))
-        if new:
-            for row, rec in zip(self._add(new), new, strict=False):
-                self._enqueue(row, rec)
+        self._add_queued(new)
 
     def _cancel(self, job_id: int) -> None:
         row = self.live.row_of.get(job_id)
