@@ -26,7 +26,6 @@ from gpualloc.cli.plan_inputs import is_cpu_type
 from gpualloc.limits import MAX_SEED, MAX_STEPS
 
 ENGINE_MODULE = "gpualloc.execute.engine"
-OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass(frozen=True)
@@ -206,8 +205,11 @@ def launch_cmd(
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.document import read_plan
 
-    if optimizer is not None and optimizer not in OPTIMIZERS:
-        raise EngineError(f"--optimizer {optimizer}: expected one of {', '.join(OPTIMIZERS)}")
+    if optimizer is not None:
+        from gpualloc.execute.engine.parallelize import OPTIMIZERS  # imports torch, as the run does anyway
+
+        if optimizer not in OPTIMIZERS:
+            raise EngineError(f"--optimizer {optimizer}: expected one of {', '.join(OPTIMIZERS)}")
     saved = read_plan(plan)
     from gpualloc.placement.hybrid.runnable import PRECISIONS_RUN
 
