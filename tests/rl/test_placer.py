@@ -13,7 +13,7 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.placement.run import best
 from gpualloc.rl.dqn import DQNConfig
-from gpualloc.rl.placer import dqn_planner, evaluate_placer, load_placer, place_dqn, train_placer
+from gpualloc.rl.placer import dqn_planner, load_placer, place_dqn, train_placer
 from tests.placement.test_simulate import random_dag
 
 
@@ -48,13 +48,6 @@ def test_dqn_is_never_worse_than_best(trained):
         assert outcome.method == "dqn"
         assert outcome.result.step_time_s <= heuristic.result.step_time_s + 1e-12
         assert ("kept best heuristic" in outcome.note) or ("faster than best heuristic" in outcome.note)
-
-
-def test_evaluate_placer_rows(trained):
-    agent, _, _ = trained
-    rows = evaluate_placer(agent, problems([5]))
-    assert rows[0]["best_step_s"] > 0
-    assert rows[0]["gain"] == pytest.approx(1 - rows[0]["agent_step_s"] / rows[0]["best_step_s"])
 
 
 def test_dqn_planner_returns_a_valid_plan(trained):

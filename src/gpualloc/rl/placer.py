@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -96,13 +95,12 @@ def agent_plan(agent: DQNAgent, problem: PlacementProblem, *, seed: int = 0) -> 
 
 
 @seeded(error=AgentError)
-def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = None, *, seed: int = 0,
-              schedule: str = "1f1b") -> Outcome:
+def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = None, *, seed: int = 0) -> Outcome:
     """Place with the agent; fall back to the best heuristic's plan when that simulates faster."""
     start = time.perf_counter()
     agent = agent if isinstance(agent, DQNAgent) else load_placer(agent)
     assignment, heuristic = agent_plan(agent, problem, seed=seed)
-    mine = operator_plan(problem, "dqn", assignment, schedule=schedule)
+    mine = operator_plan(problem, "dqn", assignment)
     elapsed = time.perf_counter() - start
     if mine.result.feasible and mine.result.step_time_s <= heuristic.result.step_time_s:
         gain = 1 - mine.result.step_time_s / heuristic.result.step_time_s
@@ -131,22 +129,8 @@ def dqn_partition(problem: PlacementProblem, *, seed: int | np.random.Generator 
     return Partitioned(outcome.plan.assignment, outcome.note)
 
 
-@seeded(error=AgentError)
-def evaluate_placer(agent: DQNAgent, problems: Sequence[PlacementProblem], *, seed: int = 0) -> list[dict[str, Any]]:
-    """Per problem: the agent's own plan vs the best heuristic (step times and gain)."""
-    rows = []
-    for p in problems:
-        assignment, heuristic = agent_plan(agent, p, seed=seed)
-        mine = operator_plan(p, "dqn", assignment)
-        rows.append({"graph": p.graph.name, "cluster": p.cluster.name, "microbatches": p.microbatches,
-                     "agent_step_s": mine.result.step_time_s, "best_step_s": heuristic.result.step_time_s,
-                     "gain": 1 - mine.result.step_time_s / heuristic.result.step_time_s,
-                     "feasible": mine.result.feasible})
-    return rows
-
-
 __all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "agent_plan", "bundled_agent_path", "dqn_partition", "dqn_planner",
-           "evaluate_placer", "load_placer", "place_dqn", "train_placer"]
+           "load_placer", "place_dqn", "train_placer"]
 
 
 @seeded(error=AgentError)

@@ -202,10 +202,6 @@ class PlacementEnv(gym.Env):
         """The best heuristic's outcome (node-level; the env's base is its per-subgraph majority)."""
         return self._ep.base
 
-    @property
-    def base_step_s(self) -> float:
-        return self._ep.base_step_s
-
     # ------------------------------------------------------------------ internals
     def _info(self) -> dict:
         return {"action_mask": self.action_masks(), "step_time_s": self._step_s}
