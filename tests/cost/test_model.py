@@ -11,7 +11,7 @@ import pytest
 from gpualloc.cost.model import BWD_FACTOR, Calibration, CostModel, Efficiency, training_memory_bytes
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph, OpNode, OpTiming
-from gpualloc.hardware.catalog import TERA, LinkType, default_catalog
+from gpualloc.hardware.catalog import TERA, default_catalog
 
 EFF = Efficiency(compute=0.5, memory=0.8, launch_s=10e-6, fitted_from="test")
 
@@ -20,13 +20,6 @@ EFF = Efficiency(compute=0.5, memory=0.8, launch_s=10e-6, fitted_from="test")
 def model() -> CostModel:
     cal = Calibration(devices={}, default=EFF, cpu_default=EFF)
     return CostModel(cal)
-
-
-def test_link_time_is_alpha_plus_bytes_over_beta():
-    link = LinkType("test", "pcie", bandwidth_bytes_per_s=10e9, latency_s=5e-6)
-    assert CostModel.link_time_s(1e9, link) == pytest.approx(5e-6 + 0.1)
-    assert CostModel.link_time_s(0, link) == 0.0
-    assert CostModel.link_time_s(1e9, None) == 0.0  # same device
 
 
 def test_power_is_linear_between_idle_and_tdp():

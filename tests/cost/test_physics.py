@@ -7,7 +7,7 @@ import pytest
 
 from gpualloc.cost import physics
 from gpualloc.cost.model import CostModel, training_memory_bytes
-from gpualloc.hardware.catalog import LinkType, default_catalog
+from gpualloc.hardware.catalog import default_catalog
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import DriftSchedule
 from gpualloc.placement.partition.kernighan_lin import kl_refine
@@ -130,16 +130,16 @@ def test_migration_state_bytes_come_from_physics(monkeypatch):
     assert migration_bytes(p, old, new) == pytest.approx(2 * before)
 
 
-def test_transfer_time_reaches_the_cost_model_the_problem_the_step_the_migration(monkeypatch, placed):
+def test_transfer_time_reaches_the_problem_the_step_the_migration(monkeypatch, placed):
     p, a = placed
-    link = LinkType("test", "pcie", bandwidth_bytes_per_s=10e9, latency_s=5e-6)
+    g = p.graph
     mig = (OperatorPlan(np.array([0, 0, 0]), 2), OperatorPlan(a, 2))
-    before = (CostModel.link_time_s(1e9, link), float(p.edge_comm_s(a).sum()), simulate_step(p, a).comm_time_s,
+    before = (float(p.transfer_s(g.edge_bytes, a[g.edge_src], a[g.edge_dst]).sum()), simulate_step(p, a).comm_time_s,
               migration_cost_s(p, *mig))
     calls = doubled(monkeypatch, "transfer_time_s")
     fresh = PlacementProblem(chain(3), p.cluster, microbatches=2)
-    after = (CostModel.link_time_s(1e9, link), float(fresh.edge_comm_s(a).sum()), simulate_step(fresh, a).comm_time_s,
-             migration_cost_s(fresh, *mig))
+    after = (float(fresh.transfer_s(g.edge_bytes, a[g.edge_src], a[g.edge_dst]).sum()),
+             simulate_step(fresh, a).comm_time_s, migration_cost_s(fresh, *mig))
     np.testing.assert_allclose(after, 2 * np.array(before), rtol=1e-12)
     assert all(b > 0 for b in before) and calls
 

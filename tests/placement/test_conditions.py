@@ -47,8 +47,8 @@ def test_link_factor_scales_that_links_bandwidth(problem):
     assert p.bandwidth[1, 0] == problem.bandwidth[1, 0]
     assert np.isinf(p.bandwidth[0, 0]) and np.isinf(p.bandwidth[1, 1])
     np.testing.assert_array_equal(p.latency, problem.latency)
-    a = np.array([0, 0, 1, 1])
-    assert p.edge_comm_s(a)[1] > problem.edge_comm_s(a)[1]
+    nbytes = problem.graph.edge_bytes[1]  # the chain's middle edge, from device 0 to device 1
+    assert p.transfer_s(nbytes, 0, 1) > problem.transfer_s(nbytes, 0, 1)
 
 
 def test_double_batch_doubles_times_and_activations_not_parameters(problem):

@@ -54,6 +54,6 @@ def test_memory_caps_are_respected():
     big = [6e9] * 12  # 4 copies x 6 GB = 24 GB per node: at most one node per 40 GB A100
     p = PlacementProblem(_chain(3, param_bytes=big[:3]), load_cluster("4xA100"), microbatches=4)
     a = pipeline_partition(p)
-    assert np.all(p.memory_excess(a) == 0)
+    assert np.all(p.device_memory(a) <= p.usable_mem_bytes)
     with pytest.raises(PlacementError, match="over by"):
         pipeline_partition(PlacementProblem(_chain(12, param_bytes=big), load_cluster("4xA100")))

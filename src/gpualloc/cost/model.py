@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpualloc.cost import physics
 from gpualloc.errors import CostModelError, parse_json, read_text, write_text
 from gpualloc.graph.ir import OpGraph
-from gpualloc.hardware.catalog import TERA, DeviceType, LinkType
+from gpualloc.hardware.catalog import TERA, DeviceType
 from gpualloc.hardware.schema import format_validation_error
 
 BWD_FACTOR = 2.0
@@ -176,7 +176,7 @@ def roofline_s(flops: np.ndarray | float, nbytes: np.ndarray | float, device: De
 
 
 class CostModel:
-    """Op, link and power costs on catalog devices, with a calibration.
+    """Op and power costs on catalog devices, with a calibration.
 
     Args:
         calibration: fitted efficiencies; default: the shipped ``data/calibration.json``.
@@ -274,13 +274,6 @@ class CostModel:
         """Forward + backward time of the whole graph on one device, ops run one after another."""
         fwd, bwd = self.op_times_s(graph, device, precision)
         return float(fwd.sum() + bwd.sum())
-
-    @staticmethod
-    def link_time_s(nbytes: float, link: LinkType | None) -> float:
-        """Time to move ``nbytes`` over ``link`` (zero on the same device, ``link`` None)."""
-        if link is None or nbytes <= 0:
-            return 0.0
-        return float(physics.transfer_time_s(nbytes, link.latency_s, link.bandwidth_bytes_per_s))
 
     @staticmethod
     def power_w(device: DeviceType, utilisation: float | np.ndarray):

@@ -181,18 +181,9 @@ class PlacementProblem(OnCluster):
         same = src == dst
         return np.where(same, 0.0, physics.transfer_time_s(nbytes, self.latency[src, dst], self.bandwidth[src, dst]))
 
-    def edge_comm_s(self, assignment: np.ndarray) -> np.ndarray:
-        """Forward transfer time of every edge under ``assignment`` (0 where both ends share a device)."""
-        a = np.asarray(assignment)
-        return self.transfer_s(self.graph.edge_bytes, a[self.graph.edge_src], a[self.graph.edge_dst])
-
     def device_memory(self, assignment: np.ndarray) -> np.ndarray:
         """Memory each device needs under ``assignment``, (k,)."""
         return np.bincount(np.asarray(assignment), weights=self.mem_bytes, minlength=self.k)
-
-    def memory_excess(self, assignment: np.ndarray) -> np.ndarray:
-        """Bytes by which each device is over its cap (0 where it fits), (k,)."""
-        return np.maximum(self.device_memory(assignment) - self.usable_mem_bytes, 0.0)
 
     def check_assignment(self, assignment: np.ndarray) -> np.ndarray:
         """Validate shape and range; returns the assignment as an int64 array."""

@@ -298,10 +298,6 @@ class Replanner(ABC):
             self._steps[conditions, plan] = self._simulate(self.under(conditions), plan)
         return self._steps[conditions, plan]
 
-    @property
-    def simulations(self) -> int:
-        return len(self._steps)
-
     def check(self, plan: Plan) -> Plan:
         """``plan``, validated for the problem."""
         return plan

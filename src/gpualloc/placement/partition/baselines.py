@@ -10,7 +10,7 @@
 
 Memory caps: these baselines reproduce what those systems do, so they never adjust a plan to fit.
 A plan that breaks a cap is still returned; the simulator reports it as infeasible
-(``PlacementProblem.memory_excess``). They never raise :class:`~gpualloc.errors.PlacementError`.
+(``StepResult.memory_excess_bytes``). They never raise :class:`~gpualloc.errors.PlacementError`.
 """
 
 from __future__ import annotations
