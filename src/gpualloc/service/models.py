@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, get_type_hints
 
@@ -245,13 +245,6 @@ class JobRecord:
                    work_s=float(limit if limit is not None else default_limit_s), num_gpus=int(s["num_gpus"]),
                    model=s.get("model", ""), priority=int(s["priority"]), gpu_types=tuple(s["gpu_types"]),
                    single_node=bool(s["single_node"]), team=self.team or "", user=self.user or "", time_limit_s=limit)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field, as JSON values (internal: holds env values and the idempotency key)."""
-        d = asdict(self)
-        d["state"] = self.state.value
-        d["gpus"] = list(self.gpus)
-        return d
 
     def to_api(self, prediction: dict[str, Any] | None = None) -> dict[str, Any]:
         """The fields of :class:`JobOut`: no :data:`API_HIDDEN` field, ``env`` values redacted; the

@@ -45,8 +45,6 @@ from gpualloc.service.models import JobRecord, JobState
 from gpualloc.workload.jobs import Job, JobType, SubmitFeatures
 from gpualloc.workload.speed import speed_matrix
 
-LEARNED_STATES = (JobState.FINISHED, JobState.FAILED)
-"""States of jobs that may have run to their end (a failed one only with an exit status)."""
 MIN_WORK_S = 1e-3
 """The least work recorded for a job (a job that exits at once has a run time of about 0)."""
 _RUN_SUFFIX = re.compile(r"(?:(?:[-_.:#/ ]+(?:run|try|attempt|v|seed)?|(?:run|try|attempt|v|seed))[-_.:#/ ]*\d+)+$",
@@ -118,10 +116,6 @@ class StoreHistory:
         self.n_ended = 0
         self._fitted_on = -1  # jobs that had run to their end at the last fit (-1: none yet)
         self._type_index = {t.name: i for i, t in enumerate(cluster.device_types)}
-
-    @property
-    def interval(self) -> float:
-        return self.predictor.config.interval
 
     @property
     def stage(self) -> str:

@@ -139,7 +139,6 @@ class Execution:
         self.proc: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
         self.outcome: dict[str, Any] | None = None
-        self.stopped = False
         self._result_file = None  # a callable run as another user writes its outcome here
 
     def _streams(self):
@@ -271,8 +270,6 @@ class Execution:
                                     "result": told.get("result")}
                 self._result_file.close()
                 self._result_file = None
-        elif self.thread is not None and not self.thread.is_alive():
-            return self.outcome
         return self.outcome
 
     def wait(self) -> dict[str, Any]:
@@ -291,7 +288,6 @@ class Execution:
     def terminate(self, grace_s: float = 5.0) -> None:
         """SIGTERM the program's process group, SIGKILL after ``grace_s``. A callable in a thread
         cannot be stopped from outside; its process (runner or actor) is ended by the caller."""
-        self.stopped = True
         if self.proc is None or self.proc.poll() is not None:
             return
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -450,12 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         return fork_server(int(args[1]))
     if len(args) == 2 and args[0] == "--call" and args[1].isdigit():
         return call_from_stdin(int(args[1]))
-    if len(args) == 2 and args[1] == "--stdin":
-        # The local backend's way: the target, with the job's secret env values, comes through a pipe-like
-        # unlinked file, so it is never in a file another job could read.
-        return run_folder(Path(args[0]), json.loads(sys.stdin.buffer.read()))
     if len(args) != 1:
-        sys.stderr.write("usage: python -m gpualloc.service.runner RUN_DIR [--stdin]\n")
+        sys.stderr.write("usage: python -m gpualloc.service.runner RUN_DIR\n")
         return 2
     return run_folder(Path(args[0]))
 
