@@ -341,7 +341,7 @@ def test_rounds_give_each_job_its_lp_share():
     np.testing.assert_allclose(share, policy.allocation, atol=0.02)
     policy.decide(sim.view)  # the policy counts received time at its decisions
     for j in range(3):
-        np.testing.assert_allclose(policy.received_s(j), sim.ran_s[j])
+        np.testing.assert_allclose(policy._received_s[j], sim.ran_s[j])
 
 
 def test_everyone_fits_needs_no_lp_and_each_job_gets_its_fastest_type():

@@ -11,7 +11,7 @@ The view's arrays are the simulator's live state: policies must treat them as re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -336,9 +336,6 @@ class Policy(Protocol):
     round_s: float | None
 
     def decide(self, view: ClusterView) -> Decision: ...
-
-
-PolicyFactory = Callable[..., Policy]
 
 
 _FEW_NODES = 16  # best_fit loops in Python up to this many nodes, with numpy beyond

@@ -57,10 +57,6 @@ from gpualloc.scheduling.base import DONE, ClusterView
 from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import JOB_TYPES, Job, SubmitFeatures
 
-STAGES = ("prior", "empirical", "model")
-"""What a :class:`DurationPredictor` predicts from: its prior, the finished jobs' empirical
-distribution, or its fitted model."""
-
 _BIN_OFFSET = 1.0e4  # residuals of bin b are stored as r + b * offset: one sorted array for all bins
 _RESIDUAL_CLIP = 50.0  # |log residual| kept below this (e^50: no job runs that long), so bins never overlap
 _MAX_CATEGORIES = 250  # HistGradientBoosting's categories must be < max_bins (255)
@@ -183,7 +179,8 @@ class DurationPredictor:
         config: hyper-parameters; keyword ``overrides`` replace some of them.
 
     Attributes:
-        stage: one of :data:`STAGES`.
+        stage: what it predicts from: ``"prior"``, the finished jobs' empirical distribution
+            (``"empirical"``) or its fitted ``"model"``.
         n_history: finished jobs the current fit learnt from.
         version: increases at every fit.
         fits: model fits so far (trees, not the prior or empirical stages).

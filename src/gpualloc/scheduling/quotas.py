@@ -320,11 +320,6 @@ def job_types_in_order(jobs: JobTable, j: int) -> list[int]:
     return [int(t) for t in jobs.type_order()[j] if speed[t] > 0]
 
 
-def has_preference(jobs: JobTable, j: int) -> bool:
-    rank = jobs.pref_rank[j]
-    return bool(rank.min() != rank.max())
-
-
 # ------------------------------------------------------------------------------------ the wrapper
 
 class QuotaPolicy:

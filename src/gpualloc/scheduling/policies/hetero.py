@@ -506,10 +506,6 @@ class Gavel:
         if self._table is not view.jobs or self._received_s.shape != (len(view.jobs), n_types):
             self._reset(view.jobs, len(view.jobs), n_types)
 
-    def received_s(self, job: int) -> np.ndarray:
-        """Wall seconds job ``job`` has run on each device type (as seen at decisions)."""
-        return self._received_s[job].copy()
-
     # ------------------------------------------------------------------------------ decide
     def decide(self, view: ClusterView) -> Decision:
         self._sync(view)

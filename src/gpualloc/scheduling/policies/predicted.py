@@ -67,12 +67,7 @@ class PredictionDriven:
         seed: the default predictor's seed.
         quantile: which quantile of the predicted remaining work the inner policy ranks by (0.5: the median).
         name: registry name (default: the inner policy's name with ``-pred``).
-
-    Attributes:
-        learned: ``True``: the decisions come from a learned model.
     """
-
-    learned = True
 
     @seeded(error=SchedulingError)
     def __init__(self, inner: Policy, predictor: DurationPredictor | None = None, *, seed: int = 0,
