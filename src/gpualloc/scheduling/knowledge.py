@@ -72,7 +72,8 @@ def check_knowledge(level: str, where: str = "knowledge") -> str:
     return level
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (the simulator's arrays, as a policy sees them)."""
     view = np.asarray(a).view()
     view.flags.writeable = False
     return view
@@ -150,7 +151,7 @@ class JobsView:
         self._table = table
         for name in SUBMIT_FIELDS + OBSERVED_FIELDS:
             value = getattr(table, name)
-            setattr(self, name, _read_only(value) if isinstance(value, np.ndarray) else value)
+            setattr(self, name, read_only(value) if isinstance(value, np.ndarray) else value)
         # bound methods: no extra call level on the hot path (type_order is read per job by many policies)
         self.best_speed = table.best_speed
         self.type_order = table.type_order
@@ -162,9 +163,9 @@ class JobsView:
         self.finished_work_s = _Column("finished_work_s",
                                        lambda i: np.where(status[i] == DONE, work[i], np.nan), n)
         if knowledge == "oracle":
-            self.work_s = _read_only(table.work_s)
-            self.remaining_s = _read_only(table.remaining_s)
-            self.expected_finish_s = _read_only(table.expected_finish_s)
+            self.work_s = read_only(table.work_s)
+            self.remaining_s = read_only(table.remaining_s)
+            self.expected_finish_s = read_only(table.expected_finish_s)
         elif knowledge == "estimate":
             if estimate_s is None:
                 raise SchedulingError("knowledge 'estimate' needs each job's estimate (estimate_s)")

@@ -56,7 +56,7 @@ from gpualloc.scheduling.base import (
     JobTable,
     Policy,
 )
-from gpualloc.scheduling.knowledge import DEFAULT_KNOWLEDGE, InformationError, JobsView, check_knowledge
+from gpualloc.scheduling.knowledge import DEFAULT_KNOWLEDGE, InformationError, JobsView, check_knowledge, read_only
 from gpualloc.scheduling.consolidate import MigrationRule, ResidualEstimate, candidates, plan_migration
 from gpualloc.scheduling.consolidate import fragmentation_blocked
 from gpualloc.scheduling.quotas import QuotaPolicy, Quotas, entitlement_violations, quota_breaches
@@ -287,7 +287,7 @@ class _LiveView(ClusterView):
         self._free = free
         self._free_tn = free_tn
         self._free_type = free_type
-        self._state = (*(_read_only(a) for a in (free, free_tn, free_type)), True)  # views: always current
+        self._state = (*(read_only(a) for a in (free, free_tn, free_type)), True)  # views: always current
         self._job_gpus = job_gpus
         # the simulator moves GPUs through it, and it keeps the three arrays above in step
         self._index = FreeIndex(self.gpus_by_type_node(), free, (free, free_tn, free_type))
@@ -316,12 +316,6 @@ class _LiveView(ClusterView):
 def _zeros(n: int) -> array:
     """``n`` zeros as a typed array of doubles."""
     return array("d", bytes(8 * n))
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    view = a.view()
-    view.flags.writeable = False
-    return view
 
 
 def _policy_name(policy: Policy) -> str:
@@ -695,10 +689,6 @@ class _Engine:
     def _push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, kind, self.seq, kind, payload))
-
-    def _bad(self, j, msg: str) -> SchedulingError:
-        who = f"job {self.ids[j]}" if isinstance(j, (int, np.integer)) and 0 <= j < self.n else f"job index {j!r}"
-        return SchedulingError(f"policy {self.name}: {who}: {msg}")
 
     # --------------------------------------------------------------------------- job moves
 
