@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.placement.partition.memory import repair_memory, require_fit
+from gpualloc.placement.partition.memory import repair_memory, require_fit, to_csr
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.errors import PlacementError
 from gpualloc.seeding import seeded
@@ -40,23 +40,6 @@ __all__ = ["kl_bisect", "kl_objective", "kl_partition", "kl_refine", "to_csr"]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def to_csr(n: int, src: np.ndarray, dst: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Symmetric CSR ``(indptr, indices, data)`` of an undirected graph; parallel edges are summed."""
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    w = np.asarray(weights, dtype=np.float64)
-    keep = src != dst
-    rows = np.concatenate([src[keep], dst[keep]])
-    cols = np.concatenate([dst[keep], src[keep]])
-    ww = np.concatenate([w[keep], w[keep]])
-    key, inv = np.unique(rows * n + cols, return_inverse=True)
-    data = np.bincount(inv, weights=ww, minlength=key.size)
-    rows, cols = key // n, key % n
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return indptr, cols.astype(np.int64), data
-
-
 def _as_csr(adj: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if hasattr(adj, "tocsr"):  # scipy.sparse matrix or array
         m = adj.tocsr()

@@ -126,23 +126,25 @@ def _repack(problem: PlacementProblem, a: np.ndarray) -> np.ndarray:
 
 
 
-def undirected_csr(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The graph as symmetric CSR ``(xadj, adjncy, bytes)``: parallel and opposite edges merged.
+def to_csr(n: int, src: np.ndarray, dst: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Symmetric CSR ``(indptr, indices, data)`` of an undirected graph; parallel edges are summed."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    w = np.asarray(weights, dtype=np.float64)
+    keep = src != dst
+    rows = np.concatenate([src[keep], dst[keep]])
+    cols = np.concatenate([dst[keep], src[keep]])
+    ww = np.concatenate([w[keep], w[keep]])
+    key, inv = np.unique(rows * n + cols, return_inverse=True)
+    data = np.bincount(inv, weights=ww, minlength=key.size)
+    rows, cols = key // n, key % n
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    return indptr, cols.astype(np.int64), data
 
-    ``adjncy[xadj[i]:xadj[i+1]]`` are the neighbours of node ``i`` (sorted), ``bytes`` the total
-    bytes between them in either direction.
-    """
-    g, n = problem.graph, problem.n
-    src, dst = g.edge_src, g.edge_dst
-    lo, hi = np.minimum(src, dst), np.maximum(src, dst)
-    keys, inv = np.unique(lo * n + hi, return_inverse=True)
-    w = np.bincount(inv.ravel(), weights=g.edge_bytes, minlength=len(keys))
-    u, v = keys // n, keys % n
-    rows = np.concatenate([u, v])
-    cols = np.concatenate([v, u])
-    ww = np.concatenate([w, w])
-    order = np.lexsort((cols, rows))
-    rows, cols, ww = rows[order], cols[order], ww[order]
-    xadj = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=xadj[1:])
-    return xadj, cols.astype(np.int64), ww
+
+def undirected_csr(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The graph as symmetric CSR ``(xadj, adjncy, bytes)`` (:func:`to_csr`): parallel and opposite edges
+    merged, ``bytes`` the total between two nodes in either direction (``adjncy`` sorted per node)."""
+    g = problem.graph
+    return to_csr(problem.n, g.edge_src, g.edge_dst, g.edge_bytes)
