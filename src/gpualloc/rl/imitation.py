@@ -27,7 +27,7 @@ from gpualloc.rl.dqn.replay import ReplayBuffer
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
 from gpualloc.seeding import seeded
 
-__all__ = ["CloneLog", "clone_teacher", "margin_loss"]
+__all__ = ["CloneLog", "agreement", "clone_teacher", "margin_epoch", "margin_loss"]
 
 
 @dataclass
@@ -37,7 +37,6 @@ class CloneLog:
 
     transitions: list[int] = field(default_factory=list)
     agreement: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
 
 
 def margin_loss(q: torch.Tensor, expert: torch.Tensor, mask: torch.Tensor, margin: float) -> torch.Tensor:
@@ -47,10 +46,37 @@ def margin_loss(q: torch.Tensor, expert: torch.Tensor, mask: torch.Tensor, margi
     return (top - q.gather(1, expert.unsqueeze(1)).squeeze(1)).mean()
 
 
+def margin_epoch(agent: DQNAgent, obs: torch.Tensor, label: torch.Tensor, mask: torch.Tensor, *, batch_size: int,
+                 margin: float, rng: np.random.Generator, buffer: ReplayBuffer | None = None,
+                 td_weight: float = 0.0) -> None:
+    """One pass of :func:`margin_loss` over the states ``obs`` (with their labels and masks) in a seeded
+    random order, one Adam step (gradient norm clipped to 10) per ``batch_size`` states; with
+    ``td_weight`` > 0, each step adds DQfD's TD term on a batch drawn from ``buffer``."""
+    perm = rng.permutation(len(label))
+    for start in range(0, len(label), batch_size):
+        idx = torch.as_tensor(perm[start:start + batch_size], device=agent.device)
+        loss = margin_loss(agent.qnet(obs[idx]), label[idx], mask[idx], margin)
+        if td_weight > 0:
+            batch = buffer.sample(batch_size)
+            q = agent.qnet(batch.observations).gather(1, batch.actions.unsqueeze(1)).squeeze(1)
+            loss = loss + td_weight * F.smooth_l1_loss(q, agent.td_target(batch))
+        agent.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(agent.qnet.parameters(), 10.0)
+        agent.optimizer.step()
+
+
+def agreement(agent: DQNAgent, obs: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) -> float:
+    """Share of the states where the greedy agent, among the valid actions, picks the label."""
+    with torch.inference_mode():
+        q = agent.qnet(obs).masked_fill(~mask, -torch.inf)
+        return float((q.argmax(dim=1) == label).float().mean().item())
+
+
 def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store: dict, teacher_drives: bool,
-             seed: int, options: dict | None = None) -> int:
+             seed: int, options: dict | None = None) -> None:
     obs, info = env.reset(seed=seed, options=options)
-    n, done = 0, env.finished  # a trace with no choice at all is over at once
+    done = env.finished  # a trace with no choice at all is over at once
     while not done:
         label, mask = info["teacher_action"], info["action_mask"]
         action = label if teacher_drives else agent.act(obs, mask, explore=False)
@@ -59,9 +85,7 @@ def _rollout(env: ExpertChoiceEnv, agent: DQNAgent, buffer: ReplayBuffer, store:
         store["obs"].append(obs)
         store["label"].append(label)
         store["mask"].append(mask)
-        n += 1
         obs = next_obs
-    return n
 
 
 @seeded(error=AgentError)
@@ -107,21 +131,8 @@ def clone_teacher(agent: DQNAgent, env: ExpertChoiceEnv, *, rounds: int = 2, epi
                              "expert decides the same everywhere): use more or longer traces or other experts")
         log.transitions.append(n)
         for _ in range(epochs):
-            perm = rng.permutation(n)
-            for start in range(0, n, batch_size):
-                idx = torch.as_tensor(perm[start:start + batch_size], device=agent.device)
-                loss = margin_loss(agent.qnet(obs[idx]), label[idx], mask[idx], margin)
-                if td_weight > 0:
-                    batch = buffer.sample(batch_size)
-                    q = agent.qnet(batch.observations).gather(1, batch.actions.unsqueeze(1)).squeeze(1)
-                    loss = loss + td_weight * F.smooth_l1_loss(q, agent.td_target(batch))
-                agent.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(agent.qnet.parameters(), 10.0)
-                agent.optimizer.step()
-                log.losses.append(float(loss.item()))
+            margin_epoch(agent, obs, label, mask, batch_size=batch_size, margin=margin, rng=rng, buffer=buffer,
+                         td_weight=td_weight)
             agent.sync_target()
-        with torch.inference_mode():
-            q = agent.qnet(obs).masked_fill(~mask, -torch.inf)
-            log.agreement.append(float((q.argmax(dim=1) == label).float().mean().item()))
+        log.agreement.append(agreement(agent, obs, label, mask))
     return log

@@ -224,24 +224,14 @@ def improve_agent(agent, labels: RolloutLabels, *, epochs: int = 20, batch_size:
     """Train ``agent``'s Q-network in place on rollout labels with DQfD's large-margin loss
     (:func:`gpualloc.rl.imitation.margin_loss`), the loss that cloned it; returns the share of
     points where the greedy agent now picks the label."""
-    from gpualloc.rl.imitation import margin_loss
+    from gpualloc.rl.imitation import agreement, margin_epoch
 
     rng = np.random.default_rng(seed)
     dev = agent.device
     obs = torch.as_tensor(labels.obs, device=dev)
     label = torch.as_tensor(labels.label, device=dev)
     mask = torch.as_tensor(labels.mask, device=dev)
-    n = len(labels)
     for _ in range(epochs):
-        perm = rng.permutation(n)
-        for s in range(0, n, batch_size):
-            idx = torch.as_tensor(perm[s:s + batch_size], device=dev)
-            loss = margin_loss(agent.qnet(obs[idx]), label[idx], mask[idx], margin)
-            agent.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.qnet.parameters(), 10.0)
-            agent.optimizer.step()
+        margin_epoch(agent, obs, label, mask, batch_size=batch_size, margin=margin, rng=rng)
     agent.sync_target()
-    with torch.inference_mode():
-        q = agent.qnet(obs).masked_fill(~mask, -torch.inf)
-        return float((q.argmax(dim=1) == label).float().mean().item())
+    return agreement(agent, obs, label, mask)
