@@ -56,14 +56,12 @@ class Precision:
         value_bytes: bytes of an activation, a model weight and a gradient in compute.
         mixed: the optimizer keeps fp32 master weights beside the low-precision model (Micikevicius et al.,
             Mixed Precision Training, ICLR 2018).
-        loss_scaling: gradients need dynamic loss scaling (fp16's range is too small).
         peak_field: the catalog field of the device's peak in this precision.
     """
 
     name: str
     value_bytes: int
     mixed: bool
-    loss_scaling: bool
     peak_field: str
 
     def peak_tflops(self, device: DeviceType) -> float | None:
@@ -80,10 +78,10 @@ class Precision:
 
 
 PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision("fp32", 4, False, False, "fp32_tflops"),
-    "tf32": Precision("tf32", 4, False, False, "tf32_tflops"),
-    "bf16": Precision("bf16", 2, True, False, "bf16_tflops"),
-    "fp16": Precision("fp16", 2, True, True, "tensor_tflops"),
+    "fp32": Precision("fp32", 4, False, "fp32_tflops"),
+    "tf32": Precision("tf32", 4, False, "tf32_tflops"),
+    "bf16": Precision("bf16", 2, True, "bf16_tflops"),
+    "fp16": Precision("fp16", 2, True, "tensor_tflops"),
 }
 
 OPTIMIZER_STATES: dict[str, int] = {"adam": 2, "sgd-momentum": 1, "sgd": 0}

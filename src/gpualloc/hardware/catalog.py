@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 from gpualloc.errors import CatalogError, read_text
 from gpualloc.hardware.schema import DeviceRow, LinkRow
@@ -62,16 +61,6 @@ class Catalog:
         return Catalog({**self.devices, **extra}, self.links)
 
 
-def _device_from_row(row: Mapping[str, Any], where: str) -> DeviceType:
-    """Build a DeviceType from one TOML/YAML table, with unit-bearing input fields.
-
-    Input fields: ``tensor_tflops``, ``fp32_tflops``, ``fp64_tflops``, ``mem_gb`` (GB = 1e9 bytes) or
-    ``mem_gib`` or ``mem_bytes``, ``mem_bandwidth_gbps`` (GB/s) or ``mem_bandwidth_bytes_per_s``,
-    ``tdp_w``, ``idle_w``, ``link``, ``source``, ``aliases``, ``vendor``, ``architecture``.
-    """
-    return DeviceRow.parse(row, where).to_device_type()
-
-
 @functools.cache
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """Load a catalog file (default: the built-in ``data/devices.toml``)."""
@@ -87,7 +76,7 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
         raise CatalogError(f"{where}: {err}") from err
     devices = {}
     for name, row in data.get("device", {}).items():
-        dev = _device_from_row({"name": name, **row}, f"{where}: device.{name}")
+        dev = DeviceRow.parse({"name": name, **row}, f"{where}: device.{name}").to_device_type()
         devices[dev.name] = dev
     links = {}
     for name, row in data.get("link", {}).items():
