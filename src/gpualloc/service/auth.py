@@ -17,9 +17,7 @@ import stat
 from pathlib import Path
 
 from gpualloc.service.errors import ServiceError
-
-TOKEN_BYTES = 32
-"""Random bytes in a token (256 bits)."""
+from gpualloc.service.users import bearer, new_token
 
 
 def default_token_path(store: str | Path) -> Path:
@@ -30,10 +28,6 @@ def default_token_path(store: str | Path) -> Path:
     if path is None:
         return Path("gpualloc-service.token").resolve()
     return path.with_name(path.name + ".token")
-
-
-def _owner_ok(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid()
 
 
 def check_private_folder(folder: str | Path, *, sticky_ok: bool = True) -> None:
@@ -87,7 +81,7 @@ def load_or_create_token(path: str | Path) -> tuple[str, bool]:
     check_private_folder(path.parent)
     if path.exists():
         return read_token(path), False
-    token = secrets.token_urlsafe(TOKEN_BYTES)
+    token = new_token()
     try:
         write_private_atomic(path, (token + "\n").encode(), replace=False)
     except FileExistsError:
@@ -137,7 +131,7 @@ def read_token(path: str | Path) -> str:
         raise ServiceError(f"{path}: the token file is not ASCII text (a token is printable ASCII); the contents "
                            "are not shown") from None
     mode = st.st_mode
-    if not _owner_ok(st):
+    if st.st_uid != os.geteuid():
         raise ServiceError(f"{path}: the token file belongs to another user (uid {st.st_uid}); it is not trusted")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ServiceError(f"{path}: the token file is accessible to group or others "
@@ -149,13 +143,9 @@ def read_token(path: str | Path) -> str:
 
 def token_matches(expected: str, authorization: str | None) -> bool:
     """Whether an ``Authorization`` header carries ``Bearer <expected>`` (constant-time compare)."""
-    if not authorization:
-        return False
-    scheme, _, given = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"),
-                               expected.encode("utf-8"))
+    given = bearer(authorization)
+    return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                                     expected.encode("utf-8"))
 
 
 def check_own_or_missing(path: str | Path, what: str) -> None:
@@ -253,15 +243,8 @@ def write_token_file(path: str | Path, token: str) -> Path:
     except OSError as err:
         raise ServiceError(f"{path.parent}: cannot make the folder: {err.strerror}") from err
     check_private_folder(path.parent)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_private_atomic(path, (token + "\n").encode())
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise ServiceError(f"{path}: cannot write the token file: {err.strerror}") from err
     return path

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpualloc.service.errors import ServiceError
-
-_TEAM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+from gpualloc.service.users import NAME_RE
 _CAP_KILL, _CAP_SETGID, _CAP_SETUID = 5, 6, 7
 
 
@@ -108,7 +106,7 @@ def plan_job_users(values: Sequence[str], backend: str) -> tuple[JobUsers, list[
         if not sep:
             team, user = "", raw
         where = f"--job-user {raw!r}"
-        if sep and not _TEAM_RE.fullmatch(team):
+        if sep and not NAME_RE.fullmatch(team):
             raise ServiceError(f"{where}: expected USER or TEAM=USER (a team is letters, digits, '.', '_', '-')")
         if not user:
             raise ServiceError(f"{where}: expected USER or TEAM=USER")
