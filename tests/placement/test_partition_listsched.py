@@ -93,13 +93,6 @@ def test_sct_keeps_favourite_child_with_its_parent():
     assert set(a[1:-1].tolist()) == {0, 1}  # the rest still spreads
 
 
-def test_forward_times_option():
-    problem = PlacementProblem(random_dag(50), load_cluster("4xA100"))
-    assert_valid(problem, etf_partition(problem, times="forward"))
-    with pytest.raises(PlacementError):
-        etf_partition(problem, times="backward")
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_places_2000_nodes_on_8_devices_quickly(method):
     problem = PlacementProblem(random_dag(2000, timed=False), load_cluster("8xA100"))

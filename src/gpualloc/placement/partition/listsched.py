@@ -6,9 +6,8 @@ contention-free, as in Baechi's placers). Both are memory-aware: a device withou
 node's ``mem_bytes`` is not a candidate for it.
 
 What one pass means: the forward graph is scheduled, with each node taking its forward + backward
-time (``times="train"``, default) and each edge taking twice its forward transfer (the activation,
-then its gradient back over the same link), because the backward pass runs on the forward node's
-device; ``times="forward"`` schedules forward times and one transfer per edge (inference).
+time and each edge taking twice its forward transfer (the activation, then its gradient back over the
+same link), because the backward pass runs on the forward node's device.
 
 * :func:`etf_partition`, Earliest Task First (Hwang et al., 1989): repeatedly choose, among all
   (ready node, device with room) pairs, the one with the earliest start time; ties go to the pair that
@@ -35,8 +34,6 @@ References:
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from gpualloc.cost import physics
@@ -45,18 +42,13 @@ from gpualloc.placement.partition.memory import repair_memory, require_fit
 from gpualloc.placement.problem import PlacementProblem
 from gpualloc.seeding import seeded
 
-Times = Literal["train", "forward"]
-
-
 @seeded(error=PlacementError)
-def etf_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None,
-                  times: Times = "train") -> np.ndarray:
+def etf_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """Earliest Task First placement, memory-aware.
 
     Args:
         problem: the graph, cluster and costs.
         seed: accepted for the partitioner protocol; the heuristic is deterministic.
-        times: ``"train"`` (forward + backward times, two transfers per edge) or ``"forward"``.
 
     Returns:
         int64 device index per node, within every device's memory cap.
@@ -64,17 +56,16 @@ def etf_partition(problem: PlacementProblem, *, seed: int | np.random.Generator 
     Raises:
         PlacementError: the graph does not fit in the cluster's memory.
     """
-    return _list_schedule(problem, times, favourite_parent=None)
+    return _list_schedule(problem, favourite_parent=None)
 
 
 @seeded(error=PlacementError)
-def sct_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None,
-                  times: Times = "train") -> np.ndarray:
+def sct_partition(problem: PlacementProblem, *, seed: int | np.random.Generator | None = None) -> np.ndarray:
     """Simplified m-SCT placement (favourite children follow their parent), memory-aware.
 
     Same arguments, return value and errors as :func:`etf_partition`.
     """
-    return _list_schedule(problem, times, favourite_parent=favourite_parents(problem))
+    return _list_schedule(problem, favourite_parent=favourite_parents(problem))
 
 
 def favourite_parents(problem: PlacementProblem) -> np.ndarray:
@@ -105,13 +96,10 @@ def _merged_edges(problem: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np
     return keys % n, keys // n, nbytes
 
 
-def _list_schedule(problem: PlacementProblem, times: Times, favourite_parent: np.ndarray | None) -> np.ndarray:
-    if times not in ("train", "forward"):
-        raise PlacementError(f"times must be 'train' or 'forward', got {times!r}")
+def _list_schedule(problem: PlacementProblem, favourite_parent: np.ndarray | None) -> np.ndarray:
     require_fit(problem)
     n, k = problem.n, problem.k
-    dur = problem.compute_s if times == "train" else problem.fwd_s
-    trips = 2.0 if times == "train" else 1.0
+    dur = problem.compute_s
     lat, bw = problem.latency, problem.bandwidth
     mem, cap = problem.mem_bytes, problem.usable_mem_bytes
     tol = 1e-9 * cap
@@ -167,7 +155,7 @@ def _list_schedule(problem: PlacementProblem, times: Times, favourite_parent: np
             if indeg[s] == 0:
                 lo, hi = in_start[s], in_start[s + 1]
                 preds, dev = src[lo:hi], assign[src[lo:hi]]
-                arrive = finish[preds, None] + trips * physics.transfer_time_s(nbytes[lo:hi, None], lat[dev], bw[dev])
+                arrive = finish[preds, None] + 2.0 * physics.transfer_time_s(nbytes[lo:hi, None], lat[dev], bw[dev])
                 data_ready[s] = arrive.max(axis=0)
                 ready[s] = True
     if overfull:
