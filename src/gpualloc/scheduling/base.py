@@ -445,45 +445,31 @@ class FreeIndex:
 
     def take(self, gpus: Sequence[int]) -> None:
         """``gpus`` (free ones) are no longer free."""
-        key_of, bit_of, masks, buckets, n_nodes = self._key, self._bit, self._mask, self._buckets, self._n_nodes
-        live = self._live
-        for g in gpus:
-            key = key_of[g]
-            m = masks[key]
-            c = m.bit_count()
-            masks[key] = m ^ bit_of[g]
-            t = key // n_nodes
-            b = buckets[t]
-            node = 1 << (key % n_nodes)
-            b[c] ^= node
-            b[c - 1] |= node
-            if live is not None:
-                free, count, by_type = live
-                free[g] = False
-                count[key] -= 1
-                by_type[t] -= 1
-        self.total -= len(gpus)
+        self._move(gpus, False, -1)
 
     def give(self, gpus: Sequence[int]) -> None:
         """``gpus`` (not free ones) are free again."""
+        self._move(gpus, True, 1)
+
+    def _move(self, gpus: Sequence[int], to_free: bool, step: int) -> None:
         key_of, bit_of, masks, buckets, n_nodes = self._key, self._bit, self._mask, self._buckets, self._n_nodes
         live = self._live
         for g in gpus:
             key = key_of[g]
             m = masks[key]
             c = m.bit_count()
-            masks[key] = m | bit_of[g]
+            masks[key] = m ^ bit_of[g]  # the GPU's bit flips: set when it comes free, cleared when taken
             t = key // n_nodes
             b = buckets[t]
             node = 1 << (key % n_nodes)
             b[c] ^= node
-            b[c + 1] |= node
+            b[c + step] |= node
             if live is not None:
                 free, count, by_type = live
-                free[g] = True
-                count[key] += 1
-                by_type[t] += 1
-        self.total += len(gpus)
+                free[g] = to_free
+                count[key] += step
+                by_type[t] += step
+        self.total += step * len(gpus)
 
     def one_node(self, type_index: int, need: int) -> tuple[int, ...] | None:
         """The GPUs :func:`best_fit` gives ``need`` GPUs of ``type_index`` when one node has room for
