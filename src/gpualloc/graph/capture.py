@@ -111,16 +111,6 @@ class _Op:
 
 
 # ------------------------------------------------------------------------------------------ loading
-def import_factory_module(model: str) -> tuple[Any, str]:
-    """Import the module of ``"package.module:factory"`` and return it with the factory's name
-    (:func:`gpualloc.registry.import_user_module`: the current folder is on the import path).
-
-    Raises:
-        CaptureError: the module cannot be imported (one line).
-    """
-    return import_user_module(model, CaptureError)
-
-
 def _load_model(
     model: nn.Module | str, example_inputs: ExampleInputs | None = None
 ) -> tuple[nn.Module, Callable[[int], Sequence[torch.Tensor]] | Sequence[torch.Tensor], str, bool]:
@@ -164,7 +154,7 @@ def build_from_factory(model: str) -> tuple[nn.Module, Callable[[int], Sequence[
     the returned module's own ``example_inputs(batch)`` method, else the package module's ``example_inputs``
     function, else None. The one factory protocol of capture and run.
     """
-    mod, attr = import_factory_module(model)
+    mod, attr = import_user_module(model, CaptureError)  # the current folder is on the import path
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise CaptureError(f"{model!r}: module {mod.__name__!r} has no callable {attr!r}")

@@ -18,8 +18,6 @@ from gpualloc.limits import MAX_BATCH
 FORMAT = "gpualloc-graph"
 VERSION = 1
 
-NonNeg = Field(default=0.0, ge=0)
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
