@@ -412,10 +412,7 @@ class Store:
     # --------------------------------------------------------------------------------- reads
     def get(self, job_id: int) -> JobRecord:
         with self.engine.connect() as conn:
-            row = conn.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
-        if row is None:
-            raise NotFound(f"no job {job_id}")
-        return _record(row)
+            return _fetch(conn, job_id)
 
     def list_jobs(self, states: Iterable[JobState] | None = None, *, limit: int | None = None,
                   offset: int = 0, after_id: int | None = None, team: str | None = None) -> list[JobRecord]:
@@ -454,12 +451,6 @@ class Store:
     def active(self) -> list[JobRecord]:
         """Queued, allocated and running jobs, in id order."""
         return self.list_jobs(ACTIVE)
-
-    def counts(self) -> dict[str, int]:
-        """Jobs per state (every state listed)."""
-        with self.engine.connect() as conn:
-            rows = dict(conn.execute(select(jobs_t.c.state, func.count()).group_by(jobs_t.c.state)).all())
-        return {s.value: int(rows.get(s.value, 0)) for s in JobState}
 
     def allocations(self) -> dict[int, tuple[int, int]]:
         """``{device: (job id, attempt)}`` of the allocated GPUs."""
@@ -611,7 +602,7 @@ class Store:
         """
 
         def op(tx: _Tx) -> JobRecord:
-            rec = _fetch(tx, job_id)
+            rec = _fetch(tx.conn, job_id)
             if rec.state.terminal:
                 raise Conflict(f"job {job_id} is already {rec.state.value}")
             if rec.state is JobState.QUEUED:
@@ -621,7 +612,7 @@ class Store:
             elif not rec.cancel_requested:
                 _set(tx, job_id, cancel_requested=True)
                 _event(tx, job_id, "cancel_requested")
-            return _fetch(tx, job_id)
+            return _fetch(tx.conn, job_id)
 
         return self.write(op)
 
@@ -634,7 +625,7 @@ class Store:
         gpus = tuple(int(g) for g in gpus)
 
         def op(tx: _Tx) -> JobRecord:
-            rec = _fetch(tx, job_id)
+            rec = _fetch(tx.conn, job_id)
             if rec.state is not JobState.QUEUED:
                 raise Conflict(f"job {job_id} is {rec.state.value}, not queued")
             attempt = rec.attempts + 1
@@ -647,7 +638,7 @@ class Store:
                  gpus=json.dumps(list(gpus)), allocated_at=tx.now, handle=None, exit_code=None, error=None)
             tx.queued_delta -= 1
             _event(tx, job_id, "allocated", attempt=attempt, device_type=device_type, gpus=list(gpus))
-            return _fetch(tx, job_id)
+            return _fetch(tx.conn, job_id)
 
         return self.write(op)
 
@@ -660,7 +651,7 @@ class Store:
                 return rec
             _set(tx, job_id, state=JobState.RUNNING.value, handle=handle, started_at=tx.now)
             _event(tx, job_id, "started", attempt=attempt, handle=handle)
-            return _fetch(tx, job_id)
+            return _fetch(tx.conn, job_id)
 
         return self.write(op)
 
@@ -681,7 +672,7 @@ class Store:
             _set(tx, job_id, state=state.value, finished_at=tx.now, exit_code=exit_code,
                  error=_cut(error), result=_cut(json.dumps(result)) if result is not None else None)
             _event(tx, job_id, state.value, attempt=attempt, exit_code=exit_code, error=_cut(error, 512))
-            return _fetch(tx, job_id)
+            return _fetch(tx.conn, job_id)
 
         return self.write(op)
 
@@ -703,7 +694,7 @@ class Store:
                 _set(tx, job_id, state=JobState.QUEUED.value, requeues=rec.requeues + 1, handle=None)
                 tx.queued_delta += 1
                 _event(tx, job_id, "requeued", attempt=attempt, reason=_cut(reason, 512))
-            return _fetch(tx, job_id)
+            return _fetch(tx.conn, job_id)
 
         return self.write(op)
 
@@ -748,15 +739,15 @@ def _record(row: Any) -> JobRecord:
         idempotency_key=row["idempotency_key"], user=row["user"], team=row["team"])
 
 
-def _fetch(tx: _Tx, job_id: int) -> JobRecord:
-    row = tx.conn.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
+def _fetch(conn: Connection, job_id: int) -> JobRecord:
+    row = conn.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
     if row is None:
         raise NotFound(f"no job {job_id}")
     return _record(row)
 
 
 def _holding(tx: _Tx, job_id: int, attempt: int) -> JobRecord:
-    rec = _fetch(tx, job_id)
+    rec = _fetch(tx.conn, job_id)
     if rec.state not in HOLDING or rec.attempts != attempt:
         raise Conflict(f"job {job_id} is {rec.state.value} at attempt {rec.attempts}, not holding GPUs "
                        f"for attempt {attempt}")
