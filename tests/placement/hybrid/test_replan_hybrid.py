@@ -12,7 +12,7 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
 from gpualloc.placement.conditions import Conditions, scripted_schedule
-from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with_speed_scale
+from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions
 from gpualloc.placement.hybrid.plan import Replica, HybridStage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.problem import PlacementProblem
@@ -55,8 +55,8 @@ def four_v100() -> HybridProblem:
 
 def test_speed_scale_makes_a_slowed_device_its_own_type(four_v100):
     p = four_v100
-    assert with_speed_scale(p, [1.0] * 4) is p
-    q = with_speed_scale(p, [1.0, 0.5, 1.0, 1.0])
+    assert with_conditions(p, nominal(4, speed=[1.0] * 4)) is p
+    q = with_conditions(p, nominal(4, speed=[1.0, 0.5, 1.0, 1.0]))
     assert q.type_names == ("V100-16GB", "V100-16GB@0.5") and q.type_of.tolist() == [0, 1, 0, 0]
     f, b = p.layer_times_s(0, 8, 1)
     fq, bq = q.layer_times_s(1, 8, 1)
@@ -69,21 +69,15 @@ def test_speed_scale_makes_a_slowed_device_its_own_type(four_v100):
     assert simulate_hybrid(q, plan).step_time_s > 1.8 * simulate_hybrid(p, plan).step_time_s
     assert lower_bound_hybrid(p) < lower_bound_hybrid(q) <= lower_bound_hybrid(p) * 4 / 3.5 * (1 + 1e-9)
     # scaling composes: 0.5 then 2.0 is nominal again
-    back = with_speed_scale(q, [1.0, 2.0, 1.0, 1.0])
+    back = with_conditions(q, nominal(4, speed=[1.0, 2.0, 1.0, 1.0]))
     assert back is p
-
-
-@pytest.mark.parametrize("bad", [[1.0, 0.5], [1.0, 0.0, 1.0, 1.0], [1.0, float("nan"), 1.0, 1.0]])
-def test_speed_scale_rejects_bad_factors(four_v100, bad):
-    with pytest.raises(PlacementError, match="speed scale: expected 4 finite positive factors"):
-        with_speed_scale(four_v100, bad)
 
 
 def test_a_slowed_gpu_gets_a_smaller_share_at_no_migration_cost(four_v100):
     p = four_v100
     plan = ddp(p)
     assert [s for _, s in shares(plan)[0]] == [16, 16, 16, 16]
-    q = with_speed_scale(p, [1.0, 0.5, 1.0, 1.0])
+    q = with_conditions(p, nominal(4, speed=[1.0, 0.5, 1.0, 1.0]))
     new = rebalance_shares(q, plan)
     got = dict(shares(new)[0])
     assert sum(got.values()) == 64
@@ -172,14 +166,14 @@ def test_conditions_scale_the_links_and_compose_with_speeds(four_v100):
     np.testing.assert_allclose(q.bandwidth[off], want[off])
     assert np.all(np.isinf(np.diag(q.bandwidth)))
     # speed then links, or both at once: the same problem
-    both = with_conditions(with_speed_scale(p, [1.0, 0.5, 1.0, 1.0]), nominal(4, link=link))
+    both = with_conditions(with_conditions(p, nominal(4, speed=[1.0, 0.5, 1.0, 1.0])), nominal(4, link=link))
     once = with_conditions(p, nominal(4, speed=[1.0, 0.5, 1.0, 1.0], link=link))
     plan = ddp(p)
     assert simulate_hybrid(both, plan).step_time_s == simulate_hybrid(once, plan).step_time_s
     assert both.type_names == once.type_names == ("V100-16GB", "V100-16GB@0.5")
     twice = with_conditions(q, nominal(4, link=link))  # link factors compose too
     assert twice.bandwidth[0, 1] == pytest.approx(p.bandwidth[0, 1] / 16) and twice.base is p
-    assert with_speed_scale(twice, [1.0, 2.0, 1.0, 1.0]).bandwidth[0, 1] == twice.bandwidth[0, 1]
+    assert with_conditions(twice, nominal(4, speed=[1.0, 2.0, 1.0, 1.0])).bandwidth[0, 1] == twice.bandwidth[0, 1]
     with pytest.raises(PlacementError, match="conditions: 3 devices, the problem has 4"):
         with_conditions(p, nominal(3))
 

@@ -2,10 +2,10 @@
 
 A :class:`~gpualloc.placement.hybrid.problem.HybridProblem` costs devices by *type*. A throttled GPU or
 one sharing its SMs with another job is no longer like the others of its type, so
-:func:`with_speed_scale` gives every (type, speed factor) pair of the cluster a type of its own (named
-``V100-16GB@0.5``) whose compute and optimizer-step times are the base type's divided by the factor.
-:func:`with_conditions` applies a whole :class:`~gpualloc.placement.conditions.Conditions`: the device
-speeds as above, a bandwidth factor per directed device pair (the pairwise links, and the intra-node and
+:func:`with_conditions` gives every (type, speed factor) pair of the cluster a type of its own (named
+``V100-16GB@0.5``) whose compute and optimizer-step times are the base type's divided by the factor. It
+applies a whole :class:`~gpualloc.placement.conditions.Conditions`: the device speeds as above, a
+bandwidth factor per directed device pair (the pairwise links, and the intra-node and
 network links of a hierarchical all-reduce, through :meth:`HybridProblem.sync_links`), and the batch
 scale (a problem at the new global batch; :func:`rescale_batch` carries a plan's shares to it in
 proportion). Memory and model sizes do not change. The planner, the baselines, the closed form, the
@@ -14,7 +14,6 @@ bound and the simulator then use the drifted problem like any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
@@ -26,11 +25,11 @@ from gpualloc.placement.hybrid.baselines import largest_remainder
 from gpualloc.placement.hybrid.plan import HybridPlan, Replica, HybridStage, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 
-__all__ = ["ScaledHybridProblem", "rescale_batch", "with_conditions", "with_speed_scale"]
+__all__ = ["ScaledHybridProblem", "rescale_batch", "with_conditions"]
 
 
 class ScaledHybridProblem(HybridProblem):
-    """``base`` with device ``d`` running at ``scale[d]`` times its type's speed (see :func:`with_speed_scale`)
+    """``base`` with device ``d`` running at ``scale[d]`` times its type's speed (see :func:`with_conditions`)
     and, with ``link``, the bandwidth from device ``a`` to ``b`` ``link[a, b]`` times the cluster's."""
 
     def __init__(self, base: HybridProblem, scale: np.ndarray, link: np.ndarray | None = None) -> None:
@@ -101,21 +100,6 @@ class ScaledHybridProblem(HybridProblem):
         return (*kind, tuple(self.link[np.ix_(d, d)].ravel().tolist()))
 
 
-def with_speed_scale(problem: HybridProblem, scale_per_device: Sequence[float] | np.ndarray) -> HybridProblem:
-    """``problem`` with device ``d``'s compute ``scale_per_device[d]`` times as fast (0.5: every layer and
-    the optimizer step take twice as long on it). Scaling a scaled problem composes; all ones return
-    ``problem`` itself.
-
-    Raises:
-        PlacementError: not one finite positive factor per device.
-    """
-    scale = np.asarray(scale_per_device, dtype=np.float64)
-    if scale.shape != (problem.k,) or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
-        raise PlacementError(f"speed scale: expected {problem.k} finite positive factors (one per device), "
-                             f"got {np.asarray(scale_per_device).tolist()!r}")
-    return _drifted(*_compose(problem, scale, None))
-
-
 def _compose(problem: HybridProblem, scale: np.ndarray, link: np.ndarray | None
              ) -> tuple[HybridProblem, np.ndarray, np.ndarray | None]:
     """The undrifted problem under ``problem`` and the factors on it: ``scale`` and ``link`` (factors on
@@ -144,8 +128,9 @@ def _drifted(base: HybridProblem, scale: np.ndarray, link: np.ndarray | None) ->
 
 def with_conditions(problem: HybridProblem, conditions: Conditions) -> HybridProblem:
     """``problem`` under ``conditions`` (factors on ``problem``; they compose with a drifted one's): device
-    speeds as :func:`with_speed_scale`, link bandwidth factors per directed device pair, and the global
-    batch times ``batch_scale`` (rounded, at least 1). All ones return ``problem`` itself.
+    ``d``'s compute ``device_speed[d]`` times as fast (0.5: every layer and the optimizer step take twice as
+    long on it), link bandwidth factors per directed device pair, and the global batch times
+    ``batch_scale`` (rounded, at least 1). All ones return ``problem`` itself.
 
     Raises:
         PlacementError: the conditions are for another number of devices, or the new batch is too large.

@@ -29,9 +29,3 @@ def layer_of_node(graph: OpGraph) -> np.ndarray:
 
 def layer_count(graph: OpGraph) -> int:
     return int(layer_of_node(graph).max()) + 1
-
-
-def stage_of_node(graph: OpGraph, boundaries: list[int] | tuple[int, ...]) -> np.ndarray:
-    """Stage index of every node for stages whose *last* layers are ``boundaries`` (ascending, the final
-    one ``layer_count - 1``)."""
-    return np.searchsorted(np.asarray(boundaries), layer_of_node(graph), side="left").astype(np.int64)
