@@ -11,7 +11,7 @@ The view's arrays are the simulator's live state: policies must treat them as re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -554,6 +554,33 @@ class FreeGpus:
             if gpus is not None:
                 return t, gpus
         return None
+
+    def find_freeing(self, job: int, type_index: int, victims: Iterable[tuple[int, tuple[int, ...]]]
+                     ) -> tuple[tuple[int, ...] | None, list[int], list[int]]:
+        """:meth:`find`, giving back the GPUs of ``victims`` (``(running job, its GPUs)``, in order) one job
+        at a time until ``job`` fits.
+
+        Returns ``(gpus, stopped, spared)``: the GPUs (not taken), the victims whose GPUs they use, and
+        the victims given back whose GPUs they do not need, taken again (they keep running). When even
+        every victim does not make room: ``None`` and every victim given back spared.
+        """
+        gpus = self.find(job, type_index)
+        given: list[tuple[int, tuple[int, ...]]] = []
+        victims = iter(victims)
+        while gpus is None and (victim := next(victims, None)) is not None:
+            self.give(victim[1])
+            given.append(victim)
+            gpus = self.find(job, type_index)
+        used = set(gpus or ())
+        stopped: list[int] = []
+        spared: list[int] = []
+        for v, v_gpus in given:
+            if used.intersection(v_gpus):
+                stopped.append(v)
+            else:
+                self.take(v_gpus)
+                spared.append(v)
+        return gpus, stopped, spared
 
     def copy(self) -> FreeGpus:
         """An independent working copy (to try a plan and drop it)."""

@@ -765,7 +765,11 @@ def _realise(view: ClusterView, held: _Held, granted: dict[int, int], victims: l
     for (j, t), old in zip(granted.items(), run_types, strict=True):
         if old == t:
             continue
-        gpus = _find_freeing_victims(held, working, j, t, victims[t], stopped)
+        # GPUs of type t, freeing the type's victims (lowest priority first) only where needed; the
+        # victims it did not need stay at the front of the list, in order
+        gpus, freed, spared = working.find_freeing(j, t, ((v, held[v]) for v in victims[t]))
+        victims[t][:len(freed) + len(spared)] = spared
+        stopped.extend(freed)
         if gpus is None:
             continue
         working.take(gpus)
@@ -776,35 +780,6 @@ def _realise(view: ClusterView, held: _Held, granted: dict[int, int], victims: l
             stopped.append(j)
         starts.append((j, gpus))
     return starts, stopped
-
-
-def _find_freeing_victims(held: _Held, working: FreeGpus, job: int, t: int, victims: list[int],
-                          stopped: list[int]) -> tuple[int, ...] | None:
-    """GPUs of type ``t`` for ``job``, freeing ``victims`` (in order) until ``find`` succeeds.
-
-    Victims whose GPUs the placement uses are appended to ``stopped``; the others are put back, in
-    order, at the front of ``victims`` with their GPUs taken again.
-    """
-    gpus = working.find(job, t)
-    if gpus is not None or not victims:
-        return gpus
-    taken: list[int] = []
-    while gpus is None and victims:
-        victim = victims.pop(0)
-        working.give(held[victim])
-        taken.append(victim)
-        gpus = working.find(job, t)
-    used = set(gpus) if gpus is not None else set()
-    returned = []
-    for victim in taken:
-        vg = held[victim]
-        if used.intersection(vg):
-            stopped.append(victim)
-        else:
-            working.take(vg)
-            returned.append(victim)
-    victims[:0] = returned
-    return gpus
 
 
 def _fill_leftover(view: ClusterView, q: np.ndarray, started: set[int], working: FreeGpus,

@@ -300,25 +300,12 @@ class Tiresias:
         lo = pools.first_outranked(t, k)
         if working.by_type[t] + pools.gpus_between(t, lo) < g:
             return None
-        gpus = working.find(j, t)
-        taken: Starts = []
-        while gpus is None and pools.hi[t] > lo:
-            victim, victim_gpus = pools.take(t)
-            working.give(victim_gpus)
-            taken.append((victim, victim_gpus))
-            gpus = working.find(j, t)
+        gpus, stopped, spared = working.find_freeing(j, t, (pools.take(t) for _ in range(pools.hi[t] - lo)))
         if gpus is None:  # fragmentation: nobody is preempted for a start that cannot happen
-            for _, victim_gpus in taken:
-                working.take(victim_gpus)
-            pools.hi[t] += len(taken)
+            pools.hi[t] += len(spared)
             return None
         working.take(gpus)
-        used = set(gpus)
-        for victim, victim_gpus in taken:
-            if used.intersection(victim_gpus):
-                preempt.append(victim)
-            else:  # its GPUs were not needed after all: it keeps running (and leaves the pool)
-                working.take(victim_gpus)
+        preempt.extend(stopped)  # a victim whose GPUs were not needed after all keeps running (and leaves the pool)
         return gpus
 
 
