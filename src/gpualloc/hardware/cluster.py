@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -288,6 +289,15 @@ PRESETS: dict[str, Callable[..., ClusterSpec]] = {
 }
 
 
+@contextmanager
+def _as_cluster_error(prefix: str) -> Iterator[None]:
+    """A :class:`CatalogError` raised inside as one :class:`ClusterError` line: ``prefix`` + its message."""
+    try:
+        yield
+    except CatalogError as err:
+        raise ClusterError(f"{prefix}{err}") from err
+
+
 # ----------------------------------------------------------------------------------- shorthand
 
 _TERM = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\S.*?)\s*$")
@@ -298,10 +308,8 @@ def parse_shorthand(spec: str, catalog: Catalog | None = None) -> ClusterSpec:
     cat = catalog or default_catalog()
     body, _, network = spec.partition("@")
     network = network.strip() or DEFAULT_NETWORK
-    try:
+    with _as_cluster_error(f"{spec!r}: network: "):
         net = cat.link(network)
-    except CatalogError as err:
-        raise ClusterError(f"{spec!r}: network: {err}") from err
     nodes: list = []
     for term in body.split("+"):
         m = _TERM.match(term)
@@ -311,10 +319,8 @@ def parse_shorthand(spec: str, catalog: Catalog | None = None) -> ClusterSpec:
         if count <= 0:
             raise ClusterError(f"{spec!r}: term {term.strip()!r}: count must be positive")
         check_size(count, f"{spec!r}: term {term.strip()!r}: count", MAX_DEVICES, ClusterError)
-        try:
+        with _as_cluster_error(f"{spec!r}: term {term.strip()!r}: "):
             nodes += _fill(m.group(2), count, cat, len(nodes))
-        except CatalogError as err:
-            raise ClusterError(f"{spec!r}: term {term.strip()!r}: {err}") from err
     return build_cluster(spec, nodes, net, cat)
 
 
@@ -419,38 +425,25 @@ def load_cluster_file(path: str | Path, catalog: Catalog | None = None) -> Clust
     inline: dict[str, DeviceType] = {}
     for type_name, row in spec.device_types.items():
         field = f"device_types.{type_name}"
-        try:
+        with _as_cluster_error(""):
             dev = DeviceRow.parse({"name": type_name, **row}, f"{where}: {field}",
                                   require_source=False).to_device_type()
-        except CatalogError as err:
-            raise ClusterError(str(err)) from err
-        try:
+        with _as_cluster_error(f"{where}: {field}.link: "):
             cat.link(dev.link)
-        except CatalogError as err:
-            raise ClusterError(f"{where}: {field}.link: {err}") from err
         inline[dev.name] = dev
     if inline:
-        try:
+        with _as_cluster_error(f"{where}: device_types: "):
             cat = cat.with_devices(inline)
-        except CatalogError as err:
-            raise ClusterError(f"{where}: device_types: {err}") from err
-
-    try:
+    with _as_cluster_error(f"{where}: network: "):
         network = cat.link(spec.network)
-    except CatalogError as err:
-        raise ClusterError(f"{where}: network: {err}") from err
 
     _check_total(spec, where)
     nodes: list = []
     for k, node in enumerate(spec.nodes):
-        try:
+        with _as_cluster_error(f"{where}: nodes[{k}].devices: "):
             types = [cat.device(t) for t, n in node.devices for _ in range(n)]
-        except CatalogError as err:
-            raise ClusterError(f"{where}: nodes[{k}].devices: {err}") from err
-        try:
+        with _as_cluster_error(f"{where}: nodes[{k}].link: "):
             link = cat.link(node.link) if node.link else node_link(types, cat)
-        except CatalogError as err:
-            raise ClusterError(f"{where}: nodes[{k}].link: {err}") from err
         for r in range(node.count):
             if node.name is None:
                 node_name = f"n{len(nodes)}"
