@@ -239,7 +239,7 @@ class Tiresias:
             r_ok = r[ok]
             key_r = self._primary(view, r_ok, level_r[ok], running=True)
             if key_r.size and key_c.min() < key_r.max():
-                outranked = _outranked_gpus(key_c, key_r, rt[ok], jobs.num_gpus[r_ok], n_types)
+                outranked = _RunningPools(view, r_ok, key_r, n_types).gpus_after(key_c)
             else:  # nobody outranks a running job: free GPUs only
                 outranked = np.zeros((1, n_types), dtype=np.int64)
             keep = ((jobs.speed[cand] > 0) & (jobs.num_gpus[cand][:, None] <= free_t[None, :] + outranked)).any(axis=1)
@@ -309,20 +309,6 @@ class Tiresias:
         return gpus
 
 
-def _outranked_gpus(key_c: np.ndarray, key_r: np.ndarray, type_r: np.ndarray, gpus_r: np.ndarray,
-                    n_types: int) -> np.ndarray:
-    """Candidates x types: GPUs of the running jobs (of type ``type_r``) whose key exceeds each candidate's."""
-    out = np.zeros((key_c.size, n_types), dtype=np.int64)
-    for t in range(n_types):
-        sel = type_r == t
-        if sel.any():
-            order = np.argsort(key_r[sel], kind="stable")
-            keys = key_r[sel][order]
-            csum = np.concatenate([[0], np.cumsum(gpus_r[sel][order])])
-            out[:, t] = csum[-1] - csum[np.searchsorted(keys, key_c, side="right")]
-    return out
-
-
 def _chunked(jobs: JobTable, cand: np.ndarray, rank: np.ndarray, size: int = 64):
     """``(job, rank, types fastest first)`` for the candidates in order, converted a chunk at a time
     (the loop usually stops after a few jobs, so converting thousands up front would dominate)."""
@@ -333,7 +319,8 @@ def _chunked(jobs: JobTable, cand: np.ndarray, rank: np.ndarray, size: int = 64)
 
 
 class _RunningPools:
-    """Running jobs that queued candidates may outrank, per device type, in increasing rank."""
+    """Running jobs that queued candidates may outrank, per device type, in increasing rank (any sort
+    key: ranks in the decision's order, or the order's leading key in :meth:`Tiresias._candidates`)."""
 
     def __init__(self, view: ClusterView, running: np.ndarray, rank: np.ndarray, n_types: int) -> None:
         self._view = view
