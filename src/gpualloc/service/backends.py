@@ -153,12 +153,14 @@ class Backend(Protocol):
         ...
 
 
-def visible_devices_env(vendor: str, local: Sequence[int]) -> dict[str, str]:
-    """The variables that restrict a program to its GPUs (by index on the node)."""
+def visible_devices_env(vendor: str, local: Sequence[int], *, host_wide: bool = False) -> dict[str, str]:
+    """The variables that restrict a program to its GPUs (by index on the node). ``host_wide``: the
+    indices number the GPUs of one host holding every node, and NVIDIA jobs get
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers them as ``nvidia-smi`` does."""
     ids = ",".join(str(i) for i in local)
     if vendor.lower() == "amd":
         return {"ROCR_VISIBLE_DEVICES": ids, "HIP_VISIBLE_DEVICES": ids}
-    return {"CUDA_VISIBLE_DEVICES": ids}
+    return {"CUDA_VISIBLE_DEVICES": ids, **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if host_wide else {})}
 
 
 def host_device_indices(vendors: Sequence[str]) -> tuple[int, ...]:
@@ -262,9 +264,7 @@ class LocalBackend:
             # One host holds every node: every GPU of the allocation is visible to the one process, by
             # its index on the host (never its index within its node, which another node's job shares).
             host = [self.host_indices[g] if self.host_indices is not None else g for g in req.gpus]
-            target["env"].update(visible_devices_env(req.vendor, host))
-            if req.vendor.lower() == "nvidia":
-                target["env"]["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            target["env"].update(visible_devices_env(req.vendor, host, host_wide=True))
             user = self.job_users.for_team(req.team)
             if user is not None:
                 target["user"] = user
@@ -344,14 +344,11 @@ class LocalBackend:
             return None
         return int(info["pid"])
 
-    def _exit(self, handle: str) -> dict[str, Any] | None:
-        return read_exit(self.run_dir(handle))
-
     def poll(self, runs: Sequence[RunRef]) -> dict[tuple[int, int], RunState]:
         out = {}
         for run in runs:
             alive = self._runner_pid(run.handle) is not None  # before reading exit.json: no race
-            outcome = self._exit(run.handle)
+            outcome = read_exit(self.run_dir(run.handle))
             if outcome is not None:
                 out[run.key] = RunState(RunStatus.EXITED, outcome.get("exit_code"), outcome.get("error"),
                                         outcome.get("result"))
@@ -562,9 +559,7 @@ class RayBackend:
                 if self.host_indices is not None:  # one host: its indices, never another node's
                     node = req.groups[rank][0]
                     target["env"].update(visible_devices_env(req.vendor, [self.host_indices[(node, i)]
-                                                                          for i in local]))
-                    if req.vendor.lower() == "nvidia":
-                        target["env"]["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+                                                                          for i in local], host_wide=True))
                 actor.start.remote(target, log)
                 actors.append(actor)
         except Exception as err:

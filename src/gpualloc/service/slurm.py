@@ -338,9 +338,6 @@ class SlurmBackend:
         log.info("slurm: job %d attempt %d is Slurm job %s", req.job_id, req.attempt, job_id)
         return handle
 
-    def _exit(self, handle: str) -> dict[str, Any] | None:
-        return read_exit(self.run_dir(handle))
-
     def poll(self, runs: Sequence[RunRef]) -> dict[tuple[int, int], RunState]:
         if not runs:
             return {}
@@ -351,7 +348,7 @@ class SlurmBackend:
         if job is not None and job.active:
             return self._active_state(handle, job)
         self._pending_since.pop(handle, None)
-        outcome = self._exit(handle)
+        outcome = read_exit(self.run_dir(handle))
         if outcome is not None:
             return RunState(RunStatus.EXITED, outcome.get("exit_code"), outcome.get("error"), outcome.get("result"))
         job_id = job.job_id if job is not None else self.slurm_job_id(handle)
