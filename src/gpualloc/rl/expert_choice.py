@@ -32,7 +32,7 @@ from gpualloc.seeding import seeded
 
 __all__ = ["BLIND_EXPERTS", "DEFAULT_EXPERTS", "ESTIMATE_EXPERTS", "EXPERTS_AT", "EXPERT_FEATURES", "GLOBAL_FEATURES",
            "KNOWLEDGE_FEATURES", "MAX_TYPES", "TYPE_FEATURES", "ExpertPanel", "GateResult", "HDFeatures",
-           "PredictedWork", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
+           "PredictedWork", "action_of", "distinct", "gate", "mean_ratio", "obs_dim", "observe"]
 
 BLIND_EXPERTS: tuple[str, ...] = ("fcfs", "las", "tiresias", "tiresias-gittins", "gavel",
                                   "srtf-pred", "sjf-pred", "gavel-srtf-pred")
@@ -120,6 +120,12 @@ def distinct(proposals: Sequence[Decision]) -> np.ndarray:
     return keep
 
 
+def action_of(proposals: Sequence[Decision], mask: np.ndarray, k: int) -> int:
+    """The action that applies expert ``k``'s proposal: the first proposal of ``mask`` (:func:`distinct`)
+    equal to it."""
+    return next(i for i, d in enumerate(proposals) if mask[i] and _same(d, proposals[k]))
+
+
 def _type_blocks(view: ClusterView, q: np.ndarray, total: np.ndarray, free: np.ndarray, n_gpus: float) -> np.ndarray:
     """Per type (largest first, padded to ``MAX_TYPES``): share of GPUs, free share, queued demand whose
     fastest type it is (GPUs / cluster), queued jobs' mean speed there relative to their best."""
@@ -202,12 +208,13 @@ class PredictedWork:
 
 
 def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0,
-            work: PredictedWork | None = None) -> np.ndarray:
+            work: PredictedWork | None = None, encoder=None) -> np.ndarray:
     """The cluster-agnostic observation of one decision point (length :func:`obs_dim`).
 
     ``work`` None: remaining work read from the view (``oracle``: the truth). Otherwise it comes from
     ``work`` (a predictor's median; no duration column is read, so this runs under ``blind``), and
     :data:`KNOWLEDGE_FEATURES` more numbers say how uncertain it is and how much work jobs have done.
+    ``encoder``: optional ``(view) -> features`` appended (the HD block, :class:`HDFeatures`).
     """
     jobs = view.jobs
     n_gpus = float(len(view.gpu_type))
@@ -251,8 +258,10 @@ def observe(view: ClusterView, proposals: Sequence[Decision], teacher: int = 0,
     parts = [glob, _type_blocks(view, q, total, free, n_gpus), *blocks]
     if extra is not None:
         parts.append(extra)
-    out = np.concatenate(parts)
-    return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+    out = np.nan_to_num(np.concatenate(parts), nan=0.0, posinf=0.0, neginf=0.0)
+    if encoder is not None:
+        out = np.concatenate([out, np.asarray(encoder(view), dtype=np.float32)])
+    return out
 
 
 @dataclass(frozen=True)

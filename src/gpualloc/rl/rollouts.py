@@ -34,7 +34,7 @@ import torch
 
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import ClusterSpec
-from gpualloc.rl.expert_choice import ExpertPanel, distinct, observe
+from gpualloc.rl.expert_choice import ExpertPanel, action_of, distinct, observe
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Trace
@@ -78,11 +78,6 @@ def _start(problem: Problem, panel: ExpertPanel, sim_options: dict | None) -> Si
     cluster, trace = problem
     return Simulation(trace, cluster, name="rollout", preemptive=panel.preemptive, round_s=panel.round_s,
                       drop_unplaceable=True, timeline=False, **dict(sim_options or {}))
-
-
-def _teacher_action(proposals, mask: np.ndarray, teacher: int) -> int:
-    t = proposals[teacher]
-    return next(k for k, d in enumerate(proposals) if mask[k] and d.preempt == t.preempt and d.starts == t.starts)
 
 
 def _to_point(sim: Simulation, panel: ExpertPanel, k: int | None):
@@ -137,9 +132,7 @@ def _forced(problem: Problem, experts: Sequence[str], teacher: int, point: int, 
     if found is None:
         raise AgentError(f"rollout_cost: the teacher's run has no choice point {point}")
     proposals, mask = found
-    obs = observe(sim.view, proposals, teacher)
-    if encoder is not None:
-        obs = np.concatenate([obs, np.asarray(encoder(sim.view), dtype=np.float32)])
+    obs = observe(sim.view, proposals, teacher, encoder=encoder)
     first = panel.apply(choice, proposals, sim.view)
     follow = panel.policies[teacher if base is None else base]
     cost = _cost_from(sim, first, panel.policies[choice], follow, follow_s, horizon_s, idle_weight)
@@ -200,10 +193,8 @@ def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher
                 cost[e] = c
             for e in range(n_e):  # an expert proposing an earlier one's decision shares its cost
                 if not mask[e]:
-                    same = next(i for i in range(e) if mask[i] and proposals[i].preempt == proposals[e].preempt
-                                and proposals[i].starts == proposals[e].starts)
-                    cost[e] = cost[same]
-            ta = _teacher_action(proposals, mask, teacher)
+                    cost[e] = cost[action_of(proposals, mask, e)]
+            ta = action_of(proposals, mask, teacher)
             best = int(np.argmin(np.where(mask, cost, np.inf)))
             gain = cost[ta] - cost[best]
             label = best if gain > min_gain * max(abs(cost[ta]), 1e-9) else ta

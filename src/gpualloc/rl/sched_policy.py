@@ -143,9 +143,7 @@ class ExpertChoicePolicy:
         mask = distinct(proposals)
         if mask.sum() == 1:
             return proposals[0]
-        obs = observe(view, proposals, self.teacher, self._work)
-        if self.encoder is not None:
-            obs = np.concatenate([obs, np.asarray(self.encoder(view), dtype=np.float32)])
+        obs = observe(view, proposals, self.teacher, self._work, self.encoder)
         choice = self.agent.act(obs, mask, explore=False)
         self.choices[choice] += 1
         return panel.apply(choice, proposals, view)

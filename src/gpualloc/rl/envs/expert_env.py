@@ -23,7 +23,8 @@ import numpy as np
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
 from gpualloc.rl.envs.scheduling_env import DEFAULT_IDLE_WEIGHT, potential
-from gpualloc.rl.expert_choice import DEFAULT_EXPERTS, ExpertPanel, PredictedWork, distinct, obs_dim, observe
+from gpualloc.rl.expert_choice import (DEFAULT_EXPERTS, ExpertPanel, PredictedWork, action_of, distinct, obs_dim,
+                                       observe)
 from gpualloc.scheduling.knowledge import check_knowledge
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.seeding import seeded
@@ -172,17 +173,11 @@ class ExpertChoiceEnv(gym.Env):
             mask = distinct(proposals)
             if mask.sum() > 1:
                 self._proposals, self._mask = proposals, mask
-                self._obs = self._observe(view, proposals)
+                self._obs = observe(view, proposals, self.teacher, self._work, self.encoder)
                 break
             sim.decide(proposals[int(np.flatnonzero(mask)[0])])
         self._phi = phi_from
         return -self._cost(jobs0, idle0) / self._scale
-
-    def _observe(self, view, proposals) -> np.ndarray:
-        obs = observe(view, proposals, self.teacher, self._work)
-        if self.encoder is not None:
-            obs = np.concatenate([obs, np.asarray(self.encoder(view), dtype=np.float32)])
-        return obs
 
     def _info(self) -> dict:
         return {"action_mask": self._mask.copy() if not self._sim.done else np.ones(len(self.experts), bool),
@@ -198,8 +193,4 @@ class ExpertChoiceEnv(gym.Env):
         otherwise for this episode's problem; the first expert proposing the same)."""
         if self._sim is None or self._sim.done:
             return self._guide
-        t = self._proposals[self._guide]
-        for k, d in enumerate(self._proposals):
-            if self._mask[k] and d.preempt == t.preempt and d.starts == t.starts:
-                return k
-        return self._guide
+        return action_of(self._proposals, self._mask, self._guide)
