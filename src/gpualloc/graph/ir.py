@@ -191,19 +191,14 @@ class OpGraph:
         import heapq
 
         n = len(self.nodes)
-        indeg = np.zeros(n, dtype=np.int64)
-        succ: list[list[int]] = [[] for _ in range(n)]
-        for e in self.edges:
-            s, d = self.index[e.src], self.index[e.dst]
-            succ[s].append(d)
-            indeg[d] += 1
+        indeg = np.array([len(p) for p in self.predecessors], dtype=np.int64)
         heap = [i for i in range(n) if indeg[i] == 0]
         heapq.heapify(heap)
         order: list[int] = []
         while heap:
             i = heapq.heappop(heap)
             order.append(i)
-            for j in succ[i]:
+            for j in self.successors[i]:
                 indeg[j] -= 1
                 if indeg[j] == 0:
                     heapq.heappush(heap, j)
@@ -281,18 +276,6 @@ class OpGraph:
     def device_types_measured(self) -> set[str]:
         """Device types that at least one node has a measured time for."""
         return {dev for n in self.nodes for dev in n.time_ms}
-
-    def to_networkx(self):
-        """A ``networkx.DiGraph`` with node and edge attributes (for graph utilities)."""
-        import networkx as nx
-
-        g = nx.DiGraph(name=self.name)
-        for n in self.nodes:
-            g.add_node(n.id, name=n.name, kind=n.kind, flops=n.flops, param_bytes=n.param_bytes,
-                       output_bytes=n.output_bytes)
-        for e in self.edges:
-            g.add_edge(e.src, e.dst, bytes=e.bytes)
-        return g
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
