@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -93,15 +93,12 @@ class Calibration:
         return self.cpu_default if device.vendor == "cpu" or device.name == "cpu" else self.default
 
     def to_dict(self) -> dict[str, Any]:
-        def eff(e: Efficiency) -> dict[str, Any]:
-            return {"compute": e.compute, "memory": e.memory, "launch_s": e.launch_s, "fitted_from": e.fitted_from}
-
         return {
             "format": "gpualloc-calibration",
             "version": 1,
-            "devices": {k: eff(v) for k, v in self.devices.items()},
-            "default": eff(self.default),
-            "cpu_default": eff(self.cpu_default),
+            "devices": {k: asdict(v) for k, v in self.devices.items()},
+            "default": asdict(self.default),
+            "cpu_default": asdict(self.cpu_default),
             "fit": dict(self.fit),
         }
 
@@ -115,12 +112,9 @@ class Calibration:
             doc = _CalibrationDoc.model_validate(dict(data))
         except ValidationError as err:
             raise CostModelError(f"{where}: malformed calibration: {format_validation_error(err)}") from err
-
-        def eff(d: _EfficiencyDoc) -> Efficiency:
-            return Efficiency(d.compute, d.memory, d.launch_s, d.fitted_from)
-
-        return cls(devices={k: eff(v) for k, v in doc.devices.items()}, default=eff(doc.default),
-                   cpu_default=eff(doc.cpu_default), fit=doc.fit)
+        return cls(devices={k: Efficiency(**v.model_dump()) for k, v in doc.devices.items()},
+                   default=Efficiency(**doc.default.model_dump()),
+                   cpu_default=Efficiency(**doc.cpu_default.model_dump()), fit=doc.fit)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
