@@ -344,7 +344,6 @@ def kl_partition(
     problem: PlacementProblem,
     *,
     seed: int | np.random.Generator | None = None,
-    refine_from: np.ndarray | None = None,
     passes: int = 10,
     bisect_passes: int = 50,
 ) -> np.ndarray:
@@ -358,7 +357,6 @@ def kl_partition(
     Args:
         problem: the placement problem.
         seed: randomness (BFS starts, ties, visiting orders), normalised once.
-        refine_from: skip the bisection and only refine this assignment.
         passes: k-way refinement passes.
         bisect_passes: gain-and-move steps per bisection.
 
@@ -370,8 +368,6 @@ def kl_partition(
     """
     rng = np.random.default_rng(seed)  # a Generator comes back unchanged
     require_fit(problem)
-    if refine_from is not None:
-        return kl_refine(problem, refine_from, seed=rng, passes=passes)
     n = problem.n
     a = np.zeros(n, dtype=np.int64)
     g = problem.graph
