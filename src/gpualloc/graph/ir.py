@@ -12,6 +12,7 @@ The JSON form is ``{"format": "gpualloc-graph", "version": 1, ...}``; its JSON S
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -351,9 +352,6 @@ def _num(x: float) -> float | int:
 def summarize(graph: OpGraph) -> dict[str, Any]:
     """Headline numbers of a graph (units in the keys), for ``gpualloc graph show``."""
     cp_flops, cp_path = graph.critical_path()
-    kinds: dict[str, int] = {}
-    for n in graph.nodes:
-        kinds[n.kind] = kinds.get(n.kind, 0) + 1
     out: dict[str, Any] = {
         "name": graph.name,
         "batch_size": graph.batch_size,
@@ -366,7 +364,7 @@ def summarize(graph: OpGraph) -> dict[str, Any]:
         "critical_path_flops": cp_flops,
         "critical_path_nodes": len(cp_path),
         "measured_on": sorted(graph.device_types_measured()),
-        "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        "kinds": dict(Counter(n.kind for n in graph.nodes).most_common()),
     }
     if graph.batch_size:
         out["flops_per_sample"] = graph.total_flops / graph.batch_size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from rich.console import Group, RenderableType
@@ -50,9 +51,7 @@ def cluster_view(spec) -> Group:
         table.add_column(col)
     shown = spec.nodes[:MAX_NODES_SHOWN]
     for node in shown:
-        kinds: dict[str, int] = {}
-        for i in node.devices:
-            kinds[spec.devices[i].type.name] = kinds.get(spec.devices[i].type.name, 0) + 1
+        kinds = Counter(spec.devices[i].type.name for i in node.devices)
         table.add_row(node.name, ", ".join(f"{n} x {k}" for k, n in kinds.items()), node.link.name,
                       f"{node.link.bandwidth_bytes_per_s / 1e9:g}", f"{node.link.latency_s * 1e6:g}")
     parts.append(table)
