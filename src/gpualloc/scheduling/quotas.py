@@ -410,9 +410,6 @@ class _Plan:
             got = self.orders[j] = job_types_in_order(self.jobs, j)
         return got
 
-    def _pref(self, j: int) -> bool:
-        return bool(self.has_pref[j])
-
     def _team(self, j: int) -> int:
         return int(self.team_of[j])
 
@@ -557,7 +554,7 @@ class _Plan:
             if got is _DROP:
                 continue
             j, gl, t_inner = got
-            if not self._pref(j):
+            if not self.has_pref[j]:
                 gpus = self._place(j, t_inner, gl)
                 if gpus is not None and self._within(j, t_inner):
                     self._start(j, gpus, t_inner)
@@ -660,20 +657,20 @@ class _Plan:
         """Borrowing starts by progressive filling (weighted max-min per type): the team with the
         least borrowed GPUs per unit of weight goes next. Each team offers the inner policy's
         borrowing starts in its order; when two or more teams want to borrow, also its other queued
-        jobs (queue order): across teams fair share decides, within a team the inner policy."""
+        jobs (queue order): across teams fair share decides, within a team the inner policy. Only with
+        ``borrowing`` on."""
         offers: dict[int, list[tuple[int, tuple[int, ...] | None]]] = {}
         for j, gl in deferred:
             offers.setdefault(self._team(j), []).append((j, gl))
-        if self.borrowing:
-            offered = {j for j, _ in deferred}
-            extra: dict[int, list[tuple[int, tuple[int, ...] | None]]] = {}
-            for j in self.view.queue:
-                j = int(j)
-                if j not in offered and j not in self.started and j not in self.stopped:
-                    extra.setdefault(self._team(j), []).append((j, None))
-            if len(set(offers) | set(extra)) >= 2 and self.free.total > 0:
-                for k, items in extra.items():
-                    offers.setdefault(k, []).extend(items)
+        offered = {j for j, _ in deferred}
+        extra: dict[int, list[tuple[int, tuple[int, ...] | None]]] = {}
+        for j in self.view.queue:
+            j = int(j)
+            if j not in offered and j not in self.started and j not in self.stopped:
+                extra.setdefault(self._team(j), []).append((j, None))
+        if len(set(offers) | set(extra)) >= 2 and self.free.total > 0:
+            for k, items in extra.items():
+                offers.setdefault(k, []).extend(items)
         while offers and self.free.total > 0:
             k = min(offers, key=lambda k: (self._borrowed(k, self._head_type(offers[k][0])), k))
             j, gl = offers[k].pop(0)
@@ -681,13 +678,11 @@ class _Plan:
                 del offers[k]
             if j in self.started:
                 continue
-            if gl is not None and not self._pref(j):
+            if gl is not None and not self.has_pref[j]:
                 types = [self.type_l[gl[0]]]
             else:
                 types = self._order(j)
             for t in types:
-                if not (self.borrowing or self._within(j, t)):
-                    continue
                 if gl is None:  # a job the inner policy did not start: not on GPUs it preempted for another
                     gpus = self._place_unfreed(j, t)
                 else:
