@@ -106,8 +106,7 @@ def idle_gpu_s(result: SimResult) -> float:
 
 def slowdown(result: SimResult) -> np.ndarray:
     """JCT / best_time_s of each completed job (1 = as fast as alone on its fastest type)."""
-    done = result.completed
-    return (result.finish_s[done] - result.arrival_s[done]) / result.best_time_s[done]
+    return jct_s(result) / result.best_time_s[result.completed]
 
 
 def avg_slowdown(result: SimResult) -> float:

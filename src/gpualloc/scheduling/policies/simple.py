@@ -189,12 +189,6 @@ class StaticAffinity:
         return Decision(starts)
 
 
-def _backfill_candidates(view: ClusterView, order: np.ndarray, pool: FreeGpus) -> list[int]:
-    """Queued jobs in ``order`` that could fit in the largest free block of any type right now."""
-    need = view.jobs.num_gpus[order]
-    return order[need <= pool.by_type.max(initial=0)].tolist()
-
-
 class SJF:
     """Shortest job first: queued jobs by run time on their fastest type (``work_s / best speed``),
     shortest first; a job that does not fit is skipped, not waited for. Non-preemptive."""
@@ -208,9 +202,10 @@ class SJF:
         q = np.fromiter(view.queue, dtype=np.int64, count=len(view.queue))
         jobs = view.jobs
         key = jobs.work_s[q] / jobs.speed[q].max(axis=1)
+        order = q[np.argsort(key, kind="stable")]
         pool = view.free_gpus()
         starts: Starts = []
-        for j in _backfill_candidates(view, q[np.argsort(key, kind="stable")], pool):
+        for j in order[jobs.num_gpus[order] <= pool.by_type.max(initial=0)].tolist():  # those that could fit now
             if pool.total == 0:
                 break
             gpus = pool.start(j)
