@@ -121,7 +121,7 @@ def serve(
     from gpualloc._extras import require
 
     require("service", "uvicorn", by="gpualloc serve")  # before any set-up; FastAPI and SQLAlchemy: service.app
-    from gpualloc.service.app import Service, listen_socket
+    from gpualloc.service.app import LOOPBACK_HOSTS, Service, listen_socket
     from gpualloc.service.auth import check_own_or_missing, check_private_folder, default_store
     from gpualloc.service.jobusers import plan_job_users
 
@@ -167,7 +167,7 @@ def serve(
             check_own_or_missing(ready_file, "--ready-file")
             ready_file.unlink(missing_ok=True)
         port = sock.getsockname()[1]
-        if host not in ("127.0.0.1", "::1", "localhost"):
+        if host not in LOOPBACK_HOSTS:
             err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
                               "(use TLS in front of it)")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -439,31 +439,22 @@ _STORE = typer.Option(None, "--store", help="The service's store (as given to `g
                                             "[default: serve's default].")
 
 
-def _default_store() -> str:
-    """The store ``gpualloc serve`` uses without ``--store`` (in the user's XDG state folder)."""
-    from gpualloc.service.auth import default_store
-
-    return default_store()
-
-
 def _open_store(store: str | None):
     """The store, checked as ``serve`` checks it (folder made 0700, no planted or foreign store file)."""
-    from gpualloc.service.auth import check_store_files
+    from gpualloc.service.auth import check_store_files, default_store
     from gpualloc.service.store import Store, sqlite_path
 
-    store = store or _default_store()
+    store = store or default_store()
     path = sqlite_path(store)
     if path is not None:
         check_store_files(path)
     return Store(store)
 
 
-def default_user_token_path(store: str, name: str) -> Path:
+def default_user_token_path(db, name: str) -> Path:
     """Where ``gpualloc user add`` writes a user's token without ``--token-file``:
     ``<store>.tokens/<name>.token`` (``./gpualloc-tokens/<name>.token`` for a database URL)."""
-    from gpualloc.service.store import sqlite_path
-
-    path = sqlite_path(store)
+    path = db.path
     folder = Path("gpualloc-tokens").absolute() if path is None else path.with_name(path.name + ".tokens")
     return folder / f"{name}.token"
 
@@ -509,7 +500,7 @@ def user_add(
         if allowed is not None and team not in allowed[0]:
             raise ServiceError(f"--team {team!r}: not a team of the quota file {allowed[1]} "
                                f"(teams: {', '.join(sorted(allowed[0]))})")
-        path = token_file or default_user_token_path(db.url if db.path is None else str(db.path), name)
+        path = token_file or default_user_token_path(db, name)
         user, secret = db.add_user(name, team, admin=admin)
         try:
             path = write_token_file(path, secret)
@@ -558,7 +549,7 @@ def user_remove(
     db = _open_store(store)
     try:
         db.remove_user(name)
-        default_user_token_path(db.url if db.path is None else str(db.path), name).unlink(missing_ok=True)
+        default_user_token_path(db, name).unlink(missing_ok=True)
     finally:
         db.close()
     console.print(f"user {name} removed; their token no longer works", highlight=False)
@@ -580,7 +571,7 @@ def user_token(
                            "add --rotate to make a new one")
     db = _open_store(store)
     try:
-        path = token_file or default_user_token_path(db.url if db.path is None else str(db.path), name)
+        path = token_file or default_user_token_path(db, name)
         secret = db.rotate_token(name)
         path = write_token_file(path, secret)
     finally:
