@@ -42,8 +42,8 @@ def test_energy_is_power_over_the_wall_time():
 
 
 def test_a_migration_moves_weights_and_adam_state_not_gradients():
-    assert physics.weight_state_bytes(1e6, gradients=False) == pytest.approx(3e6)
-    np.testing.assert_allclose(physics.weight_state_bytes(np.array([1.0, 2.0])), [4.0, 8.0])
+    assert physics.weight_state_bytes(1e6, 2, gradients=False) == pytest.approx(3e6)
+    np.testing.assert_allclose(physics.weight_state_bytes(np.array([1.0, 2.0]), 2), [4.0, 8.0])
 
 
 def test_transfer_is_alpha_plus_bytes_over_beta():

@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpualloc.cost.memory import OPTIMIZER_STATES as _OPTIMIZERS
-
 ArrayLike = float | np.ndarray
-
-OPTIMIZER_STATES = _OPTIMIZERS["adam"]
-"""Adam keeps two states per weight (:data:`gpualloc.cost.memory.OPTIMIZER_STATES`, the one table)."""
 
 
 def power_w(idle_w: ArrayLike, tdp_w: ArrayLike, busy: ArrayLike) -> np.ndarray:
@@ -38,9 +33,9 @@ def energy_j(idle_w: ArrayLike, tdp_w: ArrayLike, busy_s: ArrayLike, wall_s: Arr
     return np.where(wall > 0, power_w(idle_w, tdp_w, np.asarray(busy_s, dtype=np.float64) / safe) * wall, 0.0)
 
 
-def weight_state_bytes(param_bytes: ArrayLike, optimizer_states: int = OPTIMIZER_STATES, *,
-                       gradients: bool = True) -> np.ndarray:
-    """Bytes of the weights, their optimizer states and (``gradients``) their gradients.
+def weight_state_bytes(param_bytes: ArrayLike, optimizer_states: int, *, gradients: bool = True) -> np.ndarray:
+    """Bytes of the weights, their ``optimizer_states`` state tensors (:data:`gpualloc.cost.memory.OPTIMIZER_STATES`)
+    and (``gradients``) their gradients.
 
     A migration moves weights and optimizer states only: the gradients were consumed by the optimizer
     step before the move.
