@@ -66,10 +66,6 @@ class HybridStage:
     replicas: tuple[Replica, ...]
 
     @property
-    def layers(self) -> range:
-        return range(self.first, self.last + 1)
-
-    @property
     def devices(self) -> tuple[int, ...]:
         return tuple(d for r in self.replicas for d in r.devices)
 
