@@ -4,17 +4,26 @@ for unseen symbols, shapes, edge inputs, argument errors, and the adapter on a s
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 
 from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
-from gpualloc.rl.hdc import HDEncoder, bind, cosine, hd_features, table_codes
+from gpualloc.rl.hdc import HDEncoder, bind, hd_features, table_codes
 from gpualloc.scheduling.base import Decision
 from gpualloc.scheduling.simulator import Simulation
 from gpualloc.workload.jobs import JOB_TYPES, JobType
 from gpualloc.workload.traces import generate
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity; 0.0 when either vector is zero."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norm = math.sqrt(float(a @ a) * float(b @ b))
+    return float(a @ b) / norm if norm > 0 else 0.0
+
 
 ENC = HDEncoder(seed=0)  # dim 4096: building one takes a few ms
 STATE = ({"V100": 0.5, "T4": 1.0, "A100": 0.0}, [(0, "ml-training", 4), (2, JobType.SIMULATION, 1)])

@@ -93,11 +93,6 @@ class GpuMetrics:
     temperature_c: np.ndarray
     mem_bandwidth_util: np.ndarray
 
-    @classmethod
-    def unknown(cls, n_gpus: int) -> GpuMetrics:
-        nan = np.full(n_gpus, np.nan)
-        return cls(nan, nan.copy(), nan.copy(), nan.copy())
-
 
 MetricsSource = Callable[[ClusterView], GpuMetrics]
 """Where live GPU metrics come from at a decision point: the simulator or a telemetry backend."""
@@ -106,9 +101,8 @@ MetricsSource = Callable[[ClusterView], GpuMetrics]
 def simulated_metrics(view: ClusterView) -> GpuMetrics:
     """The simulator's metrics: a GPU running a job (or reloading its checkpoint) is fully used, a free
     or failed one is idle. The simulator models no memory, temperature or bandwidth: those are NaN."""
-    out = GpuMetrics.unknown(len(view.gpu_job))
-    return GpuMetrics((view.gpu_job >= 0).astype(float), out.mem_used_frac, out.temperature_c,
-                      out.mem_bandwidth_util)
+    nan = np.full(len(view.gpu_job), np.nan)
+    return GpuMetrics((view.gpu_job >= 0).astype(float), nan, nan.copy(), nan.copy())
 
 
 # ------------------------------------------------------------------------------------ normalisation

@@ -35,7 +35,6 @@ References:
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -47,7 +46,7 @@ from gpualloc.scheduling.base import ClusterView
 from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import JOB_TYPES, JobType
 
-__all__ = ["HDEncoder", "JobCodes", "bind", "cosine", "hd_features", "table_codes"]
+__all__ = ["HDEncoder", "JobCodes", "bind", "hd_features", "table_codes"]
 
 MAX_DIM = 1 << 17
 """Largest hypervector: far beyond the 10,000 where HD capacity stops improving."""
@@ -75,13 +74,6 @@ class JobCodes(NamedTuple):
 def bind(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Element-wise product: dissimilar to both inputs, and its own inverse (``bind(bind(a, b), b) == a``)."""
     return a * b
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity; 0.0 when either vector is zero."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    norm = math.sqrt(float(a @ a) * float(b @ b))
-    return float(a @ b) / norm if norm > 0 else 0.0
 
 
 class HDEncoder:

@@ -8,14 +8,6 @@ from dataclasses import dataclass, fields
 from gpualloc.errors import AgentError
 
 
-
-def check_fields(cls: type, data: dict) -> None:
-    """Refuse keys of a saved config that ``cls`` (a dataclass) does not have, naming them."""
-    unknown = sorted(set(data) - {f.name for f in fields(cls)})
-    if unknown:
-        raise AgentError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
-
-
 @dataclass(frozen=True)
 class DQNConfig:
     """Everything that shapes one DQN agent: network, optimiser, replay, exploration, target.
@@ -131,7 +123,9 @@ class DQNConfig:
     @classmethod
     def from_dict(cls, data: dict) -> DQNConfig:
         """Rebuild from :func:`dataclasses.asdict` output; unknown keys raise :class:`AgentError`."""
-        check_fields(cls, data)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise AgentError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
         return cls(**data)
 
 

@@ -75,13 +75,6 @@ DEFAULT_IDLE_WEIGHT = 0.1
 """The design's lambda: weight of idle GPU time against job completion time."""
 
 
-@seeded(error=AgentError)
-def default_scaler(cluster: ClusterSpec, *, num_jobs: int = 300, load: float = 0.8, traces: int = 8,
-                   seed: int = 0) -> FeatureScaler:
-    """Statistics fitted on ``traces`` generated traces of the cluster (seeds ``seed``, ``seed + 1``, ...)."""
-    return FeatureScaler.fit([generate(num_jobs, cluster, load, seed=seed + k) for k in range(traces)])
-
-
 def potential(sim: Simulation, best_time: np.ndarray) -> float:
     """phi of the shaping term: job-seconds still certain to come (running: to the finish; queued: the
     remaining work on the fastest type; not yet arrived: the best time); 0 once every job is done.
@@ -154,8 +147,8 @@ class SchedulingEnv(gym.Env):
         if n_gpus > self.layout.max_gpus or n_types > self.layout.max_types:
             raise AgentError(f"SchedulingEnv: cluster {self.cluster.name} ({n_gpus} GPUs, {n_types} types) "
                              f"exceeds the layout ({self.layout.max_gpus} GPUs, {self.layout.max_types} types)")
-        if scaler is None:
-            scaler = FeatureScaler.fit(self.traces) if self.traces else default_scaler(self.cluster)
+        if scaler is None:  # fitted on the traces, or on 8 generated ones (300 jobs at load 0.8, seeds 0 to 7)
+            scaler = FeatureScaler.fit(self.traces or [generate(300, self.cluster, 0.8, seed=k) for k in range(8)])
         self.scaler = scaler
         self.reward_scale_s = float(reward_scale_s or scaler.time_scale_s * n_gpus)
         if not self.reward_scale_s > 0:
