@@ -29,7 +29,6 @@ import datetime
 import gc
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +43,7 @@ from torch import Tensor, nn
 
 from gpualloc.errors import EngineError, GpuallocError, write_text
 from gpualloc.execute.engine.loss import Loss, loss_for
+from gpualloc.execute.engine.record import median_or_none
 from gpualloc.execute.engine.stages import chain, layer_names, original_names
 from gpualloc.execute.engine.topology import RankSpec, Topology, topology
 from gpualloc.execute.measure import MemoryProbe, synchronize
@@ -747,9 +747,9 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
     record = {"rank": me.rank, "world_size": top.world_size, "device": me.device,
               "device_type": cluster.devices[me.device].type.name, "torch_device": str(device),
               "stage": me.stage, "stages": list(me.held), "replica": me.replica, "tp_rank": me.tp_rank,
-              "local_batch": count,
-              "microbatches": top.microbatches, "step_times_s": times,
-              "stage_forward_s": _median(fwd), "stage_backward_s": _median(bwd), "optimizer_s": _median(opt_s),
+              "local_batch": count, "microbatches": top.microbatches, "step_times_s": times,
+              "stage_forward_s": median_or_none(fwd), "stage_backward_s": median_or_none(bwd),
+              "optimizer_s": median_or_none(opt_s),
               "peak_memory_bytes": peak, "peak_reserved_bytes": reserve, "loss": local_loss}
     if args.out is not None:
         out = Path(args.out)
@@ -762,10 +762,10 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
                        "sharding": top.sharding, "precision": precision, "global_batch": top.global_batch,
                        "microbatches": top.microbatches, "loss_fn": loss.name, "optimizer": args.optimizer,
                        "lr": args.lr, "seed": args.seed, "steps": args.steps, "warmup": args.warmup,
-                       "step_time_s": _median(step_max), "step_times_s": step_max, "checks": checks,
+                       "step_time_s": median_or_none(step_max), "step_times_s": step_max, "checks": checks,
                        "ranks": [f"rank{r}.json" for r in range(top.world_size)]}
             write_text(out / "engine.json", json.dumps(summary, indent=1) + "\n")
-    return {**record, "checks": checks, "step_time_s": _median(step_max)}
+    return {**record, "checks": checks, "step_time_s": median_or_none(step_max)}
 
 
 class _Trainer:
@@ -850,10 +850,6 @@ def _wrap(stage: nn.Module, dp_mesh, top: Topology, args: EngineArgs,
 
         module._post_forward = quiet_post_forward
     return module, opt
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    return float(statistics.median(xs)) if xs else None
 
 
 def _all_reduce(value: float, op) -> float:

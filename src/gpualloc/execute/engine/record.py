@@ -344,7 +344,7 @@ def critical_ranks(rows: Sequence[RankComparison]) -> frozenset[int]:
     return frozenset(r.rank for r in rows if r.predicted_compute_s >= most[r.stage] * CRITICAL_SHARE)
 
 
-def _median_or_none(values: Sequence[float]) -> float | None:
+def median_or_none(values: Sequence[float]) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
@@ -358,7 +358,7 @@ def run_summary(run: EngineRun, rows: Sequence[RankComparison], prediction: Pred
     for name in dict.fromkeys(r.device_type for r in rows):
         diffs = [r.measured_peak_bytes - r.predicted_tensor_bytes for r in rows
                  if r.device_type == name and r.measured_peak_bytes is not None]
-        corrections[name] = _median_or_none(diffs)
+        corrections[name] = median_or_none(diffs)
     out: dict[str, Any] = {
         "format": ENGINE_FORMAT, "folder": str(run.folder), "source": source or None,
         "plan": e.get("plan"), "model": e.get("model"), "world_size": len(run.ranks), "backend": e.get("backend"),
