@@ -575,29 +575,22 @@ class _Plan:
     def _entitled(self, order: Iterable[int]) -> None:
         """Start every queued job its team is entitled to, reclaiming borrowed GPUs where needed."""
         jobs = self.jobs
-        seen: set[int] = set()
-        cand = []
-        for j in order:
-            if not isinstance(j, int) or j in seen or j in self.started:
-                continue
-            seen.add(j)
-            cand.append(j)
+        cand = [j for j in dict.fromkeys(j for j in order if isinstance(j, int)) if j not in self.started]
         if not cand:
             return
-        def within_somewhere(js: list[int]) -> list[bool]:  # a type with room in the team's quota now
+        def within_somewhere(js: list[int]) -> tuple[list[int], list[int]]:
+            """``(jobs with a type with room in the team's quota now, the others)``"""
             arr = np.array(js, dtype=np.int64)
             room = self.q[self.team_of[arr]] - self.u[self.team_of[arr]]
-            return ((jobs.speed[arr] > 0) & (room >= jobs.num_gpus[arr][:, None])).any(axis=1).tolist()
+            ok = ((jobs.speed[arr] > 0) & (room >= jobs.num_gpus[arr][:, None])).any(axis=1).tolist()
+            return [j for j, m in zip(js, ok, strict=True) if m], [j for j, m in zip(js, ok, strict=True) if not m]
 
-        maybe = within_somewhere(cand)
-        later = [j for j, m in zip(cand, maybe, strict=True) if not m]
-        cand = [j for j, m in zip(cand, maybe, strict=True) if m]
+        cand, later = within_somewhere(cand)
         changed = True
         while changed and (cand or later):
             if later and self.stopped:  # a reclaim stopped a team's job: that team may be entitled again
-                maybe = within_somewhere(later)
-                cand += [j for j, m in zip(later, maybe, strict=True) if m]
-                later = [j for j, m in zip(later, maybe, strict=True) if not m]
+                now, later = within_somewhere(later)
+                cand += now
             if not cand:
                 break
             changed = False
