@@ -12,7 +12,7 @@ The view's arrays are the simulator's live state: policies must treat them as re
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -135,9 +135,7 @@ class JobTable:
     def fresh(self) -> JobTable:
         """A table of the same jobs, as before any simulation: the static columns are shared (treat
         them as read-only), the dynamic state is new."""
-        table = JobTable(arrival_s=self.arrival_s, work_s=self.work_s, num_gpus=self.num_gpus,
-                         priority=self.priority, type_code=self.type_code, single_node=self.single_node,
-                         speed=self.speed, team=self.team, team_names=self.team_names, pref_rank=self.pref_rank)
+        table = JobTable(**{f.name: getattr(self, f.name) for f in fields(self) if f.init})
         for key in ("_source_jobs", "_submit_features"):
             if key in self.__dict__:
                 table.__dict__[key] = self.__dict__[key]
