@@ -151,6 +151,7 @@ class Service:
                 {"file": cfg.quotas, "teams": None if self.quota_teams is None else sorted(self.quota_teams)}))
             base = path if path is not None else Path(self.token_path)
             runs = Path(cfg.runs_dir) if cfg.runs_dir else base.with_name(base.name + ".runs")
+            host = host_device_indices([d.type.vendor for d in self.cluster.devices])  # one host holding every node
             if cfg.backend == "ray":
                 options: dict[str, Any] = {
                     "resources": dict(zip(self.types.names, self.types.resources, strict=False)),
@@ -159,8 +160,7 @@ class Service:
                     "temp_dir": f"/tmp/gr-{self.store.uid}",
                     # a Ray started here holds every node on this host: device indices host-wide
                     "host_indices": None if cfg.ray_address else {
-                        (d.node, d.local_index): h for d, h in zip(self.cluster.devices, host_device_indices(
-                            [d.type.vendor for d in self.cluster.devices]), strict=True)},
+                        (d.node, d.local_index): h for d, h in zip(self.cluster.devices, host, strict=True)},
                     "local_resources": {res: float(n) for res, n in zip(
                         self.types.resources, [self.cluster.type_counts()[t] for t in self.types.names], strict=False)}}
             elif cfg.backend == "slurm":
@@ -168,8 +168,7 @@ class Service:
 
                 options = dict(slurm_options(runs, self.store.uid, self.cluster, cfg.cluster))
             else:  # every node on this host: device indices host-wide, per vendor
-                options = {"runs_dir": runs, "job_users": cfg.job_users,
-                           "host_indices": host_device_indices([d.type.vendor for d in self.cluster.devices])}
+                options = {"runs_dir": runs, "job_users": cfg.job_users, "host_indices": host}
             self.backend = make_backend(cfg.backend, **options)
             name, popts = cfg.policy, cfg.policy_options
             if name is None:
@@ -310,13 +309,10 @@ class Service:
         from gpualloc.telemetry.backends import open_backend
         from gpualloc.telemetry.base import TelemetryError
 
+        kind = "nvml" if name == "auto" else name
         try:
-            if name == "auto":
-                self.telemetry, self.telemetry_name = open_backend("nvml"), "nvml"
-            elif name == "sim":
-                self.telemetry, self.telemetry_name = open_backend("sim", cluster=self.cluster), "sim"
-            else:
-                self.telemetry, self.telemetry_name = open_backend(name), name
+            self.telemetry = open_backend(kind, **({"cluster": self.cluster} if kind == "sim" else {}))
+            self.telemetry_name = kind
         except TelemetryError as err:
             if name != "auto":
                 raise ServiceError(f"telemetry {name}: {err}") from err
