@@ -79,19 +79,13 @@ class Migration:
 
     Attributes:
         job: the gang.
-        type_index: the device type it starts on.
         gpus: its GPUs (on one node).
         moved: ``(job, new GPUs)`` of each moved job, in the order they are started again.
-        cost_gpu_s: GPU-seconds the moves lose (moved GPUs x restart penalty).
-        expected_wait_s: the gang's expected wait without the move (the rule's ``W``).
     """
 
     job: int
-    type_index: int
     gpus: tuple[int, ...]
     moved: tuple[tuple[int, tuple[int, ...]], ...]
-    cost_gpu_s: float
-    expected_wait_s: float
 
     def decision(self) -> Decision:
         """Preempt the moved jobs, start them on their new GPUs, then the gang."""
@@ -260,7 +254,7 @@ def plan_migration(view: ClusterView, job: int, rule: MigrationRule,
         wait = expected_wait_s(view, need, t, free_tn, residual)
         if need * wait < rule.gain_ratio * cost:
             return None  # the cheapest move on the fastest blocked type does not pay
-        return Migration(job=int(job), type_index=t, gpus=gang, moved=moves, cost_gpu_s=cost, expected_wait_s=wait)
+        return Migration(job=int(job), gpus=gang, moved=moves)
     return None
 
 

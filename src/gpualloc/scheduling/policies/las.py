@@ -519,7 +519,6 @@ class TiresiasGittins(Tiresias):
         self.prior_gpu_s = prior
         self.table: GittinsTable | None = None
         self._history_n = -1
-        self.rebuilds = 0
 
     def __repr__(self) -> str:
         return (f"TiresiasGittins(queue_thresholds_gpu_s={self.queue_thresholds_gpu_s}, "
@@ -529,7 +528,7 @@ class TiresiasGittins(Tiresias):
 
     def _sync(self, jobs: JobTable) -> None:
         if self._table is not jobs or len(self._offset) != len(jobs):
-            self.table, self._history_n, self.rebuilds = None, -1, 0
+            self.table, self._history_n = None, -1
         super()._sync(jobs)
 
     def _refresh_table(self, jobs: JobTable) -> None:
@@ -546,7 +545,6 @@ class TiresiasGittins(Tiresias):
             self.table = None
             return
         self.table = GittinsTable(sizes, delta=self.delta_gpu_s, bins_per_decade=self.bins_per_decade)
-        self.rebuilds += 1
 
     def index_of(self, jobs: JobTable, idx: np.ndarray) -> np.ndarray:
         """Gittins index of jobs ``idx`` at their service since the last promotion (0 for all while the
