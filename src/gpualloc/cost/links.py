@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpualloc.cost import physics
 from gpualloc.errors import CostModelError, parse_json, read_text
 from gpualloc.hardware.catalog import Catalog, LinkType, default_catalog
-from gpualloc.hardware.schema import format_validation_error
+from gpualloc.hardware.schema import validated
 
 ArrayLike = float | np.ndarray
 MB, GB = 1e6, 1e9
@@ -132,10 +132,7 @@ def load_link_curves(path: str | Path | None = None) -> LinkCurves:
     where = str(path or "link_curves.json")
     text = (resources.files("gpualloc.cost").joinpath("data/link_curves.json").read_text() if path is None
             else read_text(path, CostModelError))
-    try:
-        doc = _Doc.model_validate(parse_json(text, CostModelError, where))
-    except ValidationError as err:
-        raise CostModelError(f"{where}: {format_validation_error(err)}") from err
+    doc = validated(_Doc, parse_json(text, CostModelError, where), where, CostModelError)
     curves = {}
     for k, c in doc.curves.items():
         try:

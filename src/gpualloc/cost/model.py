@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpualloc.cost import physics
 from gpualloc.errors import CostModelError, parse_json, read_text, write_text
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType
-from gpualloc.hardware.schema import format_validation_error
+from gpualloc.hardware.schema import validated
 
 BWD_FACTOR = 2.0
 """Backward work relative to forward: gradients w.r.t. inputs and w.r.t. weights, each ~ forward."""
@@ -108,10 +108,7 @@ class Calibration:
         if not isinstance(data, Mapping):
             raise CostModelError(f"{where}: malformed calibration: expected a JSON object with devices, "
                                  "default and cpu_default")
-        try:
-            doc = _CalibrationDoc.model_validate(dict(data))
-        except ValidationError as err:
-            raise CostModelError(f"{where}: malformed calibration: {format_validation_error(err)}") from err
+        doc = validated(_CalibrationDoc, dict(data), f"{where}: malformed calibration", CostModelError)
         return cls(devices={k: Efficiency(**v.model_dump()) for k, v in doc.devices.items()},
                    default=Efficiency(**doc.default.model_dump()),
                    cpu_default=Efficiency(**doc.cpu_default.model_dump()), fit=doc.fit)

@@ -28,11 +28,11 @@ from typing import Annotated, Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpualloc.errors import CatalogError, ClusterError, read_text
 from gpualloc.hardware.catalog import Catalog, DeviceType, LinkType, default_catalog
-from gpualloc.hardware.schema import DeviceRow, format_validation_error
+from gpualloc.hardware.schema import DeviceRow, validated
 from gpualloc.hardware.slurm import SINFO_FORMAT, SlurmNode, gres_device_type, parse_sinfo, run_slurm, slurm_cluster_arg
 from gpualloc.limits import MAX_DEVICES, MAX_NODE_COUNT, check_size
 
@@ -416,10 +416,7 @@ def load_cluster_file(path: str | Path, catalog: Catalog | None = None) -> Clust
     data = _read(path, where)
     if not isinstance(data, Mapping):
         raise ClusterError(f"{where}: expected a table of fields at the top level")
-    try:
-        spec = _ClusterIn.model_validate(dict(data))
-    except ValidationError as err:
-        raise ClusterError(f"{where}: {format_validation_error(err)}") from err
+    spec = validated(_ClusterIn, dict(data), where, ClusterError)
 
     cat = catalog or default_catalog()
     inline: dict[str, DeviceType] = {}

@@ -10,11 +10,11 @@ Every validation problem becomes one :class:`~gpualloc.errors.CatalogError` line
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpualloc.errors import CatalogError
+from gpualloc.errors import CatalogError, GpuallocError
 from gpualloc.hardware.specs import DeviceType, LinkType
 
 GB = 1e9
@@ -22,6 +22,7 @@ GIB = 2**30
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
+M = TypeVar("M", bound=BaseModel)
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -42,6 +43,14 @@ def format_validation_error(err: ValidationError) -> str:
     if not path:  # model-level checks name their field in the message: "mem_gb: ..."
         return msg
     return f"{path}: {msg}"
+
+
+def validated(model: type[M], data: Any, where: str, error: type[GpuallocError]) -> M:
+    """``model.model_validate(data)``; a problem as one ``error`` line, ``"<where>: <field>: <problem>"``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise error(f"{where}: {format_validation_error(err)}") from err
 
 
 def _exactly_one(values: Mapping[str, Any], names: tuple[str, ...], *, required: bool) -> None:
@@ -67,10 +76,7 @@ class _Row(BaseModel):
         """
         if not isinstance(row, Mapping):
             raise CatalogError(f"{where}: expected a table of fields, got {type(row).__name__}")
-        try:
-            parsed = cls.model_validate(dict(row))
-        except ValidationError as err:
-            raise CatalogError(f"{where}: {format_validation_error(err)}") from err
+        parsed = validated(cls, dict(row), where, CatalogError)
         if require_source and not parsed.source:
             raise CatalogError(f"{where}: source: required field is missing (cite the vendor document)")
         return parsed
