@@ -67,15 +67,20 @@ class PredictionDriven:
         seed: the default predictor's seed.
         quantile: which quantile of the predicted remaining work the inner policy ranks by (0.5: the median).
         name: registry name (default: the inner policy's name with ``-pred``).
+        history: the default predictor's finished jobs known before the run, ``(features, work)``
+            (:func:`~gpualloc.scheduling.predict.replay_history`); not with ``predictor``, which holds its own.
     """
 
     @seeded(error=SchedulingError)
     def __init__(self, inner: Policy, predictor: DurationPredictor | None = None, *, seed: int = 0,
-                 quantile: float = 0.5, name: str | None = None) -> None:
+                 quantile: float = 0.5, name: str | None = None,
+                 history: tuple[SubmitFeatures, np.ndarray] | None = None) -> None:
+        if predictor is not None and history is not None:
+            raise SchedulingError("give a predictor or a history, not both (the predictor holds its own)")
+        self.predictor = predictor if predictor is not None else DurationPredictor(seed=seed, history=history)
         if not 0.0 < float(quantile) < 1.0:
             raise SchedulingError(f"{name or inner.name}-pred: quantile must be in (0, 1), got {quantile!r}")
         self.inner = inner
-        self.predictor = predictor if predictor is not None else DurationPredictor(seed=seed)
         self.quantile = float(quantile)
         self.name = name or f"{inner.name}-pred"
         self.preemptive = bool(inner.preemptive)
@@ -131,14 +136,6 @@ class PredictionDriven:
         return decision
 
 
-def _predictor(seed: int, predictor: DurationPredictor | None, history: Any) -> DurationPredictor:
-    if predictor is not None:
-        if history is not None:
-            raise SchedulingError("give a predictor or a history, not both (the predictor holds its own)")
-        return predictor
-    return DurationPredictor(seed=seed, history=history)
-
-
 @seeded(error=SchedulingError)
 def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quantile: float = 0.5,
               history: tuple[SubmitFeatures, np.ndarray] | None = None) -> PredictionDriven:
@@ -146,7 +143,7 @@ def srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quan
     run, ``(features, work)`` (:func:`~gpualloc.scheduling.predict.replay_history`)."""
     from gpualloc.scheduling.policies.simple import SRTF
 
-    return PredictionDriven(SRTF(), _predictor(seed, predictor, history), quantile=quantile, name="srtf-pred")
+    return PredictionDriven(SRTF(), predictor, seed=seed, quantile=quantile, name="srtf-pred", history=history)
 
 
 @seeded(error=SchedulingError)
@@ -155,7 +152,7 @@ def sjf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None, quant
     """SJF on predicted work (``sjf-pred``): done work plus the predicted remaining work."""
     from gpualloc.scheduling.policies.simple import SJF
 
-    return PredictionDriven(SJF(), _predictor(seed, predictor, history), quantile=quantile, name="sjf-pred")
+    return PredictionDriven(SJF(), predictor, seed=seed, quantile=quantile, name="sjf-pred", history=history)
 
 
 @seeded(error=SchedulingError)
@@ -165,5 +162,5 @@ def gavel_srtf_pred(*, seed: int = 0, predictor: DurationPredictor | None = None
     :class:`~gpualloc.scheduling.policies.hetero.GavelShortestFirst` (``round_s``, ``idle_weight``, ...)."""
     from gpualloc.scheduling.policies.hetero import GavelShortestFirst
 
-    return PredictionDriven(GavelShortestFirst(**options), _predictor(seed, predictor, history), quantile=quantile,
-                            name="gavel-srtf-pred")
+    return PredictionDriven(GavelShortestFirst(**options), predictor, seed=seed, quantile=quantile,
+                            name="gavel-srtf-pred", history=history)
