@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -130,12 +131,8 @@ def serve(
     # The file's settings, then the options given on the command line (an option left at its default
     # does not override the file).
     base = load_options(ServiceConfig, config_file) if config_file is not None else ServiceConfig()
-    explicit = given(ctx, host=host, port=port, backend=backend, store=store, cluster=cluster,
-                     ray_address=ray_address, ray_num_cpus=ray_num_cpus, policy=policy, token_file=token_file,
-                     max_queued=max_queued, max_body_bytes=max_body_bytes, on_lost=on_lost,
-                     max_attempts=max_attempts, preemption=preemption, telemetry=telemetry, tick_s=tick_s,
-                     docs=docs, agents_dir=agents_dir, allowed_hosts=allowed_hosts, quotas=quotas,
-                     knowledge=knowledge, default_time_limit_s=default_time_limit_s, migrate=migrate)
+    fields = {f.name for f in dataclasses.fields(ServiceConfig)}  # the options named as their fields
+    explicit = given(ctx, **{name: value for name, value in ctx.params.items() if name in fields})
     for name in ("token_file", "agents_dir", "quotas"):  # the configuration holds paths as strings
         if explicit.get(name) is not None:
             explicit[name] = str(explicit[name])
