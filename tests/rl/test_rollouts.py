@@ -9,7 +9,7 @@ from gpualloc.errors import AgentError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.rl.dqn import DQNAgent, DQNConfig
 from gpualloc.rl.envs.expert_env import ExpertChoiceEnv
-from gpualloc.rl.rollouts import choice_points, improve_agent, label_points, rollout_cost
+from gpualloc.rl.rollouts import _forced, choice_points, improve_agent, label_points
 from gpualloc.scheduling import metrics
 from gpualloc.scheduling.policies import make_policy
 from gpualloc.scheduling.simulator import simulate
@@ -29,11 +29,15 @@ def _long_first():
     return cluster, trace
 
 
+def _costs(problem, **kw) -> list[float]:
+    """The rollout cost of forcing each expert at the only choice point of ``problem``."""
+    assert choice_points(problem, PANEL) == 1
+    return label_points([problem], PANEL, teacher=0, points=1, horizon_s=None, seed=0, **kw).costs[0].tolist()
+
+
 def test_forced_decision_cost_is_the_known_answer():
     problem = _long_first()
-    assert choice_points(problem, PANEL) >= 1
-    fcfs_first = rollout_cost(problem, PANEL, 0, 0, base=1)
-    sjf_first = rollout_cost(problem, PANEL, 0, 1, base=1)
+    fcfs_first, sjf_first = _costs(problem, base=1)
     assert fcfs_first / sjf_first == pytest.approx(33 / 15)
     # forcing SJF's decision and following SJF is SJF's whole run: its cost is the sum of JCTs
     cluster, trace = problem
@@ -44,10 +48,10 @@ def test_forced_decision_cost_is_the_known_answer():
 def test_follow_keeps_the_forced_expert_deciding():
     """Forcing SJF once and then FCFS: 1+11+12 = 24; SJF kept deciding throughout: 1+2+12 = 15."""
     problem = _long_first()
-    once = rollout_cost(problem, PANEL, 0, 1, base=0)
-    kept = rollout_cost(problem, PANEL, 0, 1, base=0, follow_s=1e9)
+    once = _costs(problem, base=0)[1]
+    fcfs_kept, kept = _costs(problem, base=0, follow_s=1e9)
     assert once / kept == pytest.approx(24 / 15)
-    assert rollout_cost(problem, PANEL, 0, 0, base=0, follow_s=1e9) / kept == pytest.approx(33 / 15)
+    assert fcfs_kept / kept == pytest.approx(33 / 15)
 
 
 def test_labeller_picks_the_cheaper_forced_decision_and_keeps_the_teacher_on_ties():
@@ -83,7 +87,7 @@ def test_improve_agent_learns_the_labels():
 
 def test_bad_point_is_an_agent_error():
     with pytest.raises(AgentError, match="no choice point 99"):
-        rollout_cost(_long_first(), PANEL, 99, 0)
+        _forced(_long_first(), PANEL, 0, 99, 0, None, None, 0.0, None)
 
 
 def test_training_with_rollout_labels_keeps_the_better_and_records_it(tmp_path):

@@ -39,7 +39,7 @@ from gpualloc.scheduling.simulator import Simulation
 from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import Trace
 
-__all__ = ["RolloutLabels", "choice_points", "improve_agent", "label_points", "rollout_cost"]
+__all__ = ["RolloutLabels", "choice_points", "improve_agent", "label_points"]
 
 Problem = tuple[ClusterSpec, Trace]
 
@@ -130,29 +130,13 @@ def _forced(problem: Problem, experts: Sequence[str], teacher: int, point: int, 
     sim = _start(problem, panel, sim_options)
     found = _to_point(sim, panel, point)
     if found is None:
-        raise AgentError(f"rollout_cost: the teacher's run has no choice point {point}")
+        raise AgentError(f"rollouts: the teacher's run has no choice point {point}")
     proposals, mask = found
     obs = observe(sim.view, proposals, teacher, encoder=encoder)
     first = panel.apply(choice, proposals, sim.view)
     follow = panel.policies[teacher if base is None else base]
     cost = _cost_from(sim, first, panel.policies[choice], follow, follow_s, horizon_s, idle_weight)
     return cost, proposals, mask, obs
-
-
-def rollout_cost(problem: Problem, experts: Sequence[str], point: int, choice: int, *, teacher: int = 0,
-                 base: int | None = None, horizon_s: float | None = None, idle_weight: float = 0.0,
-                 follow_s: float = 0.0, sim_options: dict | None = None) -> float:
-    """Cost of applying expert ``choice``'s decision at choice point ``point`` of the teacher's run,
-    then following expert ``base`` (default the teacher) for ``horizon_s`` seconds (None: to the end):
-    job-seconds (plus ``idle_weight`` x idle GPU-seconds) accrued from the point to the horizon. With
-    ``follow_s`` > 0 expert ``choice`` keeps deciding for that long before ``base`` takes over (a
-    regime switch, not one deviation: one round of a time-sharing teacher is undone at the next).
-
-    Raises:
-        AgentError: the run has fewer than ``point + 1`` choice points.
-    """
-    return _forced(problem, experts, teacher, point, choice, base, horizon_s, idle_weight, sim_options,
-                   follow_s=follow_s)[0]
 
 
 @seeded(error=AgentError)
@@ -170,7 +154,8 @@ def label_points(problems: Sequence[Problem], experts: Sequence[str], *, teacher
         base: expert followed after the forced decision (default the teacher).
         horizon_s: simulated seconds of each rollout (None: to the end of the trace).
         idle_weight: weight of idle GPU-seconds in the cost.
-        follow_s: seconds the chosen expert keeps deciding before ``base`` (see :func:`rollout_cost`).
+        follow_s: seconds the chosen expert keeps deciding before ``base`` takes over (a regime switch,
+            not one deviation: one round of a time-sharing teacher is undone at the next).
         min_gain: another expert replaces the teacher's label only when cheaper by more than this
             share of the teacher's cost (rollout noise must not undo the clone).
         seed: draws the points.
