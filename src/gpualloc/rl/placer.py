@@ -83,24 +83,17 @@ def load_placer(path: str | Path | None = None) -> DQNAgent:
 
 
 @seeded(error=AgentError)
-def agent_plan(agent: DQNAgent, problem: PlacementProblem, *, seed: int = 0) -> tuple[np.ndarray, Outcome]:
-    """The agent's greedy plan for ``problem``, and the best heuristic's outcome it started from."""
-    env = PlacementEnv([problem], max_devices=int(agent.extra["max_devices"]), factor=int(agent.extra["factor"]),
-                       seed=seed)
-    obs, info = env.reset(seed=seed)
-    done = False
-    while not done:
-        obs, _, done, _, info = env.step(agent.act(obs, info["action_mask"], explore=False))
-    return env.assignment, env.base_outcome
-
-
-@seeded(error=AgentError)
 def place_dqn(problem: PlacementProblem, agent: DQNAgent | str | Path | None = None, *, seed: int = 0) -> Outcome:
     """Place with the agent; fall back to the best heuristic's plan when that simulates faster."""
     start = time.perf_counter()
     agent = agent if isinstance(agent, DQNAgent) else load_placer(agent)
-    assignment, heuristic = agent_plan(agent, problem, seed=seed)
-    mine = operator_plan(problem, "dqn", assignment)
+    env = PlacementEnv([problem], max_devices=int(agent.extra["max_devices"]), factor=int(agent.extra["factor"]),
+                       seed=seed)
+    obs, info = env.reset(seed=seed)
+    done = False
+    while not done:  # the agent's greedy plan, from the best heuristic's (env.base_outcome)
+        obs, _, done, _, info = env.step(agent.act(obs, info["action_mask"], explore=False))
+    mine, heuristic = operator_plan(problem, "dqn", env.assignment), env.base_outcome
     elapsed = time.perf_counter() - start
     if mine.result.feasible and mine.result.step_time_s <= heuristic.result.step_time_s:
         gain = 1 - mine.result.step_time_s / heuristic.result.step_time_s
@@ -129,7 +122,7 @@ def dqn_partition(problem: PlacementProblem, *, seed: int | np.random.Generator 
     return Partitioned(outcome.plan.assignment, outcome.note)
 
 
-__all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "agent_plan", "bundled_agent_path", "dqn_partition", "dqn_planner",
+__all__ = ["BUNDLED_AGENT", "DEFAULT_CONFIG", "bundled_agent_path", "dqn_partition", "dqn_planner",
            "load_placer", "place_dqn", "train_placer"]
 
 
