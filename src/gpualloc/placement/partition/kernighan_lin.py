@@ -25,7 +25,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,14 +40,6 @@ __all__ = ["kl_bisect", "kl_objective", "kl_partition", "kl_refine", "to_csr"]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _as_csr(adj: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if hasattr(adj, "tocsr"):  # scipy.sparse matrix or array
-        m = adj.tocsr()
-        return np.asarray(m.indptr, np.int64), np.asarray(m.indices, np.int64), np.asarray(m.data, np.float64)
-    indptr, indices, data = adj
-    return np.asarray(indptr, np.int64), np.asarray(indices, np.int64), np.asarray(data, np.float64)
-
-
 def _bfs_order(indptr: np.ndarray, indices: np.ndarray, start: int) -> np.ndarray:
     """Level-synchronous BFS order from ``start``; other components follow, each from its lowest node."""
     n = indptr.size - 1
@@ -87,7 +79,7 @@ def _gains(side: np.ndarray, rows: np.ndarray, indices: np.ndarray, data: np.nda
 # ---------------------------------------------------------------------------------------------- bisection
 @seeded(error=PlacementError)
 def kl_bisect(
-    adj: Any,
+    adj: tuple[np.ndarray, np.ndarray, np.ndarray],
     node_weights: np.ndarray,
     target_fraction: float = 0.5,
     *,
@@ -101,8 +93,8 @@ def kl_bisect(
     """Split a graph in two, minimising the weighted cut under balance and memory constraints.
 
     Args:
-        adj: symmetric adjacency: a ``scipy.sparse`` matrix or a CSR tuple ``(indptr, indices, data)``
-            (see :func:`to_csr`); ``data`` are the cut weights.
+        adj: symmetric adjacency as a CSR tuple ``(indptr, indices, data)`` (see :func:`to_csr`); ``data``
+            are the cut weights.
         node_weights: work of each node, (n,).
         target_fraction: share of the total work the ``True`` side should take.
         max_passes: at most this many gain-and-move steps.
@@ -117,7 +109,7 @@ def kl_bisect(
         Boolean array, ``True`` for nodes on the side that takes ``target_fraction`` of the work.
     """
     rng = np.random.default_rng(seed)  # a Generator comes back unchanged
-    indptr, indices, data = _as_csr(adj)
+    indptr, indices, data = (np.asarray(x, t) for x, t in zip(adj, (np.int64, np.int64, np.float64), strict=True))
     n = indptr.size - 1
     if n == 0:
         return np.zeros(0, dtype=bool)
