@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpualloc.errors import atomic_output
+from gpualloc.reports import pyplot, save_png
 
 PHASE_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "T": "#8C8C8C", "A": "#C44E52", "O": "#8172B3"}
 PHASE_NAMES = {"F": "forward", "B": "backward", "T": "transfer", "A": "gradient all-reduce (exposed)",
@@ -38,11 +38,7 @@ def gantt_figure(events: Sequence, *, title: str = "", device_names: Sequence[st
         title: the chart's title (default: "one training step").
         device_names: the cluster's device labels by index (``n0.A100-40GB.0``), for the row labels.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     resources = sorted({e.resource for e in events}, key=_order)
     row = {r: i for i, r in enumerate(resources)}
     scale, unit = (1.0, "s") if events and max(e.end_s for e in events) >= 10 else (1e3, "ms")
@@ -68,11 +64,4 @@ def gantt_figure(events: Sequence, *, title: str = "", device_names: Sequence[st
 def plot_gantt(events: Sequence, path: str | Path, *, title: str = "",
                device_names: Sequence[str] | None = None) -> Path:
     """Draw ``events`` (see :func:`gantt_figure`) to a PNG at ``path``; returns the path."""
-    import matplotlib.pyplot as plt
-
-    fig = gantt_figure(events, title=title, device_names=device_names)
-    path = Path(path)
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(gantt_figure(events, title=title, device_names=device_names), path)

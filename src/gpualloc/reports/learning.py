@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpualloc.errors import atomic_output
+from gpualloc.reports import pyplot, save_png
 
 
 def placer_learning_curve(log, path: str | Path, title: str) -> Path:
     """Episode returns (moving average) and greedy evaluations over training steps of a
     :class:`~gpualloc.rl.dqn.train.TrainLog`, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     returns = np.asarray(log.episode_returns)
     if len(returns):
@@ -31,8 +28,4 @@ def placer_learning_curve(log, path: str | Path, title: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

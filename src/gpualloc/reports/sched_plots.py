@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpualloc.errors import atomic_output
+from gpualloc.reports import pyplot, save_png
 from gpualloc.scheduling.metrics import jct_s
 from gpualloc.scheduling.simulator import SimResult
 
@@ -23,13 +23,8 @@ OVER_TIME: dict[str, tuple[str, Callable[[SimResult], np.ndarray]]] = {
 def _plt():
     import logging
 
-    import matplotlib
-
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # no font-fallback chatter
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def jct_cdf_figure(results: Sequence[SimResult], *, title: str = ""):
@@ -88,13 +83,6 @@ def run_figures(results: Sequence[SimResult], *, title: str = "") -> dict[str, o
 
 def plot_runs(results: Sequence[SimResult], folder: str | Path, *, title: str = "") -> list[Path]:
     """Write ``jct_cdf.png``, ``utilization.png`` and ``queue.png`` to ``folder``; returns the paths."""
-    plt = _plt()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in run_figures(results, title=title).items():
-        with atomic_output(folder / name) as tmp:
-            fig.savefig(tmp, dpi=120)
-        plt.close(fig)
-        paths.append(folder / name)
-    return paths
+    return [save_png(fig, folder / name) for name, fig in run_figures(results, title=title).items()]

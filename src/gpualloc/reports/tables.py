@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table as _RichTable
 
-from gpualloc.errors import atomic_output
+from gpualloc.reports import pyplot, save_png
 
 
 def _pm(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
@@ -64,12 +64,9 @@ def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], serie
     """Grouped bar chart as a Figure: one group per distinct ``group_keys`` tuple, one bar per
     ``series_key``, error bars from ``value_key + "_std"``; values times ``scale`` (the table's unit);
     ``log``: a logarithmic value axis (values spanning orders of magnitude)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     groups = list(dict.fromkeys(tuple(r[k] for k in group_keys) for r in rows))
     series = list(dict.fromkeys(r[series_key] for r in rows))
     by = {(tuple(r[k] for k in group_keys), r[series_key]): r for r in rows}
@@ -98,15 +95,9 @@ def bars_figure(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], serie
 def plot_bars(rows: Sequence[dict[str, Any]], group_keys: Sequence[str], series_key: str, value_key: str,
               path: str | Path, *, ylabel: str, title: str = "", scale: float = 1.0, log: bool = False) -> Path:
     """Write :func:`bars_figure` to a PNG at ``path``; returns the path."""
-    import matplotlib.pyplot as plt
-
     fig = bars_figure(rows, group_keys, series_key, value_key, ylabel=ylabel, title=title or ylabel, scale=scale,
                       log=log)
-    path = Path(path)
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def scheduling_summary_markdown(rows: Sequence[dict[str, Any]], learned: str = "dqn") -> str:
