@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import json
 import logging
 import threading
@@ -228,12 +229,9 @@ class LiveTable:
         keep = np.array(sorted(self.row_of.values()), dtype=np.int64)
         new = self._empty(capacity)
         n = len(keep)
-        for name in ("arrival_s", "work_s", "num_gpus", "priority", "type_code", "single_node", "status",
-                     "remaining_s", "attained_gpu_s", "run_type", "start_s", "finish_s", "queued_since_s",
-                     "preemptions", "expected_finish_s", "team"):
-            getattr(new, name)[:n] = getattr(old, name)[keep]
-        new.speed[:n] = old.speed[keep]
-        new.pref_rank[:n] = old.pref_rank[keep]
+        for f in dataclasses.fields(JobTable):  # every per-job array (team_names is the table's own)
+            if f.name != "team_names":
+                getattr(new, f.name)[:n] = getattr(old, f.name)[keep]
         run_start, attained, limit = np.full(capacity, np.nan), np.zeros(capacity), np.ones(capacity)
         run_start[:n], attained[:n], limit[:n] = self.run_start_s[keep], self.attained_before[keep], self.limit_s[keep]
         self.table, self.run_start_s, self.attained_before, self.limit_s = new, run_start, attained, limit
