@@ -1,4 +1,4 @@
-"""Helpers shared by the CLI sub-commands: consoles, number formatting, JSON output."""
+"""Helpers shared by the CLI sub-commands: consoles, JSON output."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typer import Context
 from typer.core import TyperGroup
 
 from gpualloc.errors import CatalogError, OutputError
-from gpualloc.reports.format import gib, ms, num, si  # noqa: F401 - re-exported for the CLI modules
 
 
 class _Console(Console):
@@ -197,8 +196,6 @@ def _option_name(param) -> str:
 def load_graph(source: str, batch: int = 32):
     """A graph from a gpualloc-graph JSON file, a PipeDream profile (``.txt``), or a model to capture
     (a zoo name or ``package.module:factory``)."""
-    from pathlib import Path
-
     from gpualloc.graph.ir import OpGraph
 
     path = Path(source)
@@ -226,8 +223,6 @@ def set_cache(enabled: bool) -> None:
 def cache_folder() -> Path:
     """The user's cache folder: ``$GPUALLOC_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpualloc`` (an absolute
     path, as the XDG spec asks), else ``~/.cache/gpualloc``."""
-    import os
-
     if os.environ.get("GPUALLOC_CACHE_DIR"):
         return Path(os.environ["GPUALLOC_CACHE_DIR"]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
