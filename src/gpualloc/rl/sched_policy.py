@@ -225,7 +225,7 @@ class ByLevel:
 
 def _learned_policy(agent, *, cache: DiskCache | None = None):
     key = None
-    if not _is_agent(agent):
+    if agent is None or isinstance(agent, (str, Path)):  # a path: its cached verdict is read without torch
         path = bundled_agent_path(BUNDLED_EXPERT_AGENT) if agent is None else Path(agent)
         if cache is not None and path.is_file():
             key = verdict_key(path)
@@ -254,8 +254,7 @@ def _learned_policy(agent, *, cache: DiskCache | None = None):
     if extra.get("hd"):
         encoder = HDFeatures.from_dict(extra["hd"])
     if key is not None:
-        cache.put(VERDICT_KIND, key, {"format": EXPERT_FORMAT, "experts": experts, "teacher": teacher,
-                                      "gate": None if gate is None else gate.to_dict()})
+        cache.put(VERDICT_KIND, key, expert_extra(experts, teacher, gate))
     return ExpertChoicePolicy(loaded, experts, teacher, gate=gate, encoder=encoder, **_level_options(extra))
 
 
@@ -265,11 +264,6 @@ def _level_options(extra: dict) -> dict:
     rs = extra.get("round_s")
     return {"knowledge": str(extra.get("knowledge", "oracle")), "round_s": None if rs is None else float(rs),
             "seed": int(extra.get("seed", 0) or 0)}
-
-
-def _is_agent(agent) -> bool:
-    """A loaded agent (not a path): checked without importing torch when it is a path or None."""
-    return agent is not None and not isinstance(agent, (str, Path))
 
 
 def _from_verdict(verdict, path: Path) -> ExpertChoicePolicy | None:

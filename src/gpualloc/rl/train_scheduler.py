@@ -44,8 +44,6 @@ class ExpertTrainReport:
     scores: dict[str, float]
     """Mean per-validation-trace ratio of average JCT to the best expert's on that trace, for each
     expert and for ``cloned``, ``rollout``, ``fine-tuned`` when run (1.0 = the per-trace best)."""
-    bc_jct_s: float
-    tuned_jct_s: float | None
     kept: str
     gate: Any
     wall_s: float
@@ -218,9 +216,7 @@ def train_expert_scheduler(out_path: str | Path, config: TrainConfig | None = No
                                            "tuned_h": None if tuned is None else float(np.mean(tuned)) / 3600,
                                            "rollout_h": None if rolled is None else float(np.mean(rolled)) / 3600})
     agent.save(out_path)
-    return ExpertTrainReport(out_path, run.experts[teacher], means, scores, float(np.mean(bc)),
-                             None if tuned is None else float(np.mean(tuned)), kept, verdict, wall,
-                             tuple(clone.agreement))
+    return ExpertTrainReport(out_path, run.experts[teacher], means, scores, kept, verdict, wall, tuple(clone.agreement))
 
 
 def _source(problem) -> str:
