@@ -580,8 +580,6 @@ class _Engine:
         # GPUs
         self.G = G = len(cluster.devices)
         self.gpu_type, self.gpu_node = cluster.gpu_type, cluster.gpu_node
-        self.gpu_type_l = self.gpu_type.tolist()
-        self.gpu_node_l = self.gpu_node.tolist()
         self.gpu_job = np.full(G, GPU_FREE, dtype=np.int64)
         self.gpu_free = np.ones(G, dtype=bool)  # gpu_job == GPU_FREE, kept as GPUs change hands
         self.free_tn = cluster.gpus_per_type_node.copy()
@@ -649,6 +647,7 @@ class _Engine:
             free=self.gpu_free, free_tn=self.free_tn, free_type=self.free_type, job_gpus=self.job_gpus,
             rng=np.random.default_rng(seed))
         self.index = self.view.free_index()  # every GPU that changes hands goes through it (free, free_tn, free_type)
+        self.gpu_type_l, self.gpu_node_l = self.view.type_node_lists()  # per-GPU type and node, as lists
         self._init_node_level(opts)
 
         # events

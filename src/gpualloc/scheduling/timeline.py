@@ -134,9 +134,8 @@ class ClusterTimeline:
         rec = _Recorder(inner, len(cluster))
         result = simulate(trace, cluster, rec, seed=seed, **simulate_options)
         rec.finish(result.end_s)
-        finish = np.nan_to_num(result.finish_s[np.asarray(rec.job, dtype=np.int64)], nan=np.inf) \
-            if rec.job else np.zeros(0)
-        end = np.minimum(np.asarray(rec.end_s), finish) if rec.job else np.zeros(0)
+        finish = np.nan_to_num(result.finish_s[np.asarray(rec.job, dtype=np.int64)], nan=np.inf)
+        end = np.minimum(np.asarray(rec.end_s, dtype=float), finish)
         return cls(cluster, rec.gpu, rec.job, rec.start_s, end, len(trace), result.end_s, loop=loop,
                    seed=seed), result
 
