@@ -50,16 +50,9 @@ class ScaledHybridProblem(HybridProblem):
     def tp_degrees(self) -> tuple[int, ...]:
         return self.base.tp_degrees
 
-    def layer_times_s(self, type_index: int, mb: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        key = (int(type_index), int(mb), int(tp))
-        hit = self._time_cache.get(key)
-        if hit is None:
-            s = self._factor[type_index]
-            hit = tuple(a / s for a in self.base.layer_times_s(int(self._base_type[type_index]), mb, tp))
-            for a in hit:
-                a.setflags(write=False)
-            self._time_cache[key] = hit
-        return hit
+    def _layer_times(self, type_index: int, mb: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        s = self._factor[type_index]
+        return tuple(a / s for a in self.base.layer_times_s(int(self._base_type[type_index]), mb, tp))
 
     def opt_step_s(self, type_index: int, param_bytes: float) -> float:
         return self.base.opt_step_s(int(self._base_type[type_index]), param_bytes) / float(self._factor[type_index])

@@ -164,23 +164,24 @@ class HybridProblem(OnCluster):
         type ``type_names[type_index]`` (``(L,)`` arrays, read-only; zeros when ``mb`` is 0)."""
         key = (int(type_index), int(mb), int(tp))
         hit = self._time_cache.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._time_cache[key] = self._layer_times(*key)
+            for a in hit:
+                a.setflags(write=False)
+        return hit
+
+    def _layer_times(self, type_index: int, mb: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`layer_times_s` before it is cached (what a drifted problem computes its own way)."""
         if mb <= 0:
-            out = (np.zeros(self.L), np.zeros(self.L))
-        elif self.profile is not None:
-            out = _profile_times(self.profile["gpu"][self.type_names[type_index]], mb, tp, self.type_names[type_index])
-        else:
-            fwd, bwd, launch = self._op_times[type_index]
-            scale = self.graph_batch * tp / mb  # "microbatches" of the graph's batch each device computes
-            order = self.graph.topo_order
-            out = (self._per_layer(physics.microbatch_time_s(fwd, launch, scale, self.cost.launch, order=order)),
-                   self._per_layer(physics.microbatch_time_s(bwd, launch, scale, self.cost.launch, order=order,
-                                                             reverse=True)))
-        for a in out:
-            a.setflags(write=False)
-        self._time_cache[key] = out
-        return out
+            return np.zeros(self.L), np.zeros(self.L)
+        if self.profile is not None:
+            return _profile_times(self.profile["gpu"][self.type_names[type_index]], mb, tp, self.type_names[type_index])
+        fwd, bwd, launch = self._op_times[type_index]
+        scale = self.graph_batch * tp / mb  # "microbatches" of the graph's batch each device computes
+        order = self.graph.topo_order
+        return (self._per_layer(physics.microbatch_time_s(fwd, launch, scale, self.cost.launch, order=order)),
+                self._per_layer(physics.microbatch_time_s(bwd, launch, scale, self.cost.launch, order=order,
+                                                          reverse=True)))
 
     @cached_property
     def tp_allreduces(self) -> np.ndarray:
