@@ -33,6 +33,7 @@ import re
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,10 +245,7 @@ class SlurmBackend:
                     raise BackendError(str(err)) from err
                 old = have.get(dev.name)
                 have[dev.name] = (gtype, n + (old[1] if old else 0))
-            need: dict[str, int] = {}
-            for i in node.devices:
-                t = self.cluster.devices[i].type.name
-                need[t] = need.get(t, 0) + 1
+            need = Counter(self.cluster.devices[i].type.name for i in node.devices)
             for t, n in need.items():
                 if have.get(t, ("", 0))[1] < n:
                     raise BackendError(f"slurm node {node.name}: Gres: the cluster has {n} x {t} there, Slurm "
@@ -509,10 +507,7 @@ def advise(scheduler, backend, request: AdviceRequest) -> dict[str, Any]:
 
 
 def _advice(cluster: ClusterSpec, backend, type_name: str, gpus: Sequence[int], busy: bool) -> dict[str, Any]:
-    per_node: dict[str, int] = {}
-    for g in gpus:
-        node = cluster.nodes[cluster.devices[g].node].name
-        per_node[node] = per_node.get(node, 0) + 1
+    per_node = Counter(cluster.nodes[cluster.devices[g].node].name for g in gpus)
     gres_type = getattr(backend, "gres_type", None)
     gres = {node: f"gpu:{gres_type(node, type_name) if gres_type else type_name.lower()}:{n}"
             for node, n in per_node.items()}
