@@ -21,13 +21,12 @@ import numpy as np
 
 from gpualloc.errors import SchedulingError
 from gpualloc.scheduling.base import DONE, ClusterView, Decision, Policy
+from gpualloc.scheduling.knowledge import OBSERVED_FIELDS, SUBMIT_FIELDS
 from gpualloc.scheduling.predict import DurationPredictor, done_work_s
 from gpualloc.seeding import seeded
 from gpualloc.workload.jobs import SubmitFeatures
 
-_SHARED = ("arrival_s", "num_gpus", "priority", "type_code", "single_node", "speed", "team", "team_names",
-           "pref_rank", "status", "attained_gpu_s", "run_type", "start_s", "finish_s", "queued_since_s",
-           "preemptions", "best_speed", "type_order", "submit_features")
+_SHARED = (*SUBMIT_FIELDS, *OBSERVED_FIELDS, "best_speed", "type_order", "submit_features")
 """What the inner policy reads of its own view's jobs unchanged (looked up once per run, not per access)."""
 
 
