@@ -183,7 +183,7 @@ class SchedulingEnv(gym.Env):
         best = self._sim.best_time_s
         self._best_time = np.where(np.isfinite(best), best, 0.0)
         self._settle()
-        self._phi = self._potential()
+        self._phi = potential(self._sim, self._best_time)
         if self._sim.done:
             raise AgentError(f"SchedulingEnv: trace {trace.source or '(unnamed)'} has no job this cluster can run")
         return self._point.observe(), self._info()
@@ -268,13 +268,10 @@ class SchedulingEnv(gym.Env):
         self._settle()
         cost = (sim.jobs_area_s - jobs0) + self.idle_weight * (sim.idle_area_gpu_s - idle0)
         if self.shaping:
-            phi = self._potential()
+            phi = potential(sim, self._best_time)
             cost += phi - self._phi
             self._phi = phi
         return -cost / self.reward_scale_s
-
-    def _potential(self) -> float:
-        return potential(self._sim, self._best_time)
 
     def _start_cost(self, job: int, gpus: tuple[int, ...]) -> float:
         """phi(after) - phi(before) of a start: its run time there less its queued estimate."""
