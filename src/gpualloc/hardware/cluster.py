@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -186,10 +187,7 @@ class ClusterSpec:
 
     def type_counts(self) -> dict[str, int]:
         """Number of devices per device type name, in order of first appearance."""
-        counts: dict[str, int] = {}
-        for d in self.devices:
-            counts[d.type.name] = counts.get(d.type.name, 0) + 1
-        return counts
+        return dict(Counter(d.type.name for d in self.devices))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (device types and links in full, devices by type name)."""
