@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -33,7 +34,6 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -51,6 +51,15 @@ __all__ = ["PLAN_FORMAT", "PlanFile", "parse_hybrid", "read_plan", "write_plan"]
 PLAN_FORMAT = "gpualloc-plan"
 
 
+def _one_of(choices: Mapping[str, Any]) -> AfterValidator:
+    """A field check: the value (when given) is a key of ``choices``."""
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+    return AfterValidator(check)
+
+
 class _Header(BaseModel):
     """What every plan file says about where its plan belongs."""
 
@@ -61,15 +70,8 @@ class _Header(BaseModel):
     cluster: str | None = None
     devices: list[str] | None = None
     method: str | None = None
-    optimizer: str | None = None
+    optimizer: Annotated[str | None, _one_of(OPTIMIZER_STATES)] = None
     calibration: str | None = None
-
-    @field_validator("optimizer")
-    @classmethod
-    def _known_optimizer(cls, value: str | None) -> str | None:
-        if value is not None and value not in OPTIMIZER_STATES:
-            raise ValueError(f"expected one of {', '.join(OPTIMIZER_STATES)}")
-        return value
 
 
 class _AssignmentBody(_Header):
@@ -78,14 +80,7 @@ class _AssignmentBody(_Header):
     microbatches: Annotated[StrictInt, Field(ge=1, le=MAX_MICROBATCHES)] = 1
     schedule: Literal["1f1b", "gpipe"] | None = None
     batch_size: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH)] | None = None
-    precision: str = "fp32"
-
-    @field_validator("precision")
-    @classmethod
-    def _known_precision(cls, value: str) -> str:
-        if value not in PRECISIONS:
-            raise ValueError(f"expected one of {', '.join(PRECISIONS)}")
-        return value
+    precision: Annotated[str, _one_of(PRECISIONS)] = "fp32"
 
 
 class _Sync(BaseModel):
