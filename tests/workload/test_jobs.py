@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpualloc.errors import TraceError
-from gpualloc.workload.jobs import JOB_TYPES, Job, JobType, Trace, type_counts
+from gpualloc.workload.jobs import JOB_TYPES, Job, JobType, Trace
 
 
 def job(id_: str = "a", arrival: float = 0.0, **kw) -> Job:
@@ -52,8 +52,7 @@ def test_trace_rejects_duplicate_ids():
         Trace.of([job("a"), job("a", 2.0)], source="s")
 
 
-def test_trace_shifted_and_type_counts():
+def test_trace_shifted():
     t = Trace.of([job("a", 10.0), job("b", 15.0, job_type=JobType.SIMULATION)]).shifted()
     assert [j.arrival_s for j in t] == [0.0, 5.0]
-    assert type_counts(t.jobs) == {"simulation": 1, "ml-training": 1, "data-processing": 0}
     assert Trace.of([]).shifted().jobs == ()

@@ -168,14 +168,6 @@ class Trace:
                      self.source, self.format, dict(self.meta))
 
 
-def type_counts(jobs: Sequence[Job]) -> dict[str, int]:
-    """Number of jobs per job type."""
-    out = {t.value: 0 for t in JobType}
-    for j in jobs:
-        out[j.job_type.value] += 1
-    return out
-
-
 @dataclass(frozen=True)
 class SubmitFeatures:
     """What is known of each job when it is submitted, as columns (row ``i``: the ``i``-th job).
