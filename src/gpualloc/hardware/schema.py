@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpualloc.errors import CatalogError, GpuallocError
 from gpualloc.hardware.specs import DeviceType, LinkType
@@ -22,6 +22,8 @@ GIB = 2**30
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
+Lower = Annotated[str, Field(min_length=1), AfterValidator(str.lower)]
+"""A name, in lower case (link names are looked up in lower case)."""
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -108,14 +110,9 @@ class DeviceRow(_Row):
     mem_bandwidth_bytes_per_s: Positive | None = None
     tdp_w: Positive
     idle_w: NonNegative
-    link: Annotated[str, Field(min_length=1)] = "pcie3"
+    link: Lower = "pcie3"
     source: str = ""
     aliases: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
-
-    @field_validator("link")
-    @classmethod
-    def _lower_link(cls, v: str) -> str:
-        return v.lower()
 
     @model_validator(mode="after")
     def _check(self) -> DeviceRow:
@@ -167,18 +164,13 @@ class LinkRow(_Row):
     links inside one server, e.g. Intel UPI, used between CPU devices).
     """
 
-    name: Annotated[str, Field(min_length=1)]
+    name: Lower  # Catalog.link looks names up in lower case
     kind: Literal["nvlink", "infinity-fabric", "pcie", "network", "host"]
     bandwidth_gbps: Positive | None = None
     bandwidth_bytes_per_s: Positive | None = None
     latency_us: NonNegative | None = None
     latency_s: NonNegative | None = None
     source: str = ""
-
-    @field_validator("name")
-    @classmethod
-    def _lower_name(cls, v: str) -> str:
-        return v.lower()  # Catalog.link looks names up in lower case
 
     @model_validator(mode="after")
     def _check(self) -> LinkRow:
