@@ -26,6 +26,7 @@ from gpualloc.errors import GpuallocError
 
 __all__ = [
     "RECORD_FIELDS",
+    "Backend",
     "THROTTLE_REASON_BITS",
     "DeviceInfo",
     "DeviceRecord",
@@ -267,3 +268,23 @@ class DeviceTelemetry(Protocol):
     def close(self) -> None:
         """Release the backend (idempotent)."""
         ...
+
+
+class Backend:
+    """What the backends (NVML, the simulator, a recording) share: :meth:`devices` lists their ``_info``, and
+    each is a context manager that closes itself on exit. ``close()`` releases nothing unless a backend
+    overrides it."""
+
+    _info: list[DeviceInfo]
+
+    def devices(self) -> list[DeviceInfo]:
+        return list(self._info)
+
+    def close(self) -> None:
+        """Nothing to release; present for the interface."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from gpualloc._extras import require
-from gpualloc.telemetry.base import DeviceInfo, DeviceRecord, TelemetryError, throttle_names
+from gpualloc.telemetry.base import Backend, DeviceInfo, DeviceRecord, TelemetryError, throttle_names
 
 __all__ = ["NvmlTelemetry", "load_pynvml"]
 
@@ -36,7 +36,7 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-class NvmlTelemetry:
+class NvmlTelemetry(Backend):
     """A :class:`~gpualloc.telemetry.base.DeviceTelemetry` over every GPU NVML sees.
 
     Args:
@@ -147,9 +147,6 @@ class NvmlTelemetry:
         )
 
     # ---------------------------------------------------------------------------------------- interface
-    def devices(self) -> list[DeviceInfo]:
-        return list(self._info)
-
     def sample(self) -> list[DeviceRecord]:
         if not self._open:
             raise TelemetryError("nvml: the backend is closed")
@@ -160,9 +157,3 @@ class NvmlTelemetry:
         if self._open:
             self._open = False
             self._read(self._nvml.nvmlShutdown)
-
-    def __enter__(self) -> NvmlTelemetry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

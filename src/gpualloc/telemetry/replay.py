@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from gpualloc.errors import atomic_output, not_utf8
-from gpualloc.telemetry.base import (RECORD_FIELDS, DeviceInfo, DeviceRecord, DeviceTelemetry, TelemetryError,
+from gpualloc.telemetry.base import (RECORD_FIELDS, Backend, DeviceInfo, DeviceRecord, DeviceTelemetry, TelemetryError,
                                      TelemetryExhausted)
 
 __all__ = ["SCHEMA", "ReplayTelemetry", "read_records", "record", "write_records"]
@@ -200,7 +200,7 @@ def read_records(path: str | Path) -> list[list[DeviceRecord]]:
     return out
 
 
-class ReplayTelemetry:
+class ReplayTelemetry(Backend):
     """A recording played back: a :class:`~gpualloc.telemetry.base.DeviceTelemetry`.
 
     Each :meth:`sample` returns the next recorded sample, exactly as recorded (timestamps included).
@@ -225,9 +225,6 @@ class ReplayTelemetry:
     def __len__(self) -> int:
         return len(self._samples)
 
-    def devices(self) -> list[DeviceInfo]:
-        return list(self._info)
-
     def sample(self) -> list[DeviceRecord]:
         if self._next >= len(self._samples):
             if not self.loop:
@@ -237,12 +234,3 @@ class ReplayTelemetry:
         records = self._samples[self._next]
         self._next += 1
         return list(records)
-
-    def close(self) -> None:
-        """Nothing to release; present for the interface."""
-
-    def __enter__(self) -> ReplayTelemetry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -37,7 +37,7 @@ import numpy as np
 from gpualloc.cost import physics
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.seeding import seeded
-from gpualloc.telemetry.base import DeviceInfo, DeviceRecord, TelemetryError
+from gpualloc.telemetry.base import Backend, DeviceInfo, DeviceRecord, TelemetryError
 
 __all__ = [
     "AMBIENT_C",
@@ -119,7 +119,7 @@ class PlacementLoad:
 
 
 # ------------------------------------------------------------------------------------------ the backend
-class SimTelemetry:
+class SimTelemetry(Backend):
     """A :class:`~gpualloc.telemetry.base.DeviceTelemetry` over simulated devices.
 
     Args:
@@ -163,9 +163,6 @@ class SimTelemetry:
         return cls(source.problem.cluster, PlacementLoad(source), step_s=step_s, start_s=source.time_s,
                    noise=noise, seed=seed)
 
-    def devices(self) -> list[DeviceInfo]:
-        return list(self._info)
-
     def sample(self) -> list[DeviceRecord]:
         t = self.time_s
         state = self.load.at(t)
@@ -205,13 +202,3 @@ class SimTelemetry:
                 sm_clock_ratio=None if r is None else min(r, 1.0), pcie_tx_bytes_per_s=tx,
                 pcie_rx_bytes_per_s=rx, throttle_reasons=reasons, processes=int(n)))
         return out
-
-    def close(self) -> None:
-        """Nothing to release; present for the interface."""
-
-    def __enter__(self) -> SimTelemetry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
