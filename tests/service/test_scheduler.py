@@ -68,7 +68,7 @@ def test_every_policy_decides_on_live_state(parts, policy):
     assert started, policy
     # what the store holds and what the scheduler believes agree, and nothing is double-booked
     allocs = store.allocations()
-    assert sum(r.num_gpus for r in started) == len(allocs)
+    assert sum(r.spec["num_gpus"] for r in started) == len(allocs)
     for r in started:
         assert all(allocs[g] == (r.id, 1) for g in r.gpus)
         assert {sched.cluster.devices[g].type.name for g in r.gpus} == {r.device_type}

@@ -185,9 +185,6 @@ class Client:
         """Who the token belongs to: ``{"user", "team", "admin"}``."""
         return self._call("GET", "/me")
 
-    def cluster(self) -> dict[str, Any]:
-        return self._call("GET", "/cluster")
-
     def policy(self) -> dict[str, Any]:
         return self._call("GET", "/policy")
 

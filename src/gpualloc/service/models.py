@@ -224,10 +224,6 @@ class JobRecord:
     team: str | None = None
 
     @property
-    def num_gpus(self) -> int:
-        return int(self.spec["num_gpus"])
-
-    @property
     def time_limit_s(self) -> float | None:
         """The user's time limit: the spec's ``time_limit_s``, or ``work_s`` in a spec stored before the
         limit had its own name (every such spec has one: it defaulted to 3600 s); None: none given."""
