@@ -123,7 +123,7 @@ def serve(
 
     require("service", "uvicorn", by="gpualloc serve")  # before any set-up; FastAPI and SQLAlchemy: service.app
     from gpualloc.service.app import LOOPBACK_HOSTS, Service, listen_socket
-    from gpualloc.service.auth import check_own_or_missing, check_private_folder, default_store
+    from gpualloc.service.auth import check_own_or_missing, check_private_folder
     from gpualloc.service.jobusers import plan_job_users
 
     from gpualloc.scheduling.knowledge import check_knowledge
@@ -147,15 +147,13 @@ def serve(
     check_knowledge(knowledge, "--knowledge")
     if policy is not None:  # refused as the simulator refuses it, before anything is made
         from gpualloc.scheduling.knowledge import require_policy
-        from gpualloc.scheduling.policies import POLICIES
+        from gpualloc.service.scheduler import check_policy_name
 
-        if policy not in POLICIES:
-            raise POLICIES.unknown(policy)
+        check_policy_name(policy)
         require_policy(policy, knowledge)  # a dqn whose bundled agent reads what the level hides too
     # First, before printing anything or making a token: a port in use is one line and exit 2.
     sock = listen_socket(host, DEFAULT_PORT if cfg.port is None else cfg.port)
     try:
-        store = cfg.store or default_store()
         users, user_warnings = plan_job_users(job_user or (), backend)
         if ready_file is not None:
             ready_file = ready_file.absolute()
@@ -168,13 +166,12 @@ def serve(
             err_console.print(f"[yellow]warning:[/] binding to {host}: the API is reachable from other hosts "
                               "(use TLS in front of it)")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        config = with_overrides(cfg, store=store, port=port, job_users=users)
-        service = Service(config).open()
+        service = Service(with_overrides(cfg, port=port, job_users=users)).open()  # it names the default store
         # Connections now wait in the queue instead of being refused: the token file exists already.
         sock.listen(2048)
         for line in user_warnings:
             err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
-        _serve(service, sock, config, log_level, ready_file)
+        _serve(service, sock, service.config, log_level, ready_file)
     finally:
         sock.close()
 

@@ -52,13 +52,6 @@ def can_switch_users() -> bool:
     return all(caps >> bit & 1 for bit in (_CAP_SETUID, _CAP_SETGID, _CAP_KILL))
 
 
-def _user(name: str, where: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        raise ServiceError(f"{where}: no user {name!r} on this host") from None
-
-
 @dataclass(frozen=True)
 class JobUsers:
     """The user each job runs as.
@@ -110,7 +103,10 @@ def plan_job_users(values: Sequence[str], backend: str) -> tuple[JobUsers, list[
             raise ServiceError(f"{where}: expected USER or TEAM=USER (a team is letters, digits, '.', '_', '-')")
         if not user:
             raise ServiceError(f"{where}: expected USER or TEAM=USER")
-        _user(user, where)
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise ServiceError(f"{where}: no user {user!r} on this host") from None
         if not sep:
             if default is not None and default != user:
                 raise ServiceError(f"{where}: one default user only (already {default!r}); give TEAM=USER for "

@@ -109,13 +109,6 @@ def _may_enter(folder: str, pw: pwd.struct_passwd) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def _as_user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        raise OSError(f"no user {name!r} on this host") from None
-
-
 class Execution:
     """One run of a target.
 
@@ -154,7 +147,10 @@ class Execution:
         Raises:
             OSError: one line: no such user, or a working directory the user may not enter.
         """
-        pw = _as_user(user)
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise OSError(f"no user {user!r} on this host") from None
         env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
         if not cwd:
             cwd = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
