@@ -370,15 +370,21 @@ _GPT2_SMALL = GPTConfig()
 _GPT_TINY = GPTConfig(vocab_size=1000, seq_len=64, d_model=64, layers=2, heads=4)
 
 
-def _bert_flops(cfg: BertConfig) -> float:
+def _bert(cfg: BertConfig, description: str, flops_source: str) -> ZooEntry:
+    """A BERT entry: token inputs of ``cfg``'s vocabulary and sequence length, FLOPs from its sizes."""
     per_layer = 4 * cfg.hidden**2 + 2 * cfg.hidden * cfg.ffn
-    return _transformer_flops(cfg.layers * per_layer, cfg.layers, cfg.seq_len, cfg.hidden)
+    flops = _transformer_flops(cfg.layers * per_layer, cfg.layers, cfg.seq_len, cfg.hidden)
+    return ZooEntry(factory=lambda: BertModel(cfg), example_inputs=_tokens(cfg.vocab_size, cfg.seq_len),
+                    description=description, flops_per_sample=flops, flops_source=flops_source)
 
 
-def _gpt_flops(cfg: GPTConfig) -> float:
+def _gpt(cfg: GPTConfig, description: str, flops_source: str) -> ZooEntry:
+    """A GPT entry: token inputs of ``cfg``'s vocabulary and sequence length, FLOPs from its sizes."""
     per_layer = 12 * cfg.d_model**2
     lm_head = cfg.d_model * cfg.vocab_size  # the output projection is a matmul; the embedding lookup is not
-    return _transformer_flops(cfg.layers * per_layer + lm_head, cfg.layers, cfg.seq_len, cfg.d_model)
+    flops = _transformer_flops(cfg.layers * per_layer + lm_head, cfg.layers, cfg.seq_len, cfg.d_model)
+    return ZooEntry(factory=lambda: GPT(cfg), example_inputs=_tokens(cfg.vocab_size, cfg.seq_len),
+                    description=description, flops_per_sample=flops, flops_source=flops_source)
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -389,39 +395,21 @@ ZOO: dict[str, ZooEntry] = {
         flops_per_sample=8.18e9,
         flops_source="torchvision model card: 4.09 GMACs at 224x224 (x2 for FLOPs)",
     ),
-    "bert-base": ZooEntry(
-        factory=lambda: BertModel(_BERT_BASE),
-        example_inputs=_tokens(_BERT_BASE.vocab_size, _BERT_BASE.seq_len),
-        description="BERT-base encoder (12 x 768, 12 heads, FFN 3072) with embeddings and pooler, seq 128",
-        flops_per_sample=_bert_flops(_BERT_BASE),
-        flops_source="2 x encoder weights x tokens + attention matmuls (Kaplan et al. 2020); ~22.4 GFLOP",
-    ),
-    "gpt2-small": ZooEntry(
-        factory=lambda: GPT(_GPT2_SMALL),
-        example_inputs=_tokens(_GPT2_SMALL.vocab_size, _GPT2_SMALL.seq_len),
-        description="GPT-2 small decoder (12 x 768, 12 heads, vocab 50257, tied LM head), seq 1024",
-        flops_per_sample=_gpt_flops(_GPT2_SMALL),
-        flops_source="2 x (block weights + LM head) x tokens + attention matmuls (Kaplan et al. 2020); ~292 GFLOP",
-    ),
+    "bert-base": _bert(
+        _BERT_BASE, "BERT-base encoder (12 x 768, 12 heads, FFN 3072) with embeddings and pooler, seq 128",
+        "2 x encoder weights x tokens + attention matmuls (Kaplan et al. 2020); ~22.4 GFLOP"),
+    "gpt2-small": _gpt(
+        _GPT2_SMALL, "GPT-2 small decoder (12 x 768, 12 heads, vocab 50257, tied LM head), seq 1024",
+        "2 x (block weights + LM head) x tokens + attention matmuls (Kaplan et al. 2020); ~292 GFLOP"),
     "resnet-tiny": ZooEntry(
         factory=lambda: ResNet((1, 1, 1, 1), 8, 10),
         example_inputs=_images(64),
         description="tiny bottleneck ResNet for tests (1 block per stage, width 8, 10 classes, 3x64x64)",
     ),
-    "bert-tiny": ZooEntry(
-        factory=lambda: BertModel(_BERT_TINY),
-        example_inputs=_tokens(_BERT_TINY.vocab_size, _BERT_TINY.seq_len),
-        description="tiny BERT for tests (2 x 64, 2 heads, FFN 256, vocab 1000, seq 32)",
-        flops_per_sample=_bert_flops(_BERT_TINY),
-        flops_source="same formula as bert-base",
-    ),
-    "gpt-tiny": ZooEntry(
-        factory=lambda: GPT(_GPT_TINY),
-        example_inputs=_tokens(_GPT_TINY.vocab_size, _GPT_TINY.seq_len),
-        description="tiny GPT for tests (2 x 64, 4 heads, vocab 1000, seq 64)",
-        flops_per_sample=_gpt_flops(_GPT_TINY),
-        flops_source="same formula as gpt2-small",
-    ),
+    "bert-tiny": _bert(_BERT_TINY, "tiny BERT for tests (2 x 64, 2 heads, FFN 256, vocab 1000, seq 32)",
+                       "same formula as bert-base"),
+    "gpt-tiny": _gpt(_GPT_TINY, "tiny GPT for tests (2 x 64, 4 heads, vocab 1000, seq 64)",
+                     "same formula as gpt2-small"),
 }
 
 
