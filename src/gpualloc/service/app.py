@@ -68,6 +68,7 @@ except ModuleNotFoundError as err:
 from gpualloc import __version__
 from gpualloc.errors import AgentError, GpuallocError, SchedulingError
 from gpualloc.hardware.cluster import ClusterSpec, load_cluster
+from gpualloc.hardware.slurm import slurm_cluster_arg
 from gpualloc.scheduling.knowledge import check_knowledge, require_policy
 from gpualloc.scheduling.policies import POLICIES
 from gpualloc.scheduling.quotas import Quotas
@@ -163,10 +164,10 @@ class Service:
                         (d.node, d.local_index): h for d, h in zip(self.cluster.devices, host, strict=True)},
                     "local_resources": {res: float(n) for res, n in zip(
                         self.types.resources, [self.cluster.type_counts()[t] for t in self.types.names], strict=False)}}
-            elif cfg.backend == "slurm":
-                from gpualloc.service.slurm import slurm_options
-
-                options = dict(slurm_options(runs, self.store.uid, self.cluster, cfg.cluster))
+            elif cfg.backend == "slurm":  # the partition of a slurm:PART cluster
+                partition = slurm_cluster_arg(cfg.cluster)
+                options = {"runs_dir": runs, "instance": self.store.uid, "cluster": self.cluster,
+                           "partition": partition if isinstance(partition, str) else None}
             else:  # every node on this host: device indices host-wide, per vendor
                 options = {"runs_dir": runs, "job_users": cfg.job_users, "host_indices": host}
             self.backend = make_backend(cfg.backend, **options)

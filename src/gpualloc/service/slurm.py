@@ -34,7 +34,7 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -435,15 +435,6 @@ class SlurmBackend:
 
     def close(self) -> None:
         """Nothing to stop: the jobs keep running in Slurm, and a restarted service adopts them."""
-
-
-def slurm_options(runs_dir: Path, instance: str, cluster: ClusterSpec, cluster_arg: str) -> Mapping[str, Any]:
-    """The backend's options as the service builds them (the partition of a ``slurm:PART`` cluster)."""
-    from gpualloc.hardware.slurm import slurm_cluster_arg
-
-    partition = slurm_cluster_arg(cluster_arg)
-    return {"runs_dir": runs_dir, "instance": instance, "cluster": cluster,
-            "partition": partition if isinstance(partition, str) else None}
 
 
 # ------------------------------------------------------------------------------------- advice
