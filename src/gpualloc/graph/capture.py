@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import operator
 import re
 import sys
@@ -207,7 +208,7 @@ def shaped_inputs(shapes: Sequence[str | Sequence[int]], dtypes: Sequence[str] =
     kinds = [_DTYPES[n.strip().lower()] for n in names]
 
     def make(batch: int) -> tuple[torch.Tensor, ...]:
-        total = sum(batch * _prod(shape) for shape in parsed)
+        total = sum(batch * math.prod(shape) for shape in parsed)
         if total > MAX_INPUT_ELEMENTS:
             raise CaptureError(f"input shape: {total:,} elements at batch {batch} (at most {MAX_INPUT_ELEMENTS:,})")
         return tuple(torch.randn(batch, *shape, dtype=kind) if kind.is_floating_point
@@ -229,17 +230,10 @@ def _parse_shape(shape: str | Sequence[int]) -> tuple[int, ...]:
     if not dims or any(d < 1 for d in dims):
         raise CaptureError(f"input shape: expected positive integers separated by commas, without the batch "
                            f"(e.g. 3,224,224), got {shape!r}")
-    if _prod(dims) > MAX_INPUT_ELEMENTS:
-        raise CaptureError(f"input shape {shape!r}: {_prod(dims):,} elements per sample (at most "
+    if math.prod(dims) > MAX_INPUT_ELEMENTS:
+        raise CaptureError(f"input shape {shape!r}: {math.prod(dims):,} elements per sample (at most "
                            f"{MAX_INPUT_ELEMENTS:,})")
     return dims
-
-
-def _prod(dims: Sequence[int]) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
 
 
 # ------------------------------------------------------------------------------------------ capture
