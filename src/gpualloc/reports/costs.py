@@ -42,9 +42,7 @@ def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_fr
 def calibration_view(cal) -> Group:
     """A :class:`~gpualloc.cost.model.Calibration`: fitted efficiencies, then each fit's error tables."""
     parts: list[RenderableType] = []
-    table = Table(title="Fitted efficiencies (FP32 peaks)")
-    for col in ("device", "compute", "memory", "launch us", "fitted from"):
-        table.add_column(col)
+    table = Table("device", "compute", "memory", "launch us", "fitted from", title="Fitted efficiencies (FP32 peaks)")
     for name, e in [*cal.devices.items(), ("(other GPUs)", cal.default), ("(cpu)", cal.cpu_default)]:
         table.add_row(name, f"{e.compute:.3f}", f"{e.memory:.3f}", f"{e.launch_s * 1e6:.1f}", e.fitted_from)
     parts.append(table)
@@ -59,9 +57,8 @@ def calibration_view(cal) -> Group:
             t.add_row(name, f"{m['measured_ms']:.1f} ms", f"{m['predicted_ms']:.1f} ms", f"{m['error']:+.0%}")
         parts.append(t)
     if "sia" in fit:
-        t = Table(title=f"Sia: measured speed per sample vs {fit['reference_device']} (marginal time per sample)")
-        for col in ("device", "app", "ms/sample", "R^2", "measured speed", "model speed", "error"):
-            t.add_column(col)
+        t = Table("device", "app", "ms/sample", "R^2", "measured speed", "model speed", "error",
+                  title=f"Sia: measured speed per sample vs {fit['reference_device']} (marginal time per sample)")
         for dev, rec in fit["sia"].items():
             for app, a in rec["apps"].items():
                 measured = a["speed_vs_ref"]
@@ -71,9 +68,8 @@ def calibration_view(cal) -> Group:
                           f"{measured:.2f}x" if measured else "(unused)", f"{pred:.2f}x" if pred else "-", err)
         parts.append(t)
     if fit.get("leave_one_out"):
-        t = Table(title="Leave-one-out: the default rule (for devices without measurements) on measured GPUs")
-        for col in ("device", "measured speed", "predicted", "error"):
-            t.add_column(col)
+        t = Table("device", "measured speed", "predicted", "error",
+                  title="Leave-one-out: the default rule (for devices without measurements) on measured GPUs")
         for dev, r in fit["leave_one_out"].items():
             t.add_row(dev, f"{r['measured_speed']:.2f}x", f"{r['predicted_speed']:.2f}x", f"{r['error']:+.0%}")
         parts.append(t)

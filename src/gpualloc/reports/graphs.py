@@ -43,9 +43,8 @@ def summary_view(s: dict[str, Any]) -> Group:
 def heaviest_nodes_table(graph, top: int) -> Table:
     """The ``top`` nodes of an :class:`~gpualloc.graph.ir.OpGraph` by forward FLOPs, with their sizes."""
     nodes = [graph.nodes[i] for i in graph.flops.argsort()[::-1][:top]]
-    table = Table(title=f"Heaviest {len(nodes)} nodes by forward FLOPs")
-    for col in ("id", "kind", "name", "FLOPs", "params", "output"):
-        table.add_column(col)
+    table = Table("id", "kind", "name", "FLOPs", "params", "output",
+                  title=f"Heaviest {len(nodes)} nodes by forward FLOPs")
     for n in nodes:
         table.add_row(n.id, n.kind, n.name[:48], si(n.flops), si(n.param_bytes, "B"), si(n.output_bytes, "B"))
     return table

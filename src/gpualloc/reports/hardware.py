@@ -16,9 +16,7 @@ MAX_NODES_SHOWN = 24
 
 def links_table(links: Iterable) -> Table:
     """Link types: kind, bandwidth, latency, source."""
-    table = Table(title="Link types")
-    for col in ("name", "kind", "GB/s per direction", "latency us", "source"):
-        table.add_column(col)
+    table = Table("name", "kind", "GB/s per direction", "latency us", "source", title="Link types")
     for lk in links:
         table.add_row(lk.name, lk.kind, f"{lk.bandwidth_bytes_per_s / 1e9:g}", f"{lk.latency_s * 1e6:g}",
                       lk.source[:60])
@@ -46,9 +44,7 @@ def cluster_view(spec) -> Group:
     parts: list[RenderableType] = [Text.assemble(
         (spec.name, "bold"), f": {len(spec.nodes)} node(s), {len(spec)} device(s): {counts}; "
         f"network between nodes: {spec.network.name}")]
-    table = Table()
-    for col in ("node", "devices", "intra-node link", "GB/s", "latency us"):
-        table.add_column(col)
+    table = Table("node", "devices", "intra-node link", "GB/s", "latency us")
     shown = spec.nodes[:MAX_NODES_SHOWN]
     for node in shown:
         kinds = Counter(spec.devices[i].type.name for i in node.devices)
