@@ -28,12 +28,16 @@ _TOKEN = typer.Option(None, "--token", envvar="GPUALLOC_TOKEN",
 _TOKEN_FILE = typer.Option(None, "--token-file", help="Read the token from this file instead of --token.")
 
 
-def _token(token: str | None, token_file: Path | None) -> str | None:
+def _client(server: str, token: str | None, token_file: Path | None):
+    """The service's client, with the token of ``--token-file``, else of ``--token``."""
     from gpualloc.service.auth import check_token, read_token
+    from gpualloc.service.client import Client
 
     if token_file is not None:
-        return read_token(token_file)
-    return None if token is None else check_token(token, "--token / GPUALLOC_TOKEN")
+        token = read_token(token_file)
+    elif token is not None:
+        token = check_token(token, "--token / GPUALLOC_TOKEN")
+    return Client(server, token)
 
 
 def serve(
@@ -258,7 +262,7 @@ def submit(
     as_json: bool = typer.Option(False, "--json", help="Print the recorded job as JSON."),
 ) -> None:
     """Submit a job; exits 0 only once the service has durably recorded it."""
-    from gpualloc.service.client import Client, ClientError
+    from gpualloc.service.client import ClientError
 
     spec: dict = {"name": name, "num_gpus": gpus, "job_type": job_type.value, "priority": priority,
                   "single_node": single_node, "model": model}
@@ -289,7 +293,7 @@ def submit(
         spec["env"] = {k: v for k, _, v in pairs}
     # Relative paths in the command mean what they mean here, as for any command one types.
     spec["cwd"] = os.path.abspath(cwd if cwd is not None else os.getcwd())
-    with Client(server, _token(token, token_file)) as client:
+    with _client(server, token, token_file) as client:
         job = client.submit(spec, retry_s=retry)
     if as_json:
         print_json(job)
@@ -340,9 +344,7 @@ def jobs(
     as_json: bool = typer.Option(False, "--json", help="Print the jobs as a JSON list."),
 ) -> None:
     """List the service's jobs."""
-    from gpualloc.service.client import Client
-
-    with Client(server, _token(token, token_file)) as client:
+    with _client(server, token, token_file) as client:
         rows = client.jobs(state)
     if as_json:
         print_json(rows)
@@ -361,10 +363,8 @@ def logs(
     token_file: Path | None = _TOKEN_FILE,
 ) -> None:
     """Print a job's output (of its latest attempt), as bytes, unchanged."""
-    from gpualloc.service.client import Client
-
     out = sys.stdout.buffer
-    with Client(server, _token(token, token_file)) as client:
+    with _client(server, token, token_file) as client:
         for data in client.follow_logs(job_id, "stderr" if stderr else "stdout", follow=follow):
             out.write(data)
             out.flush()
@@ -377,9 +377,7 @@ def cancel(
     token_file: Path | None = _TOKEN_FILE,
 ) -> None:
     """Cancel a job (a running one is stopped)."""
-    from gpualloc.service.client import Client
-
-    with Client(server, _token(token, token_file)) as client:
+    with _client(server, token, token_file) as client:
         job = client.cancel(job_id)
     stopping = job["cancel_requested"] and job["state"] != "cancelled"
     console.print(f"job {job['id']} {job['state']}{' (stopping)' if stopping else ''}", highlight=False)
@@ -393,9 +391,9 @@ def policy(
     token_file: Path | None = _TOKEN_FILE,
 ) -> None:
     """Show or switch the service's scheduling policy."""
-    from gpualloc.service.client import Client, ClientError
+    from gpualloc.service.client import ClientError
 
-    with Client(server, _token(token, token_file)) as client:
+    with _client(server, token, token_file) as client:
         if name is None:
             info = client.policy()
         else:
@@ -415,9 +413,7 @@ def whoami(
     as_json: bool = typer.Option(False, "--json", help="Print it as JSON."),
 ) -> None:
     """Say whose the token is: user, team, admin."""
-    from gpualloc.service.client import Client
-
-    with Client(server, _token(token, token_file)) as client:
+    with _client(server, token, token_file) as client:
         me = client.me()
     if as_json:
         print_json(me)
