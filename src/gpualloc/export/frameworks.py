@@ -38,12 +38,10 @@ class Target:
         framework: what its config can express.
         write: ``(nearest, units, context) -> file text``; ``context`` holds ``steps`` and ``header`` (comment
             lines: plan, graph, cluster, rank order).
-        suffix: the usual file suffix.
     """
 
     framework: Framework
     write: Callable[[Nearest, Units, dict[str, Any]], str]
-    suffix: str
 
 
 # --------------------------------------------------------------------------- torchtitan
@@ -175,17 +173,17 @@ FRAMEWORKS: dict[str, Target] = {
         Framework("torchtitan", free_splits=True, schedules=_ALL,
                   shardings={"none": "none", "zero1": "fsdp", "zero2": "fsdp", "fsdp": "fsdp"},
                   precisions={**_PRECISIONS, "fp16": "bf16"}),
-        write_torchtitan, ".toml"),
+        write_torchtitan),
     "megatron": Target(
         Framework("megatron", free_splits=True, schedules=_ONLY_1F1B,
                   shardings={"none": "none", "zero1": "zero1", "zero2": "zero1", "fsdp": "fsdp"},
                   precisions=_PRECISIONS),
-        write_megatron, ".args"),
+        write_megatron),
     "deepspeed": Target(
         Framework("deepspeed", free_splits=False, schedules=_ONLY_1F1B,
                   shardings={"none": "none", "zero1": "zero1", "zero2": "zero2", "fsdp": "fsdp"},
                   pp_shardings={"none": "none", "zero1": "zero1", "zero2": "zero1", "fsdp": "zero1"},
                   precisions=_PRECISIONS),
-        write_deepspeed, ".json"),
+        write_deepspeed),
 }
 """Framework name -> what it expresses and how its file is written (``gpualloc export --to``)."""
