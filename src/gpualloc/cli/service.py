@@ -430,7 +430,10 @@ _STORE = typer.Option(None, "--store", help="The service's store (as given to `g
 
 
 def _open_store(store: str | None):
-    """The store, checked as ``serve`` checks it (folder made 0700, no planted or foreign store file)."""
+    """The store, checked as ``serve`` checks it (folder made 0700, no planted or foreign store file),
+    closed at the end of the ``with`` block."""
+    from contextlib import closing
+
     from gpualloc.service.auth import check_store_files, default_store
     from gpualloc.service.store import Store, sqlite_path
 
@@ -438,7 +441,7 @@ def _open_store(store: str | None):
     path = sqlite_path(store)
     if path is not None:
         check_store_files(path)
-    return Store(store)
+    return closing(Store(store))
 
 
 def default_user_token_path(db, name: str) -> Path:
@@ -484,8 +487,7 @@ def user_add(
 
     check_name(name, "user")
     check_name(team, "team")
-    db = _open_store(store)
-    try:
+    with _open_store(store) as db:
         allowed = _quota_teams(quotas, db)
         if allowed is not None and team not in allowed[0]:
             raise ServiceError(f"--team {team!r}: not a team of the quota file {allowed[1]} "
@@ -497,8 +499,6 @@ def user_add(
         except ServiceError:
             db.remove_user(name)  # a token nobody holds is no user
             raise
-    finally:
-        db.close()
     console.print(f"user {user.name} (team {user.team}{', admin' if user.admin else ''}) added; token in {path} "
                   f"(mode 0600): give it to them (gpualloc ... --token-file {path})", highlight=False, soft_wrap=True)
 
@@ -511,11 +511,8 @@ def user_list(
     """List the users (never their tokens: the store keeps only a hash)."""
     import datetime
 
-    db = _open_store(store)
-    try:
+    with _open_store(store) as db:
         rows = db.users()
-    finally:
-        db.close()
     if as_json:
         print_json(rows)
         return
@@ -536,12 +533,9 @@ def user_remove(
     store: str | None = _STORE,
 ) -> None:
     """Remove a user: their token stops working at once (their jobs stay)."""
-    db = _open_store(store)
-    try:
+    with _open_store(store) as db:
         db.remove_user(name)
         default_user_token_path(db, name).unlink(missing_ok=True)
-    finally:
-        db.close()
     console.print(f"user {name} removed; their token no longer works", highlight=False)
 
 
@@ -559,13 +553,10 @@ def user_token(
     if not rotate:
         raise ServiceError("user token: the store keeps only a hash of each token, so it cannot be shown again; "
                            "add --rotate to make a new one")
-    db = _open_store(store)
-    try:
+    with _open_store(store) as db:
         path = token_file or default_user_token_path(db, name)
         secret = db.rotate_token(name)
         path = write_token_file(path, secret)
-    finally:
-        db.close()
     console.print(f"user {name}: new token in {path} (mode 0600); the old one no longer works", highlight=False,
                   soft_wrap=True)
 
