@@ -108,11 +108,6 @@ def model_estimates(work_s: np.ndarray, model: EstimateModel = EstimateModel(),
     return np.maximum(est, work)
 
 
-def trace_limits(jobs: Sequence[Job]) -> np.ndarray:
-    """Each job's own ``time_limit_s`` (reference seconds), NaN where the trace gives none."""
-    return np.fromiter((np.nan if j.time_limit_s is None else j.time_limit_s for j in jobs), float, len(jobs))
-
-
 @seeded(error=TraceError)
 def user_estimates(jobs: Sequence[Job], model: EstimateModel = EstimateModel(),
                    seed: int | np.random.Generator | None = 0, work_s: np.ndarray | None = None) -> np.ndarray:
@@ -130,5 +125,5 @@ def user_estimates(jobs: Sequence[Job], model: EstimateModel = EstimateModel(),
     if len(work) != len(jobs):
         raise TraceError(f"estimates: work_s has {len(work)} entries for {len(jobs)} jobs")
     drawn = model_estimates(work, model, seed) if len(work) else work.copy()
-    own = trace_limits(jobs)
+    own = np.fromiter((np.nan if j.time_limit_s is None else j.time_limit_s for j in jobs), float, len(jobs))
     return np.where(np.isnan(own), drawn, own)
