@@ -496,7 +496,6 @@ class Gavel:
         self.allocation = np.zeros((0, n_types))
         self._active_key: list[int] | None = None
         self._settled: np.ndarray | None = None  # each allocation row's one type, when every row has one
-        self._cache_allocation()
         self._last_now: float | None = None
         self._last_round: float | None = None
         self.lp_solves = 0
@@ -588,18 +587,15 @@ class Gavel:
         self._entered_s[lp_jobs[new]] = view.now_s
         self._cache_allocation(jobs)
 
-    def _cache_allocation(self, jobs: JobTable | None = None) -> None:
+    def _cache_allocation(self, jobs: JobTable) -> None:
         """What the rounds read of the allocation and stays fixed until the next solve: when each row's job
         entered it, ``X * 1e9`` (the priority before any time is received), the rows' gang sizes and
-        each row's rank by (arrival, job index), the grant order's tie-break."""
+        each row's rank by (arrival, job index), the grant order's tie-break. Nothing reads them before the
+        first solve: a new table's first decision is a round, and the first round with work solves."""
         lp, x = self.allocation_jobs, self.allocation
         self._lp_entered = self._entered_s[lp]
         self._lp_never = x * _NEVER_RECEIVED
         self._lp_zero = x <= 0
-        if jobs is None:
-            self._lp_gangs = np.zeros(lp.size, dtype=np.int64)
-            self._lp_rank = np.zeros(lp.size, dtype=np.int64)
-            return
         self._lp_gangs = jobs.num_gpus[lp]
         rank = np.empty(lp.size, dtype=np.int64)
         rank[np.lexsort((lp, jobs.arrival_s[lp]))] = np.arange(lp.size)
