@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from gpualloc._extras import require
 from gpualloc.registry import Registry
@@ -107,7 +107,6 @@ class RunState:
     result: Any = None
 
 
-@runtime_checkable
 class Backend(Protocol):
     """Runs job attempts. Every method may be called from one scheduler thread only."""
 

@@ -875,20 +875,13 @@ class Scheduler:
                 continue
             gang = self._job_label(j)
             for m, _ in move.moved:
-                self._move_out(m, gang)
+                self._stop_and_requeue(m, f"moved to make room for job {gang}")  # it restarts on other GPUs
             for row, gpus in decision.starts:
                 self._start(row, gpus)
             self.migrations += len(move.moved)
             made += 1
             if made >= rule.max_gangs or not self.queue:
                 break
-
-    def _move_out(self, row: int, gang: str) -> None:
-        """Stop running ``row`` and queue it again (its restart follows at once, on other GPUs)."""
-        run = self.running[row]
-        self.backend.stop(run.ref)
-        new = self.store.requeue(run.job_id, run.attempt, f"moved to make room for job {gang}", max_attempts=None)
-        self._requeue_or_finish(row, new)
 
     def _job_label(self, row: int) -> str:
         return str(int(self.live.job_of_row[row]))
@@ -929,13 +922,18 @@ class Scheduler:
         self.running[row].ref = RunRef(rec.id, rec.attempts, handle)
 
     def _preempt(self, row: int) -> None:
+        if self._stop_and_requeue(row, "preempted by the policy"):
+            self.live.table.preemptions[row] += 1
+
+    def _stop_and_requeue(self, row: int, reason: str) -> bool:
+        """Stop ``row``'s launched run and queue the job again (it restarts from scratch); False when
+        it has no launched run."""
         run = self.running.get(row)
         if run is None or run.ref is None:
-            return
+            return False
         self.backend.stop(run.ref)
-        new = self.store.requeue(run.job_id, run.attempt, "preempted by the policy", max_attempts=None)
-        self.live.table.preemptions[row] += 1
-        self._requeue_or_finish(row, new)
+        self._requeue_or_finish(row, self.store.requeue(run.job_id, run.attempt, reason, max_attempts=None))
+        return True
 
 
 def stored_policy(store: Store) -> tuple[str, dict[str, Any]] | None:
