@@ -81,8 +81,9 @@ def _parse_export(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _samples(source: DeviceTelemetry, count: int | None, interval_s: float):
-    """Samples from ``source``, ``interval_s`` apart, until ``count`` or the source runs out."""
+def _samples(source: DeviceTelemetry, count: int | None, interval_s: float, exporter=None):
+    """Samples from ``source``, ``interval_s`` apart, until ``count`` or the source runs out; each is served by
+    ``exporter`` (when given) as it is taken."""
     i = 0
     while count is None or i < count:
         start = time.perf_counter()
@@ -90,6 +91,8 @@ def _samples(source: DeviceTelemetry, count: int | None, interval_s: float):
             records = source.sample()
         except TelemetryExhausted:
             return
+        if exporter is not None:
+            exporter.update(records)
         yield records
         i += 1
         wait = interval_s - (time.perf_counter() - start)
@@ -127,20 +130,15 @@ def run_cmd(
                 raise TelemetryError(f"monitor: cannot serve metrics on {addr}:{port}: {err.strerror or err}") from err
             err_console.print(f"exporting DCGM metrics at {exporter.url}")
         n = 1 if once else count
-        samples = _samples(source, n, interval)
+        samples = _samples(source, n, interval, exporter)
         if as_json and once:
-            records = next(samples, [])
-            if exporter is not None:
-                exporter.update(records)
-            print_json([r.to_dict() for r in records])
+            print_json([r.to_dict() for r in next(samples, [])])
         elif as_json:
             for records in samples:
-                if exporter is not None:
-                    exporter.update(records)
                 sys.stdout.write(json.dumps([r.to_dict() for r in records]) + "\n")
                 sys.stdout.flush()
         else:
-            _live(samples, name, exporter)
+            _live(samples, name)
     except KeyboardInterrupt:
         pass
     finally:
@@ -149,12 +147,10 @@ def run_cmd(
         source.close()
 
 
-def _live(samples, name: str, exporter) -> None:
+def _live(samples, name: str) -> None:
     title = f"gpualloc monitor ({name})"
     with Live(Table(title=title), console=console, auto_refresh=False) as live:
         for i, records in enumerate(samples):
-            if exporter is not None:
-                exporter.update(records)
             t = records[0].time_s if records else None
             clock = "" if t is None else f", t = {t:,.1f} s"
             live.update(records_table(records, f"{title}: sample {i + 1}{clock}"), refresh=True)
