@@ -456,13 +456,6 @@ def current_user(request: Request) -> User:
     return request.scope[USER_KEY]
 
 
-def require_admin(user: User, what: str) -> None:
-    """Raises:
-        Forbidden: ``user`` is not an admin."""
-    if not user.admin:
-        raise Forbidden(f"only an admin may {what} (user {user.name!r} of team {user.team!r} is not one)")
-
-
 async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -738,7 +731,10 @@ def _add_cluster_routes(api: APIRouter, service: Service) -> None:
 
     @api.put("/policy", summary="Switch policy (admins only)", responses={403: {}, 422: {}})
     def put_policy(change: PolicyChange, request: Request) -> dict[str, Any]:
-        require_admin(current_user(request), "change the policy")
+        user = current_user(request)
+        if not user.admin:
+            raise Forbidden(f"only an admin may change the policy (user {user.name!r} of team {user.team!r} is "
+                            "not one)")
         service.scheduler.set_policy(change.name, service.checked_policy_options(change.options))
         return get_policy()
 
