@@ -15,6 +15,7 @@ a cut) is cloned first, since a stage input is an autograd leaf.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -156,13 +157,6 @@ def _mutated_args(node: fx.Node) -> list[fx.Node]:
     return out
 
 
-def _get_attr(gm: fx.GraphModule, target: str) -> object:
-    obj: object = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _stage_module(gm: fx.GraphModule, members: Sequence[fx.Node], stage_of: Mapping[str, int], k: int,
                   consumers: Mapping[str, set[int]], outputs_needed: set[str]):
     graph = fx.Graph()
@@ -175,7 +169,7 @@ def _stage_module(gm: fx.GraphModule, members: Sequence[fx.Node], stage_of: Mapp
         if a in env:
             return env[a]
         if a.op == "get_attr":
-            attrs[str(a.target)] = _get_attr(gm, str(a.target))
+            attrs[str(a.target)] = operator.attrgetter(str(a.target))(gm)  # a dotted path: "sub.weight"
             env[a] = graph.get_attr(str(a.target))
         else:  # a model input or another stage's output
             ph = graph.placeholder(a.name)
