@@ -278,12 +278,10 @@ class DurationPredictor:
         done = done_work_s(jobs, others)
         started = done > 0
         mine = feats.take(idx)
-        if self.history is None:
-            self.fit_arrays(mine, work, feats.take(others[started]), done[started])
-            return
-        self.fit_arrays(SubmitFeatures.concat([self.history[0], mine]), np.concatenate([self.history[1], work]),
-                        feats.take(others[started]), done[started])
-        self.n_history = idx.size
+        if self.history is not None:
+            mine, work = SubmitFeatures.concat([self.history[0], mine]), np.concatenate([self.history[1], work])
+        self.fit_arrays(mine, work, feats.take(others[started]), done[started])
+        self.n_history = idx.size  # the run's own (fit_arrays counted history's too)
 
     def fit_arrays(self, features: SubmitFeatures, work_s: np.ndarray, censored: SubmitFeatures | None = None,
                    censored_done_s: np.ndarray | None = None) -> None:
