@@ -19,7 +19,7 @@ from gpualloc.scheduling.base import GPU_FREE, Decision
 from gpualloc.scheduling.policies.simple import FCFS
 from gpualloc.scheduling.quotas import Quotas
 from gpualloc.scheduling.simulator import simulate
-from gpualloc.service.models import JobSpec, JobState
+from gpualloc.service.models import ACTIVE, JobSpec, JobState
 from gpualloc.service.scheduler import Scheduler, normalise_spec
 from gpualloc.service.store import Store
 from gpualloc.workload.jobs import Job, JobType, Trace
@@ -135,7 +135,7 @@ def test_service_moves_jobs_as_the_simulator_does(case, tmp_path):
         assert (moved, gang) == expected
         assert sched.migrations == len(case.moved) and sched.status()["migrations"] == len(case.moved)
         assert all(sched.live.table.preemptions[sched.live.row_of[store.get(i).id]] == 0
-                   for i in [r.id for r in store.active()])  # a move is not the policy's preemption
+                   for i in [r.id for r in store.list_jobs(ACTIVE)])  # a move is not the policy's preemption
     finally:
         store.close()
 

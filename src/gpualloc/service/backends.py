@@ -423,13 +423,12 @@ class JobActor:
         self.execution: Execution | None = None
         self.failed: dict[str, Any] | None = None
 
-    def start(self, target: dict[str, Any], log_dir: str | None) -> int:
+    def start(self, target: dict[str, Any], log_dir: str | None) -> None:
         try:
             self.execution = Execution(target, log_dir, callable_in_thread=True)
             self.execution.start()
         except Exception as exc:  # reported through poll, like any other outcome
             self.failed = {"exit_code": 126, "error": f"cannot start: {type(exc).__name__}: {exc}", "result": None}
-        return os.getpid()
 
     def poll(self) -> dict[str, Any] | None:
         if self.failed is not None:

@@ -48,7 +48,7 @@ from gpualloc.scheduling.rules import (InvalidDecision, check_preempt, check_sta
                                        validate_decision)
 from gpualloc.service.backends import Backend, RunRef, RunRequest, RunState, RunStatus, ray_resource_name
 from gpualloc.service.errors import BackendError, Conflict, InvalidJob, NotFound
-from gpualloc.service.models import DEFAULT_TIME_LIMIT_S, HOLDING, JobRecord, JobSpec, JobState
+from gpualloc.service.models import ACTIVE, DEFAULT_TIME_LIMIT_S, HOLDING, JobRecord, JobSpec, JobState
 from gpualloc.service.prediction import StoreHistory, feature_job
 from gpualloc.service.store import Store
 from gpualloc.workload.jobs import JOB_TYPES, Job
@@ -526,7 +526,7 @@ class Scheduler:
         """
         report: dict[str, list[int]] = {"adopted": [], "ended": [], "requeued": [], "failed": [], "queued": []}
         self.store.release_stale_allocations()
-        active = self.store.active()
+        active = self.store.list_jobs(ACTIVE)  # queued, allocated and running, in id order
         holding = [r for r in active if r.state in HOLDING]
         refs = {r.id: RunRef(r.id, r.attempts, r.handle or self.backend.handle(r.id, r.attempts,
                                                                                 len(self._groups(r.gpus))))

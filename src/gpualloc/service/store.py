@@ -49,7 +49,7 @@ except ModuleNotFoundError as err:
     raise missing_extra("service", "the service's store (gpualloc serve, gpualloc user)") from err
 
 from gpualloc.service.errors import Conflict, NotFound, QueueFull, ServiceError
-from gpualloc.service.models import ACTIVE, HOLDING, JobRecord, JobState
+from gpualloc.service.models import HOLDING, JobRecord, JobState
 from gpualloc.service.users import BOOTSTRAP_USER, User, check_name, digests_match, new_token, token_digest
 
 T = TypeVar("T")
@@ -447,10 +447,6 @@ class Store:
         """How many jobs :meth:`ran_to_end`."""
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(jobs_t).where(_RAN_TO_END)).scalar_one())
-
-    def active(self) -> list[JobRecord]:
-        """Queued, allocated and running jobs, in id order."""
-        return self.list_jobs(ACTIVE)
 
     def allocations(self) -> dict[int, tuple[int, int]]:
         """``{device: (job id, attempt)}`` of the allocated GPUs."""
