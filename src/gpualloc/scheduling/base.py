@@ -537,17 +537,13 @@ class FreeGpus:
                 misses.append((job, type_index))
         return gpus
 
-    def place(self, job: int, types: Sequence[int] | None = None) -> tuple[int, tuple[int, ...]] | None:
-        """``(type index, GPUs)`` on the fastest of ``types`` (default: every type, fastest first)
-        where ``job`` may run and its GPUs are free, or ``None``."""
+    def place(self, job: int) -> tuple[int, tuple[int, ...]] | None:
+        """``(type index, GPUs)`` on the fastest type where ``job`` may run and its GPUs are free, or ``None``."""
         jobs = self.view.jobs
         row = jobs.speed[job]
-        for t in (jobs.type_order()[job].tolist() if types is None else types):
-            t = int(t)
+        for t in jobs.type_order()[job].tolist():
             if row[t] <= 0:
-                if types is None:
-                    return None  # the rest are forbidden too
-                continue
+                return None  # the rest are forbidden too
             gpus = self.find(job, t)
             if gpus is not None:
                 return t, gpus
@@ -592,9 +588,9 @@ class FreeGpus:
         """Mark ``gpus`` as used by a planned start."""
         self._move(gpus, False, -1)
 
-    def start(self, job: int, types: Sequence[int] | None = None) -> tuple[int, ...] | None:
+    def start(self, job: int) -> tuple[int, ...] | None:
         """:meth:`place` ``job`` and :meth:`take` its GPUs; the GPUs, or ``None`` if it does not fit."""
-        placed = self.place(job, types)
+        placed = self.place(job)
         if placed is None:
             return None
         self.take(placed[1])
