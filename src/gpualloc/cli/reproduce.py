@@ -181,15 +181,13 @@ def scheduling_cmd(
     side_by_side = scheduling_levels_markdown(result["rows"])
     if side_by_side:
         write_text(out / "levels.md", f"<!-- {command} -->\n" + side_by_side)
-    synthetic = [r for r in result["rows"] if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
-    if len(levels) > 1:  # one bar per policy and level
-        synthetic = [r | {"policy": f"{r['policy']} ({r['knowledge']})"} for r in synthetic]
+    bars = result["rows"] if len(levels) == 1 else [  # one bar per policy and level
+        r | {"policy": f"{r['policy']} ({r['knowledge']})"} for r in result["rows"]]
+    synthetic = [r for r in bars if r["part"] == "synthetic" and r["cluster"] == spec.cluster]
     plot_bars(synthetic, ("load",), "policy", "avg_jct_s", out / "avg_jct.png", ylabel="average JCT (h)",
               scale=1 / 3600,
               title=f"{spec.cluster}: average JCT by load")
-    real = [r for r in result["rows"] if r["part"] == "real"]
-    if len(levels) > 1:
-        real = [r | {"policy": f"{r['policy']} ({r['knowledge']})"} for r in real]
+    real = [r for r in bars if r["part"] == "real"]
     if real:  # no real traces found: nothing to plot
         plot_bars(real, ("trace", "cluster"), "policy", "avg_jct_s", out / "real_traces.png",
                   ylabel="average JCT (h, log scale)", scale=1 / 3600, log=True,
