@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.scheduling.quotas import Quotas
 from gpualloc.scheduling.simulator import SimResult
 
 HYPERSCORE_BETA = 5.0
@@ -299,7 +298,7 @@ def demand_s(arrival_s: np.ndarray, finish_s: np.ndarray) -> float:
     return total + hi - lo
 
 
-def team_summary(result: SimResult, quotas: Quotas | None = None) -> list[dict[str, Any]]:
+def team_summary(result: SimResult) -> list[dict[str, Any]]:
     """Per team: GPU-seconds received of each device type against those it was entitled to, and its
     average JCT.
 
@@ -312,17 +311,16 @@ def team_summary(result: SimResult, quotas: Quotas | None = None) -> list[dict[s
     ``(none)``) has no quota.
 
     Args:
-        result: a run (with ``team_code`` and ``gpu_s_by_type``, as :func:`simulate` records).
-        quotas: the quotas to measure against (default: ``result.quotas``; without any, every quota
-            is 0 and only received GPU-seconds and JCT are meaningful).
+        result: a run (with ``team_code`` and ``gpu_s_by_type``, as :func:`simulate` records), measured
+            against its ``quotas`` (without any, every quota is 0 and only received GPU-seconds and JCT
+            are meaningful).
 
     Returns:
         One row per team that had jobs or a quota, in the quotas' order then by name.
     """
-    quotas = quotas if quotas is not None else result.quotas
     types = result.type_names
-    if quotas is not None:
-        names, q, w = quotas.matrix(types)
+    if result.quotas is not None:
+        names, q, w = result.quotas.matrix(types)
     else:
         names, q, w = ("",), np.zeros((1, len(types)), dtype=np.int64), np.ones(1)
     codes = result.team_code if result.team_code is not None else np.zeros(len(result.job_ids), dtype=np.int64)
