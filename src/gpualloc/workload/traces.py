@@ -58,6 +58,12 @@ class _Table:
     def where(self, i: int) -> str:
         return f"{self.path}:{self.row_word}{self.lines[i]}"
 
+    def refuse_first(self, rows: np.ndarray, message: Callable[[int], str]) -> None:
+        """One TraceError at the first row of the mask ``rows``, if any: its file:line, then ``message(i)``."""
+        if rows.any():
+            i = int(np.argmax(rows))
+            raise TraceError(f"{self.where(i)}: {message(i)}")
+
     def header_where(self) -> str:
         return f"{self.path}:1" if not self.row_word else str(self.path)
 
@@ -113,10 +119,8 @@ class _Table:
             with np.errstate(invalid="ignore"):
                 bad |= (arr <= minimum) if exclusive else (arr < minimum)
         fatal = bad & check if check is not None else bad
-        if fatal.any():
-            i = int(np.argmax(fatal))
-            raise TraceError(f"{self.where(i)}: {column}: expected {_describe(integer, minimum, exclusive)}, "
-                             f"got {self.raw(column, i)!r}")
+        self.refuse_first(fatal, lambda i: f"{column}: expected {_describe(integer, minimum, exclusive)}, "
+                                           f"got {self.raw(column, i)!r}")
         arr = np.where(bad, 0.0, arr)  # unchecked rows the caller ignores
         return arr.astype(np.int64) if integer else arr
 
@@ -212,14 +216,8 @@ def _make_jobs(table: _Table, **columns: Sequence[Any]) -> list[Job]:
 
 
 def _unique_ids(table: _Table, ids: np.ndarray, column: str) -> None:
-    dup = pd.Series(ids).duplicated().to_numpy()
-    if dup.any():
-        i = int(np.argmax(dup))
-        raise TraceError(f"{table.where(i)}: {column}: duplicate job id {ids[i]!r}")
-    empty = ids == ""
-    if empty.any():
-        i = int(np.argmax(empty))
-        raise TraceError(f"{table.where(i)}: {column}: empty job id")
+    table.refuse_first(pd.Series(ids).duplicated().to_numpy(), lambda i: f"{column}: duplicate job id {ids[i]!r}")
+    table.refuse_first(ids == "", lambda i: f"{column}: empty job id")
 
 
 def _ml(n: int) -> Any:
@@ -236,9 +234,7 @@ def _parse_bool(table: _Table, column: str) -> np.ndarray:
     text = np.char.lower(table.text(column).astype(str)) if len(table) else np.array([], dtype=str)
     true = np.isin(text, list(_TRUE))
     bad = ~(true | np.isin(text, list(_FALSE)))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise TraceError(f"{table.where(i)}: {column}: expected true or false, got {table.raw(column, i)!r}")
+    table.refuse_first(bad, lambda i: f"{column}: expected true or false, got {table.raw(column, i)!r}")
     return true
 
 
@@ -342,11 +338,8 @@ def _time_limits(table: _Table) -> list[float | None]:
         return [None] * len(table)
     given = table.text("time_limit_s") != ""
     limits = table.number("time_limit_s", minimum=0, exclusive=True, default=1.0, check=given)
-    over = given & (limits > MAX_WORK_S)
-    if over.any():
-        i = int(np.argmax(over))
-        raise TraceError(f"{table.where(i)}: time_limit_s: {table.raw('time_limit_s', i)!r} is above the limit "
-                         f"of {MAX_WORK_S:,.0f} (10 years)")
+    table.refuse_first(given & (limits > MAX_WORK_S), lambda i: f"time_limit_s: {table.raw('time_limit_s', i)!r} "
+                                                                f"is above the limit of {MAX_WORK_S:,.0f} (10 years)")
     return [float(v) if g else None for v, g in zip(limits.tolist(), given.tolist(), strict=True)]
 
 
@@ -473,11 +466,8 @@ def read_philly(path: str | Path) -> Trace:
     table.require(*PHILLY_COLUMNS)
     n = len(table)
     stamps = pd.to_datetime(pd.Series(table.text("timestamp")), format="%Y-%m-%d %H:%M:%S", errors="coerce")
-    bad = stamps.isna().to_numpy()
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise TraceError(f"{table.where(i)}: timestamp: expected 'YYYY-MM-DD HH:MM:SS', "
-                         f"got {table.raw('timestamp', i)!r}")
+    table.refuse_first(stamps.isna().to_numpy(),
+                       lambda i: f"timestamp: expected 'YYYY-MM-DD HH:MM:SS', got {table.raw('timestamp', i)!r}")
     seconds = stamps.to_numpy(dtype="datetime64[s]").astype(np.int64)
     arrival = (seconds - seconds.min()).astype(np.float64) if n else np.zeros(0)
     duration = table.number("duration", minimum=0, exclusive=True)
@@ -540,10 +530,8 @@ def read_pollux(path: str | Path) -> Trace:
     apps = table.text("application")
     known = pollux_gpu_seconds()
     unknown = ~np.isin(apps.astype(str), list(known)) if n else np.zeros(0, bool)
-    if unknown.any():
-        i = int(np.argmax(unknown))
-        raise TraceError(f"{table.where(i)}: application: unknown application {apps[i]!r} "
-                         f"(known: {', '.join(sorted(known))})")
+    table.refuse_first(unknown, lambda i: f"application: unknown application {apps[i]!r} "
+                                          f"(known: {', '.join(sorted(known))})")
     total = np.array([known[a] for a in apps.tolist()], dtype=np.float64)
     jobs = _make_jobs(table, id=ids.tolist(), arrival_s=arrival.tolist(), job_type=_ml(n),
                       work_s=(total / np.maximum(replicas, 1)).tolist() if n else [],
@@ -636,11 +624,8 @@ def read_alibaba(path: str | Path) -> Trace:
     nonpositive = on_gpu & ~(work > 0)
     keep = on_gpu & ~nonpositive
     milli = table.number("gpu_milli", integer=True, minimum=0, exclusive=True, check=keep)
-    over = keep & (milli > 1000)
-    if over.any():
-        i = int(np.argmax(over))
-        raise TraceError(f"{table.where(i)}: gpu_milli: expected an integer in 1..1000, "
-                         f"got {table.raw('gpu_milli', i)!r}")
+    table.refuse_first(keep & (milli > 1000),
+                       lambda i: f"gpu_milli: expected an integer in 1..1000, got {table.raw('gpu_milli', i)!r}")
     qos = table.text("qos")
     priority = np.zeros(len(table), dtype=np.int64)
     for value in sorted(set(qos[keep].tolist())):
@@ -699,16 +684,11 @@ def read_alibaba_nodes(path: str | Path, catalog: Catalog | None = None,
     table.require("sn", "gpu", "model")
     gpus = table.number("gpu", integer=True, minimum=0)
     names = table.text("sn")
-    empty = names == ""
-    if empty.any():
-        i = int(np.argmax(empty))
-        raise TraceError(f"{table.where(i)}: sn: empty node name")
+    table.refuse_first(names == "", lambda i: "sn: empty node name")
     mapping = {**ALIBABA_GPU_MODELS, **(unknown_models or {})}
     types = [t[0] if t else "" for t in _split_types(table.text("model"), cat, mapping)]
     missing = (np.array(types, dtype=object) == "") & (gpus > 0) if len(types) else np.zeros(0, bool)
-    if missing.any():
-        i = int(np.argmax(missing))
-        raise TraceError(f"{table.where(i)}: model: empty GPU model on a node with GPUs")
+    table.refuse_first(missing, lambda i: "model: empty GPU model on a node with GPUs")
     return [AlibabaNode(n, t, g) for n, t, g in zip(names.tolist(), types, gpus.tolist(), strict=False) if g > 0]
 
 
