@@ -122,15 +122,16 @@ def serve(
                                                    "when it stops."),
 ) -> None:
     """Run the scheduler service: a REST API over a policy deciding on live state."""
-    from gpualloc.options import given, load_options, with_overrides
+    from gpualloc.options import OptionsError, given, load_options, with_overrides
     from gpualloc._extras import require
 
     require("service", "uvicorn", by="gpualloc serve")  # before any set-up; FastAPI and SQLAlchemy: service.app
     from gpualloc.service.app import LOOPBACK_HOSTS, Service, listen_socket
     from gpualloc.service.auth import check_own_or_missing, check_private_folder
     from gpualloc.service.jobusers import plan_job_users
+    from gpualloc.service.scheduler import check_policy_name
 
-    from gpualloc.scheduling.knowledge import check_knowledge
+    from gpualloc.scheduling.knowledge import check_knowledge, require_policy
 
     # The file's settings, then the options given on the command line (an option left at its default
     # does not override the file).
@@ -144,15 +145,10 @@ def serve(
         explicit["allowed_hosts"] = tuple(explicit["allowed_hosts"] or ())
     cfg = with_overrides(base, **explicit)
     if "agents_dir" not in explicit and cfg.agents_dir is not None and not Path(cfg.agents_dir).is_dir():
-        from gpualloc.options import OptionsError
-
         raise OptionsError(f"{config_file}: agents_dir: {cfg.agents_dir!r} is not a folder")
     knowledge, policy, backend, host = cfg.knowledge, cfg.policy, cfg.backend, cfg.host
     check_knowledge(knowledge, "--knowledge")
     if policy is not None:  # refused as the simulator refuses it, before anything is made
-        from gpualloc.scheduling.knowledge import require_policy
-        from gpualloc.service.scheduler import check_policy_name
-
         check_policy_name(policy)
         require_policy(policy, knowledge)  # a dqn whose bundled agent reads what the level hides too
     # First, before printing anything or making a token: a port in use is one line and exit 2.

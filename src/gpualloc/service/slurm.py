@@ -220,10 +220,9 @@ class SlurmBackend:
         argv = ["sinfo", "--Node", "--noheader", f"--format={SINFO_FORMAT}"]
         if self.partition:
             argv.append(f"--partition={self.partition}")
+        out = self._run(*argv).stdout
         try:
-            return parse_sinfo(self._run(*argv).stdout)
-        except BackendError:
-            raise
+            return parse_sinfo(out)
         except Exception as err:  # ClusterError from the parser: the same one-line message
             raise BackendError(f"slurm: {err}") from err
 
