@@ -84,12 +84,8 @@ class PredictionDriven:
         self.name = name or f"{inner.name}-pred"
         self.preemptive = bool(inner.preemptive)
         self.round_s = inner.round_s
-        self._source: Any = None
+        self._source: Any = None  # the job table of the current run; its state is made at its first decision
         self._jobs: PredictedJobs | None = None
-        self._watch = np.zeros(0, dtype=np.int64)  # jobs that may have finished since the last decision
-        self._n_done = 0
-        self._seen_version = np.zeros(0, dtype=np.int64)
-        self._seen_done = np.zeros(0)
 
     def __repr__(self) -> str:
         return f"PredictionDriven({self.inner!r}, quantile={self.quantile})"
@@ -98,7 +94,7 @@ class PredictionDriven:
         jobs = view.jobs
         if jobs is not self._source:  # a new run: nothing learnt before it counts
             self._source, self._jobs = jobs, PredictedJobs(jobs)
-            self._watch = np.zeros(0, dtype=np.int64)
+            self._watch = np.zeros(0, dtype=np.int64)  # jobs that may have finished since the last decision
             self._seen_version = np.full(len(jobs), -1, dtype=np.int64)  # the fit each job's prediction is from
             self._seen_done = np.zeros(len(jobs))  # ... and the work done it was given
             self._n_done = int(np.count_nonzero(np.asarray(jobs.status) == DONE))
