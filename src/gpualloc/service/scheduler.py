@@ -180,9 +180,6 @@ class LiveTable:
             self.table.team_names = tuple(self.team_code)
         return code
 
-    def __len__(self) -> int:
-        return len(self.row_of)
-
     def add(self, jobs: list[Job], speed: np.ndarray, job_ids: list[int],
             features: list[Job] | None = None) -> list[int]:
         """Rows for new jobs (status ``QUEUED`` is set by the caller); ``features``: their submit-time
