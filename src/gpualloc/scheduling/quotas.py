@@ -343,11 +343,9 @@ class QuotaPolicy:
         self._inner_preemptive = bool(getattr(inner, "preemptive", False))
         reclaims = quotas.borrowing and any(n > 0 for t in quotas.teams for n in t.quota.values())
         self.preemptive = self._inner_preemptive or reclaims
+        # what the caches below were made for; the caches themselves (_map, _orders, _has_pref) at the first decision
         self._key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-        self._map = np.zeros(1, dtype=np.int64)
         self._stamp: np.ndarray | None = None
-        self._orders: dict[int, list[int]] = {}
-        self._has_pref = np.zeros(0, dtype=bool)
 
     def _setup(self, view: ClusterView) -> None:
         key = (tuple(view.jobs.team_names), tuple(view.type_names))
