@@ -94,7 +94,9 @@ def test_every_catalog_link_rises_with_size_and_stays_under_its_peak():
         assert bw[0] < bw[-1], link.name  # small messages get less than large
 
 
-def test_ring_allreduce_uses_physics_at_the_chunks_bandwidth():
+def test_transfer_and_ring_allreduce_use_physics_at_the_sizes_bandwidth():
+    t = links.transfer_time_s(16e6, NVLINK2)
+    assert t == pytest.approx(3e-6 + 16e6 / ((16 * V100[0] + 4 * V100[1] + V100[2]) * 1e9))
     # Sailor's estimate_ar_time: 2 (n - 1) sends of the chunk nbytes / n, each at the chunk's bandwidth
     chunk_s = 3e-6 + 16e6 / bus_bandwidth_bytes_per_s(NVLINK2, 16e6)
     assert links.ring_allreduce_s(64e6, 4, NVLINK2) == pytest.approx(2 * 3 * chunk_s)

@@ -160,6 +160,11 @@ def bus_bandwidth_bytes_per_s(link: LinkType, nbytes: ArrayLike, curves: LinkCur
     return np.minimum(curve.bandwidth_bytes_per_s(nbytes), peak) if measured else peak * curve.shape(nbytes)
 
 
+def transfer_time_s(nbytes: ArrayLike, link: LinkType) -> np.ndarray:
+    """:func:`gpualloc.cost.physics.transfer_time_s` of ``nbytes`` over ``link`` at that size's bandwidth."""
+    return physics.transfer_time_s(nbytes, link.latency_s, bus_bandwidth_bytes_per_s(link, nbytes))
+
+
 def ring_allreduce_s(nbytes: ArrayLike, participants: ArrayLike, link: LinkType) -> np.ndarray:
     """:func:`gpualloc.cost.physics.ring_allreduce_s` over ``link``, at the bandwidth of the chunk ``nbytes / n``."""
     chunk = np.asarray(nbytes, dtype=np.float64) / np.maximum(np.asarray(participants, dtype=np.float64), 1.0)

@@ -12,7 +12,7 @@ from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.hybrid.baselines import ddp
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
 from gpualloc.placement.conditions import Conditions, scripted_schedule
-from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions
+from gpualloc.placement.hybrid.drift import rescale_batch, with_conditions, with_speed_scale
 from gpualloc.placement.hybrid.plan import Replica, HybridStage, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.problem import PlacementProblem
@@ -71,6 +71,18 @@ def test_speed_scale_makes_a_slowed_device_its_own_type(four_v100):
     # scaling composes: 0.5 then 2.0 is nominal again
     back = with_conditions(q, nominal(4, speed=[1.0, 2.0, 1.0, 1.0]))
     assert back is p
+
+
+@pytest.mark.parametrize("bad", [[1.0, 0.5], [1.0, 0.0, 1.0, 1.0], [1.0, float("nan"), 1.0, 1.0]])
+def test_speed_scale_rejects_bad_factors(four_v100, bad):
+    with pytest.raises(PlacementError, match="speed scale: expected 4 finite positive factors"):
+        with_speed_scale(four_v100, bad)
+
+
+def test_speed_scale_is_conditions_with_speeds_only(four_v100):
+    q = with_speed_scale(four_v100, [1.0, 0.5, 1.0, 1.0])
+    assert q.type_names == with_conditions(four_v100, nominal(4, speed=[1.0, 0.5, 1.0, 1.0])).type_names
+    assert with_speed_scale(q, [1.0, 2.0, 1.0, 1.0]) is four_v100
 
 
 def test_a_slowed_gpu_gets_a_smaller_share_at_no_migration_cost(four_v100):

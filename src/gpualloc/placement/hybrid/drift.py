@@ -14,6 +14,7 @@ bound and the simulator then use the drifted problem like any other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
@@ -25,7 +26,7 @@ from gpualloc.placement.hybrid.baselines import largest_remainder
 from gpualloc.placement.hybrid.plan import HybridPlan, Replica, HybridStage, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
 
-__all__ = ["ScaledHybridProblem", "rescale_batch", "with_conditions"]
+__all__ = ["ScaledHybridProblem", "rescale_batch", "with_conditions", "with_speed_scale"]
 
 
 class ScaledHybridProblem(HybridProblem):
@@ -91,6 +92,21 @@ class ScaledHybridProblem(HybridProblem):
             return kind
         d = np.asarray(devices)
         return (*kind, tuple(self.link[np.ix_(d, d)].ravel().tolist()))
+
+
+def with_speed_scale(problem: HybridProblem, scale_per_device: Sequence[float] | np.ndarray) -> HybridProblem:
+    """``problem`` with device ``d``'s compute ``scale_per_device[d]`` times as fast (0.5: every layer and
+    the optimizer step take twice as long on it): :func:`with_conditions` with device speeds only.
+    Scaling a scaled problem composes; all ones return ``problem`` itself.
+
+    Raises:
+        PlacementError: not one finite positive factor per device.
+    """
+    scale = np.asarray(scale_per_device, dtype=np.float64)
+    if scale.shape != (problem.k,) or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+        raise PlacementError(f"speed scale: expected {problem.k} finite positive factors (one per device), "
+                             f"got {np.asarray(scale_per_device).tolist()!r}")
+    return _drifted(*_compose(problem, scale, None))
 
 
 def _compose(problem: HybridProblem, scale: np.ndarray, link: np.ndarray | None
