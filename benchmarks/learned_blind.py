@@ -21,6 +21,7 @@ prints a table.
 
 Run: ``python benchmarks/learned_blind.py --data /work/shared/data``
      ``python benchmarks/learned_blind.py --train blind --data /work/shared/data [--install]``
+     ``python benchmarks/learned_blind.py --validate estimate --agent-estimate FILE`` (per validation trace)
 """
 
 from __future__ import annotations
@@ -92,6 +93,39 @@ def train(args) -> dict[str, Any]:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"learned_blind_train_{level}.json").write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1))
+    return doc
+
+
+def validate(args) -> dict[str, Any]:
+    """Per validation trace, an agent file's learned policy (no gate) against its teacher alone, at the
+    agent's level: where a failed gate's mean ratio comes from (``--validate LEVEL --agent-LEVEL FILE``)."""
+    from gpualloc.options import with_overrides
+    from gpualloc.rl.dqn import DQNAgent
+    from gpualloc.rl.train_config import TrainConfig
+    from gpualloc.rl.train_scheduler import LEVEL_ROUND_S, TRAIN_CLUSTERS, _problems, agent_jcts, expert_jcts
+
+    level = args.validate
+    path = getattr(args, f"agent_{level}") or args.out
+    if not path:
+        raise SystemExit(f"--validate {level} needs --agent-{level} FILE")
+    agent = DQNAgent.load(path, device="cpu")
+    extra = agent.extra
+    experts, teacher = list(extra["experts"]), int(extra["teacher"])
+    run = with_overrides(TrainConfig(), knowledge=level, experts=tuple(experts), seed=args.seed,
+                         train_traces=args.train_traces)
+    _, val = _problems(run, (), tuple(training_windows(args.data, TRAIN_CLUSTERS, starts=VAL_STARTS)))
+    mine = agent_jcts(agent, val, experts, teacher, None, knowledge=level, round_s=LEVEL_ROUND_S, seed=args.seed)
+    theirs = expert_jcts(val, [experts[teacher]], level)[experts[teacher]]
+    rows = [{"cluster": spec.name, "trace": trace.source, "agent_avg_jct_s": a, "teacher_avg_jct_s": b,
+             "ratio": a / b} for (spec, trace), a, b in zip(val, mine, theirs, strict=True)]
+    doc = {"knowledge": level, "agent": str(path), "teacher": experts[teacher], "rows": rows,
+           "mean_ratio": float(np.mean([r["ratio"] for r in rows]))}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"learned_blind_val_{level}.json").write_text(json.dumps(doc, indent=1))
+    for r in rows:
+        print(f"{r['cluster']:22s} {r['trace'][:34]:34s} agent {r['agent_avg_jct_s'] / 3600:8.2f} h  "
+              f"{doc['teacher']} {r['teacher_avg_jct_s'] / 3600:8.2f} h  ratio {r['ratio']:.3f}")
+    print(f"mean ratio {doc['mean_ratio']:.4f}")
     return doc
 
 
@@ -222,6 +256,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=Path("/work/shared/data"))
     ap.add_argument("--train", choices=("estimate", "blind"))
+    ap.add_argument("--validate", choices=("estimate", "blind"),
+                    help="per validation trace: the agent file of that level against its teacher")
     ap.add_argument("--install", action="store_true", help="with --train: copy a passing agent into rl/data")
     ap.add_argument("--out", help="with --train: the checkpoint (default /tmp/F/sched-experts-LEVEL.pt)")
     ap.add_argument("--seed", type=int, default=0)
@@ -235,6 +271,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.train:
         train(args)
+        return
+    if args.validate:
+        validate(args)
         return
     doc = evaluate(args)
     args.output.parent.mkdir(parents=True, exist_ok=True)
