@@ -165,6 +165,8 @@ def test_refit_schedule():
     assert not p.due(300) and not p.due(599) and p.due(600)
     p.n_history = 5000
     assert not p.due(5999) and p.due(6000)
+    # the one rule the service's store history refits by too (StoreHistory.next_refit)
+    assert [p.config.refit_after(n) for n in (0, 199, 300, 5000)] == [1, 200, 600, 6000]
 
 
 @pytest.mark.parametrize("bad", [{"interval": 1.0}, {"refit_growth": 1.0}, {"min_model_jobs": 5},

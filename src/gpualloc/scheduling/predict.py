@@ -170,6 +170,14 @@ class PredictorConfig:
             if not ok:
                 raise SchedulingError(f"duration predictor: {name} must be {want}, got {getattr(self, name)!r}")
 
+    def refit_after(self, last: int) -> int:
+        """The refit schedule, one rule for the simulator's predictor and the service's: after a fit on
+        ``last`` finished jobs, the count at which to refit next (every new one before the trees, then
+        growth by ``refit_growth`` times or by ``refit_every`` jobs, whichever comes first)."""
+        if last + 1 <= self.min_model_jobs:
+            return last + 1
+        return min(math.ceil(last * self.refit_growth), last + self.refit_every)
+
 
 class DurationPredictor:
     """Remaining-work prediction learned online from finished jobs (see the module docstring).
@@ -237,12 +245,8 @@ class DurationPredictor:
         """The number of finished jobs at which the schedule refits next: every new one before the
         trees (the empirical stage sorts a few hundred numbers), then growth by ``refit_growth`` times
         or by ``refit_every`` jobs, whichever comes first."""
-        c = self.config
         base = len(self.history[1]) if self.history is not None else 0
-        last = base + self.n_history  # the schedule counts history's jobs too
-        if last + 1 <= c.min_model_jobs:
-            return last + 1 - base
-        return min(math.ceil(last * c.refit_growth), last + c.refit_every) - base
+        return self.config.refit_after(base + self.n_history) - base  # the schedule counts history's jobs too
 
     def due(self, n_finished: int) -> bool:
         """Whether the schedule refits once ``n_finished`` jobs have finished."""

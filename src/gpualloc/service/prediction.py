@@ -164,13 +164,7 @@ class StoreHistory:
         """The count of jobs that ran to their end at which to refit next: the predictor's schedule
         (every new one before its trees, then 1.5x growth or 2,000 more, whichever first), counted on
         the store's jobs (a fit reads at most ``max_train_jobs`` of them)."""
-        c = self.predictor.config
-        last = self._fitted_on
-        if last < 0:
-            return 0
-        if last + 1 <= c.min_model_jobs:
-            return last + 1
-        return min(math.ceil(last * c.refit_growth), last + c.refit_every)
+        return 0 if self._fitted_on < 0 else self.predictor.config.refit_after(self._fitted_on)
 
     def due(self) -> bool:
         """Whether the refit schedule says to refit now."""
