@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpualloc.cost.memory import (
+    LOSS_FP32_COPIES,
     PRECISIONS,
     MemoryRules,
     StageShape,
@@ -203,5 +204,7 @@ def test_a_tiny_mlps_predicted_activations_are_its_measured_saved_tensors():
     assert shape.act_bytes_per_sample * batch == pytest.approx(measured.total_nbytes)
     mem = device_memory(p.rules, None, shape, tp=1, dp=1, mb=batch, in_flight=1, microbatches=2)
     # the activations part (the peak is the backward: plain SGD has no step temporaries): the saved tensors,
-    # plus the gradient of the largest output (the working set)
-    assert mem.activations == pytest.approx(measured.total_nbytes + shape.largest_output_bytes_per_sample * batch)
+    # plus the gradient of the largest output (the working set) and the loss's two fp32 copies of the output
+    assert shape.loss_input_bytes_per_sample == pytest.approx(graph.output_bytes[-1] / batch)
+    assert mem.activations == pytest.approx(measured.total_nbytes + shape.largest_output_bytes_per_sample * batch
+                                            + LOSS_FP32_COPIES * shape.loss_input_bytes_per_sample * batch)

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from gpualloc.cost.memory import LOSS_FP32_COPIES
 from gpualloc.cost.model import BWD_FACTOR, Calibration, CostModel, Efficiency, training_memory_bytes
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph, OpNode, OpTiming
@@ -81,8 +82,10 @@ def test_device_without_peaks_needs_measured_times(model):
 
 def test_training_memory(diamond_graph):
     # fp32 Adam: weights and two moments, 3 x the fp32 weights; one microbatch, so the activations (16 MB)
-    # and the gradients (1 MB) count as the larger of the two; a 5% allocator margin
-    assert training_memory_bytes(diamond_graph) == pytest.approx((3 * 1e6 + 4 * 4e6) * 1.05)
+    # and the gradients (1 MB) count as the larger of the two; the loss's two fp32 copies of the model's output
+    # (node d's 4 MB); a 5% allocator margin
+    assert diamond_graph.loss_input_bytes.tolist() == [0.0, 0.0, 0.0, 4e6]
+    assert training_memory_bytes(diamond_graph) == pytest.approx((3 * 1e6 + 4 * 4e6 + LOSS_FP32_COPIES * 4e6) * 1.05)
 
 
 def test_calibration_round_trip_and_errors(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpualloc.cost.memory import LOSS_FP32_COPIES
 from gpualloc.errors import PlacementError
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import (
@@ -60,8 +61,9 @@ def test_double_batch_doubles_times_and_activations_not_parameters(problem):
     np.testing.assert_allclose(p.graph.flops, 2 * problem.graph.flops)
     np.testing.assert_array_equal(p.graph.param_bytes, problem.graph.param_bytes)
     assert p.graph.batch_size == 2 * problem.graph.batch_size
-    np.testing.assert_allclose(p.mem_bytes - problem.mem_bytes,
-                               problem.graph.output_bytes * (1 + problem.rules.fragmentation))
+    np.testing.assert_allclose(p.mem_bytes - problem.mem_bytes,  # the outputs, and the loss's copies of the last
+                               (problem.graph.output_bytes + LOSS_FP32_COPIES * problem.graph.loss_input_bytes)
+                               * (1 + problem.rules.fragmentation))
 
 
 def test_simulator_runs_on_conditioned_problems(problem):

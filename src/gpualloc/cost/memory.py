@@ -18,8 +18,9 @@ One rule, called by every planner, baseline and simulator. A device that holds `
   hooks on the real model, or the profile's own count), times the precision's bytes over 4, ``mb``,
   ``in_flight`` and ``1 / tp``; with activation recomputation only each layer's input is kept per microbatch
   in flight, and one layer's full activations while it is recomputed; plus the backward's working set, the
-  gradient of the stage's largest layer output for one microbatch (a language model's logits: as large as
-  their saved softmax);
+  gradient of the stage's largest layer output for one microbatch, and on the stage that computes the loss
+  two more copies of the model's output for one microbatch (:data:`LOSS_FP32_COPIES`: a cross-entropy's
+  backward holds four, a language model's logits among the largest tensors of a step);
 * **two moments**: the peak is the larger of the backward (activations in flight beside the gradients:
   all of them when microbatches accumulate, else the larger of the two, as the backward frees one while it
   makes the other) and the optimizer step (gradients, and Adam's temporaries: for every local parameter at
@@ -196,6 +197,8 @@ class StageShape:
         largest_layer_act_bytes_per_sample: the largest layer's saved activations (recomputed one at a time).
         largest_output_bytes_per_sample: the largest output of a layer (its gradient is allocated, beside the
             saved tensors, while the backward runs through that layer: the backward's working set).
+        loss_input_bytes_per_sample: the model outputs this stage computes, which the loss reads (the last
+            stage's; 0 elsewhere): see :data:`LOSS_FP32_COPIES`.
     """
 
     param_bytes: float
@@ -204,6 +207,16 @@ class StageShape:
     input_bytes_per_sample: float
     largest_layer_act_bytes_per_sample: float
     largest_output_bytes_per_sample: float = 0.0
+    loss_input_bytes_per_sample: float = 0.0
+
+
+LOSS_FP32_COPIES = 2
+"""Copies of the loss's input (the model's output, e.g. a language model's logits) that a cross-entropy adds at
+its backward to what the other terms count. Four are alive in ``log_softmax``'s backward: the input, its
+log-probabilities (saved), their gradient and the input's gradient. The saved activations count one (the
+log-probabilities where they were measured, the output by the output rule) and the working set one (the
+gradient of the largest output); these are the other two, counted in fp32 (autocast and the engine compute
+the loss in fp32 whatever the training precision). Measured on CPU by ``benchmarks/loss_memory.py``."""
 
 
 def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageShape, *, tp: int, dp: int, mb: int,
@@ -246,6 +259,7 @@ def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageSha
     else:
         acts = scale * shape.act_bytes_per_sample * in_flight
     acts = acts + scale * shape.largest_output_bytes_per_sample  # the gradient of the largest output, once
+    acts = acts + LOSS_FP32_COPIES * shape.loss_input_bytes_per_sample * mb / tp  # the loss's, in fp32
     grads_in_backward = grads if microbatches > 1 else np.maximum(grads - acts, 0.0)
     if foreach is None:
         foreach = device is not None and device.vendor in ("nvidia", "amd")

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpualloc.cli.main import main
-from gpualloc.cost.memory import MemoryRules
+from gpualloc.cost.memory import LOSS_FP32_COPIES, MemoryRules
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
@@ -167,10 +167,11 @@ def test_memory_in_flight_and_sharding():
     # 1F1B: stage 0 holds min(M, S) = 2 microbatches of 2 samples, stage 1 one; Adam in fp32: 16 bytes a
     # parameter = 4 x the 1 GB of fp32 weights (weights, gradients, two moments), the gradients accumulated
     # over 4 microbatches beside the activations; the backward's working set: the gradient of the largest
-    # output (1 GB a sample) for one microbatch of 2
+    # output (1 GB a sample) for one microbatch of 2; stage 1 computes the loss: two fp32 copies of its output
+    # for the microbatch
     work = 2 * GB
     assert r.peak_mem_bytes[0] == pytest.approx(4 * GB + 2 * 2 * GB + work)
-    assert r.peak_mem_bytes[1] == pytest.approx(4 * GB + 1 * 2 * GB + work)
+    assert r.peak_mem_bytes[1] == pytest.approx(4 * GB + 1 * 2 * GB + work + LOSS_FP32_COPIES * 2 * GB)
     assert r.memory[0].weights == pytest.approx(1 * GB) and r.memory[0].optimizer == pytest.approx(2 * GB)
     assert r.memory[0].phase == "backward"
     gpipe = make_plan(pipe.stages, 8, 4, schedule="gpipe", n_devices=4)
@@ -179,7 +180,7 @@ def test_memory_in_flight_and_sharding():
     plain, zero1, zero2, fsdp = (
         simulate_hybrid(p, make_plan(dp.stages, 8, 1, sharding=s, n_devices=4)).memory[0]
         for s in ("none", "zero1", "zero2", "fsdp"))
-    act = 2 * 2 * GB + work  # 2 samples x 2 layers, and the working set
+    act = 2 * 2 * GB + work + LOSS_FP32_COPIES * 2 * GB  # 2 samples x 2 layers, the working set, the loss's
     # one microbatch: the backward frees activations as it makes gradients, so the larger of the two counts.
     # DDP: 2 GB weights, 2 GB of bucket copies, 4 GB of Adam moments, 6 GB activations (> 2 GB gradients)
     assert plain.peak == pytest.approx(2 * GB + 2 * GB + 4 * GB + act) and plain.phase == "backward"
@@ -189,8 +190,8 @@ def test_memory_in_flight_and_sharding():
     assert fsdp.weights == pytest.approx(2 * GB / 4 + 2 * GB) and fsdp.optimizer == pytest.approx(1 * GB)
     assert fsdp.activations == pytest.approx(act) and fsdp.peak == pytest.approx(2.5 * GB + 1 * GB + act)
     big = HybridProblem(chain(2, params=1 * GB, act=40 * GB, batch=8), load_cluster("1xA100"), 8, rules=exact)
-    assert not simulate_hybrid(big, one_stage(big, [8])).feasible  # 8 GB + 8 x 2 x 5 GB + 8 x 5 GB
-    assert simulate_hybrid(big, one_stage(big, [8], microbatches=8)).feasible  # 8 GB + 2 x 5 GB + 5 GB
+    assert not simulate_hybrid(big, one_stage(big, [8])).feasible  # 8 GB + 8 x 2 x 5 GB + 8 x 5 GB + 2 x 8 x 5 GB
+    assert simulate_hybrid(big, one_stage(big, [8], microbatches=8)).feasible  # 8 GB + 2 x 5 GB + 5 GB + 2 x 5 GB
 
 
 def test_the_optimizer_step_can_be_the_peak():

@@ -114,6 +114,12 @@ class HybridProblem(OnCluster):
             return out
         return self._per_layer(self.graph.output_bytes) / self.graph_batch
 
+    @cached_property
+    def layer_loss_bytes(self) -> np.ndarray:
+        """Bytes per sample of the model outputs every layer computes, which the loss reads (0 in all but the
+        last), (L,)."""
+        return self._per_layer(self.graph.loss_input_bytes) / self.graph_batch
+
     def stage_shape(self, first: int, last: int) -> StageShape:
         """What the memory of a device on layers ``first..last`` depends on (fp32 bytes, see
         :class:`gpualloc.cost.memory.StageShape`); a layer's input is what the layer before it sends."""
@@ -125,7 +131,7 @@ class HybridProblem(OnCluster):
             hit = self.memo[key] = StageShape(
                 float(self.layer_param_bytes[sl].sum()), float(self.layer_param_bytes[sl].max()),
                 float(self.layer_act_bytes[sl].sum()), float(inputs.sum()), float(self.layer_act_bytes[sl].max()),
-                float(self.layer_max_out_bytes[sl].max()))
+                float(self.layer_max_out_bytes[sl].max()), float(self.layer_loss_bytes[sl].sum()))
         return hit
 
     @cached_property
