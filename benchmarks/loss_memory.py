@@ -97,11 +97,7 @@ def table(rows: list[dict], slope: float) -> Table:
 
 
 def main() -> None:
-    parser = _args.Parser(description=__doc__)
-    parser.add_argument("--threads", type=_args.at_least(1), default=1, help="torch CPU threads")
-    parser.add_argument("--out", type=_args.output, default=OUT, help="results JSON")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = _args.torch_cpu_args(__doc__, OUT)
     rows = [run(v) for v in VOCABS]
     first, last = rows[0], rows[-1]
     slope = (last["measured_bytes"] - first["measured_bytes"]) / (last["logits_bytes"] - first["logits_bytes"])

@@ -102,11 +102,7 @@ def table(rows: list[dict]) -> Table:
 
 
 def main() -> None:
-    parser = _args.Parser(description=__doc__)
-    parser.add_argument("--threads", type=_args.at_least(1), default=1, help="torch CPU threads")
-    parser.add_argument("--out", type=_args.output, default=OUT, help="results JSON")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = _args.torch_cpu_args(__doc__, OUT)
     capture("resnet-tiny", saved_activations=False)  # torch's first export is slow: keep it out of the timings
     timings = [capture_times(name, batch) for name, batch in TIMED]
     rows = [run(name, batch) for name, batch in CASES]

@@ -28,6 +28,7 @@ RECORDS = {"calibration_report": "calibration", "sailor_plans": "sailor"}  # els
     ("kl_speed", ["--sizes", "100", "1"], "argument --sizes: 1 is below 2"),
     ("knowledge_overhead", ["--runs", "nope:fcfs"], "--runs nope:fcfs: unknown workload 'nope'"),
     ("knowledge_overhead", ["--repeat", "0"], "argument --repeat: 0 is below 1"),
+    ("loss_memory", ["--out", "{tmp}"], "argument --out: {tmp}: is a folder"),
     ("placement_quality", ["--clusters", "8xA100,nope"], "argument --clusters: unknown cluster 'nope'"),
     ("placement_quality", ["--data", "{tmp}"], "argument --data: {tmp}: no pipedream-profiles/*.txt in it"),
     ("replan_demo", ["--noise", "nan"], "argument --noise: 'nan': expected a finite number >= 0"),
