@@ -136,3 +136,12 @@ def test_garbage_documents_raise_only_graph_errors(garbage):
         parse_graph_document(garbage)
     except GraphError:
         pass
+
+
+def test_the_loss_reads_the_outputs_no_node_consumes():
+    nodes = [OpNode(x, x, "op", output_bytes=b) for x, b in (("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 4.0))]
+    # a -> b -> d and a -> c: c and d leave the model
+    g = OpGraph("g", nodes, [OpEdge("a", "b", 1.0), OpEdge("b", "d", 2.0), OpEdge("a", "c", 1.0)])
+    assert g.loss_input_bytes.tolist() == [0.0, 0.0, 3.0, 4.0]
+    # a profiled chain listed without edges: its last node's output
+    assert OpGraph("chain", nodes, []).loss_input_bytes.tolist() == [0.0, 0.0, 0.0, 4.0]

@@ -229,8 +229,6 @@ class OpGraph:
         """Each node's output bytes where the output leaves the model (what the training loss reads), else 0, (n,):
         the nodes no other node consumes; in a chain listed without edges, its last node."""
         out = np.zeros(len(self.nodes))
-        if not self.nodes:
-            return out
         ends = [i for i, succ in enumerate(self.successors) if not succ] if self.edges else [len(self.nodes) - 1]
         out[ends] = self.output_bytes[ends]
         return out
