@@ -31,8 +31,12 @@ def test_reproduce_scheduling_quick_json(tmp_path, shared_data):
     # 2 worker processes (CI has 2 cores): the agent's runs on the real windows take minutes serially
     # two of the three levels (the estimate rows are built as the blind ones: tests/scheduling/test_knowledge*.py);
     # all three cost the suite another minute
+    # --jobs 10 (quick's own 120 synthetic / 60 real jobs cost ~55 s more): what is checked here is the rows' interface,
+    # the levels, policies and traces present, the bound and the files, none of which depends on the number of jobs;
+    # the rest of --quick (load, seeds, policies, every real trace) is as users run it
     doc = json.loads(invoke("reproduce", "scheduling", "--quick", "--json", "--data", str(shared_data),
-                            "--workers", "2", "--knowledge", "oracle,blind", "--out", str(tmp_path)).stdout)
+                            "--workers", "2", "--knowledge", "oracle,blind", "--jobs", "10",
+                            "--out", str(tmp_path)).stdout)
     rows = doc["rows"]
     for r in rows:  # the interface scripts rely on (issue 36)
         assert {"knowledge", "policy", "avg_jct_s", "trace", "load", "cluster", "needs_durations", "learned"} <= set(r)
