@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+
+def own_cache_folder(root: Path, monkeypatch) -> Path:
+    """``root/xdg-cache/gpualloc``, the CLI's cache folder from now on (``XDG_CACHE_HOME``; the session's
+    ``GPUALLOC_CACHE_DIR`` would come first, so it goes), with ``graphs/`` the session's: the traced zoo graphs
+    (keyed by model, batch, torch and the capture code) are shared as in every other test folder, so resnet-tiny
+    or gpt-tiny is traced once, not again in every test; the calibrations (``cpu-*.json``, at the folder's top)
+    stay this folder's own."""
+    session = os.environ.get("GPUALLOC_CACHE_DIR")  # set for the whole session by tests/conftest.py
+    monkeypatch.delenv("GPUALLOC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root / "xdg-cache"))
+    folder = root / "xdg-cache" / "gpualloc"
+    if session:
+        shared = Path(session) / "graphs"
+        shared.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True)
+        (folder / "graphs").symlink_to(shared, target_is_directory=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUALLOC_CACHE_DIR", raising=False)  # it would come first (tests/conftest.py sets it)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    return tmp_path / "xdg-cache" / "gpualloc"
+    return own_cache_folder(tmp_path, monkeypatch)

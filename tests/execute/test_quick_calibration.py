@@ -6,6 +6,7 @@ import io
 import json
 import math
 import stat
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
@@ -21,6 +22,7 @@ from gpualloc.graph.capture import capture
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.document import read_plan
 from gpualloc.placement.problem import PlacementProblem
+from tests.execute.conftest import own_cache_folder
 
 runner = CliRunner()
 
@@ -46,7 +48,7 @@ def test_the_cache_key_names_cpu_threads_workers_and_torch():
 @pytest.mark.slow
 def test_a_damaged_cache_entry_is_measured_again(private_cache):
     path = private_cache / quick_cache_name(1, 1)
-    private_cache.mkdir(parents=True)
+    private_cache.mkdir(parents=True, exist_ok=True)  # (it holds graphs/: tests/execute/conftest.py)
     path.write_bytes(b"\x00\xff not json")
     cal, got, fresh = cached_cpu_calibration(private_cache, threads=1, concurrent=1)
     assert fresh and got == path
@@ -87,19 +89,6 @@ def test_run_calibrates_once_caches_privately_and_reuses(tmp_path, private_cache
 
 
 @pytest.mark.slow
-def test_no_calibrate_warns_in_one_line_and_uses_the_shipped_guess(tmp_path, private_cache):
-    plan = _plan(tmp_path)
-    result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
-                                 "--threads", "2", "--no-calibrate", "--no-check", "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["calibration"] == {"path": None, "source": "shipped"}
-    # (a slow run also prints progress lines, "...elapsed...", every 10 s: stderr is not a terminal here)
-    warning = [line for line in result.stderr.splitlines() if line.strip() and " elapsed" not in line]
-    assert len(warning) == 1 and "uncalibrated" in warning[0]
-    assert not list(private_cache.glob("cpu-*.json"))  # (the folder may hold the traced graph: graphs/)
-
-
-@pytest.mark.slow
 def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
     cal = tmp_path / "cal.json"
     Calibration.load().save(cal)
@@ -111,12 +100,36 @@ def test_a_given_calibration_is_reported_as_given(tmp_path, private_cache):
     assert not list(private_cache.glob("cpu-*.json"))
 
 
+@pytest.fixture(scope="module")
+def no_calibrate_run(tmp_path_factory):
+    """One ``run --no-calibrate`` (resnet-tiny at batch 8 on 2xcpu, 3 steps after 1 warm-up) and a quick
+    calibration measured just before it in another folder, shared by the two tests that read them: the warning,
+    the "shipped" source and the untouched cache do not depend on the batch or the steps, and the prediction test
+    needs this run."""
+    tmp = tmp_path_factory.mktemp("no-calibrate")
+    with pytest.MonkeyPatch.context() as mp:
+        cache = own_cache_folder(tmp, mp)  # this run's own, as every test's here
+        plan = _plan(tmp, batch=8)
+        quick, _, _ = cached_cpu_calibration(tmp / "quick", threads=1, concurrent=2)
+        result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "3", "--warmup", "1",
+                                     "--threads", "2", "--no-calibrate", "--no-check", "--json"])
+    return SimpleNamespace(plan=plan, quick=quick, result=result, cache=cache)
+
+
 @pytest.mark.slow
-def test_the_quick_calibration_predicts_far_closer_than_the_shipped_guess(tmp_path, private_cache):
-    plan = _plan(tmp_path, batch=8)
-    quick, _, _ = cached_cpu_calibration(private_cache, threads=1, concurrent=2)
-    result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "3", "--warmup", "1",
-                                 "--threads", "2", "--no-calibrate", "--no-check", "--json"])
+def test_no_calibrate_warns_in_one_line_and_uses_the_shipped_guess(no_calibrate_run):
+    result = no_calibrate_run.result
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["calibration"] == {"path": None, "source": "shipped"}
+    # (a slow run also prints progress lines, "...elapsed...", every 10 s: stderr is not a terminal here)
+    warning = [line for line in result.stderr.splitlines() if line.strip() and " elapsed" not in line]
+    assert len(warning) == 1 and "uncalibrated" in warning[0]
+    assert not list(no_calibrate_run.cache.glob("cpu-*.json"))  # (the folder may hold the traced graph: graphs/)
+
+
+@pytest.mark.slow
+def test_the_quick_calibration_predicts_far_closer_than_the_shipped_guess(no_calibrate_run):
+    plan, quick, result = no_calibrate_run.plan, no_calibrate_run.quick, no_calibrate_run.result
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     cluster, graph = load_cluster("2xcpu"), capture("resnet-tiny", batch=8)
