@@ -108,10 +108,14 @@ def test_kill9_mid_stream_then_restart_loses_and_duplicates_nothing(server, tmp_
 def test_restart_reconciles_runs_that_ended_or_vanished_while_down(server, tmp_path):
     srv = server("--cluster", "1xV100+1xT4+1xMI50", "--max-attempts", "2").start()
     token = srv.token
+    # `keeps` runs until this test lets it end (once it is seen running after the restart), not for a fixed 15 s
+    # that had to outlast the restart on a slow machine and that the test then waited out
+    release = tmp_path / "release-keeps"
+    keeps_cmd = ["sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.1; done', str(release)]
     with Client(srv.url, token) as c:
         quick = c.submit({"name": "quick", "command": ["sleep", "1.5"], "device_type": "V100"})
         doomed = c.submit({"name": "doomed", "command": ["sleep", "30"], "device_type": "T4"})
-        keeps = c.submit({"name": "keeps", "command": ["sleep", "15"], "device_type": "MI50"})
+        keeps = c.submit({"name": "keeps", "command": keeps_cmd, "device_type": "MI50"})
         waiting = c.submit({"name": "waiting", "command": ["true"], "device_type": "MI50"})
         for j in (quick, doomed, keeps):
             wait_for(lambda j=j: c.job(j["id"])["state"] == "running", 20, what=f"{j['name']} running")
@@ -129,6 +133,7 @@ def test_restart_reconciles_runs_that_ended_or_vanished_while_down(server, tmp_p
         assert d["requeues"] == 1
         k = c.job(keeps["id"])
         assert k["state"] == "running" and k["attempts"] == 1  # still running: kept
+        release.touch()
         for j in (keeps, waiting):
             wait_for(lambda j=j: c.job(j["id"])["state"] == "finished", 30, what=f"{j['name']} finished")
         assert c.job(keeps["id"])["attempts"] == 1
