@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -54,6 +55,31 @@ class FakeSlurm:
             time.sleep(0.2)
 
 
+def _terminate_together(d: Path, timeout_s: float = 10.0) -> None:
+    """SIGTERM every daemon of the fake cluster at once and wait for them: each takes ~2 s to stop, and the
+    script's ``stop`` (run next: it removes the pid files and kills what is left) stops them one after another."""
+    pids = []
+    for f in (d / "run").glob("*.pid"):
+        try:
+            pid = int(f.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = [p for p in pids if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory) -> Iterator[FakeSlurm]:
     missing = missing_binaries()
@@ -76,6 +102,7 @@ def slurm_cluster(tmp_path_factory) -> Iterator[FakeSlurm]:
         yield cluster
     finally:
         cluster.cancel_all()
+        _terminate_together(d)
         subprocess.run(["bash", str(SCRIPT), "stop", str(d)], capture_output=True, timeout=60)
         if old is None:
             os.environ.pop("SLURM_CONF", None)
