@@ -16,6 +16,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
+from gpualloc.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHIVES = [ROOT / "benchmarks" / "results" / "gpu" / f"h100-call{i}.tgz" for i in (1, 2)]
@@ -68,8 +71,11 @@ def test_an_engine_run_of_step_3_is_a_row(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     ga = [sys.executable, "-m", "gpualloc.cli.main"]
     plan = tmp_path / "plan-gpt-tiny.json"
-    subprocess.run([*ga, "place", "gpt-tiny", "--cluster", "1xcpu", "--batch", "2", "--method", "hybrid", "-o",
-                    str(plan)], check=True, capture_output=True, env=env, timeout=120)
+    # the plan in this process (the same file `gpualloc place` writes from a shell; a subprocess would import torch
+    # and trace gpt-tiny again); the run, whose document the archive holds, is a real process as in gpu-check.sh
+    placed = CliRunner().invoke(app, ["place", "gpt-tiny", "--cluster", "1xcpu", "--batch", "2", "--method", "hybrid",
+                                      "-o", str(plan)])
+    assert placed.exit_code == 0, placed.output
     run = _run_json(ga, "gpt-tiny", plan, "cpu", env)
     # the archive as gpu-check.sh packs it: the plan's path is this machine's, the archive holds its file name
     archive = _pack(tmp_path / "gpu-check.tgz", {"plan-gpt-tiny.json": plan.read_bytes(),
@@ -89,17 +95,20 @@ def test_an_engine_run_of_step_3_is_a_row(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_engine_run_of_an_operator_plan_is_a_row(tmp_path):
+def test_an_engine_run_of_an_operator_plan_is_a_row(tmp_path, private_cache):
     # `gpualloc run` of an op-level plan (file version 1, whose batch is `batch_size`) now prints the engine's
     # document, not the queue runner's: a two-stage pipeline on 2xcpu, the first 80 % of gpt-tiny's operators in
     # topological order on device 0, the head on device 1
-    from gpualloc.graph.capture import capture
+    from gpualloc.cache import DiskCache
+    from gpualloc.graph.cached import capture_cached
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.placement.document import write_plan
     from gpualloc.placement.plan import OperatorPlan
     from gpualloc.placement.problem import PlacementProblem
 
-    graph = capture("gpt-tiny", batch=4)
+    # traced through the CLI's cache (this test's: tests/execute/conftest.py), so `gpualloc run` reads this graph
+    # back rather than tracing gpt-tiny again
+    graph = capture_cached("gpt-tiny", batch=4, cache=DiskCache(private_cache))
     order = np.empty(len(graph), dtype=np.int64)
     order[np.asarray(graph.topo_order)] = np.arange(len(graph))
     plan = tmp_path / "plan-gpt-tiny.json"
