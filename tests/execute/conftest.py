@@ -29,3 +29,18 @@ def own_cache_folder(root: Path, monkeypatch) -> Path:
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     return own_cache_folder(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def session_cache_dir() -> str | None:
+    """The session's cache folder (tests/conftest.py), read before any test here sets its own."""
+    return os.environ.get("GPUALLOC_CACHE_DIR")
+
+
+@pytest.fixture
+def session_calibration(private_cache, session_cache_dir, monkeypatch):
+    """For a test of a run, not of calibrating: ``gpualloc run``'s quick CPU calibration (and the traced graphs)
+    come from the session's cache folder, so it is measured once for the session (per threads and ranks), not in
+    every such test; tests/execute/test_quick_calibration.py measures its own, fresh, in its private folder."""
+    if session_cache_dir:
+        monkeypatch.setenv("GPUALLOC_CACHE_DIR", session_cache_dir)

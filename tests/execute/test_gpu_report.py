@@ -65,7 +65,7 @@ def _pack(path: Path, files: dict[str, bytes]) -> Path:
 
 
 @pytest.mark.slow
-def test_an_engine_run_of_step_3_is_a_row(tmp_path):
+def test_an_engine_run_of_step_3_is_a_row(tmp_path, session_calibration):
     # step 3 of gpu-check.sh as its rehearsal runs it: a hybrid plan on one device, `gpualloc run --json` (the engine
     # under torchrun, one rank)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -95,7 +95,7 @@ def test_an_engine_run_of_step_3_is_a_row(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_engine_run_of_an_operator_plan_is_a_row(tmp_path, private_cache):
+def test_an_engine_run_of_an_operator_plan_is_a_row(tmp_path, private_cache, session_calibration):
     # `gpualloc run` of an op-level plan (file version 1, whose batch is `batch_size`) now prints the engine's
     # document, not the queue runner's: a two-stage pipeline on 2xcpu, the first 80 % of gpt-tiny's operators in
     # topological order on device 0, the head on device 1
@@ -106,7 +106,7 @@ def test_an_engine_run_of_an_operator_plan_is_a_row(tmp_path, private_cache):
     from gpualloc.placement.plan import OperatorPlan
     from gpualloc.placement.problem import PlacementProblem
 
-    # traced through the CLI's cache (this test's: tests/execute/conftest.py), so `gpualloc run` reads this graph
+    # traced through the CLI's cache (its graphs/: tests/execute/conftest.py), so `gpualloc run` reads this graph
     # back rather than tracing gpt-tiny again
     graph = capture_cached("gpt-tiny", batch=4, cache=DiskCache(private_cache))
     order = np.empty(len(graph), dtype=np.int64)

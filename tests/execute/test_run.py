@@ -25,7 +25,7 @@ def _pipeline_plan(tmp_path, model: str, *, microbatches: int, batch: int):
 
 
 @pytest.mark.slow
-def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
+def test_cli_run_prints_the_json_scripts_rely_on(tmp_path, session_calibration):
     plan = _pipeline_plan(tmp_path, "resnet-tiny", microbatches=2, batch=4)
     assert read_plan(plan).global_batch == 4  # written with the plan
     result = runner.invoke(app, ["run", "resnet-tiny", "--plan", str(plan), "--steps", "2", "--warmup", "0",
@@ -45,7 +45,7 @@ def test_cli_run_prints_the_json_scripts_rely_on(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_overridden_schedule_and_microbatches_run_as_given(tmp_path):
+def test_an_overridden_schedule_and_microbatches_run_as_given(tmp_path, session_calibration):
     # gpt-tiny (no dropout, no BatchNorm: the checks run); the plan's 1 microbatch becomes 4 under gpipe
     plan = _pipeline_plan(tmp_path, "gpt-tiny", microbatches=1, batch=8)
     result = runner.invoke(app, ["run", "gpt-tiny", "--plan", str(plan), "--steps", "1", "--warmup", "0",
