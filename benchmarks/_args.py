@@ -180,11 +180,11 @@ def output(text: str) -> Path:
 def torch_cpu_args(description: str | None, out: Path) -> argparse.Namespace:
     """The arguments of a one-process CPU measurement: ``--threads`` (torch's, default 1: on a shared 2-core
     machine two threads wait on each other; applied here) and ``--out`` (default ``out``)."""
-    import torch
-
     parser = Parser(description=description)
     parser.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads")
     parser.add_argument("--out", type=output, default=out, help="results JSON")
     args = parser.parse_args()
+    import torch  # once the arguments are checked: a bad one fails before torch loads
+
     torch.set_num_threads(args.threads)
     return args

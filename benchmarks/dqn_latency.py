@@ -22,15 +22,15 @@ import os
 import platform
 import time
 from pathlib import Path
-
-import numpy as np
-import torch
-from gymnasium import spaces
+from typing import TYPE_CHECKING
 
 import _args
-from gpualloc.cost.microbench import host_cpu_model
-from gpualloc.rl.dqn import DQNAgent, DQNConfig
-from gpualloc.rl.dqn.replay import ReplayBuffer
+
+if TYPE_CHECKING:
+    import numpy as np
+    from gymnasium import spaces
+
+    from gpualloc.rl.dqn import DQNConfig
 
 OUT = Path(__file__).resolve().parent / "results" / "dqn_latency.json"
 TARGET_MS = 1.0
@@ -38,6 +38,10 @@ N_ACTIONS = 64
 
 
 def cases() -> dict[str, tuple[spaces.Space, DQNConfig]]:
+    import numpy as np
+    from gymnasium import spaces
+    from gpualloc.rl.dqn import DQNConfig
+
     grid = spaces.Dict({"grid": spaces.Box(0.0, 1.0, (16, 32), np.float32),
                         "features": spaces.Box(-1.0, 1.0, (32,), np.float32)})
     return {
@@ -50,12 +54,20 @@ def cases() -> dict[str, tuple[spaces.Space, DQNConfig]]:
 
 
 def _percentiles_us(ns: np.ndarray) -> dict[str, float]:
+    import numpy as np
+
     us = ns / 1e3
     return {"median_us": float(np.median(us)), "p90_us": float(np.percentile(us, 90)),
             "p99_us": float(np.percentile(us, 99)), "mean_us": float(us.mean())}
 
 
 def run(name: str, space: spaces.Space, cfg: DQNConfig, calls: int, seed: int) -> dict:
+    import numpy as np
+    import torch
+    from gymnasium import spaces
+    from gpualloc.rl.dqn import DQNAgent
+    from gpualloc.rl.dqn.replay import ReplayBuffer
+
     rng = np.random.default_rng(seed)
     agent = DQNAgent(space, spaces.Discrete(N_ACTIONS), cfg)
     observations = [space.sample() for _ in range(64)]
@@ -95,6 +107,11 @@ def main() -> None:
     ap.add_argument("--threads", type=_args.at_least(1), nargs="+", default=[1])
     ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    import numpy as np
+    import torch
+    from gpualloc.cost.microbench import host_cpu_model
+
     before = torch.get_num_threads()
     load_before = os.getloadavg()[0]  # other processes on the machine inflate the tail percentiles
     rows = []

@@ -38,21 +38,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 import _args
-from gpualloc.cost.microbench import efficiency_from, fit_efficiency, measure_device, merge_calibration, record
-from gpualloc.cost.model import Calibration, CostModel
 from gpualloc.errors import CaptureError, ExecutionError
-from gpualloc.execute.engine.record import predict_run
-from gpualloc.graph.capture import capture
-from gpualloc.graph.zoo import get_model
-from gpualloc.hardware.catalog import default_catalog
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.placement.document import read_plan, write_plan
-from gpualloc.placement.hybrid.runnable import operator_chain
-from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import place
 
 OUT = Path(__file__).resolve().parent / "results" / "execution_accuracy.json"
 # (model, batch, microbatches): a batch a 2-core machine trains in seconds, microbatches of 1-2 samples
@@ -63,6 +50,9 @@ def setups() -> list[tuple[str, str, list[str]]]:
     """(name, cluster spec, torch devices) to run on this machine: ``2xcpu``, and ``2x<GPU>`` on ``cuda:0`` and
     ``cuda:1`` where the host has two CUDA devices of one catalog type (the engine refuses a plan that mixes GPUs
     and CPUs: one backend per job, so one GPU cannot hold a two-stage pipeline with the CPU)."""
+    import torch
+    from gpualloc.hardware.catalog import default_catalog
+
     out = [("cpu x2", "2xcpu", ["cpu", "cpu"])]
     if torch.cuda.is_available():
         from gpualloc.cost.microbench import catalog_type_for
@@ -79,6 +69,8 @@ def setups() -> list[tuple[str, str, list[str]]]:
 
 def model_run(text: str) -> str:
     """``type=``: ``MODEL:BATCH:MICROBATCHES``, a zoo model and a batch its microbatches divide (kept as given)."""
+    from gpualloc.graph.zoo import get_model
+
     parts = text.split(":")
     if len(parts) != 3:
         raise argparse.ArgumentTypeError(f"{text!r}: expected MODEL:BATCH:MICROBATCHES")
@@ -148,6 +140,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=_args.at_least(1), default=2, help="calibration passes per measurement")
     parser.add_argument("--out", type=_args.output, default=OUT)
     args = parser.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    import torch
+    from gpualloc.cost.microbench import efficiency_from, fit_efficiency, measure_device, merge_calibration, record
+    from gpualloc.cost.model import Calibration, CostModel
+    from gpualloc.execute.engine.record import predict_run
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.catalog import default_catalog
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.document import read_plan, write_plan
+    from gpualloc.placement.hybrid.runnable import operator_chain
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.placement.run import place
+
     runs = [(m, int(b), int(k)) for m, b, k in (x.split(":") for x in args.models)]
     total_threads = len(os.sched_getaffinity(0))
     command = gpualloc_command()  # checked before minutes of calibration

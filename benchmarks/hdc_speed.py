@@ -30,17 +30,8 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _args
-from gpualloc.cost.microbench import host_cpu_model
 from gpualloc.errors import SchedulingError
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
-from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes
-from gpualloc.scheduling.policies import make_policy
-from gpualloc.scheduling.simulator import Simulation
-from gpualloc.workload.traces import generate
 
 OUT = Path(__file__).resolve().parent / "results" / "hdc_speed.json"
 TARGET_US = 50.0
@@ -48,6 +39,11 @@ TARGET_US = 50.0
 
 def busy_view(cluster_spec: str, queue: int, seed: int):
     """A view with at least ``queue`` waiting jobs and some GPUs in use (FCFS until then)."""
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.scheduling.policies import make_policy
+    from gpualloc.scheduling.simulator import Simulation
+    from gpualloc.workload.traces import generate
+
     cluster = load_cluster(cluster_spec)
     jobs = max(4 * queue, 64)
     trace = generate(jobs, cluster, 3.0, seed=seed)
@@ -63,6 +59,8 @@ def busy_view(cluster_spec: str, queue: int, seed: int):
 def timed(fn, calls: int, batch: int = 20) -> dict[str, float]:
     """Per-call wall and CPU (this thread's) time, medians over batches of ``batch`` calls: on a
     shared machine the wall time also counts the time other processes held the core."""
+    import numpy as np
+
     for _ in range(min(200, calls)):  # warm-up: caches, allocator
         fn()
     n = max(calls // batch, 1)
@@ -79,6 +77,8 @@ def timed(fn, calls: int, batch: int = 20) -> dict[str, float]:
 
 def hd_dim(text: str) -> int:
     """``type=``: a hypervector length :class:`HDEncoder` takes (its own check: one rule)."""
+    from gpualloc.rl.hdc import HDEncoder
+
     dim = _args.at_least(1)(text)
     _args.library_check(lambda _: HDEncoder(dim=dim), text)
     return dim
@@ -92,6 +92,12 @@ def main() -> None:
     ap.add_argument("--calls", type=_args.at_least(1), default=4_000)
     ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    import numpy as np
+    from gpualloc.cost.microbench import host_cpu_model
+    from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
+    from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes
+
     load_before = os.getloadavg()[0]
     trace, view = busy_view(args.cluster, args.queue, args.seed)
     layout = FeatureLayout(max_gpus=max(32, len(view.gpu_type)), max_types=max(4, len(view.type_names)))

@@ -20,10 +20,6 @@ from rich.table import Table
 
 import _args
 from gpualloc.cli.common import console
-from gpualloc.graph.capture import capture
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.placement.hybrid.problem import HybridProblem
-from gpualloc.placement.hybrid.search import HYBRID_METHODS, place_hybrid
 
 HERE = Path(__file__).resolve().parent
 MODELS = {"resnet50": (32, 256), "bert-base": (32, 256), "gpt2-small": (8, 64)}
@@ -33,6 +29,11 @@ SCALE = (("gpt2-small", 256, "16xA100+16xV100"), ("gpt2-small", 2048, "128xA100+
 
 
 def run_case(model: str, batch: int, cluster: str) -> list[dict]:
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.hybrid.problem import HybridProblem
+    from gpualloc.placement.hybrid.search import HYBRID_METHODS, place_hybrid
+
     problem = HybridProblem(capture(model, batch=batch), load_cluster(cluster), batch)
     rows = []
     for method in HYBRID_METHODS:
@@ -84,6 +85,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="ResNet-50 only, no 256-GPU search")
     parser.add_argument("--out", type=_args.output, default=HERE / "results" / "hybrid_quality.json")
     args = parser.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.hybrid.problem import HybridProblem
+    from gpualloc.placement.hybrid.search import place_hybrid
+
     rows = []
     for model, batches in MODELS.items():
         if args.quick and model != "resnet50":

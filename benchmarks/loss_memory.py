@@ -27,19 +27,17 @@ import gc
 import json
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.table import Table
 
 import _args
 from gpualloc.cli.common import console
-from gpualloc.cost.memory import LOSS_FP32_COPIES, MemoryRules, device_memory
-from gpualloc.execute.engine.loss import loss_for
-from gpualloc.execute.measure import MemoryProbe
-from gpualloc.graph.capture import capture
-from gpualloc.graph.zoo import GPT, GPTConfig
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.placement.hybrid.problem import HybridProblem
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpualloc.execute.measure import MemoryProbe
 
 OUT = Path(__file__).resolve().parent / "results" / "loss_memory.json"
 VOCABS = (2000, 8000, 32000)
@@ -47,6 +45,8 @@ BATCH, SEQ = 4, 64
 
 
 def _step(model: torch.nn.Module, x: torch.Tensor, probe: MemoryProbe | None = None) -> None:
+    from gpualloc.execute.engine.loss import loss_for
+
     loss = loss_for(model)
     target = loss.targets([x], 0)
     model.zero_grad(set_to_none=True)
@@ -59,6 +59,14 @@ def _step(model: torch.nn.Module, x: torch.Tensor, probe: MemoryProbe | None = N
 
 
 def run(vocab: int) -> dict:
+    import torch
+    from gpualloc.cost.memory import MemoryRules, device_memory
+    from gpualloc.execute.measure import MemoryProbe
+    from gpualloc.graph.capture import capture
+    from gpualloc.graph.zoo import GPT, GPTConfig
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.hybrid.problem import HybridProblem
+
     cfg = GPTConfig(vocab_size=vocab, seq_len=SEQ, d_model=64, layers=2, heads=4)
     torch.manual_seed(0)
     model = GPT(cfg)
@@ -84,6 +92,8 @@ def run(vocab: int) -> dict:
 
 
 def table(rows: list[dict], slope: float) -> Table:
+    from gpualloc.cost.memory import LOSS_FP32_COPIES
+
     t = Table(title=f"one step's allocations above the weights, fp32, CPU, batch {BATCH} x {SEQ} tokens (MB = 1e6 B)")
     for col in ("vocab", "logits MB", "measured MB", "at op", "predicted MB", "error", "old rule MB", "old error"):
         t.add_column(col, justify="left" if col == "at op" else "right")
@@ -98,6 +108,7 @@ def table(rows: list[dict], slope: float) -> Table:
 
 def main() -> None:
     args = _args.torch_cpu_args(__doc__, OUT)
+    import torch
     rows = [run(v) for v in VOCABS]
     first, last = rows[0], rows[-1]
     slope = (last["measured_bytes"] - first["measured_bytes"]) / (last["logits_bytes"] - first["logits_bytes"])

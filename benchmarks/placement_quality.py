@@ -21,19 +21,16 @@ from rich.table import Table
 
 import _args
 from gpualloc.cli.common import console
-from gpualloc.graph.capture import capture
-from gpualloc.graph.importers import import_pipedream
-from gpualloc.hardware.cluster import load_cluster
 from gpualloc.limits import MAX_MICROBATCHES
-from gpualloc.placement.partition import PARTITIONERS
-from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.run import compare, gain
 
 HERE = Path(__file__).resolve().parent
 ZOO = {"resnet50": 32, "bert-base": 32, "gpt2-small": 8}
 
 
 def graphs(data: Path, quick: bool):
+    from gpualloc.graph.capture import capture
+    from gpualloc.graph.importers import import_pipedream
+
     profiles = sorted(p for p in (data / "pipedream-profiles").glob("*.txt") if p.name != "LICENSE.txt")
     if quick:
         profiles = [p for p in profiles if p.stem in ("resnet50", "vgg16", "gnmt")]
@@ -64,6 +61,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 profiles + ResNet-50 only")
     parser.add_argument("--out", type=_args.output, default=HERE / "results" / "placement_quality.json")
     args = parser.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.partition import PARTITIONERS
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.placement.run import compare, gain
+
     rows = []
     for graph in graphs(args.data, args.quick):
         for cluster_name in args.clusters.split(","):

@@ -27,14 +27,6 @@ from pathlib import Path
 
 import _args
 from gpualloc.cli.common import console
-from gpualloc.graph.capture import capture
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.placement.conditions import random_schedule, scripted_schedule
-from gpualloc.placement.hybrid.baselines import ddp
-from gpualloc.placement.hybrid.problem import HybridProblem
-from gpualloc.placement.hybrid.search import plan_hybrid
-from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.replan import ReplanOptions, run_training
 from rich.table import Table
 
 OUT = Path(__file__).resolve().parent / "results" / "replan_hybrid.json"
@@ -54,6 +46,16 @@ def main() -> None:
     ap.add_argument("--overhead-s", type=_args.non_negative, default=30.0, help="restart cost of the third run")
     ap.add_argument("--out", type=_args.output, default=OUT)
     args = ap.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    from gpualloc.graph.capture import capture
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.placement.conditions import random_schedule, scripted_schedule
+    from gpualloc.placement.hybrid.baselines import ddp
+    from gpualloc.placement.hybrid.problem import HybridProblem
+    from gpualloc.placement.hybrid.search import plan_hybrid
+    from gpualloc.placement.problem import PlacementProblem
+    from gpualloc.placement.replan import ReplanOptions, run_training
+
 
     cluster = load_cluster(args.cluster)
     rows = []

@@ -20,22 +20,21 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 import _args
-from gpualloc.hardware.cluster import load_cluster
-from gpualloc.rl.expert_choice import ExpertPanel
-from gpualloc.rl.sched_policy import ExpertChoicePolicy
-from gpualloc.scheduling.policies import make_policy
-from gpualloc.scheduling.simulator import simulate
-from gpualloc.workload.traces import generate
 
 OUT = Path(__file__).resolve().parent / "results" / "sched_decision_latency.json"
 TARGET_MS = 1.0
 
 
 def measure(jobs: int, load: float, cluster: str, seed: int) -> dict:
+    import numpy as np
+    from gpualloc.hardware.cluster import load_cluster
+    from gpualloc.rl.expert_choice import ExpertPanel
+    from gpualloc.rl.sched_policy import ExpertChoicePolicy
+    from gpualloc.scheduling.policies import make_policy
+    from gpualloc.scheduling.simulator import simulate
+    from gpualloc.workload.traces import generate
+
     spec = load_cluster(cluster)
     trace = generate(jobs, spec, load, seed=seed)
     bundled = make_policy("dqn")
@@ -87,6 +86,9 @@ def main() -> None:
     parser.add_argument("--cluster", type=_args.cluster, default="adlro16")
     parser.add_argument("--seed", type=_args.at_least(0), default=10_000)
     args = parser.parse_args()
+    # imported once the arguments are checked: a bad one fails before torch loads
+    import torch
+
     torch.set_num_threads(1)
     res = measure(args.jobs, args.load, args.cluster, args.seed)
     print(f"{'part':22} {'calls':>7} {'median ms':>10} {'p99 ms':>8}")
