@@ -46,7 +46,7 @@ def placement_cmd(
     with progress_bar(TextColumn("{task.description:<40}"), BarColumn(), unit="runs") as bar:
         task = bar.add_task("placement table", total=total_runs(spec))
         result = run_table(spec, load_placer(agent),
-                           progress=lambda what: bar.update(task, advance=1, description=what))
+                           progress=lambda what: bar.update(task, advance=1, description=what), cache=disk_cache())
     out.mkdir(parents=True, exist_ok=True)
     command = "gpualloc reproduce placement" + (" --quick" if quick else "") + \
         (f" --seeds {seeds}" if seeds else "") + (f" --iterations {iterations}" if iterations else "")

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from gpualloc.graph.capture import capture
+from gpualloc.cache import DiskCache
+from gpualloc.graph.cached import capture_cached
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.conditions import random_schedule
 from gpualloc.placement.plan import OperatorPlan
@@ -56,14 +57,15 @@ class TableSpec:
 
 
 def run_table(spec: TableSpec, agent: DQNAgent | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every (model, cluster, method, seed); returns ``{"rows": [...], "spec": ..., "wall_s": ...}``."""
+              progress: Callable[[str], None] | None = None, cache: DiskCache | None = None) -> dict[str, Any]:
+    """Run every (model, cluster, method, seed); returns ``{"rows": [...], "spec": ..., "wall_s": ...}``.
+    ``cache``: where the models' traced graphs are kept (``gpualloc.graph.cached``; None: traced every time)."""
     start = time.perf_counter()
     agent = agent or load_placer()
     raw: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     hybrid_rows: list[dict[str, Any]] = []
     for model, batch in spec.models:
-        graph = capture(model, batch=batch)
+        graph = capture_cached(model, batch=batch, cache=cache)
         for cluster in spec.clusters:
             problem = PlacementProblem(graph, load_cluster(cluster), microbatches=spec.microbatches)
             # the drift runs simulate 1F1B, so the static plans are chosen under it too
