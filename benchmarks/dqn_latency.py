@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+from gymnasium import spaces
+
 import _args
 
 if TYPE_CHECKING:
-    import numpy as np
-    from gymnasium import spaces
-
     from gpualloc.rl.dqn import DQNConfig
 
 OUT = Path(__file__).resolve().parent / "results" / "dqn_latency.json"
@@ -38,8 +38,6 @@ N_ACTIONS = 64
 
 
 def cases() -> dict[str, tuple[spaces.Space, DQNConfig]]:
-    import numpy as np
-    from gymnasium import spaces
     from gpualloc.rl.dqn import DQNConfig
 
     grid = spaces.Dict({"grid": spaces.Box(0.0, 1.0, (16, 32), np.float32),
@@ -54,7 +52,6 @@ def cases() -> dict[str, tuple[spaces.Space, DQNConfig]]:
 
 
 def _percentiles_us(ns: np.ndarray) -> dict[str, float]:
-    import numpy as np
 
     us = ns / 1e3
     return {"median_us": float(np.median(us)), "p90_us": float(np.percentile(us, 90)),
@@ -62,9 +59,7 @@ def _percentiles_us(ns: np.ndarray) -> dict[str, float]:
 
 
 def run(name: str, space: spaces.Space, cfg: DQNConfig, calls: int, seed: int) -> dict:
-    import numpy as np
     import torch
-    from gymnasium import spaces
     from gpualloc.rl.dqn import DQNAgent
     from gpualloc.rl.dqn.replay import ReplayBuffer
 
@@ -108,7 +103,6 @@ def main() -> None:
     ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
     # imported once the arguments are checked: a bad one fails before torch loads
-    import numpy as np
     import torch
     from gpualloc.cost.microbench import host_cpu_model
 

@@ -30,6 +30,8 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
+
 import _args
 from gpualloc.errors import SchedulingError
 
@@ -59,7 +61,6 @@ def busy_view(cluster_spec: str, queue: int, seed: int):
 def timed(fn, calls: int, batch: int = 20) -> dict[str, float]:
     """Per-call wall and CPU (this thread's) time, medians over batches of ``batch`` calls: on a
     shared machine the wall time also counts the time other processes held the core."""
-    import numpy as np
 
     for _ in range(min(200, calls)):  # warm-up: caches, allocator
         fn()
@@ -93,7 +94,6 @@ def main() -> None:
     ap.add_argument("--seed", type=_args.seed, default=0)
     args = ap.parse_args()
     # imported once the arguments are checked: a bad one fails before torch loads
-    import numpy as np
     from gpualloc.cost.microbench import host_cpu_model
     from gpualloc.rl.features import DecisionPoint, FeatureLayout, FeatureScaler, GridHistory, simulated_metrics
     from gpualloc.rl.hdc import HDEncoder, hd_features, table_codes

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 import _args
 
 OUT = Path(__file__).resolve().parent / "results" / "sched_decision_latency.json"
@@ -27,7 +29,6 @@ TARGET_MS = 1.0
 
 
 def measure(jobs: int, load: float, cluster: str, seed: int) -> dict:
-    import numpy as np
     from gpualloc.hardware.cluster import load_cluster
     from gpualloc.rl.expert_choice import ExpertPanel
     from gpualloc.rl.sched_policy import ExpertChoicePolicy
