@@ -147,6 +147,16 @@ def test_tied_weight_is_owned_by_its_first_consumer() -> None:
     head = next(n for n in g.nodes if n.layer == "lm_head")
     assert embedding.param_bytes == wte_bytes
     assert head.param_bytes == 0 and head.bytes_read >= wte_bytes
+    # ... and recorded as tied, owner first, so a stage holding the head counts its copy
+    (tie,) = g.tied
+    assert (tie.name, tie.bytes, tie.nodes) == ("wte.weight", wte_bytes, (embedding.id, head.id))
+    layers = capture("gpt-tiny", granularity="layer", saved_activations=False)
+    assert [(t.bytes, t.nodes) for t in layers.tied] == [(wte_bytes, ("wte", "lm_head"))]
+    assert OpGraph.from_dict(layers.to_dict()).tied == layers.tied
+
+
+def test_untied_models_list_no_tied_weights() -> None:
+    assert capture("resnet-tiny", saved_activations=False).tied == ()
 
 
 # ------------------------------------------------------------------------------------------ layer granularity

@@ -866,4 +866,4 @@ def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Seque
         for node in graph.nodes
     ]
     return OpGraph(graph.name, nodes, graph.edges, batch_size=graph.batch_size,
-                   meta={**graph.meta, "times": "profiled"})
+                   meta={**graph.meta, "times": "profiled"}, tied=graph.tied)

@@ -58,7 +58,7 @@ import operator
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -68,7 +68,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gpualloc.errors import CaptureError
 from gpualloc.graph.activations import SavedActivations, measure_saved_bytes
-from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
+from gpualloc.graph.ir import OpEdge, OpGraph, OpNode, TiedWeight
 from gpualloc.graph.zoo import get_model
 from gpualloc.registry import import_user_module
 
@@ -109,6 +109,8 @@ class _Op:
     param_bytes: float
     output_shape: tuple[int, ...] | None
     in_bytes: dict[str, float]  # producer op id -> bytes read from it
+    reads: dict[str, float] = field(default_factory=dict)  # parameter identity -> its bytes, every one it reads
+    owns: list[str] = field(default_factory=list)  # the parameters it is the first reader of
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -295,13 +297,28 @@ def capture(
     meta: dict[str, Any] = {"source": source, "model": name, "granularity": granularity}
     if uncounted:
         meta["flops_unknown_ops"] = uncounted  # ops that could not run on meta tensors: counted as 0
-    graph = OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta)
+    tied = _tied_weights(graph_ops)
+    graph = OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta, tied=tied)
     if saved_activations is False:
         return graph
     zoo_name = model if isinstance(model, str) and ":" not in model and example_inputs is None else None
     meta.update(_record_saved_activations(graph, module, inputs, on_meta, force=bool(saved_activations),
                                           zoo_name=zoo_name))
-    return OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta)
+    return OpGraph(name, nodes, edges, batch_size=int(batch), meta=meta, tied=tied)
+
+
+def _tied_weights(graph_ops: list[_Op]) -> list[TiedWeight]:
+    """The parameters more than one node reads (a tied embedding), each with its owner (its first reader)
+    first, then its other readers in graph order."""
+    owner = {k: o.id for o in graph_ops for k in o.owns}
+    readers: dict[str, list[str]] = {}
+    nbytes: dict[str, float] = {}
+    for o in graph_ops:
+        for k, b in o.reads.items():
+            readers.setdefault(k, []).append(o.id)
+            nbytes[k] = b
+    return [TiedWeight(k, float(nbytes[k]), (owner[k], *(r for r in rs if r != owner[k])))
+            for k, rs in readers.items() if len(rs) > 1]
 
 
 # Measured saved activations: the forward pass runs at the largest batch (at most the graph's, and at most
@@ -613,9 +630,13 @@ def _build_ops(ep: torch.export.ExportedProgram) -> tuple[list[_Op], list[str]]:
             if ref.kind == "op":
                 producer = op_by_id[ref.key]
                 op.in_bytes[ref.key] = min(op.in_bytes.get(ref.key, 0.0) + ref.nbytes, producer.output_bytes)
-            elif ref.kind == "param" and ref.key not in owned:
-                owned.add(ref.key)
-                op.param_bytes += _tensor_bytes(state.get(ref.key)) if ref.key in state else ref.nbytes
+            elif ref.kind == "param":
+                nbytes = _tensor_bytes(state.get(ref.key)) if ref.key in state else ref.nbytes
+                op.reads.setdefault(ref.key, nbytes)
+                if ref.key not in owned:
+                    owned.add(ref.key)
+                    op.owns.append(ref.key)
+                    op.param_bytes += nbytes
         refs[node.name] = _Ref("op", op.id, out_bytes)
         mutated = node.args[0] if node.args else None
         if _packet_name(node.target).endswith("_") and isinstance(mutated, torch.fx.Node) and mutated.name in refs:
@@ -710,6 +731,7 @@ def _merge_group(gi: int, g: list[_Op], label: str | None, ids: list[str], group
         flops=sum(op.flops for op in g), bytes_read=sum(op.bytes_read for op in g),
         output_bytes=sum(op.output_bytes for op in g), param_bytes=sum(op.param_bytes for op in g),
         output_shape=g[-1].output_shape, in_bytes=in_bytes,
+        reads={k: b for op in g for k, b in op.reads.items()}, owns=[k for op in g for k in op.owns],
     )
 
 

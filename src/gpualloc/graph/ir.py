@@ -77,6 +77,22 @@ class OpEdge:
     bytes: float
 
 
+@dataclass(frozen=True)
+class TiedWeight:
+    """A weight several nodes read (a tied embedding: the token embedding and the LM head).
+
+    ``nodes[0]`` owns it: its ``param_bytes`` count the weight. A device or pipeline stage that runs another of
+    ``nodes`` but not the owner holds a copy of it (weights, gradient and optimizer state, as PyTorch's pipelining
+    and Megatron-LM keep it; once however many of the nodes it runs), and every step the copies' gradients are
+    all-reduced with the owner's before the optimizer step (:meth:`OpGraph.tied_copy_bytes`,
+    :meth:`OpGraph.tied_holders`).
+    """
+
+    name: str
+    bytes: float
+    nodes: tuple[str, ...]
+
+
 _NODE_SIZES = ("flops", "bytes_read", "bytes_written", "param_bytes", "output_bytes")
 _NODE_BOUNDS = {"flops": (MAX_NODE_FLOPS, "about 500 forward passes of a 1e12-parameter model over 1e6 tokens"),
                 "time_ms": (MAX_OP_TIME_MS, "ten years"),
@@ -107,10 +123,12 @@ class OpGraph:
         *,
         batch_size: int | None = None,
         meta: Mapping[str, Any] | None = None,
+        tied: Iterable[TiedWeight] = (),
     ) -> None:
         self.name = name
         self.nodes: tuple[OpNode, ...] = tuple(nodes)
         self.edges: tuple[OpEdge, ...] = tuple(edges)
+        self.tied: tuple[TiedWeight, ...] = tuple(tied)
         self.batch_size = batch_size
         self.meta: dict[str, Any] = dict(meta or {})
         self.index: dict[str, int] = {}
@@ -149,7 +167,21 @@ class OpGraph:
             if not np.isfinite(edge.bytes) or edge.bytes < 0:
                 raise GraphError(f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes must be >= 0, got {edge.bytes!r}")
             _check_bound(edge.bytes, _NODE_BOUNDS["bytes"], f"{where}: edge {edge.src!r} -> {edge.dst!r}: bytes")
+        self._validate_tied(where)
         _ = self.topo_order  # computing the (cached) order raises GraphError on a cycle
+
+    def _validate_tied(self, where: str) -> None:
+        for w in self.tied:
+            at = f"{where}: tied {w.name!r}"
+            if len(set(w.nodes)) < 2 or len(set(w.nodes)) != len(w.nodes):
+                raise GraphError(f"{at}: nodes: a tied weight needs two or more distinct nodes, got {list(w.nodes)}")
+            for nid in w.nodes:
+                if nid not in self.index:
+                    raise GraphError(f"{at}: nodes: unknown node {nid!r}")
+            owner = self.nodes[self.index[w.nodes[0]]]
+            if not np.isfinite(w.bytes) or not 0 <= w.bytes <= owner.param_bytes:
+                raise GraphError(f"{at}: bytes must be in 0..{owner.param_bytes:g}, the param_bytes of its owner "
+                                 f"{owner.id!r} (nodes[0]), got {w.bytes!r}")
 
     def _validate_header(self, where: str) -> None:
         if self.batch_size is not None and (int(self.batch_size) != self.batch_size
@@ -234,6 +266,39 @@ class OpGraph:
         return out
 
     @cached_property
+    def _tied_index(self) -> tuple[tuple[float, np.ndarray], ...]:
+        return tuple((float(w.bytes), np.array([self.index[n] for n in w.nodes], dtype=np.int64)) for w in self.tied)
+
+    def tied_holders(self, group: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
+        """For every tied weight whose nodes run in more than one group (``group[i]``: the device or stage of
+        node ``i``): its bytes and the groups that hold it, the owner's first. Each step those groups all-reduce
+        its gradient."""
+        g = np.asarray(group)
+        out = []
+        for nbytes, nodes in self._tied_index:
+            held = list(dict.fromkeys(g[nodes].tolist()))
+            if len(held) > 1:
+                out.append((nbytes, tuple(held)))
+        return out
+
+    def tied_copy_bytes(self, group: np.ndarray, n_groups: int) -> np.ndarray:
+        """Bytes of the tied-weight copies each group holds beside the parameters its nodes own, (n_groups,): a
+        group running a node of a tied weight whose owner runs elsewhere holds one copy."""
+        out = np.zeros(n_groups)
+        for nbytes, held in self.tied_holders(group):
+            out[list(held[1:])] += nbytes
+        return out
+
+    @cached_property
+    def tied_read_bytes(self) -> np.ndarray:
+        """Bytes of tied weights each node reads but does not own, (n,): what a node alone may add to its
+        device (a per-node bound of :meth:`tied_copy_bytes`, never below it)."""
+        out = np.zeros(len(self.nodes))
+        for nbytes, nodes in self._tied_index:
+            out[nodes[1:]] += nbytes
+        return out
+
+    @cached_property
     def bytes_accessed(self) -> np.ndarray:
         return self._node_array("bytes_read") + self._node_array("bytes_written")
 
@@ -311,6 +376,8 @@ class OpGraph:
             out["meta"] = self.meta
         out["nodes"] = [node_dict(n) for n in self.nodes]
         out["edges"] = [{"src": e.src, "dst": e.dst, "bytes": _num(e.bytes)} for e in self.edges]
+        if self.tied:
+            out["tied"] = [{"name": w.name, "bytes": _num(w.bytes), "nodes": list(w.nodes)} for w in self.tied]
         return out
 
     def save(self, path: str | Path) -> None:
@@ -347,8 +414,9 @@ def parse_graph_document(data: Any, where: str = "graph") -> OpGraph:
         for n in doc.nodes
     ]
     edges = [OpEdge(e.src, e.dst, e.bytes) for e in doc.edges]
+    tied = [TiedWeight(w.name, w.bytes, tuple(w.nodes)) for w in doc.tied]
     try:
-        return OpGraph(doc.name, nodes, edges, batch_size=doc.batch_size, meta=doc.meta)
+        return OpGraph(doc.name, nodes, edges, batch_size=doc.batch_size, meta=doc.meta, tied=tied)
     except GraphError as err:
         raise GraphError(f"{where}: {err}") from err
 

@@ -54,6 +54,14 @@ class EdgeDoc(_Strict):
     bytes: float = Field(default=0.0, ge=0)
 
 
+class TiedDoc(_Strict):
+    """A weight several nodes read (a tied embedding); ``nodes[0]`` owns it (its param_bytes count it)."""
+
+    name: str = Field(min_length=1)
+    bytes: float = Field(ge=0, description="the weight's bytes (fp32, as param_bytes)")
+    nodes: list[str] = Field(min_length=2, description="the nodes that read it, the owner first")
+
+
 class GraphDoc(_Strict):
     """A gpualloc-graph document."""
 
@@ -64,6 +72,7 @@ class GraphDoc(_Strict):
     meta: dict[str, Any] = Field(default_factory=dict)
     nodes: list[NodeDoc] = Field(min_length=1)
     edges: list[EdgeDoc] = Field(default_factory=list)
+    tied: list[TiedDoc] = Field(default_factory=list, description="weights several nodes read")
 
 
 def _locate(data: Any, loc: tuple[Any, ...]) -> str:

@@ -154,7 +154,8 @@ def scaled_graph(graph: OpGraph, batch_scale: float) -> OpGraph:
     ]
     edges = [OpEdge(e.src, e.dst, e.bytes * s) for e in graph.edges]
     batch = None if graph.batch_size is None else max(1, round(graph.batch_size * s))
-    return OpGraph(graph.name, nodes, edges, batch_size=batch, meta={**graph.meta, "batch_scale": s})
+    return OpGraph(graph.name, nodes, edges, batch_size=batch, meta={**graph.meta, "batch_scale": s},
+                   tied=graph.tied)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
