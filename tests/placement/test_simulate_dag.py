@@ -116,7 +116,7 @@ def test_1f1b_on_random_dag_plans_completes_and_keeps_up_with_gpipe(plan):
     assert relaxed == 0  # deadlock-free: the limits never had to be raised
     assert np.all(np.isfinite(end)) and np.all(end > 0)
     one, gp = simulate_step(p, a, schedule="1f1b"), simulate_step(p, a, schedule="gpipe")
-    opt_start, opt_s = _optimizer_steps(p, build_tasks(p, a, gpipe=False), end)
+    opt_start, opt_s, _ = _optimizer_steps(p, build_tasks(p, a, gpipe=False), end)
     assert one.step_time_s == pytest.approx(max(float(end.max()), float(np.max(opt_start + opt_s))))
     assert one.step_time_s >= lower_bound(p).value_s * (1 - 1e-9)
     limit = build_tasks(p, a, gpipe=False).limit

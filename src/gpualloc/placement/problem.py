@@ -151,13 +151,15 @@ class PlacementProblem(OnCluster):
     @cached_property
     def mem_bytes(self) -> np.ndarray:
         """Training memory each node pins on its device, (n,): :func:`gpualloc.cost.memory.device_memory` of
-        the node alone, every part it holds at once counted (its weights, gradients and optimizer state, its
+        the node alone, every part it holds at once counted (its weights, gradients and optimizer state, a copy
+        of every tied weight it reads but does not own, its
         output kept for backward, the loss's working set where the node's output is the model's, the
         fragmentation margin), without the device's reserve (``usable_mem_bytes`` leaves it out), and the
         optimizer step's temporaries as a GPU's ``foreach`` makes them. What partitioners fill: a budget that
         adds up over nodes and is never below the simulator's peak of the device they fill."""
         g = self.graph
-        shape = StageShape(g.param_bytes, 0.0, g.output_bytes, 0.0, 0.0, loss_input_bytes_per_sample=g.loss_input_bytes)
+        shape = StageShape(g.param_bytes + g.tied_read_bytes, 0.0, g.output_bytes, 0.0, 0.0,
+                           loss_input_bytes_per_sample=g.loss_input_bytes)
         return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1,
                                         microbatches=2, foreach=True).peak)
 
@@ -169,8 +171,10 @@ class PlacementProblem(OnCluster):
 
     def optimizer_s(self, assignment: np.ndarray) -> np.ndarray:
         """Each device's optimizer step under ``assignment``, over the weights of its nodes, (k,)
-        (:meth:`gpualloc.cost.model.CostModel.optimizer_step_s`)."""
-        params = np.bincount(np.asarray(assignment), weights=self.graph.param_bytes, minlength=self.k)
+        and the tied-weight copies it holds (:meth:`gpualloc.cost.model.CostModel.optimizer_step_s`)."""
+        a = np.asarray(assignment)
+        params = np.bincount(a, weights=self.graph.param_bytes, minlength=self.k)
+        params = params + self.graph.tied_copy_bytes(a, self.k)
         return np.array([self.cost.optimizer_step_s(float(b), d.type, self.optimizer_states)
                          for b, d in zip(params, self.cluster.devices, strict=True)])
 
@@ -180,6 +184,15 @@ class PlacementProblem(OnCluster):
         dst = np.asarray(dst)
         same = src == dst
         return np.where(same, 0.0, physics.transfer_time_s(nbytes, self.latency[src, dst], self.bandwidth[src, dst]))
+
+    def allreduce_s(self, nbytes: float, devices) -> float:
+        """A ring all-reduce of ``nbytes`` among ``devices`` over their slowest link (0 on one device)."""
+        d = np.asarray(sorted(set(devices)), dtype=np.int64)
+        if d.size <= 1:
+            return 0.0
+        off = ~np.eye(d.size, dtype=bool)
+        bw, lat = self.bandwidth[np.ix_(d, d)][off].min(), self.latency[np.ix_(d, d)][off].max()
+        return float(physics.ring_allreduce_s(nbytes, d.size, lat, bw))
 
     def device_memory(self, assignment: np.ndarray) -> np.ndarray:
         """Memory each device needs under ``assignment``, (k,)."""

@@ -49,7 +49,7 @@ import numpy as np
 from numba import njit
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import NO_MEMORY, DeviceMemory, StageShape, device_memory
+from gpualloc.cost.memory import NO_MEMORY, PROFILE_VALUE_BYTES, DeviceMemory, StageShape, device_memory
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.placement.problem import PlacementProblem
@@ -366,12 +366,13 @@ def _stage_depth(a, src, dst):
 
 
 def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.ndarray) -> tuple[DeviceMemory, ...]:
-    """Each device's memory under the problem's rules: its nodes' weights as one stage on one device, the
+    """Each device's memory under the problem's rules: its nodes' weights (and a copy of each tied weight it reads
+    but whose owner runs elsewhere) as one stage on one device, the
     activations of the microbatches in flight at its peak (``peak_inflight / M`` of the batch's outputs) and,
     where the model's outputs are computed, the loss's working set for one microbatch."""
     k, M = problem.k, problem.microbatches
     g = problem.graph
-    params = np.bincount(a, weights=g.param_bytes, minlength=k)
+    params = np.bincount(a, weights=g.param_bytes, minlength=k) + g.tied_copy_bytes(a, k)
     largest = np.zeros(k)
     np.maximum.at(largest, a, g.param_bytes)
     act = np.bincount(a, weights=g.output_bytes, minlength=k) * np.asarray(peak_inflight) / M
@@ -389,11 +390,11 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
     graph, a = problem.graph, tasks.assignment
     n, k, M = problem.n, problem.k, problem.microbatches
     nb_tasks = tasks.n_tasks
-    opt_start, opt_s = _optimizer_steps(problem, tasks, end)
+    opt_start, opt_s, tied = _optimizer_steps(problem, tasks, end)
     step = max(float(end.max()) if nb_tasks * M else 0.0, float(np.max(opt_start + opt_s, initial=0.0)))
     busy_s = np.bincount(a, weights=(tasks.fwd_s + tasks.bwd_s) * M, minlength=k)
-    link_busy = float(np.sum(tasks.t_act_s) + np.sum(tasks.t_grad_s)) * M
-    comm_bytes = float(2.0 * tasks.pair_bytes.sum() * M)
+    link_busy = float(np.sum(tasks.t_act_s) + np.sum(tasks.t_grad_s)) * M + sum(t.end_s - t.start_s for t in tied)
+    comm_bytes = float(2.0 * tasks.pair_bytes.sum() * M) + sum(t.ring_bytes for t in tied)
     types = [d.type for d in problem.cluster.devices]
     flops_dev = np.bincount(a, weights=graph.flops, minlength=k)
     mfu: list[float | None] = []
@@ -428,25 +429,46 @@ def _metrics(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end
         feasible=bool(np.all(excess <= 0.0)),
         energy_per_step_j=energy,
         memory=memory,
-        events=_event_log(problem, tasks, start, end, opt_start, opt_s) if opts.record_events else None,
+        events=_event_log(problem, tasks, start, end, opt_start, opt_s, tied) if opts.record_events else None,
     )
 
 
-def _optimizer_steps(problem: PlacementProblem, tasks: TaskGraph, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """When each device's optimizer step starts (after its last backward) and how long it takes, (k,) each;
-    0 on a device without nodes."""
+@dataclass(frozen=True)
+class TiedSync:
+    """The all-reduce of a tied weight's gradient among the devices holding it, after their last backwards."""
+
+    devices: tuple[int, ...]
+    start_s: float
+    end_s: float
+    ring_bytes: float
+    """Bytes the ring moves in all: ``2 (n - 1)`` chunks of ``bytes / n`` from each of the ``n`` devices."""
+
+
+def _optimizer_steps(problem: PlacementProblem, tasks: TaskGraph,
+                     end: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[TiedSync]]:
+    """When each device's optimizer step starts and how long it takes, (k,) each (0 on a device without nodes),
+    and the tied weights' gradient all-reduces: a device steps after its last backward and after the
+    all-reduce of every tied weight it holds (which starts when the last of its holders is done)."""
     n, k, M = problem.n, problem.k, problem.microbatches
     start = np.zeros(k)
     if n == 0 or M == 0:
-        return start, start.copy()
+        return start, start.copy(), []
     np.maximum.at(start, tasks.assignment, end.reshape(M, tasks.n_tasks)[:, n:2 * n].max(axis=0))
-    return start, np.where(tasks.nodes_on > 0, problem.optimizer_s(tasks.assignment), 0.0)
+    syncs = []
+    for nbytes, held in problem.graph.tied_holders(tasks.assignment):
+        devs = list(held)
+        t0 = float(start[devs].max())
+        grad = nbytes * problem.rules.prec.value_bytes / PROFILE_VALUE_BYTES
+        t1 = t0 + problem.allreduce_s(grad, devs)
+        start[devs] = t1
+        syncs.append(TiedSync(held, t0, t1, 2.0 * (len(devs) - 1) * grad))
+    return start, np.where(tasks.nodes_on > 0, problem.optimizer_s(tasks.assignment), 0.0), syncs
 
 
 def _event_log(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, end: np.ndarray,
-               opt_start: np.ndarray, opt_s: np.ndarray) -> tuple[Event, ...]:
-    """Every task of every microbatch, and each device's optimizer step (``"O step"``), as an :class:`Event`,
-    sorted by start, then resource."""
+               opt_start: np.ndarray, opt_s: np.ndarray, tied: list[TiedSync]) -> tuple[Event, ...]:
+    """Every task of every microbatch, each tied weight's gradient all-reduce (``"A tied"``) and each device's
+    optimizer step (``"O step"``), as an :class:`Event`, sorted by start, then resource."""
     n, k, nb_tasks = problem.n, problem.k, tasks.n_tasks
     ids = [node.id for node in problem.graph.nodes]
     names = [f"F {ids[i]}" for i in range(n)] + [f"B {ids[i]}" for i in range(n)]
@@ -457,6 +479,7 @@ def _event_log(problem: PlacementProblem, tasks: TaskGraph, start: np.ndarray, e
         Event(s_, e_, res_names[res_list[tid % nb_tasks]], f"{names[tid % nb_tasks]} mb{tid // nb_tasks}")
         for tid, (s_, e_) in enumerate(zip(start.tolist(), end.tolist(), strict=True))
     ]
+    log += [Event(t.start_s, t.end_s, res_names[j], "A tied") for t in tied for j in t.devices if t.end_s > t.start_s]
     log += [Event(float(opt_start[j]), float(opt_start[j] + opt_s[j]), res_names[j], "O step")
             for j in range(k) if opt_s[j] > 0]
     log.sort(key=lambda e: (e.start_s, e.resource, e.end_s, e.task))

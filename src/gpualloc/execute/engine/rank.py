@@ -47,6 +47,7 @@ from gpualloc.execute.engine.record import median_or_none
 from gpualloc.execute.engine.stages import chain, layer_names, original_names
 from gpualloc.execute.engine.topology import RankSpec, Topology, topology
 from gpualloc.execute.measure import MemoryProbe, synchronize
+from gpualloc.placement.hybrid.cost import TIED_SHARDINGS
 
 __all__ = ["ENGINE_FORMAT", "EngineArgs", "main", "run_rank"]
 
@@ -935,9 +936,10 @@ def _tied_groups(top: Topology, me: RankSpec, module: nn.Module,
     for n, ss in sorted(stages_of.items()):
         if len(ss) > 1:
             by_stages.setdefault(tuple(sorted(ss)), []).append(n)
-    if by_stages and top.sharding in ("fsdp", "zero2"):
+    if by_stages and top.sharding not in TIED_SHARDINGS:
         raise EngineError(f"plan: sharding: {top.sharding} with a weight tied across stages ("
-                          f"{next(iter(by_stages.values()))[0]}) is not run by the engine; use none or zero1")
+                          f"{next(iter(by_stages.values()))[0]}) is not run by the engine; use "
+                          f"{' or '.join(TIED_SHARDINGS)}")
     params = original_names(module)  # before the first forward: TP+DDP hides sharded ones after it
     out = []
     for ss, ns in sorted(by_stages.items()):

@@ -26,6 +26,9 @@ Model (every formula from :mod:`gpualloc.cost.physics`):
     collective is prefetched during this layer's compute (:func:`~gpualloc.cost.physics.prefetched_exposed_s`).
 
   A collective runs as a ring over the group's slowest link or hierarchically (node, then nodes).
+* A tied weight (a tied embedding) that the pipeline splits is held by every stage that reads it, its copies'
+  gradients all-reduced among those stages after their backwards (:func:`tied_costs`), in ``none`` or ``zero1``
+  sharding only (:data:`TIED_SHARDINGS`).
 * Activation recomputation (``plan.recompute``) runs each microbatch's forward again in its backward.
 * A node's NIC is shared by every ring or TP group that leaves the node: inter-node bandwidth is divided
   by the number of such flows on the busiest node the group touches.
@@ -84,11 +87,29 @@ class StageCosts:
 
 
 @dataclass(frozen=True)
+class TiedCost:
+    """The all-reduce of a tied weight's gradient among the stages holding it (each pipeline and TP rank its own
+    ring, all at once), after their backwards and gradient sync, before their optimizer steps.
+
+    Attributes:
+        stages: the stages holding the weight, the owner's first.
+        seconds: the slowest of the rings.
+        ring_bytes: bytes all the rings move together.
+    """
+
+    stages: tuple[int, ...]
+    seconds: float
+    ring_bytes: float
+
+
+@dataclass(frozen=True)
 class PlanCosts:
-    """Per-stage costs and per-device memory of a plan (``mem_bytes``: each device's peak)."""
+    """Per-stage costs and per-device memory of a plan (``mem_bytes``: each device's peak), and the tied weights'
+    gradient all-reduces."""
 
     stages: tuple[StageCosts, ...]
     memory: tuple[DeviceMemory, ...]
+    tied: tuple[TiedCost, ...] = ()
 
     @property
     def mem_bytes(self) -> np.ndarray:
@@ -196,7 +217,7 @@ def stage_collectives(problem: HybridProblem, plan: HybridPlan, stage) -> list[C
     value = problem.rules.prec.value_bytes / PROFILE_VALUE_BYTES
     layers = range(stage.first, stage.last + 1)
     per_layer = problem.layer_param_bytes * value / tp
-    whole = float(per_layer[stage.first:stage.last + 1].sum())
+    whole = problem.stage_param_bytes(stage.first, stage.last) * value / tp
     if plan.sharding == "fsdp":
         return [Collective(op, phase, ly, float(per_layer[ly])) for ly in layers if per_layer[ly] > 0
                 for op, phase in (("all-gather", "forward"), ("all-gather", "backward"),
@@ -256,6 +277,37 @@ def _sync(problem: HybridProblem, plan: HybridPlan, stage, shares) -> tuple[floa
             row = 0 if c.phase == "forward" else (1 if c.op == "all-gather" else 2)
             per_layer[row, c.layer] = _collective_s(problem, plan, stage, shares, c)
     return sync, buckets, gather, per_layer
+
+
+TIED_SHARDINGS = ("none", "zero1")
+"""Shardings a plan whose pipeline splits a tied weight trains with: the copies' gradients are summed between
+stages outside the sharded gradient path, as the engine (:mod:`gpualloc.execute.engine.rank`) and Megatron-LM do
+it; DeepSpeed's pipeline engine likewise runs ZeRO-1 at most."""
+
+
+def tied_costs(problem: HybridProblem, plan: HybridPlan) -> tuple[TiedCost, ...]:
+    """The all-reduce of every tied weight the pipeline splits (:meth:`HybridProblem.tied_holders`): per pipeline
+    ``r`` and TP rank, a ring among replica ``r`` of each holding stage (its gradient in the plan's precision,
+    ``1 / tp`` of it per TP rank)."""
+    holders = problem.tied_holders([s.last for s in plan.stages])
+    if holders and plan.sharding not in TIED_SHARDINGS:
+        raise PlacementError(f"plan: sharding: {plan.sharding} with a weight tied across stages is not costed or "
+                             f"run; use {' or '.join(TIED_SHARDINGS)}")
+    value = problem.rules.prec.value_bytes / PROFILE_VALUE_BYTES
+    out = []
+    for nbytes, stages in holders:
+        reps = [plan.stages[s].replicas for s in stages]
+        tp = min(r.tp for rs in reps for r in rs)
+        grad = nbytes * value / tp
+        worst = ring = 0.0
+        for i in range(max(len(rs) for rs in reps)):
+            group = [rs[i % len(rs)] for rs in reps]
+            leaders = tuple(r.devices[0] for r in group)
+            c = Collective("all-reduce", "tied", None, grad)
+            worst = max(worst, _collective_time_s(problem, "ring", leaders, 1.0, c))
+            ring += tp * 2.0 * (len(group) - 1) * grad
+        out.append(TiedCost(stages, worst, ring))
+    return tuple(out)
 
 
 def _stage_mem(problem: HybridProblem, plan: HybridPlan, si: int, split: np.ndarray,
@@ -322,13 +374,13 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
                     tpc[r, at] += extra_f + extra_b
         recv, feeds = (None, None) if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1],
                                                         splits[si], shares)
-        params = float(problem.layer_param_bytes[stage.first:stage.last + 1].sum())
+        params = problem.stage_param_bytes(stage.first, stage.last)
         per_device = params / (len(stage.replicas) if plan.sharding != "none" else 1)
         opt = max(problem.opt_step_s(ti, per_device / tp)
                   for ti, tp in {(int(problem.type_of[d]), rep.tp) for rep in stage.replicas for d in rep.devices})
         stages.append(StageCosts(fwd, bwd, comp, tpc, recv, feeds, sync, buckets, opt, gather))
         _stage_mem(problem, plan, si, splits[si], mem)
-    return PlanCosts(tuple(stages), tuple(mem))
+    return PlanCosts(tuple(stages), tuple(mem), tied_costs(problem, plan))
 
 
 def plan_notes(problem: HybridProblem, plan: HybridPlan) -> list[str]:
@@ -363,17 +415,20 @@ def exposed_sync_s(plan: HybridPlan, sc: StageCosts, last_bwd_s: float) -> float
 
 def estimate_step_s(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> float:
     """Closed-form step time for ranking candidates: the pipeline's fill and drain of one microbatch, the
-    bottleneck stage for the other ``M - 1``, then the slowest stage's exposed sync, optimizer step and
-    weight all-gather."""
+    bottleneck stage for the other ``M - 1``, then the slowest stage's exposed sync, tied-weight all-reduces,
+    optimizer step and weight all-gather."""
     costs = costs if costs is not None else plan_costs(problem, plan)
     per_mb = []
     tail = 0.0
-    for sc in costs.stages:
+    tied = np.zeros(len(costs.stages))
+    for t in costs.tied:
+        tied[list(t.stages)] += t.seconds
+    for s, sc in enumerate(costs.stages):
         t = (sc.fwd_s + sc.bwd_s).max(axis=0)  # (M,) the slowest replica of each microbatch
         recv = 0.0 if sc.recv_fwd_s is None else 2.0 * float(sc.recv_fwd_s.max(axis=(1, 2)).mean())
         per_mb.append(float(t.mean()) + recv)
         last = int(np.argmax(sc.bwd_s[:, -1]))
-        tail = max(tail, exposed_sync_s(plan, sc, float(sc.bwd_s[last, -1])) + sc.opt_s + sc.gather_s)
+        tail = max(tail, exposed_sync_s(plan, sc, float(sc.bwd_s[last, -1])) + tied[s] + sc.opt_s + sc.gather_s)
     if not per_mb:
         raise PlacementError("plan has no stages")
     return float(sum(per_mb) + (plan.microbatches - 1) * max(per_mb) + tail)

@@ -9,7 +9,8 @@ Everything a hybrid plan's cost depends on, as arrays over the model's ``L`` lay
   with ``B x tp / mb`` microbatches: the launch overhead is paid per op whatever the size, the rest scales
   with the samples each device computes. A graph with measured profiles (``graph.meta["profile"]``,
   written by the Sailor importer) gives them instead, interpolated linearly in ``mb``.
-* ``layer_param_bytes``, ``layer_act_bytes`` (saved for backward, per sample: measured with saved-tensor
+* ``layer_param_bytes`` (:meth:`HybridProblem.stage_param_bytes` adds the copies of tied weights a stage holds),
+  ``layer_act_bytes`` (saved for backward, per sample: measured with saved-tensor
   hooks when the graph carries ``meta["saved_act_bytes_per_sample"]``, the profile's count for profiles, else
   the layer's output bytes) and ``boundary_bytes`` (sent from layer ``l`` to the layers after it, per sample),
   all in fp32 bytes; :meth:`HybridProblem.stage_shape` gathers what a stage's memory depends on;
@@ -120,6 +121,24 @@ class HybridProblem(OnCluster):
         last), (L,)."""
         return self._per_layer(self.graph.loss_input_bytes) / self.graph_batch
 
+    def stage_param_bytes(self, first: int, last: int) -> float:
+        """Parameter bytes a stage on layers ``first..last`` holds (fp32, all TP ranks together): its layers' own,
+        and a copy of every tied weight one of its layers reads while the weight's owner lies outside them
+        (:class:`gpualloc.graph.ir.TiedWeight`)."""
+        own = float(self.layer_param_bytes[first:last + 1].sum())
+        if not self.graph.tied:
+            return own
+        inside = ((self.layer_of >= first) & (self.layer_of <= last)).astype(np.int64)
+        return own + float(self.graph.tied_copy_bytes(inside, 2)[1])
+
+    def tied_holders(self, stage_last: list[int]) -> list[tuple[float, tuple[int, ...]]]:
+        """The tied weights a pipeline splits, each with its bytes and the stages holding it, the owner's first
+        (``stage_last[s]``: the last layer of stage ``s``); their gradients are all-reduced every step."""
+        if not self.graph.tied:
+            return []
+        stage_of_layer = np.searchsorted(np.asarray(stage_last), np.arange(self.L))
+        return self.graph.tied_holders(stage_of_layer[self.layer_of])
+
     def stage_shape(self, first: int, last: int) -> StageShape:
         """What the memory of a device on layers ``first..last`` depends on (fp32 bytes, see
         :class:`gpualloc.cost.memory.StageShape`); a layer's input is what the layer before it sends."""
@@ -129,7 +148,7 @@ class HybridProblem(OnCluster):
             sl = slice(first, last + 1)
             inputs = np.r_[0.0, self.boundary_bytes[:-1]][sl]
             hit = self.memo[key] = StageShape(
-                float(self.layer_param_bytes[sl].sum()), float(self.layer_param_bytes[sl].max()),
+                self.stage_param_bytes(first, last), float(self.layer_param_bytes[sl].max()),
                 float(self.layer_act_bytes[sl].sum()), float(inputs.sum()), float(self.layer_act_bytes[sl].max()),
                 float(self.layer_max_out_bytes[sl].max()), float(self.layer_loss_bytes[sl].sum()))
         return hit

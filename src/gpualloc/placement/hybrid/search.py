@@ -42,7 +42,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid import baselines
 from gpualloc.placement.hybrid.baselines import (finish_together, largest_remainder, replica_groups, replica_line,
                                                  stage_of)
-from gpualloc.placement.hybrid.cost import PlanCosts, estimate_step_s, plan_costs
+from gpualloc.placement.hybrid.cost import TIED_SHARDINGS, PlanCosts, estimate_step_s, plan_costs
 from gpualloc.placement.hybrid.bound import lower_bound_hybrid
 from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Replica, Sync, make_plan
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -262,8 +262,9 @@ forward again), so none is tried once a cheaper one fits."""
 
 def _variants(problem: HybridProblem, stages: list[HybridStage], m: int, *, launchable: bool = False,
               schedule: str = "1f1b") -> Iterator[tuple[HybridPlan, PlanCosts]]:
+    split_tied = bool(problem.tied_holders([s.last for s in stages]))
     for sharding, recompute in VARIANTS:
-        if launchable and sharding not in SHARDINGS_RUN:
+        if (launchable and sharding not in SHARDINGS_RUN) or (split_tied and sharding not in TIED_SHARDINGS):
             continue
         plan = make_plan(stages, problem.global_batch, m, schedule=schedule, sharding=sharding, recompute=recompute,
                          precision=problem.precision, n_devices=problem.k)

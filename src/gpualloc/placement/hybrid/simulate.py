@@ -6,7 +6,8 @@ then one forward one backward, then the remaining backwards; Narayanan et al., P
 A forward of microbatch ``k`` starts when the worker is free and every replica of the previous stage
 holding some of its samples has finished it and sent them; a backward likewise waits for the next
 stage's backwards. After a stage's last backward its gradients are all-reduced (the part not hidden
-behind that backward, :func:`~gpualloc.placement.hybrid.cost.exposed_sync_s`) and the optimizer steps;
+behind that backward, :func:`~gpualloc.placement.hybrid.cost.exposed_sync_s`), the stages holding a tied weight
+all-reduce its gradient once all of them are there, and the optimizer steps;
 the step ends when every stage has. Durations come from :func:`~gpualloc.placement.hybrid.cost.plan_costs`.
 Transfers are delays on their link (bandwidth shared at the NIC, see the cost module), not queued.
 """
@@ -20,7 +21,8 @@ import numpy as np
 
 from gpualloc.cost.memory import DeviceMemory
 from gpualloc.errors import PlacementError
-from gpualloc.placement.hybrid.cost import PlanCosts, StageCosts, exposed_sync_s, plan_costs, stage_collectives
+from gpualloc.placement.hybrid.cost import (PlanCosts, StageCosts, exposed_sync_s, plan_costs, stage_collectives,
+                                            tied_costs)
 from gpualloc.placement.hybrid.plan import HybridPlan
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.simulate import Event
@@ -178,6 +180,22 @@ def _sync_tail(plan: HybridPlan, sc: StageCosts, b_end: np.ndarray) -> tuple[flo
     return float(b_end.max()), exposed_sync_s(plan, sc, float(sc.bwd_s[last_r, -1]))
 
 
+def _tails(plan: HybridPlan, costs: PlanCosts, b_end: list[np.ndarray]
+           ) -> tuple[list[tuple[float, float]], np.ndarray, list[tuple[tuple[int, ...], float, float]]]:
+    """After the pipeline: each stage's gradient all-reduce tail ``(start, exposed)``, when its optimizer step
+    starts, and each tied weight's all-reduce ``(stages, start, end)``, which starts once every stage holding the
+    weight is through its own tail."""
+    syncs = [_sync_tail(plan, sc, b_end[s]) for s, sc in enumerate(costs.stages)]
+    ready = np.array([start + exposed for start, exposed in syncs])
+    tied = []
+    for t in costs.tied:
+        held = list(t.stages)
+        t0 = float(ready[held].max())
+        ready[held] = t0 + t.seconds
+        tied.append((t.stages, t0, t0 + t.seconds))
+    return syncs, ready, tied
+
+
 def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | None = None) -> HybridResult:
     """Simulate one step of ``plan``; see the module docstring for the model."""
     costs = costs if costs is not None else plan_costs(problem, plan)
@@ -186,15 +204,18 @@ def simulate_hybrid(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts |
     busy = np.zeros(problem.k)
     comm = np.zeros(problem.k)
     worst_sync = 0.0
+    syncs, opt_start, tied = _tails(plan, costs, b_end)
     for s, (stage, sc) in enumerate(zip(plan.stages, costs.stages, strict=True)):
-        sync_start, exposed = _sync_tail(plan, sc, b_end[s])
-        worst_sync = max(worst_sync, exposed)
-        step = max(step, sync_start + exposed + sc.opt_s + sc.gather_s)
+        worst_sync = max(worst_sync, syncs[s][1])
+        step = max(step, float(opt_start[s]) + sc.opt_s + sc.gather_s)
         for r, rep in enumerate(stage.replicas):
             devs = list(rep.devices)
             busy[devs] = sc.compute_s[r].sum()
             recv = 0.0 if sc.recv_fwd_s is None else float(sc.recv_fwd_s[:, :, r].sum())
             comm[devs] = sc.tp_comm_s[r].sum() + recv + sc.sync_s
+    for stages, t0, t1 in tied:
+        for s in stages:
+            comm[list(plan.stages[s].devices)] += t1 - t0
     used = np.array(sorted(plan.devices))
     util = float((busy[used] / step).mean()) if step > 0 else 0.0
     bubble = float((step - busy[used]).mean())
@@ -209,13 +230,15 @@ def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | N
 
     On every device of a replica: its forwards ``"F s<stage> mb<k>"`` and backwards ``"B ..."`` (TP
     all-reduces included); after the stage's last backward, the exposed tail of the gradient all-reduce
-    ``"A s<stage>"``, the optimizer step ``"O s<stage>"`` and the weight all-gather after it ``"G s<stage>"``.
+    ``"A s<stage>"``, the all-reduce of a tied weight the stage holds ``"A tied"``, the optimizer step
+    ``"O s<stage>"`` and the weight all-gather after it ``"G s<stage>"``.
     On the link between the first devices of two
     replicas of consecutive stages: the activations ``"T s<stage> mb<k>"`` forward and their gradients
     back (the part of the all-reduce hidden behind the backwards is not drawn).
     """
     costs = costs if costs is not None else plan_costs(problem, plan)
     f_end, b_end = _run_pipeline(plan, costs)
+    syncs, opt_start, tied = _tails(plan, costs, b_end)
     events: list[Event] = []
 
     def on(devices, start: float, end: float, task: str) -> None:
@@ -235,19 +258,22 @@ def hybrid_events(problem: HybridProblem, plan: HybridPlan, costs: PlanCosts | N
                     sent, back = float(f_end[s - 1][i, k]), float(b_end[s][j, k])
                     events.append(Event(sent, sent + delay, f"link:{a}->{b}", f"T s{s - 1} mb{k}"))
                     events.append(Event(back, back + delay, f"link:{b}->{a}", f"T s{s} mb{k}"))
-        sync_start, exposed = _sync_tail(plan, sc, b_end[s])
+        sync_start, exposed = syncs[s]
         on(stage.devices, sync_start, sync_start + exposed, f"A s{s}")
-        on(stage.devices, sync_start + exposed, sync_start + exposed + sc.opt_s, f"O s{s}")
-        done = sync_start + exposed + sc.opt_s
+        on(stage.devices, opt_start[s], opt_start[s] + sc.opt_s, f"O s{s}")
+        done = opt_start[s] + sc.opt_s
         on(stage.devices, done, done + sc.gather_s, f"G s{s}")
+    for stages, t0, t1 in tied:
+        for s in stages:
+            on(plan.stages[s].devices, t0, t1, "A tied")
     return tuple(sorted(events, key=lambda e: (e.start_s, e.resource)))
 
 
 def comm_bytes(problem: HybridProblem, plan: HybridPlan) -> float:
     """Bytes a step moves between devices: activations and their gradients across stage cuts, the ring
     traffic of the stages' collectives (:func:`~gpualloc.placement.hybrid.cost.stage_collectives`: ``R - 1``
-    times the bytes per all-gather or reduce-scatter, twice that per all-reduce, on each of ``tp`` rings) and
-    of TP activations."""
+    times the bytes per all-gather or reduce-scatter, twice that per all-reduce, on each of ``tp`` rings), of TP
+    activations and of the tied weights' all-reduces."""
     G = plan.global_batch
     total = 0.0
     for si, stage in enumerate(plan.stages):
@@ -261,4 +287,4 @@ def comm_bytes(problem: HybridProblem, plan: HybridPlan) -> float:
         tp_bytes = float((problem.tp_allreduces * problem.layer_act_out_bytes)[layers].sum())
         for rep in stage.replicas:  # 2 directions x ring traffic 2 (tp - 1) x the replica's samples
             total += 4.0 * (rep.tp - 1) * tp_bytes * rep.batch_share
-    return total
+    return total + sum(t.ring_bytes for t in tied_costs(problem, plan))
