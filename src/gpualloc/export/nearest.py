@@ -34,6 +34,7 @@ import numpy as np
 
 from gpualloc.errors import GpuallocError, PlacementError
 from gpualloc.placement.hybrid.layers import layer_of_node
+from gpualloc.placement.hybrid.cost import TIED_SHARDINGS
 from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Replica, make_plan
 from gpualloc.placement.outcome import simulate_plan
 from gpualloc.placement.plan import OperatorPlan, Plan
@@ -252,6 +253,11 @@ def nearest_plan(problem: PlacementProblem, plan: Plan, units: Units, fw: Framew
     if new_sharding != sharding:
         dropped.append(f"sharding {sharding}: {fw.name} has {new_sharding} here"
                        + (" (its pipeline engine runs ZeRO stage 0 or 1 only)" if table is fw.pp_shardings else ""))
+    if new_sharding not in TIED_SHARDINGS and problem.hybrid.tied_holders([b for _, b in bounds]):
+        dropped.append(f"sharding {new_sharding} with a weight tied across stages: sharding none (sharded gradients "
+                       "are not summed between stages: Megatron-LM's FSDP2 needs untied embeddings, torchtitan ties "
+                       "no weights across pipeline stages)")
+        new_sharding = "none"
     precision = fw.precisions[plan.precision]
     try:
         target = _at_precision(problem, precision)
