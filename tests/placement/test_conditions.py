@@ -61,8 +61,10 @@ def test_double_batch_doubles_times_and_activations_not_parameters(problem):
     np.testing.assert_allclose(p.graph.flops, 2 * problem.graph.flops)
     np.testing.assert_array_equal(p.graph.param_bytes, problem.graph.param_bytes)
     assert p.graph.batch_size == 2 * problem.graph.batch_size
-    np.testing.assert_allclose(p.mem_bytes - problem.mem_bytes,  # the outputs, and the loss's copies of the last
-                               (problem.graph.output_bytes + LOSS_FP32_COPIES * problem.graph.loss_input_bytes)
+    # the outputs, their gradient for one microbatch (the backward's working set), and the loss's copies of the last
+    g = problem.graph
+    np.testing.assert_allclose(p.mem_bytes - problem.mem_bytes,
+                               (g.output_bytes * (1 + 1 / problem.microbatches) + LOSS_FP32_COPIES * g.loss_input_bytes)
                                * (1 + problem.rules.fragmentation))
 
 

@@ -152,14 +152,15 @@ class PlacementProblem(OnCluster):
     def mem_bytes(self) -> np.ndarray:
         """Training memory each node pins on its device, (n,): :func:`gpualloc.cost.memory.device_memory` of
         the node alone, every part it holds at once counted (its weights, gradients and optimizer state, a copy
-        of every tied weight it reads but does not own, its
+        of every tied weight it reads but does not own, its output's gradient for one microbatch (the backward's
+        working set, which the simulator counts once per device, for its largest output), its
         output kept for backward, the loss's working set where the node's output is the model's, the
         fragmentation margin), without the device's reserve (``usable_mem_bytes`` leaves it out), and the
         optimizer step's temporaries as a GPU's ``foreach`` makes them. What partitioners fill: a budget that
         adds up over nodes and is never below the simulator's peak of the device they fill."""
         g = self.graph
         shape = StageShape(g.param_bytes + g.tied_read_bytes, 0.0, g.output_bytes, 0.0, 0.0,
-                           loss_input_bytes_per_sample=g.loss_input_bytes)
+                           g.output_bytes / self.microbatches, g.loss_input_bytes)
         return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1,
                                         microbatches=2, foreach=True).peak)
 

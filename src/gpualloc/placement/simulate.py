@@ -368,18 +368,21 @@ def _stage_depth(a, src, dst):
 def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.ndarray) -> tuple[DeviceMemory, ...]:
     """Each device's memory under the problem's rules: its nodes' weights (and a copy of each tied weight it reads
     but whose owner runs elsewhere) as one stage on one device, the
-    activations of the microbatches in flight at its peak (``peak_inflight / M`` of the batch's outputs) and,
-    where the model's outputs are computed, the loss's working set for one microbatch."""
+    activations of the microbatches in flight at its peak (``peak_inflight / M`` of the batch's outputs), the
+    backward's working set (the gradient of its largest node output, for one microbatch) and, where the model's
+    outputs are computed, the loss's working set for one microbatch."""
     k, M = problem.k, problem.microbatches
     g = problem.graph
     params = np.bincount(a, weights=g.param_bytes, minlength=k) + g.tied_copy_bytes(a, k)
     largest = np.zeros(k)
     np.maximum.at(largest, a, g.param_bytes)
     act = np.bincount(a, weights=g.output_bytes, minlength=k) * np.asarray(peak_inflight) / M
+    biggest_out = np.zeros(k)
+    np.maximum.at(biggest_out, a, g.output_bytes / M)
     loss = np.bincount(a, weights=g.loss_input_bytes, minlength=k) / M
     return tuple(
         device_memory(problem.rules, dev.type, StageShape(float(params[j]), float(largest[j]), float(act[j]), 0.0, 0.0,
-                                                          loss_input_bytes_per_sample=float(loss[j])),
+                                                          float(biggest_out[j]), float(loss[j])),
                       tp=1, dp=1, mb=1, in_flight=1, microbatches=M) if np.any(a == j) else NO_MEMORY
         for j, dev in enumerate(problem.cluster.devices))
 
