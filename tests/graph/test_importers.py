@@ -153,6 +153,13 @@ def test_layer_kinds_and_multi_output(tmp_path: Path) -> None:
     assert g.batch_size == 10  # last batch-fixing layer: Linear's 20 elements / 2 features
 
 
+def test_a_shape_implying_more_than_max_batch_samples_fixes_no_batch(tmp_path: Path) -> None:
+    """A Linear on 3-D inputs outputs batch x sequence rows: 1,682,592 of them is no batch (found by hypothesis)."""
+    text = LINE.format(id="node0", layer="Linear(in_features=16, out_features=4, bias=True)", fwd=0, bwd=0,
+                       act="26921472.000", param=0) + "\n"
+    assert import_pipedream(_write(tmp_path, text)).batch_size == 128  # the default, not a refused 1.7M
+
+
 def test_registry() -> None:
     assert IMPORTERS["pipedream"] is import_pipedream
 

@@ -584,7 +584,7 @@ def _infer_batch_size(rows: list[_Row]) -> int | None:
     An LSTM's hidden state ``h_n`` is ``(layers * directions, batch, hidden)``; a plain ``Linear``
     on a 2-D input (CNN heads) outputs ``(batch, out_features)``; ``View(n)`` (squeezenet's,
     alexnet's flatten) outputs ``(batch, n)``. The last such layer in the file wins; ``None`` when
-    none gives a positive integer.
+    none gives an integer in ``1..MAX_BATCH``.
     """
     for r in reversed(rows):
         try:
@@ -601,6 +601,6 @@ def _infer_batch_size(rows: list[_Row]) -> int | None:
                 continue
         except (_LayerArgError, KeyError, ValueError, ZeroDivisionError):
             continue
-        if batch >= 1 and float(batch).is_integer():
+        if 1 <= batch <= MAX_BATCH and float(batch).is_integer():  # more is no batch (a Linear on 3-D inputs)
             return int(batch)
     return None
