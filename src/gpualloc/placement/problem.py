@@ -33,6 +33,7 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_MICROBATCHES, check_size
 from gpualloc.placement.base import OnCluster
+from gpualloc.placement.hybrid.layers import node_saved_act_bytes
 
 if TYPE_CHECKING:
     from gpualloc.placement.hybrid.problem import HybridProblem
@@ -153,16 +154,25 @@ class PlacementProblem(OnCluster):
         """Training memory each node pins on its device, (n,): :func:`gpualloc.cost.memory.device_memory` of
         the node alone, every part it holds at once counted (its weights, gradients and optimizer state, a copy
         of every tied weight it reads but does not own, its output's gradient for one microbatch (the backward's
-        working set, which the simulator counts once per device, for its largest output), its
-        output kept for backward, the loss's working set where the node's output is the model's, the
+        working set, which the simulator counts once per device, for its largest output), its activations saved
+        for backward (:attr:`act_bytes`), the loss's working set where the node's output is the model's, the
         fragmentation margin), without the device's reserve (``usable_mem_bytes`` leaves it out), and the
         optimizer step's temporaries as a GPU's ``foreach`` makes them. What partitioners fill: a budget that
         adds up over nodes and is never below the simulator's peak of the device they fill."""
         g = self.graph
-        shape = StageShape(g.param_bytes + g.tied_read_bytes, 0.0, g.output_bytes, 0.0, 0.0,
+        shape = StageShape(g.param_bytes + g.tied_read_bytes, 0.0, self.act_bytes, 0.0, 0.0,
                            g.output_bytes / self.microbatches, g.loss_input_bytes)
         return np.asarray(device_memory(self.rules, None, shape, tp=1, dp=1, mb=1, in_flight=1,
                                         microbatches=2, foreach=True).peak)
+
+    @cached_property
+    def act_bytes(self) -> np.ndarray:
+        """Bytes each node saves for its backward over the batch, (n,): the hybrid rule's per-layer count
+        (measured with saved-tensor hooks where the graph carries it), shared among a layer's nodes
+        (:func:`gpualloc.placement.hybrid.layers.node_saved_act_bytes`)."""
+        out = node_saved_act_bytes(self.graph)
+        out.setflags(write=False)
+        return out
 
     @cached_property
     def speed(self) -> np.ndarray:

@@ -114,8 +114,9 @@ class StepResult:
         comm_share: exposed communication: the fraction of the step during which some link is busy
             and no device computes.
         peak_mem_bytes: each device's :attr:`memory` peak: weights, gradients and optimizer states of its
-            nodes, the activations of the microbatches in flight at once (``output_bytes x
-            peak_in_flight / M``), the fragmentation margin and the framework's reserve.
+            nodes, the activations they save for the microbatches in flight at once (``act_bytes x
+            peak_in_flight / M``, :attr:`PlacementProblem.act_bytes`), the backward's and the loss's working sets,
+            the fragmentation margin and the framework's reserve.
         peak_in_flight: most microbatches in flight on each device at once.
         memory_excess_bytes: ``max(peak_mem_bytes - capacity, 0)``.
         feasible: every device within its memory.
@@ -368,7 +369,8 @@ def _stage_depth(a, src, dst):
 def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.ndarray) -> tuple[DeviceMemory, ...]:
     """Each device's memory under the problem's rules: its nodes' weights (and a copy of each tied weight it reads
     but whose owner runs elsewhere) as one stage on one device, the
-    activations of the microbatches in flight at its peak (``peak_inflight / M`` of the batch's outputs), the
+    activations of the microbatches in flight at its peak (``peak_inflight / M`` of what its nodes save for the
+    batch's backward, :attr:`PlacementProblem.act_bytes`), the
     backward's working set (the gradient of its largest node output, for one microbatch) and, where the model's
     outputs are computed, the loss's working set for one microbatch."""
     k, M = problem.k, problem.microbatches
@@ -376,7 +378,7 @@ def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.n
     params = np.bincount(a, weights=g.param_bytes, minlength=k) + g.tied_copy_bytes(a, k)
     largest = np.zeros(k)
     np.maximum.at(largest, a, g.param_bytes)
-    act = np.bincount(a, weights=g.output_bytes, minlength=k) * np.asarray(peak_inflight) / M
+    act = np.bincount(a, weights=problem.act_bytes, minlength=k) * np.asarray(peak_inflight) / M
     biggest_out = np.zeros(k)
     np.maximum.at(biggest_out, a, g.output_bytes / M)
     loss = np.bincount(a, weights=g.loss_input_bytes, minlength=k) / M

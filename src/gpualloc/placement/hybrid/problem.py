@@ -42,7 +42,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_BATCH, check_size
-from gpualloc.placement.hybrid.layers import layer_of_node
+from gpualloc.placement.hybrid.layers import layer_of_node, saved_act_bytes
 from gpualloc.placement.base import OnCluster
 
 __all__ = ["HybridProblem"]
@@ -102,18 +102,9 @@ class HybridProblem(OnCluster):
 
     @cached_property
     def layer_act_bytes(self) -> np.ndarray:
-        """Activation bytes every layer keeps for its backward, per sample, (L,)."""
-        prof = self.profile
-        if prof is not None and prof.get("act_mem_bytes") is not None:
-            return np.asarray(prof["act_mem_bytes"], dtype=np.float64)
-        measured = self.graph.meta.get("saved_act_bytes_per_sample")
-        if measured is not None:
-            out = np.asarray(measured, dtype=np.float64)
-            if out.shape != (self.L,) or not np.all(np.isfinite(out)) or np.any(out < 0):
-                raise PlacementError(f"graph {self.graph.name!r}: meta.saved_act_bytes_per_sample: expected "
-                                     f"{self.L} finite non-negative byte counts, one per layer")
-            return out
-        return self._per_layer(self.graph.output_bytes) / self.graph_batch
+        """Activation bytes every layer keeps for its backward, per sample, (L,)
+        (:func:`gpualloc.placement.hybrid.layers.saved_act_bytes`)."""
+        return saved_act_bytes(self.graph, self.layer_of)
 
     @cached_property
     def layer_loss_bytes(self) -> np.ndarray:
