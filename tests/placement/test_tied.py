@@ -115,6 +115,16 @@ def test_hybrid_copy_memory_and_all_reduce():
     assert min(e.start_s for e in opt) >= events[0].end_s
 
 
+def test_the_range_table_is_the_graph_rule_for_every_stage():
+    """``HybridProblem.tied_copy_bytes`` (what the search's memory prefilter reads) equals the graph's rule."""
+    problem = HybridProblem(lm(n=6), load_cluster("4xA100"), 8)
+    for first in range(problem.L):
+        for last in range(first, problem.L):
+            inside = ((problem.layer_of >= first) & (problem.layer_of <= last)).astype(np.int64)
+            assert problem.tied_copy_bytes[first, last] == problem.graph.tied_copy_bytes(inside, 2)[1]
+    assert problem.tied_copy_bytes[1, 5] == W and problem.tied_copy_bytes[0, 5] == 0.0
+
+
 def test_sharded_gradients_with_a_split_tie_are_refused_and_never_planned():
     problem = HybridProblem(lm(), load_cluster("4xA100"), 8)
     for sharding in ("zero2", "fsdp"):

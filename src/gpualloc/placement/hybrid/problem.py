@@ -116,11 +116,24 @@ class HybridProblem(OnCluster):
         """Parameter bytes a stage on layers ``first..last`` holds (fp32, all TP ranks together): its layers' own,
         and a copy of every tied weight one of its layers reads while the weight's owner lies outside them
         (:class:`gpualloc.graph.ir.TiedWeight`)."""
-        own = float(self.layer_param_bytes[first:last + 1].sum())
+        return float(self.layer_param_bytes[first:last + 1].sum() + self.tied_copy_bytes[first, last])
+
+    @cached_property
+    def tied_copy_bytes(self) -> np.ndarray:
+        """``out[a, b]``: the tied-weight copies a stage on layers ``a..b`` holds (:meth:`stage_param_bytes`'s
+        second term for every range at once), (L, L); 0 where ``b < a``."""
+        out = np.zeros((self.L, self.L))
         if not self.graph.tied:
-            return own
-        inside = ((self.layer_of >= first) & (self.layer_of <= last)).astype(np.int64)
-        return own + float(self.graph.tied_copy_bytes(inside, 2)[1])
+            return out
+        a, b = np.meshgrid(np.arange(self.L), np.arange(self.L), indexing="ij")
+        for w in self.graph.tied:
+            layers = self.layer_of[[self.graph.index[n] for n in w.nodes]]
+            owner_in = (a <= layers[0]) & (layers[0] <= b)
+            reader_in = np.zeros_like(owner_in)
+            for r in layers[1:]:
+                reader_in |= (a <= r) & (r <= b)
+            out += np.where(reader_in & ~owner_in, w.bytes, 0.0)
+        return out
 
     def tied_holders(self, stage_last: list[int]) -> list[tuple[float, tuple[int, ...]]]:
         """The tied weights a pipeline splits, each with its bytes and the stages holding it, the owner's first

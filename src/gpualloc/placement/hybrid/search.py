@@ -115,7 +115,8 @@ def split_layers(problem: HybridProblem, stage_groups: list[list[tuple[int, ...]
     ppre = np.r_[0.0, np.cumsum(problem.layer_param_bytes)]
     a_idx, b_idx = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
     valid = b_idx >= a_idx
-    states = (ppre[b_idx + 1] - ppre[a_idx]) / PROFILE_VALUE_BYTES * problem.rules.bytes_per_param()
+    held = ppre[b_idx + 1] - ppre[a_idx] + problem.tied_copy_bytes  # a stage's weights, tied copies included
+    states = held / PROFILE_VALUE_BYTES * problem.rules.bytes_per_param()
     prev = np.r_[0.0, np.full(L - 1, np.inf)]  # prev[a]: best max over earlier stages ending at layer a - 1
     choice = []
     for groups in stage_groups:
