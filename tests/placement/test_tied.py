@@ -17,6 +17,7 @@ from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import _variants
 from gpualloc.placement.hybrid.simulate import hybrid_events, simulate_hybrid
 from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.replan import HybridReplanner
 from gpualloc.placement.simulate import simulate_step
 
 W = 4e6  # the tied weight's bytes (fp32)
@@ -138,3 +139,22 @@ def test_sharded_gradients_with_a_split_tie_are_refused_and_never_planned():
     untied = {p.sharding for p, _ in _variants(HybridProblem(lm(tied=False), load_cluster("4xA100"), 8, rules=tight),
                                                stages, 2)}
     assert tried == set(TIED_SHARDINGS) and untied == {"none", "zero1", "zero2", "fsdp"}
+
+
+def test_a_re_plan_that_moves_the_head_to_a_new_device_sends_the_tied_copy():
+    """lm(): emb owns W (layer 0), head (layer 3) reads it. Moving the last stage to device 2 sends layers 2-3 and
+    the copy (weights and Adam's two states: 3 x its bytes); a device that held the embedding before needs none."""
+    problem = HybridProblem(lm(), load_cluster("4xA100"), 8)
+    old = make_plan([HybridStage(0, 1, (Replica((0,), 8),)), HybridStage(2, 3, (Replica((1,), 8),))], 8, 2,
+                    n_devices=4)
+    moved = make_plan([HybridStage(0, 1, (Replica((0,), 8),)), HybridStage(2, 3, (Replica((2,), 8),))], 8, 2,
+                      n_devices=4)
+    (nbytes,) = HybridReplanner.migration(problem, old, moved).nbytes
+    assert nbytes == pytest.approx(3 * (1e6 + 0.0) + 3 * W)  # h1's 1 MB and the copy, with Adam's states
+    shifted = make_plan([HybridStage(0, 0, (Replica((0,), 8),)), HybridStage(1, 3, (Replica((1,), 8),))], 8, 2,
+                        n_devices=4)
+    back = make_plan([HybridStage(0, 2, (Replica((1,), 8),)), HybridStage(3, 3, (Replica((0,), 8),))], 8, 2,
+                     n_devices=4)
+    sizes = HybridReplanner.migration(problem, shifted, back)
+    # device 0 held the embedding (the owner) and now the head alone: the weight is there, nothing tied moves
+    assert dict(zip(sizes.dst.tolist(), sizes.nbytes.tolist(), strict=True))[0] == pytest.approx(0.0)

@@ -474,11 +474,14 @@ class HybridReplanner(Replanner):
     def migration(problem: HybridProblem, old: HybridPlan, new: HybridPlan) -> Migration:
         """Every device that holds layers in ``new`` it did not hold with the same TP degree in ``old``
         receives their weights and optimizer states (its TP shard of them) from the old holder with the
-        fastest link to it. Re-balancing batch shares moves nothing. Sharded optimizer states (ZeRO-1,
-        FSDP) are priced unsharded, an upper bound."""
+        fastest link to it, and the copy of a tied weight it now holds without its owner (unless it held the
+        weight before). Re-balancing batch shares moves nothing. Sharded optimizer states (ZeRO-1, FSDP) are
+        priced unsharded, an upper bound."""
         before, after = _holdings(old, problem.k), _holdings(new, problem.k)
         layer_state = physics.weight_state_bytes(problem.layer_param_bytes, problem.optimizer_states,
                                                  gradients=False)
+        tied = [(float(physics.weight_state_bytes(w.bytes, problem.optimizer_states, gradients=False)),
+                 problem.layer_of[[problem.graph.index[n] for n in w.nodes]]) for w in problem.graph.tied]
         moves = []
         for d, held in enumerate(after):
             if held is None or held == before[d]:
@@ -496,7 +499,8 @@ class HybridReplanner(Replanner):
             if not holders:
                 continue
             src = max(holders, key=lambda e: (problem.bandwidth[e, d], -e))
-            moves.append((src, d, float(layer_state[need].sum()) / tp))
+            copies = sum(nbytes for nbytes, layers in tied if _copy_to(layers, held, before[d]))
+            moves.append((src, d, float(layer_state[need].sum() + copies) / tp))
         src, dst, nbytes = (np.array(x) for x in zip(*moves, strict=True)) if moves else ([], [], [])
         return Migration(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
                          np.asarray(nbytes, dtype=np.float64), bool(moves))
@@ -506,6 +510,15 @@ class HybridReplanner(Replanner):
 
     def plan_hash(self, plan: HybridPlan) -> str:
         return _hash(repr(plan).encode())
+
+
+def _copy_to(layers: np.ndarray, held: tuple[int, int, int], before: tuple[int, int, int] | None) -> bool:
+    """Whether a device now on ``held`` (first, last, tp) holds a copy of the tied weight whose nodes lie in
+    ``layers`` (the owner's first) that it did not hold, as owner or copy, on ``before`` at the same TP."""
+    def holds(h) -> bool:
+        return bool(np.any((h[0] <= layers) & (layers <= h[1])))
+    copy = holds(held) and not held[0] <= layers[0] <= held[1]
+    return copy and not (before is not None and before[2] == held[2] and holds(before))
 
 
 def _holdings(plan: HybridPlan, k: int) -> list[tuple[int, int, int] | None]:
