@@ -17,7 +17,8 @@ from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.hybrid.search import _variants
 from gpualloc.placement.hybrid.simulate import hybrid_events, simulate_hybrid
 from gpualloc.placement.problem import PlacementProblem
-from gpualloc.placement.replan import HybridReplanner
+from gpualloc.placement.plan import OperatorPlan
+from gpualloc.placement.replan import AssignmentReplanner, HybridReplanner
 from gpualloc.placement.simulate import simulate_step
 
 W = 4e6  # the tied weight's bytes (fp32)
@@ -158,3 +159,13 @@ def test_a_re_plan_that_moves_the_head_to_a_new_device_sends_the_tied_copy():
     sizes = HybridReplanner.migration(problem, shifted, back)
     # device 0 held the embedding (the owner) and now the head alone: the weight is there, nothing tied moves
     assert dict(zip(sizes.dst.tolist(), sizes.nbytes.tolist(), strict=True))[0] == pytest.approx(0.0)
+
+
+def test_an_operator_re_plan_that_moves_the_head_sends_the_tied_copy():
+    problem = PlacementProblem(lm(), load_cluster("4xA100"))
+    plan = lambda *a: OperatorPlan(np.array(a))  # noqa: E731
+    move = AssignmentReplanner.migration(problem, plan(0, 0, 1, 1), plan(0, 0, 1, 2))
+    # the head (no weights of its own) moves to device 2, which now needs the copy: from the owner's device 0
+    assert (move.src.tolist(), move.dst.tolist(), move.nbytes.tolist()) == ([0], [2], [3 * W])
+    together = AssignmentReplanner.migration(problem, plan(0, 0, 1, 1), plan(0, 0, 1, 0))
+    assert together.nbytes.sum() == 0.0 and together.moves  # the head joins the owner: nothing tied to send

@@ -404,7 +404,8 @@ class AssignmentReplanner(Replanner):
     @staticmethod
     def migration(problem: PlacementProblem, old: OperatorPlan, new: OperatorPlan) -> Migration:
         """Each moved node sends its weights and optimizer states, ``param_bytes x (1 + optimizer_states)``,
-        from its old device to its new one."""
+        from its old device to its new one; a device that now runs a reader of a tied weight it did not hold
+        gets a copy from the owner's old device (the owner's own move is its node's)."""
         a = problem.check_assignment(old.assignment)
         b = problem.check_assignment(new.assignment)
         moved = a != b
@@ -412,6 +413,11 @@ class AssignmentReplanner(Replanner):
                                            gradients=False)
         k = problem.k
         per_pair = np.bincount(a[moved] * k + b[moved], weights=state, minlength=k * k)
+        for w in problem.graph.tied:
+            nodes = [problem.graph.index[n] for n in w.nodes]
+            for d in set(b[nodes].tolist()) - set(a[nodes].tolist()) - {int(b[nodes[0]])}:
+                per_pair[a[nodes[0]] * k + d] += physics.weight_state_bytes(w.bytes, problem.optimizer_states,
+                                                                            gradients=False)
         pairs = np.flatnonzero(per_pair > 0)
         return Migration(pairs // k, pairs % k, per_pair[pairs], bool(moved.any()))
 
