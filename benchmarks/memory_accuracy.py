@@ -53,7 +53,7 @@ from gpualloc.graph.capture import capture
 from gpualloc.graph.zoo import get_model
 from gpualloc.hardware.cluster import load_cluster
 from gpualloc.placement.document import read_plan
-from gpualloc.placement.hybrid.layers import layer_count
+from gpualloc.graph.layers import layer_count
 from gpualloc.placement.hybrid.plan import HybridStage, Replica, make_plan
 from gpualloc.placement.outcome import simulate_plan
 from gpualloc.placement.problem import PlacementProblem

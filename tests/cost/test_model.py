@@ -13,6 +13,9 @@ from gpualloc.cost.model import BWD_FACTOR, Calibration, CostModel, Efficiency, 
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph, OpNode, OpTiming
 from gpualloc.hardware.catalog import TERA, default_catalog
+from gpualloc.hardware.cluster import load_cluster
+from gpualloc.placement.problem import PlacementProblem
+from gpualloc.placement.simulate import simulate_step
 
 EFF = Efficiency(compute=0.5, memory=0.8, launch_s=10e-6, fitted_from="test")
 
@@ -82,10 +85,15 @@ def test_device_without_peaks_needs_measured_times(model):
 
 def test_training_memory(diamond_graph):
     # fp32 Adam: weights and two moments, 3 x the fp32 weights; one microbatch, so the activations (16 MB)
-    # and the gradients (1 MB) count as the larger of the two; the loss's two fp32 copies of the model's output
-    # (node d's 4 MB); a 5% allocator margin
+    # and the gradients (1 MB) count as the larger of the two; the backward's working set (the largest output's
+    # gradient, 4 MB) and the loss's two fp32 copies of the model's output (node d's 4 MB); a 5% allocator margin
     assert diamond_graph.loss_input_bytes.tolist() == [0.0, 0.0, 0.0, 4e6]
-    assert training_memory_bytes(diamond_graph) == pytest.approx((3 * 1e6 + 4 * 4e6 + LOSS_FP32_COPIES * 4e6) * 1.05)
+    expected = (3 * 1e6 + 4 * 4e6 + 4e6 + LOSS_FP32_COPIES * 4e6) * 1.05
+    assert training_memory_bytes(diamond_graph) == pytest.approx(expected)
+    # ... the op-level simulator's peak for the graph on one device, without the device's reserve
+    p = PlacementProblem(diamond_graph, load_cluster("2xA100"))
+    one = simulate_step(p, np.zeros(len(diamond_graph), dtype=np.int64))
+    assert one.memory[0].peak - one.memory[0].reserve == pytest.approx(expected)
 
 
 def test_calibration_round_trip_and_errors(tmp_path):

@@ -187,7 +187,7 @@ def test_the_full_size_zoo_models_export(model, blocks):
 
 def test_a_contiguous_op_level_plan_is_its_own_pipeline(problems):
     """Layers 0..13 (embedding and h.0) on device 2, the rest on device 0: two stages, nothing dropped."""
-    from gpualloc.placement.hybrid.layers import layer_of_node
+    from gpualloc.graph.layers import layer_of_node
     from gpualloc.placement.plan import OperatorPlan
 
     problem = problems["gpt-tiny"]

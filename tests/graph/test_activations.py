@@ -14,7 +14,7 @@ from gpualloc.graph.activations import layer_keys, measure_saved_bytes
 from gpualloc.graph.capture import capture
 from gpualloc.graph.ir import OpGraph
 from gpualloc.graph.zoo import ZOO
-from gpualloc.placement.hybrid.layers import layer_count, layer_of_node
+from gpualloc.graph.layers import layer_count, layer_of_node
 
 F32 = 4
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpualloc.errors import PlacementError
+from gpualloc.errors import GraphError
 from gpualloc.graph.capture import capture
 from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
 from gpualloc.hardware.cluster import load_cluster
-from gpualloc.placement.hybrid.layers import layer_of_node, node_saved_act_bytes
+from gpualloc.graph.layers import layer_of_node, node_saved_act_bytes
 from gpualloc.placement.hybrid.problem import HybridProblem
 from gpualloc.placement.problem import PlacementProblem
 
@@ -41,6 +41,6 @@ def test_both_simulators_read_the_same_counts():
 
 def test_a_malformed_count_is_one_line():
     bad = two_layers({"saved_act_bytes_per_sample": [1.0]})
-    with pytest.raises(PlacementError, match=r"meta.saved_act_bytes_per_sample: expected 2 finite") as err:
+    with pytest.raises(GraphError, match=r"meta.saved_act_bytes_per_sample: expected 2 finite") as err:
         _ = PlacementProblem(bad, load_cluster("2xcpu")).act_bytes
     assert "\n" not in str(err.value)

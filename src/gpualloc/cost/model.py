@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpualloc.cost import physics
 from gpualloc.errors import CostModelError, parse_json, read_text, write_text
 from gpualloc.graph.ir import OpGraph
+from gpualloc.graph.layers import node_saved_act_bytes
 from gpualloc.hardware.catalog import TERA, DeviceType
 from gpualloc.hardware.schema import validated
 
@@ -278,13 +279,15 @@ class CostModel:
 
 def training_memory_bytes(graph: OpGraph, device: DeviceType | None = None, rules=None) -> float:
     """Peak memory to train ``graph`` on one device (:func:`gpualloc.cost.memory.device_memory`: weights,
-    gradients, optimizer state, the activations held for the backward, the loss's working set, fragmentation
-    margin and, given a ``device``, its framework reserve) under ``rules`` (default: fp32, Adam)."""
+    gradients, optimizer state, the activations its layers save for the backward
+    (:func:`gpualloc.graph.layers.node_saved_act_bytes`, the simulators' rule), the backward's and the loss's
+    working sets, fragmentation margin and, given a ``device``, its framework reserve) under ``rules`` (default:
+    fp32, Adam): what the op-level simulator gives a one-device plan of one microbatch."""
     from gpualloc.cost.memory import MemoryRules, StageShape, device_memory
 
     rules = rules if rules is not None else MemoryRules()
     batch = graph.batch_size or 1
     shape = StageShape(graph.total_param_bytes, float(graph.param_bytes.max(initial=0.0)),
-                       graph.total_activation_bytes / batch, 0.0, 0.0,
-                       loss_input_bytes_per_sample=float(graph.loss_input_bytes.sum()) / batch)
+                       float(node_saved_act_bytes(graph).sum()) / batch, 0.0, 0.0,
+                       float(graph.output_bytes.max(initial=0.0)) / batch, float(graph.loss_input_bytes.sum()) / batch)
     return float(device_memory(rules, device, shape, tp=1, dp=1, mb=batch, in_flight=1).peak)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.errors import GpuallocError, PlacementError
-from gpualloc.placement.hybrid.layers import layer_of_node
+from gpualloc.graph.layers import layer_of_node
 from gpualloc.placement.hybrid.cost import TIED_SHARDINGS
 from gpualloc.placement.hybrid.plan import HybridPlan, HybridStage, Replica, make_plan
 from gpualloc.placement.outcome import simulate_plan

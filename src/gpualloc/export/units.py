@@ -1,6 +1,6 @@
 """The framework's layer numbering of a graph: gpualloc's layers grouped into the units a framework splits.
 
-A hybrid plan splits the graph's *layers* (:mod:`gpualloc.placement.hybrid.layers`: runs of operators of one
+A hybrid plan splits the graph's *layers* (:mod:`gpualloc.graph.layers`: runs of operators of one
 module, 26 for ``gpt-tiny``). Training frameworks split coarser *units*:
 
 * a **block** is a repeated module, named by its module path up to the first numbered component
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.graph.ir import OpGraph
-from gpualloc.placement.hybrid.layers import layer_of_node
+from gpualloc.graph.layers import layer_of_node
 
 __all__ = ["Units", "block_key", "units_of"]
 

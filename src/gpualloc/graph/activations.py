@@ -11,7 +11,7 @@ autograd node keeps for its backward (an op's inputs, outputs, masks, statistics
   saves after the forward is ``loss_nbytes``.
 
 :meth:`SavedActivations.per_layer` maps module paths onto a captured graph's layers, the runs of
-consecutive ops with one ``OpNode.layer`` that :func:`gpualloc.placement.hybrid.layers.layer_of_node`
+consecutive ops with one ``OpNode.layer`` that :func:`gpualloc.graph.layers.layer_of_node`
 numbers (capture sets ``layer`` to the innermost module path; a module with no op of its own there, such
 as a train-mode ``Dropout`` that eval-mode tracing folds away, counts in its nearest enclosing layer).
 
@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_flatten
 
 from gpualloc.errors import CaptureError
 from gpualloc.graph.ir import OpGraph
+from gpualloc.graph.layers import layer_of_node
 
 __all__ = ["SavedActivations", "default_loss", "layer_keys", "measure_saved_bytes"]
 
@@ -88,15 +89,11 @@ class SavedActivations:
 
 
 def layer_keys(graph: OpGraph) -> list[str | None]:
-    """The ``layer`` key of each layer: runs of consecutive ops (topological order) with the same
-    ``OpNode.layer``, an op without one a layer of its own (the rule of ``layer_of_node``)."""
-    keys: list[str | None] = []
-    prev: object = object()
-    for i in graph.topo_order:
-        key = graph.nodes[i].layer
-        if key is None or key != prev:
-            keys.append(key)
-        prev = key
+    """The ``layer`` key (``OpNode.layer``) of each layer of :func:`~gpualloc.graph.layers.layer_of_node`."""
+    lo = layer_of_node(graph)
+    keys: list[str | None] = [None] * (int(lo.max()) + 1)
+    for i, layer in enumerate(lo.tolist()):
+        keys[layer] = graph.nodes[i].layer
     return keys
 
 

@@ -30,7 +30,7 @@ Edges:
     An in-place op (``relu_``) becomes the producer of the tensor it mutates for later readers.
 
 Saved activations (``meta["saved_act_bytes_per_sample"]``, one float per layer in the order of
-:func:`gpualloc.placement.hybrid.layers.layer_of_node`; ``meta["saved_act_source"]`` says how):
+:func:`gpualloc.graph.layers.layer_of_node`; ``meta["saved_act_source"]`` says how):
     the bytes autograd saves for backward, per sample, measured by one train-mode forward pass and a
     cross-entropy loss of the real model on the CPU (:mod:`gpualloc.graph.activations`). A zoo model gets
     real zero-filled weights (the count depends on shapes only). The pass runs at a batch of at most 8 and

@@ -33,7 +33,7 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_MICROBATCHES, check_size
 from gpualloc.placement.base import OnCluster
-from gpualloc.placement.hybrid.layers import node_saved_act_bytes
+from gpualloc.graph.layers import node_saved_act_bytes
 
 if TYPE_CHECKING:
     from gpualloc.placement.hybrid.problem import HybridProblem
@@ -169,7 +169,7 @@ class PlacementProblem(OnCluster):
     def act_bytes(self) -> np.ndarray:
         """Bytes each node saves for its backward over the batch, (n,): the hybrid rule's per-layer count
         (measured with saved-tensor hooks where the graph carries it), shared among a layer's nodes
-        (:func:`gpualloc.placement.hybrid.layers.node_saved_act_bytes`)."""
+        (:func:`gpualloc.graph.layers.node_saved_act_bytes`)."""
         out = node_saved_act_bytes(self.graph)
         out.setflags(write=False)
         return out

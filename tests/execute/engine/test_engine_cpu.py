@@ -18,7 +18,7 @@ from gpualloc.execute.engine.rank import _grad_error, _recompute, _reference, _w
 from gpualloc.execute.engine.stages import chain
 from gpualloc.graph.capture import capture
 from gpualloc.graph.runnable import build_model, export_runnable
-from gpualloc.placement.hybrid.layers import layer_of_node
+from gpualloc.graph.layers import layer_of_node
 from tests.execute.engine.conftest import engine_alone, torchrun, write_plan
 
 GPT_LAYERS = 26  # gpt-tiny's layer sequence (op-level graph)
@@ -260,7 +260,7 @@ def test_operator_plan_that_returns_to_a_device_runs_its_stages_on_one_rank(tmp_
 def test_a_batch_coupled_model_is_checked_on_its_decoupled_variant(tmp_path, model, stage):
     # dropout (BERT, under TP2) and BatchNorm (ResNet, DDP 5:3) make a split batch differ from the whole: the
     # checked first step runs the variant with dropout off and BatchNorm on its running statistics, and matches
-    from gpualloc.placement.hybrid.layers import layer_of_node as layers_of
+    from gpualloc.graph.layers import layer_of_node as layers_of
 
     layers = int(layers_of(capture(model, batch=2, saved_activations=False)).max())
     plan = write_plan(tmp_path / "plan.json", {"cluster": "4xA100", "global_batch": 8, "microbatches": 1,

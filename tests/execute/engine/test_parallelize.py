@@ -324,7 +324,7 @@ def _layer_names(model: str) -> list[str | None]:
     """The plan's layer sequence of a zoo model (module path of each layer), as the engine reads it (traced once
     per test process)."""
     from gpualloc.graph.cached import capture_cached
-    from gpualloc.placement.hybrid.layers import layer_of_node
+    from gpualloc.graph.layers import layer_of_node
 
     graph = capture_cached(model, batch=1)
     layer = layer_of_node(graph)

@@ -265,7 +265,7 @@ def _span(parts: list[str], part: str) -> str:
 def module_stage(model_name: str, model: nn.Module, first_layer: int, last_layer: int,
                  layer_names: Sequence[str | None]) -> nn.Module:
     """The stage of ``model`` that runs layers ``first_layer..last_layer`` (inclusive) of the plan's layer sequence
-    (:mod:`gpualloc.placement.hybrid.layers`; ``layer_names[i]`` is the module path of layer ``i`` or None), as an
+    (:mod:`gpualloc.graph.layers`; ``layer_names[i]`` is the module path of layer ``i`` or None), as an
     eager module (:class:`GPTStage`, :class:`BertStage`) whose forward takes the previous stage's output (token
     ids for the first stage) and returns one tensor (the model's own outputs for BERT's last stage).
 

@@ -374,7 +374,7 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
             return bf16_recipe(module, cast=not fsdp), _cast_inputs(sample, precision)
     if top.tp > 1:
         from gpualloc.execute.engine import parallelize
-        from gpualloc.placement.hybrid.layers import layer_of_node
+        from gpualloc.graph.layers import layer_of_node
 
         module, _ = build(1)
         first, last = top.layers[me.stage]

@@ -150,10 +150,10 @@ class Topology:
     def stage_assignment(self, graph: OpGraph, layer_of_node: np.ndarray | None = None) -> np.ndarray:
         """The pipeline stage of every node of ``graph`` (what :func:`gpualloc.execute.split.split_model` cuts
         by): a hybrid plan's stages are layer ranges (``layer_of_node``, default
-        :func:`gpualloc.placement.hybrid.layers.layer_of_node`), an operator plan's are its devices."""
+        :func:`gpualloc.graph.layers.layer_of_node`), an operator plan's are its devices."""
         if self.kind == "hybrid":
             if layer_of_node is None:
-                from gpualloc.placement.hybrid.layers import layer_of_node as layers_of
+                from gpualloc.graph.layers import layer_of_node as layers_of
 
                 layer_of_node = layers_of(graph)
             lasts = np.asarray([last for _, last in self.layers])

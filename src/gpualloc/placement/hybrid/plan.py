@@ -1,6 +1,6 @@
 """HybridPlan: data × pipeline × tensor parallelism on possibly mixed GPUs (``gpualloc-plan`` v2).
 
-A plan splits the model's *layer sequence* (see :mod:`gpualloc.placement.hybrid.layers`) into stages of
+A plan splits the model's *layer sequence* (see :mod:`gpualloc.graph.layers`) into stages of
 contiguous layers. Each stage has one or more data-parallel replicas; a replica is a group of ``tp``
 devices (cluster device indices) that run the stage's layers tensor-parallel. Every replica processes
 ``batch_share`` samples of the global batch per step; within a stage the shares add up to the global

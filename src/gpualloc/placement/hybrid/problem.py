@@ -1,7 +1,7 @@
 """HybridProblem: per-layer costs of a model on a cluster's device types, for hybrid plans.
 
 Everything a hybrid plan's cost depends on, as arrays over the model's ``L`` layers (see
-:mod:`gpualloc.placement.hybrid.layers`) and the cluster's ``k`` devices:
+:mod:`gpualloc.graph.layers`) and the cluster's ``k`` devices:
 
 * :meth:`HybridProblem.layer_times_s`: forward and backward compute time of every layer on one device
   type, for a microbatch of ``mb`` samples split ``tp`` ways (tensor parallel). From the graph's op times
@@ -42,7 +42,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_BATCH, check_size
-from gpualloc.placement.hybrid.layers import layer_of_node, saved_act_bytes
+from gpualloc.graph.layers import layer_of_node, saved_act_bytes
 from gpualloc.placement.base import OnCluster
 
 __all__ = ["HybridProblem"]
@@ -103,7 +103,7 @@ class HybridProblem(OnCluster):
     @cached_property
     def layer_act_bytes(self) -> np.ndarray:
         """Activation bytes every layer keeps for its backward, per sample, (L,)
-        (:func:`gpualloc.placement.hybrid.layers.saved_act_bytes`)."""
+        (:func:`gpualloc.graph.layers.saved_act_bytes`)."""
         return saved_act_bytes(self.graph, self.layer_of)
 
     @cached_property

@@ -1,4 +1,4 @@
-"""The layer sequence a hybrid plan splits into stages.
+"""Layers: the runs of operators a hybrid plan splits into stages, and what each saves for its backward.
 
 A layer is a run of operators, consecutive in the graph's (deterministic) topological order, that belong
 to the same model module (``OpNode.layer``; an op without one is a layer of its own). A stage is a
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpualloc.errors import PlacementError
+from gpualloc.errors import GraphError
 from gpualloc.graph.ir import OpGraph
 
 
@@ -49,7 +49,7 @@ def saved_act_bytes(graph: OpGraph, layer_of: np.ndarray | None = None) -> np.nd
         return np.bincount(lo, weights=graph.output_bytes, minlength=L) / (graph.batch_size or 1)
     out = np.asarray(measured, dtype=np.float64)
     if out.shape != (L,) or not np.all(np.isfinite(out)) or np.any(out < 0):
-        raise PlacementError(f"graph {graph.name!r}: meta.{field}: expected {L} finite non-negative byte counts, "
+        raise GraphError(f"graph {graph.name!r}: meta.{field}: expected {L} finite non-negative byte counts, "
                              "one per layer")
     return out
 
