@@ -50,7 +50,7 @@ def saved_act_bytes(graph: OpGraph, layer_of: np.ndarray | None = None) -> np.nd
     out = np.asarray(measured, dtype=np.float64)
     if out.shape != (L,) or not np.all(np.isfinite(out)) or np.any(out < 0):
         raise GraphError(f"graph {graph.name!r}: meta.{field}: expected {L} finite non-negative byte counts, "
-                             "one per layer")
+                         "one per layer")
     return out
 
 

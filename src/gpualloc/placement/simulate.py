@@ -367,12 +367,11 @@ def _stage_depth(a, src, dst):
 
 
 def _device_memory(problem: PlacementProblem, a: np.ndarray, peak_inflight: np.ndarray) -> tuple[DeviceMemory, ...]:
-    """Each device's memory under the problem's rules: its nodes' weights (and a copy of each tied weight it reads
-    but whose owner runs elsewhere) as one stage on one device, the
-    activations of the microbatches in flight at its peak (``peak_inflight / M`` of what its nodes save for the
-    batch's backward, :attr:`PlacementProblem.act_bytes`), the
-    backward's working set (the gradient of its largest node output, for one microbatch) and, where the model's
-    outputs are computed, the loss's working set for one microbatch."""
+    """Each device's memory under the problem's rules, its nodes as one stage on one device: their weights (and a
+    copy of each tied weight it reads but whose owner runs elsewhere), the activations of the microbatches in
+    flight at its peak (``peak_inflight / M`` of what its nodes save for the batch's backward,
+    :attr:`PlacementProblem.act_bytes`), the backward's working set (the gradient of its largest node output, for
+    one microbatch) and, where the model's outputs are computed, the loss's working set for one microbatch."""
     k, M = problem.k, problem.microbatches
     g = problem.graph
     params = np.bincount(a, weights=g.param_bytes, minlength=k) + g.tied_copy_bytes(a, k)
