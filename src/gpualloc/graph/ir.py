@@ -266,7 +266,8 @@ class OpGraph:
         return out
 
     @cached_property
-    def _tied_index(self) -> tuple[tuple[float, np.ndarray], ...]:
+    def tied_index(self) -> tuple[tuple[float, np.ndarray], ...]:
+        """Each tied weight as ``(bytes, its nodes' indices, the owner's first)``."""
         return tuple((float(w.bytes), np.array([self.index[n] for n in w.nodes], dtype=np.int64)) for w in self.tied)
 
     def tied_holders(self, group: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
@@ -275,7 +276,7 @@ class OpGraph:
         its gradient."""
         g = np.asarray(group)
         out = []
-        for nbytes, nodes in self._tied_index:
+        for nbytes, nodes in self.tied_index:
             held = list(dict.fromkeys(g[nodes].tolist()))
             if len(held) > 1:
                 out.append((nbytes, tuple(held)))
@@ -294,7 +295,7 @@ class OpGraph:
         """Bytes of tied weights each node reads but does not own, (n,): what a node alone may add to its
         device (a per-node bound of :meth:`tied_copy_bytes`, never below it)."""
         out = np.zeros(len(self.nodes))
-        for nbytes, nodes in self._tied_index:
+        for nbytes, nodes in self.tied_index:
             out[nodes[1:]] += nbytes
         return out
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gpualloc.cost.memory import OPTIMIZER_STATES
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from gpualloc.cost.memory import MemoryRules
     from gpualloc.cost.model import CostModel
     from gpualloc.graph.ir import OpGraph
@@ -51,3 +51,14 @@ class OnCluster:
     def latency(self) -> np.ndarray:
         """One-way latency in seconds between devices, (k, k); 0 on the diagonal."""
         return self.cluster.latency
+
+    def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
+        """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by
+        ``nic_share``, the flows sharing a node's NIC); ``(inf, 0)`` for one device."""
+        d = np.asarray(devices)
+        if d.size <= 1:
+            return float("inf"), 0.0
+        node_of = np.asarray(self.cluster.gpu_node)[d]
+        sub_bw = self.bandwidth[np.ix_(d, d)].copy()
+        sub_bw[node_of[:, None] != node_of[None, :]] /= max(nic_share, 1.0)
+        return float(sub_bw.min()), float(self.latency[np.ix_(d, d)].max())

@@ -198,12 +198,9 @@ class PlacementProblem(OnCluster):
 
     def allreduce_s(self, nbytes: float, devices) -> float:
         """A ring all-reduce of ``nbytes`` among ``devices`` over their slowest link (0 on one device)."""
-        d = np.asarray(sorted(set(devices)), dtype=np.int64)
-        if d.size <= 1:
-            return 0.0
-        off = ~np.eye(d.size, dtype=bool)
-        bw, lat = self.bandwidth[np.ix_(d, d)][off].min(), self.latency[np.ix_(d, d)][off].max()
-        return float(physics.ring_allreduce_s(nbytes, d.size, lat, bw))
+        d = sorted(set(devices))
+        bw, lat = self.group_link(d)
+        return float(physics.ring_allreduce_s(nbytes, len(d), lat, bw))
 
     def device_memory(self, assignment: np.ndarray) -> np.ndarray:
         """Memory each device needs under ``assignment``, (k,)."""

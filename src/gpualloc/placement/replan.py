@@ -413,10 +413,9 @@ class AssignmentReplanner(Replanner):
                                            gradients=False)
         k = problem.k
         per_pair = np.bincount(a[moved] * k + b[moved], weights=state, minlength=k * k)
-        for w in problem.graph.tied:
-            nodes = [problem.graph.index[n] for n in w.nodes]
+        for nbytes, nodes in problem.graph.tied_index:
             for d in set(b[nodes].tolist()) - set(a[nodes].tolist()) - {int(b[nodes[0]])}:
-                per_pair[a[nodes[0]] * k + d] += physics.weight_state_bytes(w.bytes, problem.optimizer_states,
+                per_pair[a[nodes[0]] * k + d] += physics.weight_state_bytes(nbytes, problem.optimizer_states,
                                                                             gradients=False)
         pairs = np.flatnonzero(per_pair > 0)
         return Migration(pairs // k, pairs % k, per_pair[pairs], bool(moved.any()))
@@ -486,8 +485,8 @@ class HybridReplanner(Replanner):
         before, after = _holdings(old, problem.k), _holdings(new, problem.k)
         layer_state = physics.weight_state_bytes(problem.layer_param_bytes, problem.optimizer_states,
                                                  gradients=False)
-        tied = [(float(physics.weight_state_bytes(w.bytes, problem.optimizer_states, gradients=False)),
-                 problem.layer_of[[problem.graph.index[n] for n in w.nodes]]) for w in problem.graph.tied]
+        tied = [(float(physics.weight_state_bytes(nbytes, problem.optimizer_states, gradients=False)),
+                 problem.layer_of[nodes]) for nbytes, nodes in problem.graph.tied_index]
         moves = []
         for d, held in enumerate(after):
             if held is None or held == before[d]:

@@ -299,11 +299,11 @@ def tied_costs(problem: HybridProblem, plan: HybridPlan) -> tuple[TiedCost, ...]
         reps = [plan.stages[s].replicas for s in stages]
         tp = min(r.tp for rs in reps for r in rs)
         grad = nbytes * value / tp
+        c = Collective("all-reduce", "tied", None, grad)
         worst = ring = 0.0
         for i in range(max(len(rs) for rs in reps)):
             group = [rs[i % len(rs)] for rs in reps]
             leaders = tuple(r.devices[0] for r in group)
-            c = Collective("all-reduce", "tied", None, grad)
             worst = max(worst, _collective_time_s(problem, "ring", leaders, 1.0, c))
             ring += tp * 2.0 * (len(group) - 1) * grad
         out.append(TiedCost(stages, worst, ring))

@@ -126,13 +126,13 @@ class HybridProblem(OnCluster):
         if not self.graph.tied:
             return out
         a, b = np.meshgrid(np.arange(self.L), np.arange(self.L), indexing="ij")
-        for w in self.graph.tied:
-            layers = self.layer_of[[self.graph.index[n] for n in w.nodes]]
+        for nbytes, nodes in self.graph.tied_index:
+            layers = self.layer_of[nodes]
             owner_in = (a <= layers[0]) & (layers[0] <= b)
             reader_in = np.zeros_like(owner_in)
             for r in layers[1:]:
                 reader_in |= (a <= r) & (r <= b)
-            out += np.where(reader_in & ~owner_in, w.bytes, 0.0)
+            out += np.where(reader_in & ~owner_in, nbytes, 0.0)
         return out
 
     def tied_holders(self, stage_last: list[int]) -> list[tuple[float, tuple[int, ...]]]:
@@ -277,17 +277,6 @@ class HybridProblem(OnCluster):
         links = list({n.link.name: n.link for n in self.cluster.nodes}.values())
         names = [x.name for x in links]
         return links, np.array([names.index(n.link.name) for n in self.cluster.nodes])
-
-    def group_link(self, devices, nic_share: float = 1.0) -> tuple[float, float]:
-        """Bandwidth and latency of the slowest link among ``devices`` (inter-node bandwidth divided by
-        ``nic_share``, the flows sharing a node's NIC)."""
-        d = np.asarray(devices)
-        if d.size <= 1:
-            return float("inf"), 0.0
-        sub_bw = self.bandwidth[np.ix_(d, d)].copy()
-        cross = self.node_of[d][:, None] != self.node_of[d][None, :]
-        sub_bw[cross] /= max(nic_share, 1.0)
-        return float(sub_bw.min()), float(self.latency[np.ix_(d, d)].max())
 
     def slowest_pair(self, devices) -> tuple[int, int]:
         """Two of ``devices`` joined by their slowest link (a pair on different nodes when there is one)."""
