@@ -7,6 +7,8 @@
 #
 #   bash scripts/gpu-check.sh            # on the GPU machine: torch there, our deps from .whl/ (see below)
 #   GPU_CHECK_REHEARSE=1 OUT=/tmp/x bash scripts/gpu-check.sh   # here, on the CPU: same steps, tiny models
+#   GPU_CHECK_ONLY="calibrate tests bf16" bash scripts/gpu-check.sh   # some parts only (a second call's budget):
+#       calibrate, tests, fp32 (step 3), telemetry, launch, bf16 (step 6)
 #
 # The GPU machine has its own torch (2.11 + CUDA): the pinned 2.13 CPU wheel is not carried. Our package runs
 # from src/ on top of it; what that machine lacks travels as wheels in .whl/ (bash scripts/gpu-wheels.sh).
@@ -24,6 +26,7 @@ export PYTHONUNBUFFERED=1 GPUALLOC_CACHE_DIR=/tmp/gpualloc-cache MPLBACKEND=Agg
 if [ "$REHEARSE" = 1 ]; then
     PY=${PY:-.venv/bin/python}
     DEV=cpu; AS=cpu; MODELS="resnet-tiny:4 bert-tiny:4 gpt-tiny:2"; CAL_MODELS="resnet-tiny:4"; REPEATS=1
+    PRECS=fp32  # the catalog's CPU has no bf16 peak: no bf16 fit or plan there
     CLUSTER1=1xcpu
 else
     PY=${PY:-python3}
@@ -32,14 +35,22 @@ else
             > "$RES/wheels.log" 2>&1 || echo "wheel install failed (see wheels.log)"
         export PYTHONPATH=/tmp/site
     fi
-    DEV=cuda:0; AS=${GPU_CHECK_AS:-H100-SXM}
+    DEV=cuda:0
     MODELS="resnet50:64 bert-base:16 gpt2-small:8"; CAL_MODELS="resnet50:64,bert-base:16,gpt2-small:8"; REPEATS=5
-    CLUSTER1="1x$AS"
+    PRECS=fp32,bf16
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$REHEARSE" != 1 ]; then
+    # the catalog type of the lent GPU (an H100 or an H200), by its name and memory, as calibrate guesses it
+    AS=${GPU_CHECK_AS:-$("$PY" -c "from gpualloc.cost.microbench import catalog_type_for; \
+print(catalog_type_for('cuda:0').name)" 2> "$RES/as.log" || echo H100-SXM)}
+    CLUSTER1="1x$AS"
+fi
 GA=("$PY" -m gpualloc.cli.main)
 
-DEADLINE=${GPU_CHECK_DEADLINE:-330}  # seconds: a step that would start later is skipped (one call must end in time)
+ONLY=" ${GPU_CHECK_ONLY:-calibrate tests fp32 telemetry launch bf16} "
+want() { [[ "$ONLY" == *" $1 "* ]]; }
+DEADLINE=${GPU_CHECK_DEADLINE:-400}  # seconds: a step that would start later is skipped (one call must end in time)
 
 # step NAME LIMIT_S CMD...: run with a time limit (cut to what is left before DEADLINE); stdout to $RES/NAME.out,
 # stderr to $RES/NAME.log, one line per step to $RES/steps.jsonl (rc 124: timed out; skipped: no time left)
@@ -70,24 +81,25 @@ step import 60 "$PY" -c "import gpualloc.cli.main, gpualloc.cli.run, gpualloc.cl
 gpualloc.execute.engine.record, gpualloc.execute.measure, gpualloc.telemetry.nvml; print('ok')" \
     || { cat "$RES/import.log"; exit 1; }  # nothing else can run: stop at once, so that a rerun has the time
 
-# 1. calibration: matmul peaks in FP32, TF32, FP16 and BF16, copies, and per-op times of the three models
-step calibrate 180 "${GA[@]}" calibrate --device "$DEV" --as "$AS" --models "$CAL_MODELS" --repeats "$REPEATS" \
-    -o "$RES/calibration.json" --json \
+# 1. calibration: matmul peaks in FP32, TF32, FP16 and BF16, copies, and per-op times of the three models in FP32
+# and in the engine's BF16 recipe, each precision fitted apart
+want calibrate && { step calibrate 180 "${GA[@]}" calibrate --device "$DEV" --as "$AS" --models "$CAL_MODELS" \
+    --precisions "$PRECS" --repeats "$REPEATS" -o "$RES/calibration.json" --json \
 || step calibrate-small 90 "${GA[@]}" calibrate --device "$DEV" --as "$AS" --models "${CAL_MODELS%%,*}" \
-    --repeats "$REPEATS" -o "$RES/calibration.json" --json
+    --precisions "$PRECS" --repeats "$REPEATS" -o "$RES/calibration.json" --json; }
 CAL=()
 [ -s "$RES/calibration.json" ] && CAL=(--calibration "$RES/calibration.json")
 
 # 2. the gpu-marked tests (the files by name: collecting whole folders would import the service's modules,
 # whose packages the GPU machine may lack): calibration on cuda:0, an op-level plan split between cuda:0 and the
 # CPU run by the engine (`gpualloc run`), the CUDA memory probe, NVML
-step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/execute/test_gpu.py tests/execute/test_memory.py \
+want tests && step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/execute/test_gpu.py tests/execute/test_memory.py \
     tests/telemetry/test_nvml.py --junitxml="$RES/tests.xml"
 
 # 3. gpualloc run of each model on the GPU: a hybrid plan (DP=PP=TP=1 on one GPU), whose memory rule is the one
 # every planner uses, run on the torch-native engine (torchrun, one NCCL rank on cuda:0); step time, compute and
 # peak memory against predicted, and the checks against the unsplit model (output, loss, gradients, weights)
-for mb in $MODELS; do
+want fp32 && for mb in $MODELS; do
     m=${mb%%:*}; b=${mb##*:}
     step "place-$m" 60 "${GA[@]}" place "$m" --cluster "$CLUSTER1" --batch "$b" --method hybrid "${CAL[@]}" \
         -o "$RES/plan-$m.json" \
@@ -97,7 +109,7 @@ done
 
 # 4. telemetry under load: gpu_sampling.py runs a matmul load, times NVML sampling and each NVML query, and reads
 # nvidia-smi beside it; meanwhile `gpualloc monitor --once --json`, nvidia-smi and the exporter are read too
-if [ "$REHEARSE" != 1 ]; then
+if [ "$REHEARSE" != 1 ] && want telemetry; then
     "$PY" scripts/gpu_sampling.py --seconds 6 > "$RES/sampling.json" 2> "$RES/sampling.log" &
     SAMPLER=$!
     sleep 5
@@ -116,7 +128,7 @@ fi
 # share it), its run record written as a calibration (--calibration-out), then `gpualloc place --calibration`
 # planning with what was measured. A check that launch, the run record and the calibration read back work on a
 # GPU, not a timing (step 3 has the timings); GPU_CHECK_SKIP_LAUNCH=1 leaves it out
-if [ "${GPU_CHECK_SKIP_LAUNCH:-0}" != 1 ]; then
+if [ "${GPU_CHECK_SKIP_LAUNCH:-0}" != 1 ] && want launch; then
     m=${MODELS%%:*}; b=${MODELS%% *}; b=${b##*:}
     if [ -s "$RES/plan-$m.json" ]; then
         step launch 90 "${GA[@]}" launch "$RES/plan-$m.json" --model "$m" --steps 5 --warmup 2 --out "$RES/launch" \
@@ -126,6 +138,17 @@ if [ "${GPU_CHECK_SKIP_LAUNCH:-0}" != 1 ]; then
     else
         echo "{\"step\": \"launch\", \"skipped\": true, \"why\": \"no plan-$m.json from step 3\"}" >> "$RES/steps.jsonl"
     fi
+fi
+# 6. mixed precision: each model in BF16 (the engine's recipe: bf16 weights and activations, norms in fp32, fp32
+# master weights and Adam states), step time and peak memory against the BF16 rule and the BF16 calibration
+if [ "$REHEARSE" != 1 ] && want bf16; then
+    for mb in $MODELS; do
+        m=${mb%%:*}; b=${mb##*:}
+        step "place-$m-bf16" 60 "${GA[@]}" place "$m" --cluster "$CLUSTER1" --batch "$b" --method hybrid \
+            --precision bf16 "${CAL[@]}" -o "$RES/plan-$m-bf16.json" \
+        && step "run-$m-bf16" 90 "${GA[@]}" run "$m" --plan "$RES/plan-$m-bf16.json" --steps 10 --warmup 3 \
+            --devices "$DEV" "${CAL[@]}" --json
+    done
 fi
 pack
 echo "done in $(( $(date +%s) - T0 )) s; results in $OUT/gpu-check.tgz"

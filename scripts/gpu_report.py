@@ -8,7 +8,9 @@ time (``gpualloc run --json``), measured peak memory (``torch.cuda.max_memory_al
 baseline) against the simulator's peak less its framework reserve (the CUDA context and workspaces that PyTorch's
 counters do not see, as benchmarks/memory_accuracy.py compares), the caching allocator's slack
 (``max_memory_reserved - max_memory_allocated``), and MFU: 3 x forward FLOPs of the captured graph per step over
-the device's FP32 peak (the runs train in FP32) and over its dense tensor-core peak.
+the catalog peak of the precision the plan trains in (FP32's for an fp32 plan, the dense BF16 one for bf16; also
+kept over FP32's and over the dense tensor-core peak). The device type is the GPU the calibration measured
+(``--as`` names another).
 
 Two documents are read. Every run now is the torch-native engine's (``gpualloc run --json`` of any plan, op-level
 or hybrid, with ``"runner": "engine"``, and ``gpualloc launch --json``: ``ranks[]``, ``step_error``, ``checks``;
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from gpualloc.cost.memory import precision as get_precision
 from gpualloc.graph.cached import capture_cached
 from gpualloc.hardware.catalog import default_catalog
 from gpualloc.reports.tables import Table
@@ -59,6 +62,12 @@ def _mfu(train_flops: float, step_s: float | None, dt) -> tuple[float | None, fl
     return train_flops / step_s / (dt.fp32_tflops * 1e12), train_flops / step_s / (dt.tensor_tflops * 1e12)
 
 
+def _mfu_in(train_flops: float, step_s: float | None, dt, precision: str) -> float | None:
+    """MFU against the catalog peak of the precision the plan trains in."""
+    peak = get_precision(precision).peak_tflops(dt)
+    return train_flops / step_s / (peak * 1e12) if step_s and peak else None
+
+
 def _operator_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
     """A run of the retired queue runner (an op-level or a hybrid plan, archives of 2026-11-27): ``devices[]`` with
     ``memory``."""
@@ -85,6 +94,7 @@ def _operator_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
         "peak_error": pred_peak / mem["peak_bytes"] - 1.0 if mem["peak_bytes"] else None,
         "allocator_slack_bytes": mem["reserve_bytes"], "weights_bytes": mem["weights_bytes"],
         "mfu_fp32": mfu_fp32, "mfu_tensor": mfu_tensor, "train_flops": train_flops,
+        "precision": "fp32", "mfu": mfu_fp32,
     }
 
 
@@ -102,6 +112,7 @@ def _engine_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
     k = next((x for x in ranks if x["torch_device"].startswith("cuda")), ranks[0])
     checks = {name: c.get("ok") for name, c in (r.get("checks") or {}).items()}
     mfu_fp32, mfu_tensor = _mfu(train_flops, r["measured_step_s"], dt)
+    precision = str(plan.get("precision") or "fp32")
     return {
         "call": call, "run": run, "runner": "engine", "model": r["model"], "batch": batch,
         "plan_version": plan.get("version"), "method": plan.get("method"), "device": k["torch_device"],
@@ -113,6 +124,7 @@ def _engine_row(r: dict, plan: dict, dt, call: int, run: str) -> dict:
         "predicted_reserve_bytes": k["predicted_reserve_bytes"], "peak_error": k["memory_error"],
         "allocator_slack_bytes": k["measured_reserve_bytes"] if k["torch_device"].startswith("cuda") else None,
         "weights_bytes": None, "mfu_fp32": mfu_fp32, "mfu_tensor": mfu_tensor, "train_flops": train_flops,
+        "precision": precision, "mfu": _mfu_in(train_flops, r["measured_step_s"], dt, precision),
     }
 
 
@@ -141,19 +153,26 @@ def tests(files: dict[str, bytes]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("archives", nargs="+", type=Path)
-    ap.add_argument("--as", dest="device_type", default="H100-SXM")
+    ap.add_argument("--as", dest="device_type", default=None)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_check.json"))
     args = ap.parse_args()
     calls = [_read(a) for a in args.archives]
     files = {k: v for c in calls for k, v in c.items()}  # the last call's file of each name
     cal = _json(files, "calibration.json") or {}
-    rec = (cal.get("fit", {}).get("measured") or {}).get(args.device_type, {})
+    measured = cal.get("fit", {}).get("measured") or {}
+    if args.device_type is None:  # the GPU the calibration measured
+        args.device_type = next((k for k, v in measured.items() if v.get("gpu")), "H100-SXM")
+    rec = measured.get(args.device_type, {})
     result = {
         "device": files.get("env.txt", b"").decode().strip(),
         "steps": [json.loads(x) for x in files.get("steps.jsonl", b"").decode().splitlines() if x.strip()],
         "tests": tests(files),
         "precisions": rec.get("precisions"), "efficiency": rec.get("efficiency"),
         "copies": rec.get("copies"), "fit_chunk_median_abs_error": rec.get("chunk_median_abs_error"),
+        "fits": {"fp32": {"efficiency": rec.get("efficiency"), "graphs": rec.get("graphs"),
+                          "chunk_median_abs_error": rec.get("chunk_median_abs_error")},
+                 **{p: {k: f.get(k) for k in ("efficiency", "graphs", "chunk_median_abs_error")}
+                    for p, f in (rec.get("precision_fits") or {}).items()}} if rec else {},
         "runs": [r for i, c in enumerate(calls, 1) for r in runs(c, args.device_type, i)],
         "sampling": _json(files, "sampling.json"), "exporter": _json(files, "exporter.out"),
     }
@@ -162,8 +181,8 @@ def main() -> None:
 
     gb = 1e9
     t = Table(title=f"Measured against predicted on {result['device'].splitlines()[0] if result['device'] else '?'}")
-    for col in ("call", "model", "batch", "plan", "runner", "procs", "measured ms", "predicted ms", "error", "from",
-                "peak GB", "pred. GB", "error", "slack GB", "MFU fp32", "MFU tensor", "checks"):
+    for col in ("call", "model", "batch", "plan", "precision", "runner", "procs", "measured ms", "predicted ms",
+                "error", "from", "peak GB", "pred. GB", "error", "slack GB", "MFU", "checks"):
         t.add_column(col)
     def num(x, fmt: str, scale: float = 1.0) -> str:
         return "—" if x is None else format(x * scale, fmt)
@@ -172,12 +191,11 @@ def main() -> None:
         checks = r["checks"] or {}
         failed = [name for name, ok in checks.items() if ok is False]
         plan = f"v{r['plan_version']} {r['method']}" + (f" ({r['run']})" if r["run"] == "launch" else "")
-        t.add_row(str(r["call"]), r["model"], str(r["batch"]), plan, r["runner"], str(r["processes"]),
+        t.add_row(str(r["call"]), r["model"], str(r["batch"]), plan, r["precision"], r["runner"], str(r["processes"]),
                   num(r["measured_step_s"], ".1f", 1e3), num(r["predicted_step_s"], ".1f", 1e3),
                   num(r["step_error"], "+.1%"), r["prediction"], num(r["measured_peak_bytes"], ".2f", 1 / gb),
                   num(r["predicted_peak_bytes"], ".2f", 1 / gb), num(r["peak_error"], "+.1%"),
-                  num(r["allocator_slack_bytes"], ".2f", 1 / gb), num(r["mfu_fp32"], ".0%"),
-                  num(r["mfu_tensor"], ".1%"),
+                  num(r["allocator_slack_bytes"], ".2f", 1 / gb), num(r["mfu"], ".0%"),
                   "—" if not checks else ("failed: " + ",".join(failed) if failed else
                                           "ok" if all(checks.values()) else "not checked"))
     console = Console(width=160)
@@ -190,6 +208,17 @@ def main() -> None:
             p.add_row(name, f"{v['measured_tflops']:.1f}", f"{v['catalog_tflops'] or 0:.1f}",
                       f"{v['fraction_of_catalog'] or 0:.0%}")
         console.print(p)
+    if result["fits"]:
+        f = Table(title=f"Fitted efficiencies of {args.device_type} (of each precision's catalog peak), and the fit's "
+                        "step error per timed model")
+        for col in ("precision", "compute", "memory", "launch us", "runs median |error|", "models: step error"):
+            f.add_column(col)
+        for name, v in result["fits"].items():
+            e = v["efficiency"] or {}
+            graphs = ", ".join(f"{g} {x['error']:+.0%}" for g, x in (v["graphs"] or {}).items())
+            f.add_row(name, num(e.get("compute"), ".3f"), num(e.get("memory"), ".3f"),
+                      num(e.get("launch_s"), ".1f", 1e6), num(v["chunk_median_abs_error"], ".1%"), graphs)
+        console.print(f)
     console.print(f"tests: {result['tests']['summary']}; wrote {args.out}")
 
 

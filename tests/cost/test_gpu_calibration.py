@@ -1,4 +1,5 @@
-"""The GPU calibration measured on a lent H100 (issue 39), and what calibrate needs to read a GPU right."""
+"""The GPU calibrations measured on a lent H100 and a lent H200 (issue 39), and what calibrate needs to read a
+GPU right."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpualloc.cost.model import Calibration
 from gpualloc.hardware.catalog import default_catalog
 
 SHIPPED = Path(__file__).resolve().parents[2] / "src/gpualloc/cost/data/calibration-H100-SXM.json"
+"""The H100 calibration; the H200 one (calibration-H200.json) sits beside it."""
 
 
 @pytest.mark.parametrize("name, mem_gib, expected", [
@@ -51,16 +53,29 @@ def test_precision_peaks_name_the_catalog_peak_of_each_precision():
     assert peaks["tf32"]["catalog_tflops"] == dt.tf32_tflops and peaks["bfloat16"]["catalog_tflops"] == dt.bf16_tflops
 
 
-def test_the_shipped_h100_calibration_is_measured_and_says_where():
-    cal = Calibration.load(SHIPPED)
-    eff = cal.devices["H100-SXM"]
+@pytest.mark.parametrize("device_type, gpu", [("H100-SXM", "NVIDIA H100 80GB HBM3"), ("H200", "NVIDIA H200")])
+def test_a_shipped_gpu_calibration_is_measured_and_says_where(device_type, gpu):
+    path = SHIPPED.with_name(f"calibration-{device_type}.json")
+    cal = Calibration.load(path)
+    eff = cal.devices[device_type]
     assert eff.fitted_from == "measured" and 0.0 < eff.compute <= 1.5 and 0.0 < eff.memory <= 1.0
-    rec = json.loads(SHIPPED.read_text())["fit"]["measured"]["H100-SXM"]
-    assert rec["gpu"] == "NVIDIA H100 80GB HBM3" and "command" in rec["provenance"]
+    rec = json.loads(path.read_text())["fit"]["measured"][device_type]
+    assert rec["gpu"] == gpu and "command" in rec["provenance"]
     assert set(rec["precisions"]) == {"float32", "tf32", "float16", "bfloat16"}
     # no measured peak above the datasheet's dense peak: the catalog's figures are ceilings
     assert all(0.5 < p["fraction_of_catalog"] <= 1.0 for p in rec["precisions"].values())
     assert set(rec["profiles"]) == {"resnet50", "bert-base", "gpt2-small"}
     # every other device keeps the shipped calibration's efficiency
     shipped = Calibration.load()
-    assert {k: v for k, v in cal.devices.items() if k != "H100-SXM"} == shipped.devices
+    assert {k: v for k, v in cal.devices.items() if k != device_type} == shipped.devices
+
+
+def test_the_shipped_h200_calibration_has_bf16_measured_apart():
+    path = SHIPPED.with_name("calibration-H200.json")
+    cal = Calibration.load(path)
+    h200 = default_catalog().device("H200")
+    bf16 = cal.efficiency(h200, "bf16")
+    assert bf16.fitted_from == "measured" and bf16 != cal.efficiency(h200)
+    assert 0.0 < bf16.compute <= 1.0 and 0.0 < bf16.memory <= 1.0
+    fit = json.loads(path.read_text())["fit"]["measured"]["H200"]["precision_fits"]["bf16"]
+    assert set(fit["profiles"]) == {"resnet50", "bert-base", "gpt2-small"}

@@ -23,14 +23,17 @@ pytestmark = pytest.mark.gpu
 
 
 def test_cuda_calibration_is_within_physical_bounds():
+    """On a model whose ops load the GPU (on an H200 a fit on resnet-tiny, all launch overhead, gave compute 0.04
+    and memory 1.68: nothing told the two apart), in fp32 and in the bf16 recipe."""
     dt = catalog_type_for("cuda:0")
-    cal, rec = calibrate_device("cuda:0", models=[("resnet-tiny", 8)], repeats=2)
-    eff = cal.devices[dt.name]
-    assert eff.fitted_from == "measured"
+    cal, rec = calibrate_device("cuda:0", models=[("resnet50", 32)], repeats=2, precisions=["bf16"])
     # FP32 without TF32: no kernel beats the FP32 peak by much, and copies stay under the memory peak
     assert 0.0 < rec["peak_fp32_tflops_measured"] <= 1.2 * dt.fp32_tflops
     assert 0.0 < rec["copy_bandwidth_bytes_per_s_measured"] <= 1.05 * dt.mem_bandwidth_bytes_per_s
-    assert 0.0 < eff.compute <= 3.0 and 0.0 < eff.memory <= 1.5 and 0.0 <= eff.launch_s <= 1e-3
+    for eff in (cal.devices[dt.name], cal.efficiency(dt, "bf16")):
+        assert eff.fitted_from == "measured"
+        assert 0.0 < eff.compute <= 1.2 and 0.0 < eff.memory <= 1.2 and 0.0 <= eff.launch_s <= 1e-3
+    assert cal.efficiency(dt, "bf16") != cal.devices[dt.name]
     kinds = {c["kind"] for c in rec["copies"]}
     assert {"device", "h2d", "d2h"} <= kinds
 

@@ -11,6 +11,10 @@ from gpualloc.reports.costs import device_calibration_view
 from gpualloc.limits import MAX_DEVICES, MAX_SEED, MAX_STEPS
 
 DEFAULT_MODELS = "resnet-tiny:4,bert-tiny:4"
+"""What a CPU calibration times by default: small models a CPU runs in seconds."""
+DEFAULT_GPU_MODELS = "resnet50:32,bert-base:8"
+"""What a GPU calibration times by default: on a GPU the tiny models' ops are all launch overhead, so a fit on
+them cannot tell compute from memory (on an H200: compute 0.04 and memory 1.68 of the peaks, docs/execution.md)."""
 
 
 def _models(text: str) -> list[tuple[str, int]]:
@@ -31,9 +35,14 @@ def calibrate_cmd(
     threads: int = typer.Option(None, "--threads", min=1,
                                 help="CPU threads to measure with (default: torch's; use what each CPU "
                                      "worker of `gpualloc run` will get)."),
-    models: str = typer.Option(DEFAULT_MODELS, "--models",
+    models: str = typer.Option(None, "--models",
                                help="Models to time op by op, MODEL:BATCH comma-separated (zoo names or "
-                                    "package.module:factory)."),
+                                    f"package.module:factory; default: {DEFAULT_MODELS} on a CPU, "
+                                    f"{DEFAULT_GPU_MODELS} on a GPU)."),
+    precisions: str = typer.Option("fp32", "--precisions",
+                                   help="Precisions to time the models in and fit, comma-separated: fp32 (always), "
+                                        "tf32 (GPU), bf16 (the engine's recipe); a plan in one is predicted from "
+                                        "its own profiles and efficiency."),
     concurrent: int = typer.Option(1, "--concurrent", max=MAX_DEVICES, min=1,
                                    help="CPU workers that will share the CPU (e.g. 2 for a 2xcpu plan): the "
                                         "others' load runs beside the per-op timings."),
@@ -53,17 +62,19 @@ def calibrate_cmd(
     from gpualloc.cost.microbench import calibrate_device
     from gpualloc.cost.model import Calibration
 
-    pairs = _models(models)
+    pairs = _models(models if models is not None else
+                    DEFAULT_MODELS if device.strip().lower() == "cpu" else DEFAULT_GPU_MODELS)
+    precs = [p.strip().lower() for p in precisions.split(",") if p.strip()]
     base_cal = Calibration.load(base) if base is not None else None
     with progress_bar() as bar:  # on stderr: stdout stays pure JSON under --json
-        task = bar.add_task("calibrating", total=3 + len(pairs))
+        task = bar.add_task("calibrating", total=3 + len(pairs) * len({"fp32", *precs}))
 
         def progress(label: str) -> None:
             bar.update(task, description=label, advance=1)
 
         cal, rec = calibrate_device(device, threads=threads, models=pairs, repeats=repeats, base=base_cal,
                                     device_type=device_type, seed=seed, concurrent=concurrent,
-                                    progress=progress)
+                                    precisions=precs, progress=progress)
     cal.save(output)
     if as_json:
         print_json({"output": str(output), **rec})

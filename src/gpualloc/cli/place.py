@@ -68,7 +68,7 @@ def problem_of(g, clus, microbatches: int, calibration: Path | None = None, prec
     if cal is not None:
         from gpualloc.cost.microbench import apply_profiles  # imports torch: only with a calibration file
 
-        g = apply_profiles(g, cal, [d.type.name for d in clus.devices]) or g
+        g = apply_profiles(g, cal, [d.type.name for d in clus.devices], precision) or g
     return PlacementProblem(g, clus, CostModel(cal, launch=launch), microbatches=microbatches, rules=rules)
 
 

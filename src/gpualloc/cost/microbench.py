@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpualloc.cost.memory import PROFILE_VALUE_BYTES
+from gpualloc.cost.memory import precision as get_precision
 from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, roofline_s
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph
@@ -106,6 +108,7 @@ class GraphTiming:
         bwd_s: backward time per node, scaled to sum to ``bwd_total_s``.
         fwd_total_s: one forward pass as the exported module runs it (median).
         bwd_total_s: one backward pass (median).
+        precision: what the model trained in while timed (:data:`PROFILE_PRECISIONS`).
     """
 
     graph: OpGraph
@@ -113,6 +116,7 @@ class GraphTiming:
     bwd_s: np.ndarray
     fwd_total_s: float
     bwd_total_s: float
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,18 @@ class DeviceMeasurement:
     @property
     def peak_tflops(self) -> float:
         """Best achieved FP32 matmul throughput."""
-        fp32 = [p.tflops for p in self.matmul if p.dtype == "float32"]
-        if not fp32:
-            raise CostModelError("no FP32 matmul was measured")
-        return max(fp32)
+        return self.peak_tflops_in("fp32")
+
+    def peak_tflops_in(self, precision: str) -> float:
+        """Best achieved matmul throughput in ``precision`` (fp32, tf32 or bf16)."""
+        dtype = MATMUL_DTYPES[precision]
+        best = [p.tflops for p in self.matmul if p.dtype == dtype]
+        if not best:
+            raise CostModelError(f"no {precision} matmul was measured")
+        return max(best)
+
+    def graphs_in(self, precision: str) -> tuple[GraphTiming, ...]:
+        return tuple(t for t in self.graphs if t.precision == precision)
 
     @property
     def copy_bandwidth_bytes_per_s(self) -> float:
@@ -190,6 +202,12 @@ def time_call(fn: Callable[[], object], device: torch.device, *, repeats: int = 
 # ------------------------------------------------------------------------------------------ microbenchmarks
 TF32 = "tf32"
 """A matmul "dtype" of :func:`bench_matmul`: FP32 tensors with TF32 tensor cores allowed (CUDA only)."""
+
+PROFILE_PRECISIONS = ("fp32", "tf32", "bf16")
+"""The precisions models are timed in (the ones the engine trains in: fp16 needs loss scaling it does not run)."""
+
+MATMUL_DTYPES = {"fp32": "float32", "tf32": TF32, "bf16": "bfloat16"}
+"""The matmul (:func:`bench_matmul`) that sets each profile precision's scale."""
 
 PRECISION_PEAKS = {"float32": "fp32_tflops", TF32: "tf32_tflops", "bfloat16": "bf16_tflops",
                    "float16": "tensor_tflops"}
@@ -321,13 +339,41 @@ def _loss(out: Any) -> torch.Tensor:
 
 
 @seeded(to="int", error=CostModelError)
-def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3, seed: int = 0) -> GraphTiming:
-    """Per-op forward and backward times, and whole-pass times, of ``model`` training at ``batch``."""
+def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3, seed: int = 0,
+               precision: str = "fp32") -> GraphTiming:
+    """Per-op forward and backward times, and whole-pass times, of ``model`` training at ``batch`` in
+    ``precision``, as the engine trains it: fp32 without TF32, tf32 (TF32 in CUDA matmuls and convolutions), or
+    bf16 (:func:`~gpualloc.graph.runnable.bf16_recipe`: bf16 weights and activations, norms in fp32)."""
     from gpualloc.graph.capture import capture
-    from gpualloc.graph.runnable import build_model, export_runnable, owners
+    from gpualloc.graph.runnable import bf16_recipe, build_model, cast_inputs
 
+    if precision not in PROFILE_PRECISIONS:
+        raise CostModelError(f"precision {precision!r}: models are timed in {', '.join(PROFILE_PRECISIONS)}")
     graph = capture(model, batch=batch)
     module, args = build_model(model, batch, seed=seed)
+    if precision == "bf16":
+        module, args = bf16_recipe(module), cast_inputs(args, precision)
+    with _tf32_for(precision, device):
+        return _time_exported(model, graph, module, args, device, repeats, precision)
+
+
+@contextmanager
+def _tf32_for(precision: str, device: torch.device) -> Iterator[None]:
+    """TF32 on CUDA for a tf32 timing, off for every other (the engine's rule, :func:`set_tf32`)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = set_tf32(precision == "tf32")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def _time_exported(model: str, graph: OpGraph, module: torch.nn.Module, args: tuple[torch.Tensor, ...],
+                   device: torch.device, repeats: int, precision: str) -> GraphTiming:
+    from gpualloc.graph.runnable import export_runnable, owners
+
     # exported on the device itself: a tensor the forward makes (BERT's position ids) is traced with the
     # device it was made on, and a graph exported on the CPU would keep making it there
     module, args = module.to(device), tuple(a.to(device) for a in args)
@@ -373,7 +419,7 @@ def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3
         bwd *= bwd_total / bwd.sum()
     fwd.setflags(write=False)
     bwd.setflags(write=False)
-    return GraphTiming(graph, fwd, bwd, fwd_total, bwd_total)
+    return GraphTiming(graph, fwd, bwd, fwd_total, bwd_total, precision)
 
 
 def _per_node(runs: list[dict[str, float]], own: dict[str, str], graph: OpGraph) -> np.ndarray:
@@ -402,14 +448,18 @@ def _chunks(times: np.ndarray, k: int) -> np.ndarray:
 
 
 def fit_efficiency(timings: Sequence[GraphTiming], device: DeviceType, *, peak_tflops: float,
-                   bandwidth_bytes_per_s: float, chunks: int = 4) -> tuple[Efficiency, dict[str, Any]]:
-    """Fit (compute, memory, launch) on measured graphs; see the module docstring.
+                   bandwidth_bytes_per_s: float, chunks: int = 4,
+                   precision: str = "fp32") -> tuple[Efficiency, dict[str, Any]]:
+    """Fit (compute, memory, launch) on graphs measured in ``precision``; see the module docstring.
 
     Args:
         timings: measured graphs.
         device: the catalog type the efficiencies are relative to.
-        peak_tflops / bandwidth_bytes_per_s: measured scales (matmul, copy); the grids are relative to them.
+        peak_tflops / bandwidth_bytes_per_s: measured scales (the precision's matmul, copy); the grids are
+            relative to them.
         chunks: contiguous runs per graph that the objective compares.
+        precision: what the graphs were timed in: the efficiency is relative to its catalog peak, and the bytes
+            an op moves scale with its value size, as :func:`~gpualloc.cost.model.roofline_s` charges them.
 
     Returns:
         The efficiency and a report: per graph the measured and predicted fwd+bwd time and error, and
@@ -417,8 +467,11 @@ def fit_efficiency(timings: Sequence[GraphTiming], device: DeviceType, *, peak_t
     """
     if not timings:
         raise CostModelError("no measured graph to fit on")
-    if device.fp32_tflops is None or device.mem_bandwidth_bytes_per_s is None:
-        raise CostModelError(f"device type {device.name!r} has no FP32 peak or memory bandwidth")
+    prec = get_precision(precision)
+    catalog_peak = prec.peak_tflops(device)
+    if catalog_peak is None or device.mem_bandwidth_bytes_per_s is None:
+        raise CostModelError(f"device type {device.name!r} has no {precision} peak or memory bandwidth")
+    value_scale = prec.value_bytes / PROFILE_VALUE_BYTES
     flops, nbytes, secs, group = [], [], [], []
     base = 0
     for t in timings:
@@ -426,7 +479,7 @@ def fit_efficiency(timings: Sequence[GraphTiming], device: DeviceType, *, peak_t
         chunk = _chunks(t.fwd_s, chunks) + base
         for factor, times in ((1.0, t.fwd_s), (BWD_FACTOR, t.bwd_s)):
             flops.append(factor * g.flops)
-            nbytes.append(factor * g.bytes_accessed)
+            nbytes.append(factor * value_scale * g.bytes_accessed)
             secs.append(times)
             group.append(chunk)
         base += chunks
@@ -449,22 +502,24 @@ def fit_efficiency(timings: Sequence[GraphTiming], device: DeviceType, *, peak_t
             best = (float(err[i, j]), float(ec), float(MEMORY_GRID[j]), float(LAUNCH_GRID_S[i]))
     _, ec, em, launch = best
     eff = Efficiency(
-        compute=ec * peak_tflops / device.fp32_tflops,
+        compute=ec * peak_tflops / catalog_peak,
         memory=em * bandwidth_bytes_per_s / device.mem_bandwidth_bytes_per_s,
         launch_s=launch,
         fitted_from="measured",
     )
-    return eff, fit_report(timings, device, eff, chunks)
+    return eff, fit_report(timings, device, eff, chunks, precision)
 
 
-def fit_report(timings: Sequence[GraphTiming], device: DeviceType, eff: Efficiency, chunks: int = 4) -> dict[str, Any]:
-    """How well ``eff`` predicts each measured graph: whole fwd+bwd and its contiguous runs."""
+def fit_report(timings: Sequence[GraphTiming], device: DeviceType, eff: Efficiency, chunks: int = 4,
+               precision: str = "fp32") -> dict[str, Any]:
+    """How well ``eff`` predicts each measured graph (timed in ``precision``): whole fwd+bwd and its contiguous
+    runs."""
     graphs = {}
     chunk_errors = []
     for t in timings:
         g = t.graph
-        pf = roofline_s(g.flops, g.bytes_accessed, device, eff)
-        pb = roofline_s(BWD_FACTOR * g.flops, BWD_FACTOR * g.bytes_accessed, device, eff)
+        pf = roofline_s(g.flops, g.bytes_accessed, device, eff, precision)
+        pb = roofline_s(BWD_FACTOR * g.flops, BWD_FACTOR * g.bytes_accessed, device, eff, precision)
         measured = t.fwd_total_s + t.bwd_total_s
         predicted = float(pf.sum() + pb.sum())
         chunk = _chunks(t.fwd_s, chunks)
@@ -589,8 +644,9 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
                    models: Sequence[tuple[str, int]] = (("resnet-tiny", 4),), repeats: int = 3,
                    matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None, seed: int = 0,
                    concurrent: int = 1, matmul_dtypes: Sequence[torch.dtype | str] | None = None,
-                   progress: Progress | None = None) -> DeviceMeasurement:
-    """Run the microbenchmarks and time ``models`` (``(model, batch)`` pairs) on ``torch_device``.
+                   precisions: Sequence[str] = ("fp32",), progress: Progress | None = None) -> DeviceMeasurement:
+    """Run the microbenchmarks and time ``models`` (``(model, batch)`` pairs) on ``torch_device``, in each of
+    ``precisions`` (:data:`PROFILE_PRECISIONS`; fp32 always).
 
     On the CPU, ``concurrent - 1`` neighbour processes train the same model with the same threads
     while it is timed, as the other CPU workers of a pipeline will (see :func:`neighbours`).
@@ -603,7 +659,7 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
     default_dtypes = (torch.float32, TF32, torch.float16, torch.bfloat16) if cuda else (torch.float32, torch.bfloat16)
     dtypes = matmul_dtypes or default_dtypes
     note = progress or (lambda _msg: None)
-    with torch_threads(None if cuda else threads), _fp32_exact(cuda):
+    with torch_threads(None if cuda else threads), _tf32_for("fp32", device):
         note("matmul")
         mm = bench_matmul(device, sizes, dtypes)
         note("memory copies")
@@ -611,11 +667,12 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
         note("op overhead")
         overhead = bench_op_overhead(device)
         graphs = []
-        for model, batch in models:
-            note(f"per-op timings of {model} at batch {batch}")
-            busy = 0 if cuda else concurrent - 1
-            with neighbours(busy, model, batch, int(threads or torch.get_num_threads()), seed):
-                graphs.append(time_graph(model, batch, device, repeats=repeats, seed=seed))
+        for prec in dict.fromkeys(("fp32", *precisions)):
+            for model, batch in models:
+                note(f"per-op timings of {model} at batch {batch}" + ("" if prec == "fp32" else f" in {prec}"))
+                busy = 0 if cuda else concurrent - 1
+                with neighbours(busy, model, batch, int(threads or torch.get_num_threads()), seed):
+                    graphs.append(time_graph(model, batch, device, repeats=repeats, seed=seed, precision=prec))
     return DeviceMeasurement(torch_device, device_type.name, int(threads or torch.get_num_threads()) if not cuda else 1,
                              tuple(mm), tuple(copies), overhead, tuple(graphs), concurrent if not cuda else 1)
 
@@ -632,34 +689,34 @@ def set_tf32(allowed: bool) -> tuple[bool, bool]:
     return before
 
 
-@contextmanager
-def _fp32_exact(cuda: bool) -> Iterator[None]:
-    """FP32 ops without TF32 on a GPU (the cost model's peaks and the executed plans are FP32)."""
-    if not cuda:
-        yield
-        return
-    before = set_tf32(False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
 def efficiency_from(measurement: DeviceMeasurement, device_type: DeviceType,
-                    chunks: int = 4) -> tuple[Efficiency, dict[str, Any]]:
-    """The fitted efficiency (from the graphs when any were timed, else from the microbenchmarks)."""
-    if measurement.graphs:
-        return fit_efficiency(measurement.graphs, device_type, peak_tflops=measurement.peak_tflops,
-                              bandwidth_bytes_per_s=measurement.copy_bandwidth_bytes_per_s, chunks=chunks)
+                    chunks: int = 4, precision: str = "fp32") -> tuple[Efficiency, dict[str, Any]]:
+    """The fitted efficiency in ``precision`` (from the graphs timed in it when any were, else, for fp32, from
+    the microbenchmarks)."""
+    graphs = measurement.graphs_in(precision)
+    if graphs or precision != "fp32":
+        return fit_efficiency(graphs, device_type, peak_tflops=measurement.peak_tflops_in(precision),
+                              bandwidth_bytes_per_s=measurement.copy_bandwidth_bytes_per_s, chunks=chunks,
+                              precision=precision)
     eff = Efficiency(compute=measurement.peak_tflops / device_type.fp32_tflops,
                      memory=measurement.copy_bandwidth_bytes_per_s / device_type.mem_bandwidth_bytes_per_s,
                      launch_s=measurement.op_overhead_s, fitted_from="measured (microbenchmarks only)")
     return eff, {"graphs": {}}
 
 
+def _profiles(timings: Sequence[GraphTiming]) -> dict[str, Any]:
+    """Per model: the batch and each node's measured forward and backward seconds."""
+    return {t.graph.name: {"batch_size": t.graph.batch_size,
+                           "ops": {n.id: [float(f), float(b)]
+                                   for n, f, b in zip(t.graph.nodes, t.fwd_s, t.bwd_s, strict=True)}}
+            for t in timings}
+
+
 def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, Any],
-           device_type: DeviceType) -> dict[str, Any]:
-    """The JSON record of a device calibration (kept in the calibration file's ``fit.measured``)."""
+           device_type: DeviceType, by_precision: dict[str, tuple[Efficiency, dict[str, Any]]] | None = None,
+           ) -> dict[str, Any]:
+    """The JSON record of a device calibration (kept in the calibration file's ``fit.measured``): fp32's
+    profiles and fit at the top, each other timed precision's under ``precision_fits``."""
     return {
         "torch_device": measurement.torch_device,
         "threads": measurement.threads,
@@ -674,10 +731,9 @@ def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, An
         "matmul": [dataclasses.asdict(p) for p in measurement.matmul],
         "copies": [dataclasses.asdict(c) for c in measurement.copies],
         "op_overhead_s": measurement.op_overhead_s,
-        "profiles": {t.graph.name: {"batch_size": t.graph.batch_size,
-                                    "ops": {n.id: [float(f), float(b)]
-                                            for n, f, b in zip(t.graph.nodes, t.fwd_s, t.bwd_s, strict=True)}}
-                     for t in measurement.graphs},
+        "profiles": _profiles(measurement.graphs_in("fp32")),
+        "precision_fits": {p: {"efficiency": dataclasses.asdict(e), "profiles": _profiles(measurement.graphs_in(p)),
+                               **rep} for p, (e, rep) in (by_precision or {}).items()},
         "peak_fp32_tflops_measured": measurement.peak_tflops,
         "precisions": precision_peaks(measurement, device_type),
         "copy_bandwidth_bytes_per_s_measured": measurement.copy_bandwidth_bytes_per_s,
@@ -685,14 +741,19 @@ def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, An
     }
 
 
-def merge_calibration(base: Calibration, device_type: str, eff: Efficiency, rec: dict[str, Any]) -> Calibration:
-    """``base`` with ``device_type``'s efficiency replaced by a measured one (other devices kept)."""
+def merge_calibration(base: Calibration, device_type: str, eff: Efficiency, rec: dict[str, Any],
+                      by_precision: dict[str, Efficiency] | None = None) -> Calibration:
+    """``base`` with ``device_type``'s efficiencies replaced by measured ones (other devices kept): fp32's, and
+    those of ``by_precision`` (an earlier measurement's other precisions are dropped with it)."""
     fit = dict(base.fit)
     measured = dict(fit.get("measured", {}))
     measured[device_type] = rec
     fit["measured"] = measured
+    precisions = {k: v for k, v in base.precisions.items() if k != device_type}
+    if by_precision:
+        precisions[device_type] = dict(by_precision)
     return Calibration(devices={**base.devices, device_type: eff}, default=base.default,
-                       cpu_default=base.cpu_default, fit=fit)
+                       cpu_default=base.cpu_default, fit=fit, precisions=precisions)
 
 
 @seeded(to="int", error=CostModelError)
@@ -702,9 +763,10 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
                      catalog: Catalog | None = None, seed: int = 0, concurrent: int = 1,
                      matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None,
                      matmul_dtypes: Sequence[torch.dtype | str] | None = None,
+                     precisions: Sequence[str] = ("fp32",),
                      progress: Progress | None = None) -> tuple[Calibration, dict[str, Any]]:
     """Measure ``torch_device`` and return ``base`` (default: the shipped calibration) with its
-    device type's efficiency fitted on the measurements, and the record of the fit.
+    device type's efficiencies fitted on the measurements, and the record of the fit.
 
     Args:
         torch_device: ``"cpu"`` or ``"cuda:i"``.
@@ -720,16 +782,36 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
             model beside each per-op measurement.
         matmul_sizes / copy_bytes / matmul_dtypes: microbenchmark sizes and matmul types (default: see
             :func:`measure_device`).
+        precisions: what the models are timed and fitted in besides fp32 (tf32 on a GPU, bf16): a plan in one
+            of them is predicted from its own profiles and efficiency (``Calibration.efficiency``).
         progress: called with a short label before each measurement.
     """
     cat = catalog or default_catalog()
     dt = cat.device(device_type) if device_type else catalog_type_for(torch_device, cat)
+    others = [p for p in dict.fromkeys(precisions) if p != "fp32"]
+    for p in others:
+        check_profile_precision(p, dt, torch_device)
+    if others and not models:
+        raise CostModelError(f"--precisions {','.join(others)}: time at least one model to fit them on")
     measurement = measure_device(torch_device, dt, threads=threads, models=models, repeats=repeats, seed=seed,
                                  matmul_sizes=matmul_sizes, copy_bytes=copy_bytes, concurrent=concurrent,
-                                 matmul_dtypes=matmul_dtypes, progress=progress)
+                                 matmul_dtypes=matmul_dtypes, precisions=others, progress=progress)
     eff, report = efficiency_from(measurement, dt, chunks)
-    rec = record(measurement, eff, report, dt)
-    return merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec), rec
+    fits = {p: efficiency_from(measurement, dt, chunks, p) for p in others}
+    rec = record(measurement, eff, report, dt, fits)
+    return merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec,
+                             {p: e for p, (e, _) in fits.items()}), rec
+
+
+def check_profile_precision(precision: str, device_type: DeviceType, torch_device: str) -> None:
+    """One line unless models can be timed and fitted in ``precision`` on ``torch_device``: a precision the engine
+    trains in (:data:`PROFILE_PRECISIONS`), with a catalog peak for the device type, and tf32 on a GPU only."""
+    if precision not in PROFILE_PRECISIONS:
+        raise CostModelError(f"--precisions: {precision!r}: models are timed in {', '.join(PROFILE_PRECISIONS)} "
+                             "(the precisions the engine trains in)")
+    get_precision(precision).check(device_type)
+    if precision == "tf32" and not torch_device.startswith("cuda"):
+        raise CostModelError("--precisions: tf32 runs on CUDA tensor cores only; on the CPU it is fp32")
 
 
 # ------------------------------------------------------------------------------------------ quick CPU calibration
@@ -835,14 +917,18 @@ def _write_private(path: Path, text: str) -> None:
                              "(pass --calibration FILE or --no-calibrate)") from err
 
 
-def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Sequence[str]) -> OpGraph | None:
-    """``graph`` with measured per-op times from ``calibration``'s profiles, or None.
+def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Sequence[str],
+                   precision: str = "fp32") -> OpGraph | None:
+    """``graph`` with measured per-op times from ``calibration``'s profiles in ``precision``, or None.
 
-    A profile is the per-op timing of a model that ``gpualloc calibrate`` timed; it applies to a graph
-    of the same model (``graph.meta["model"]`` or its name) whose every node it timed, scaled linearly
-    from the profiled batch to the graph's. It is used only when every one of ``device_types`` has a
-    profile of that model: a graph timed on some types only would have its other types' times
-    transferred from the measured ones (see :mod:`gpualloc.cost.model`), mixing two kinds of estimate.
+    A profile is the per-op timing of a model that ``gpualloc calibrate`` timed in a precision (fp32, and each
+    of its ``--precisions``); it applies to a graph of the same model (``graph.meta["model"]`` or its name)
+    whose every node it timed, scaled linearly from the profiled batch to the graph's, for a plan in that
+    precision: the graph says so (``meta["precision"]``), and a plan in another precision moves the times by the
+    roofline ratio of the two (:meth:`~gpualloc.cost.model.CostModel.op_times_s`). It is used only when every
+    one of ``device_types`` has a profile of that model: a graph timed on some types only would have its other
+    types' times transferred from the measured ones (see :mod:`gpualloc.cost.model`), mixing two kinds of
+    estimate.
     """
     from gpualloc.graph.ir import OpTiming
 
@@ -850,7 +936,10 @@ def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Seque
     measured = calibration.fit.get("measured", {}) if isinstance(calibration.fit, dict) else {}
     per_type: dict[str, tuple[float, dict[str, list[float]]]] = {}
     for name in dict.fromkeys(device_types):
-        prof = measured.get(name, {}).get("profiles", {}).get(model)
+        rec = measured.get(name, {})
+        profiles = rec.get("profiles", {}) if precision == "fp32" else \
+            rec.get("precision_fits", {}).get(precision, {}).get("profiles", {})
+        prof = profiles.get(model)
         if not prof or not graph.batch_size:
             return None
         ops = prof.get("ops", {})
@@ -866,4 +955,4 @@ def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Seque
         for node in graph.nodes
     ]
     return OpGraph(graph.name, nodes, graph.edges, batch_size=graph.batch_size,
-                   meta={**graph.meta, "times": "profiled"}, tied=graph.tied)
+                   meta={**graph.meta, "times": "profiled", "precision": precision}, tied=graph.tied)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,7 +45,8 @@ class Efficiency:
     """Fraction of a device's peaks that real ops reach, and the fixed cost of launching one op.
 
     Attributes:
-        compute: achieved / peak FP32 FLOP/s for compute-bound ops.
+        compute: achieved / peak FLOP/s for compute-bound ops (the FP32 peak; a precision's own peak for an
+            efficiency measured in that precision, ``Calibration.precisions``).
         memory: achieved / peak memory bandwidth for memory-bound ops.
         launch_s: per-op overhead (kernel launch, framework dispatch), seconds.
         fitted_from: where the numbers come from (``"pipedream"``, ``"sia"``, ``"default"``, ...).
@@ -77,18 +78,27 @@ class _CalibrationDoc(BaseModel):
     default: _EfficiencyDoc
     cpu_default: _EfficiencyDoc
     fit: dict[str, Any] = Field(default_factory=dict)
+    precisions: dict[str, dict[Literal["tf32", "bf16", "fp16"], _EfficiencyDoc]] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiencies per device type name, a default for the others, and the record of the fit."""
+    """Efficiencies per device type name, a default for the others, and the record of the fit.
+
+    ``devices`` hold FP32 efficiencies (relative to the FP32 peak); ``precisions[device][p]`` one measured in
+    precision ``p`` (relative to its peak: ``gpualloc calibrate --precisions``). Without one, a precision uses the
+    FP32 efficiency at its own peak, a stated assumption that a real GPU breaks (docs/execution.md)."""
 
     devices: Mapping[str, Efficiency]
     default: Efficiency
     cpu_default: Efficiency
     fit: Mapping[str, Any] = field(default_factory=dict)
+    precisions: Mapping[str, Mapping[str, Efficiency]] = field(default_factory=dict)
 
-    def efficiency(self, device: DeviceType) -> Efficiency:
+    def efficiency(self, device: DeviceType, precision: str = "fp32") -> Efficiency:
+        measured = self.precisions.get(device.name, {}).get(precision)
+        if measured is not None:
+            return measured
         if device.name in self.devices:
             return self.devices[device.name]
         return self.cpu_default if device.vendor == "cpu" or device.name == "cpu" else self.default
@@ -101,6 +111,8 @@ class Calibration:
             "default": asdict(self.default),
             "cpu_default": asdict(self.cpu_default),
             "fit": dict(self.fit),
+            **({"precisions": {d: {p: asdict(e) for p, e in v.items()} for d, v in self.precisions.items()}}
+               if self.precisions else {}),
         }
 
     @classmethod
@@ -112,7 +124,9 @@ class Calibration:
         doc = validated(_CalibrationDoc, dict(data), f"{where}: malformed calibration", CostModelError)
         return cls(devices={k: Efficiency(**v.model_dump()) for k, v in doc.devices.items()},
                    default=Efficiency(**doc.default.model_dump()),
-                   cpu_default=Efficiency(**doc.cpu_default.model_dump()), fit=doc.fit)
+                   cpu_default=Efficiency(**doc.cpu_default.model_dump()), fit=doc.fit,
+                   precisions={d: {p: Efficiency(**e.model_dump()) for p, e in v.items()}
+                               for d, v in doc.precisions.items()})
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
@@ -193,11 +207,11 @@ class CostModel:
         self._cache: weakref.WeakKeyDictionary[OpGraph, dict[str, tuple[np.ndarray, np.ndarray]]] = (
             weakref.WeakKeyDictionary())
 
-    def efficiency(self, device: DeviceType) -> Efficiency:
-        return self.calibration.efficiency(device)
+    def efficiency(self, device: DeviceType, precision: str = "fp32") -> Efficiency:
+        return self.calibration.efficiency(device, precision)
 
     def roofline_s(self, flops, nbytes, device: DeviceType, precision: str = "fp32"):
-        return roofline_s(flops, nbytes, device, self.efficiency(device), precision)
+        return roofline_s(flops, nbytes, device, self.efficiency(device, precision), precision)
 
     def optimizer_step_s(self, param_bytes: float, device: DeviceType, optimizer_states: int) -> float:
         """One optimizer step over ``param_bytes`` (fp32) of weights on ``device``: memory-bound, reading and

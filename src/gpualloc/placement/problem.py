@@ -113,7 +113,8 @@ class PlacementProblem(OnCluster):
     @cached_property
     def launch_s(self) -> np.ndarray:
         """Per-op launch overhead of each device (its calibration), (k,)."""
-        return np.array([self.cost.efficiency(d.type).launch_s for d in self.cluster.devices], dtype=np.float64)
+        return np.array([self.cost.efficiency(d.type, self.rules.precision).launch_s for d in self.cluster.devices],
+                        dtype=np.float64)
 
     @cached_property
     def _mb_times(self) -> tuple[np.ndarray, np.ndarray]:

@@ -101,5 +101,10 @@ def device_calibration_view(name: str, rec: dict, output: object) -> Group:
         parts.append(table)
         parts.append(Text(f"contiguous runs of ops (what stages are made of): median |error| "
                           f"{rec['chunk_median_abs_error']:.1%}, max {rec['chunk_max_abs_error']:.1%}"))
+    for prec, fit in (rec.get("precision_fits") or {}).items():
+        e, runs = fit["efficiency"], fit.get("chunk_median_abs_error")
+        parts.append(Text(f"{prec}: compute {e['compute']:.4f}, memory {e['memory']:.4f}, launch "
+                          f"{e['launch_s'] * 1e6:.1f} us (of the {prec} peak)"
+                          + ("" if runs is None else f"; contiguous runs of ops: median |error| {runs:.1%}")))
     parts.append(Text(f"wrote {output}; use it with: gpualloc run MODEL --plan plan.json --calibration {output}"))
     return Group(*parts)

@@ -43,7 +43,7 @@ from gpualloc.errors import EngineError
 from gpualloc.graph.zoo import GPT, BertLayer, BertModel, BertSelfAttention, Block, CausalSelfAttention
 
 __all__ = ["SHARDINGS", "TP_MODELS", "BertStage", "GPTStage", "MasterWeights", "TPBertSelfAttention",
-           "TPCausalSelfAttention", "TPRule", "apply_tensor_parallel", "bf16_recipe", "check_tensor_parallel",
+           "TPCausalSelfAttention", "TPRule", "apply_tensor_parallel", "check_tensor_parallel",
            "full_grads", "full_params", "module_stage",
            "replica_parameters", "tensor_parallel_model", "wrap_replica"]
 
@@ -388,47 +388,6 @@ def _optimizer_class(optimizer: str) -> type[torch.optim.Optimizer]:
     return OPTIMIZERS[optimizer]
 
 
-NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
-"""The modules the bf16 recipe computes in fp32 (:func:`bf16_recipe`)."""
-
-
-def bf16_recipe(module: nn.Module, *, cast: bool = True) -> nn.Module:
-    """Make ``module`` train in bf16 the way ``cost/memory.py`` charges it (mixed precision with fp32 master
-    weights, as Megatron-LM and DeepSpeed run it): with ``cast`` every parameter and floating buffer in bfloat16
-    (without it the parameters stay fp32: FSDP2's ``MixedPrecisionPolicy`` casts its own, :func:`wrap_replica`),
-    so activations and gradients are bf16 too. The normalisation layers (:data:`NORMS`) keep bf16 parameters but
-    compute in fp32: each runs its own forward on an fp32 copy of its input with fp32 copies of its weights
-    (its running statistics stay fp32) and returns bf16, so its weight gradient is reduced over the batch in
-    fp32 and rounded to bf16 once (Megatron's fused layer norm computes in fp32 too). Measured on ``gpt-tiny``:
-    with bf16 norms a layer norm's gradient over a batch of 32 differs by up to 6% of the tensor's largest
-    between the whole batch and two halves (a reduction over batch x sequence rows rounding in bf16); so, 0.7%.
-    In place; returns ``module``."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    def fp32_forward(m: nn.Module) -> Callable[..., Any]:
-        own = type(m).forward
-
-        def forward(*args: Any) -> Any:
-            fp32 = {n: p.float() for n, p in m.named_parameters(recurse=False)}
-            with _reparametrize_module(m, fp32):
-                out = own(m, *(a.float() if isinstance(a, Tensor) and a.is_floating_point() else a for a in args))
-            return out.to(torch.bfloat16) if isinstance(out, Tensor) and out.is_floating_point() else out
-
-        return forward
-
-    norm_buffers = set()
-    for m in module.modules():
-        if isinstance(m, NORMS):
-            m.forward = fp32_forward(m)
-            norm_buffers.update(id(b) for b in m.buffers())
-    if cast:
-        for m in module.modules():
-            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
-                if id(t) not in norm_buffers and t.is_floating_point():
-                    t.data = t.data.to(torch.bfloat16)  # in place: a tied weight stays one Parameter
-    return module
-
-
 class MasterWeights:
     """An optimizer that steps fp32 master copies of low-precision parameters (Micikevicius et al., ICLR 2018).
 
@@ -534,7 +493,8 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     lists the sharded parameters (PyTorch's transform holds them as attributes): :func:`replica_parameters`,
     :func:`full_params` and :func:`full_grads` still find them all.
 
-    ``precision="bf16"`` (the module prepared by :func:`bf16_recipe`): mixed precision with fp32 master weights.
+    ``precision="bf16"`` (the module :func:`~gpualloc.graph.runnable.bf16_recipe` prepared): mixed precision
+    with fp32 master weights.
     Under DDP / ZeRO-1 / no group the module's parameters are bf16 and the optimizer is :class:`MasterWeights`
     (under ZeRO-1 inside ``ZeroRedundancyOptimizer``: the masters of this rank's shard only); DDP all-reduces the
     bf16 gradients (bf16 buckets). Under FSDP / ZeRO-2 the module keeps fp32 parameters (``cast=False``): the

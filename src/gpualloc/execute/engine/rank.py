@@ -47,6 +47,7 @@ from gpualloc.execute.engine.record import median_or_none
 from gpualloc.execute.engine.stages import chain, layer_names, original_names
 from gpualloc.execute.engine.topology import RankSpec, Topology, topology
 from gpualloc.execute.measure import MemoryProbe, synchronize
+from gpualloc.graph.runnable import cast_inputs
 from gpualloc.placement.hybrid.cost import TIED_SHARDINGS
 
 __all__ = ["ENGINE_FORMAT", "EngineArgs", "main", "run_rank"]
@@ -83,7 +84,7 @@ class Tolerances:
 FP32 = Tolerances()
 LOW_PRECISION = Tolerances(loss=1e-3, grad=1e-2, weight=1e-2, output=4e-3)
 """The bf16 recipe (and TF32 matmuls on CUDA): bf16 weights, activations and gradients, fp32 master weights
-(:func:`~gpualloc.execute.engine.parallelize.bf16_recipe`): every op's output is rounded to bfloat16's 8-bit
+(:func:`~gpualloc.graph.runnable.bf16_recipe`): every op's output is rounded to bfloat16's 8-bit
 significand (one unit in the last place, ulp, is 2^-8 = 0.39% of the value; TF32 rounds its inputs to 10 bits,
 0.1%). The engine and the unsplit model run the same operators on the same samples, but a weight gradient is
 summed in parts (each local batch's reduction rounded to bfloat16, then added across replicas in bf16), so
@@ -244,16 +245,17 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
                lr: float, rows: slice | None = None, *, precision: str = "fp32") -> _Reference:
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
     outputs on samples ``rows`` (none when None), trained in ``precision``'s recipe as the engine trains: for bf16
-    the model made bf16 by :func:`~gpualloc.execute.engine.parallelize.bf16_recipe` (fp32 norms) and stepped
+    the model made bf16 by :func:`~gpualloc.graph.runnable.bf16_recipe` (fp32 norms) and stepped
     through fp32 master weights (:class:`~gpualloc.execute.engine.parallelize.MasterWeights`), the loss taken on
     fp32-cast outputs."""
-    from gpualloc.execute.engine.parallelize import OPTIMIZERS, MasterWeights, bf16_recipe
+    from gpualloc.execute.engine.parallelize import OPTIMIZERS, MasterWeights
+    from gpualloc.graph.runnable import bf16_recipe
 
     device = next(module.parameters()).device
     tol = _tolerances(precision, device)
     if precision == "bf16":
         bf16_recipe(module)
-        inputs = _cast_inputs(inputs, precision)
+        inputs = cast_inputs(inputs, precision)
     before = {n: p.detach().cpu().clone() for n, p in module.named_parameters(remove_duplicate=False)}
     out = module(*inputs)
     value = loss.per_sample(_fp32(_as_tuple(out)), targets).mean()
@@ -287,14 +289,6 @@ def _tolerances(precision: str, device: torch.device) -> Tolerances:
     """fp32's for fp32, and for tf32 off CUDA (no TF32 there: the same fp32 arithmetic); else the low-precision
     ones."""
     return FP32 if precision == "fp32" or (precision == "tf32" and device.type != "cuda") else LOW_PRECISION
-
-
-def _cast_inputs(inputs: Sequence[Tensor], precision: str) -> tuple[Tensor, ...]:
-    """The model's inputs in the recipe's dtype: floating inputs (an image) bf16 for a bf16 plan; token ids as
-    they are."""
-    if precision != "bf16":
-        return tuple(inputs)
-    return tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
 
 
 def _fp32(outputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -361,9 +355,9 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
                   device: torch.device, precision: str = "fp32", aliases: Mapping[str, str] | None = None) -> nn.Module:
     """This rank's stage on ``device`` (before its replica group is wrapped). A pipeline stage is exported on the
     device itself: an export bakes the device of the tensors it creates (GPT's positions) into the graph. A bf16
-    plan's model is made bf16 first (:func:`~gpualloc.execute.engine.parallelize.bf16_recipe`; its parameters left
+    plan's model is made bf16 first (:func:`~gpualloc.graph.runnable.bf16_recipe`; its parameters left
     fp32 where FSDP2 casts them), so the export, the cut and tensor parallelism all see the recipe."""
-    from gpualloc.execute.engine.parallelize import bf16_recipe
+    from gpualloc.graph.runnable import bf16_recipe
 
     if precision == "bf16":
         fsdp = top.dp > 1 and top.sharding in ("fsdp", "zero2")
@@ -371,7 +365,7 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
 
         def build(batch: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
             module, sample = inner(batch)
-            return bf16_recipe(module, cast=not fsdp), _cast_inputs(sample, precision)
+            return bf16_recipe(module, cast=not fsdp), cast_inputs(sample, precision)
     if top.tp > 1:
         from gpualloc.execute.engine import parallelize
         from gpualloc.graph.layers import layer_of_node
@@ -705,7 +699,7 @@ def _run(args: EngineArgs, plan, graph, cluster, top: Topology, me: RankSpec, de
         _warm_up(device, args.optimizer, export=top.n_stages > 1 and top.tp == 1)
         gc.collect()
     probe.baseline()
-    x = _cast_inputs(tuple(t[offset: offset + count].to(device) for t in inputs), precision)
+    x = cast_inputs(tuple(t[offset: offset + count].to(device) for t in inputs), precision)
     y = targets[offset: offset + count].to(device)
 
     if decoupled is not None:  # the checked step on the decoupled variant; then the model as it is

@@ -206,7 +206,8 @@ def predict_run(plan: Plan, graph: OpGraph, cluster: ClusterSpec, calibration: C
     if use_profiles:
         from gpualloc.cost.microbench import apply_profiles  # imports torch
 
-        profiled = apply_profiles(graph, cal, [cluster.devices[d].type.name for d in plan.devices])
+        profiled = apply_profiles(graph, cal, [cluster.devices[d].type.name for d in plan.devices],
+                                  plan.precision)
     problem = PlacementProblem(profiled or graph, cluster, CostModel(cal), microbatches=plan.microbatches,
                                rules=MemoryRules(precision=plan.precision, optimizer=optimizer))
     sim = simulate_plan(problem, plan)

@@ -388,7 +388,8 @@ def plan_notes(problem: HybridProblem, plan: HybridPlan) -> list[str]:
     that was not measured (interpolated, extrapolated or scaled), once per device type, size and TP degree."""
     notes = []
     if problem.profile is None:
-        overhead = {problem.type_names[t]: problem.cost.efficiency(problem.cluster.device_types[t]).launch_s
+        overhead = {problem.type_names[t]: problem.cost.efficiency(problem.cluster.device_types[t],
+                                                               problem.precision).launch_s
                     for t in range(len(problem.type_names))}
         per_type = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in overhead.items())
         notes.append(f"launch overhead per op and microbatch ({per_type}) costed under the {problem.cost.launch} "

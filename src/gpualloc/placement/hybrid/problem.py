@@ -185,7 +185,7 @@ class HybridProblem(OnCluster):
         out = []
         for t in self.cluster.device_types:
             fwd, bwd = self.cost.op_times_s(self.graph, t, self.precision)
-            out.append((fwd, bwd, float(self.cost.efficiency(t).launch_s)))
+            out.append((fwd, bwd, float(self.cost.efficiency(t, self.precision).launch_s)))
         return out
 
     def layer_times_s(self, type_index: int, mb: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
