@@ -12,8 +12,11 @@ each held-out model and each precision the runs trained in (fp32, and bf16 where
 3. its run is predicted as ``gpualloc run`` predicts it (:func:`gpualloc.execute.engine.record.predict_run` on the
    plan file the run read), so from the roofline with the refitted efficiency;
 
-and set beside the measured step and the in-sample prediction. Nothing here runs on a GPU: every input is in the
-archives (benchmarks/results/gpu/).
+and set beside the measured step and the in-sample prediction. Each run's peak memory is predicted again too, by
+today's memory rule (the archive's run documents keep the prediction of the day), against the measured
+``torch.cuda.max_memory_allocated`` above the rank's baseline (the prediction less its framework reserve, as
+``gpualloc run`` compares them). Nothing here runs on a GPU: every input is in the archives
+(benchmarks/results/gpu/).
 
 Usage: python benchmarks/gpu_out_of_sample.py [--archives A.tgz B.tgz] [--calibration PATH] [--out PATH]
 Writes benchmarks/results/gpu_out_of_sample.json and prints the table.
@@ -114,6 +117,9 @@ def main() -> None:
                 outside = predict_run(plan, graph, cluster, held_out(cal, device_type, doc["model"], precision),
                                       optimizer=optimizer)
                 measured = float(doc["measured_step_s"])
+                rank = next(k for k in doc["ranks"] if k["torch_device"].startswith("cuda"))
+                j = [d.label for d in cluster.devices].index(rank["device"])
+                peak = float(inside.peak_mem_bytes[j] - inside.reserve_bytes[j])
                 rows.append({
                     "archive": archive.name, "model": doc["model"], "batch": saved.global_batch,
                     "precision": precision, "measured_step_s": measured,
@@ -121,6 +127,9 @@ def main() -> None:
                     "in_sample_error": inside.step_time_s / measured - 1.0,
                     "out_of_sample_step_s": outside.step_time_s, "out_of_sample_how": outside.how,
                     "out_of_sample_error": outside.step_time_s / measured - 1.0,
+                    "measured_peak_bytes": rank["measured_peak_bytes"], "predicted_peak_bytes": peak,
+                    "peak_error": peak / rank["measured_peak_bytes"] - 1.0,
+                    "peak_error_at_the_run": rank["memory_error"],
                 })
     result = {"device_type": device_type, "calibration": str(args.calibration.relative_to(ROOT))
               if args.calibration.is_relative_to(ROOT) else str(args.calibration),
@@ -129,12 +138,15 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     t = Table(title=f"{device_type}: step time measured against predicted, in sample and with the model left out")
-    for col in ("model", "batch", "precision", "measured ms", "in sample", "error", "left out", "error"):
+    for col in ("model", "batch", "precision", "measured ms", "in sample", "error", "left out", "error",
+                "peak GB", "predicted", "error", "(at the run)"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["model"], str(r["batch"]), r["precision"], f"{r['measured_step_s'] * 1e3:.1f}",
                   f"{r['in_sample_step_s'] * 1e3:.1f}", f"{r['in_sample_error']:+.1%}",
-                  f"{r['out_of_sample_step_s'] * 1e3:.1f}", f"{r['out_of_sample_error']:+.1%}")
+                  f"{r['out_of_sample_step_s'] * 1e3:.1f}", f"{r['out_of_sample_error']:+.1%}",
+                  f"{r['measured_peak_bytes'] / 1e9:.2f}", f"{r['predicted_peak_bytes'] / 1e9:.2f}",
+                  f"{r['peak_error']:+.1%}", f"{r['peak_error_at_the_run']:+.1%}")
     from rich.console import Console
 
     Console(width=140).print(t)

@@ -19,14 +19,15 @@ from gpualloc.hardware.catalog import default_catalog
 CPU = default_catalog().device("cpu")
 
 
-def chain(name: str, seed: int, n: int = 40) -> OpGraph:
-    """A chain of ops mixing compute-bound (many FLOPs) and memory-bound (many bytes) ones."""
+def chain(name: str, seed: int, n: int = 40, scale: float = 1.0) -> OpGraph:
+    """A chain of ops mixing compute-bound (many FLOPs) and memory-bound (many bytes) ones, sized for a CPU
+    (``scale`` 1000: for a GPU)."""
     rng = np.random.default_rng(seed)
     nodes = []
     for i in range(n):
         heavy = i % 3 == 0
-        flops = float(rng.uniform(1e8, 1e9)) if heavy else float(rng.uniform(0, 1e6))
-        nbytes = float(rng.uniform(1e5, 1e6)) if heavy else float(rng.uniform(1e6, 2e7))
+        flops = scale * float(rng.uniform(1e8, 1e9)) if heavy else scale * float(rng.uniform(0, 1e6))
+        nbytes = scale * float(rng.uniform(1e5, 1e6)) if heavy else scale * float(rng.uniform(1e6, 2e7))
         nodes.append(OpNode(f"op{i}", f"op{i}", "matmul" if heavy else "add", flops=flops, bytes_read=nbytes / 2,
                             bytes_written=nbytes / 2, output_bytes=nbytes / 2))
     edges = [OpEdge(f"op{i}", f"op{i + 1}", 1.0) for i in range(n - 1)]

@@ -8,34 +8,20 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
 import pytest
 
 from gpualloc.cost.microbench import GraphTiming, apply_profiles, calibrate_device, fit_efficiency
 from gpualloc.cost.model import BWD_FACTOR, Calibration, CostModel, Efficiency, roofline_s
 from gpualloc.errors import CostModelError
 from gpualloc.graph.capture import capture
-from gpualloc.graph.ir import OpEdge, OpGraph, OpNode
+from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import Catalog, default_catalog
+from tests.cost.test_microbench import chain
 
 H100 = default_catalog().device("H100-SXM")
 CPU_BF16 = dataclasses.replace(default_catalog().device("cpu"), bf16_tflops=2.0)
 """The catalog CPU with a bf16 peak: this machine's CPU trains in bf16, the shipped catalog gives it no peak."""
 CATALOG = Catalog({**default_catalog().devices, "cpu": CPU_BF16}, default_catalog().links)
-
-
-def chain(name: str, seed: int, n: int = 40) -> OpGraph:
-    """A chain of GPU-sized ops, compute-bound (many FLOPs) and memory-bound (many bytes) ones mixed."""
-    rng = np.random.default_rng(seed)
-    nodes = []
-    for i in range(n):
-        heavy = i % 3 == 0
-        flops = float(rng.uniform(1e11, 1e12)) if heavy else float(rng.uniform(0, 1e8))
-        nbytes = float(rng.uniform(1e7, 1e8)) if heavy else float(rng.uniform(1e8, 2e9))
-        nodes.append(OpNode(f"op{i}", f"op{i}", "matmul" if heavy else "add", flops=flops, bytes_read=nbytes / 2,
-                            bytes_written=nbytes / 2, output_bytes=nbytes / 2))
-    edges = [OpEdge(f"op{i}", f"op{i + 1}", 1.0) for i in range(n - 1)]
-    return OpGraph(name, nodes, edges, batch_size=2)
 
 
 def timing(graph: OpGraph, eff: Efficiency, precision: str) -> GraphTiming:
@@ -46,7 +32,7 @@ def timing(graph: OpGraph, eff: Efficiency, precision: str) -> GraphTiming:
 
 def test_a_bf16_fit_recovers_the_efficiency_of_the_bf16_peak_and_half_the_bytes():
     truth = Efficiency(compute=0.3, memory=0.4, launch_s=10e-6)
-    timings = [timing(chain("a", 0), truth, "bf16"), timing(chain("b", 1), truth, "bf16")]
+    timings = [timing(chain("a", 0, scale=1000), truth, "bf16"), timing(chain("b", 1, scale=1000), truth, "bf16")]
     eff, report = fit_efficiency(timings, H100, peak_tflops=780.0, bandwidth_bytes_per_s=2.8e12,
                                  precision="bf16")
     assert eff.compute == pytest.approx(truth.compute, rel=0.15)

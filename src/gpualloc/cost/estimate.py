@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from gpualloc.cost.memory import OPTIMIZER_STATES
+from gpualloc.cost.memory import OPTIMIZER_STATES, bool_masks
 from gpualloc.cost.model import CostModel, peak_ceiling_tflops, training_memory_bytes
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, DeviceType
@@ -49,7 +49,7 @@ def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None,
     opt = model.optimizer_step_s(float(graph.param_bytes.sum()), device, optimizer_states)
     step = float(fwd.sum() + bwd.sum()) + opt
     work = graph.total_flops * 3.0  # forward + backward (2x forward)
-    mem = training_memory_bytes(graph)
+    mem = training_memory_bytes(graph, gpu=bool_masks([device]))
     measured = sum(1 for n in graph.nodes if device.name in n.time_ms)
     eff = model.efficiency(device)
     compute_bound = 0

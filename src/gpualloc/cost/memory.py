@@ -67,7 +67,7 @@ class Precision:
 
     def peak_tflops(self, device: DeviceType) -> float | None:
         """The device's dense peak in this precision (None: it cannot run it)."""
-        if self.name == "fp16" and device.vendor not in ("nvidia", "amd"):
+        if self.name == "fp16" and device.vendor not in GPU_VENDORS:
             return None  # no fp16 training on CPUs (PyTorch's CPU autocast is bf16 only)
         return getattr(device, self.peak_field)
 
@@ -146,6 +146,18 @@ class MemoryRules:
         return 2 * self.prec.value_bytes + self.optimizer_bytes_per_param()
 
 
+GPU_VENDORS = ("nvidia", "amd")
+"""Vendors whose devices PyTorch drives through CUDA or ROCm (fp16 training, ``foreach`` optimizers, the reserve,
+one-byte dropout masks)."""
+
+
+def bool_masks(devices) -> bool:
+    """Whether dropout saves one-byte masks on ``devices`` (catalog types): on GPUs, whose ``native_dropout``
+    does; a CPU saves them in the input's dtype (:func:`gpualloc.graph.layers.saved_act_bytes`)."""
+    devices = list(devices)
+    return bool(devices) and all(d.vendor in GPU_VENDORS for d in devices)
+
+
 def reserve_bytes(device: DeviceType | None, rules: MemoryRules, tp: int = 1) -> float:
     """The framework's reserve on a device of ``device`` type in a TP group of ``tp`` (see the module doc);
     none without a device (the tensors alone)."""
@@ -155,7 +167,7 @@ def reserve_bytes(device: DeviceType | None, rules: MemoryRules, tp: int = 1) ->
         return float(rules.reserve_bytes)
     if device.reserve_bytes is not None:
         return float(device.reserve_bytes)
-    if device.vendor in ("nvidia", "amd"):
+    if device.vendor in GPU_VENDORS:
         return GPU_RESERVE_BYTES + (TP_RESERVE_BYTES if tp > 1 else 0.0)
     return 0.0  # a CPU "device": the process's own baseline is outside what the plan allocates
 
@@ -262,7 +274,7 @@ def device_memory(rules: MemoryRules, device: DeviceType | None, shape: StageSha
     acts = acts + LOSS_FP32_COPIES * shape.loss_input_bytes_per_sample * mb / tp  # the loss's, in fp32
     grads_in_backward = grads if microbatches > 1 else np.maximum(grads - acts, 0.0)
     if foreach is None:
-        foreach = device is not None and device.vendor in ("nvidia", "amd")
+        foreach = device is not None and device.vendor in GPU_VENDORS
     local = n / (shard if sharding != "none" else 1)
     temps = OPTIMIZER_TEMPORARIES[rules.optimizer] * PROFILE_VALUE_BYTES * (local if foreach else 2 * n_layer)
     backward = weights + optimizer + buffers + grads_in_backward + acts

@@ -343,9 +343,10 @@ def time_graph(model: str, batch: int, device: torch.device, *, repeats: int = 3
                precision: str = "fp32") -> GraphTiming:
     """Per-op forward and backward times, and whole-pass times, of ``model`` training at ``batch`` in
     ``precision``, as the engine trains it: fp32 without TF32, tf32 (TF32 in CUDA matmuls and convolutions), or
-    bf16 (:func:`~gpualloc.graph.runnable.bf16_recipe`: bf16 weights and activations, norms in fp32)."""
+    bf16 (:func:`~gpualloc.graph.recipe.bf16_recipe`: bf16 weights and activations, norms in fp32)."""
     from gpualloc.graph.capture import capture
-    from gpualloc.graph.runnable import bf16_recipe, build_model, cast_inputs
+    from gpualloc.graph.recipe import bf16_recipe, cast_inputs
+    from gpualloc.graph.runnable import build_model
 
     if precision not in PROFILE_PRECISIONS:
         raise CostModelError(f"precision {precision!r}: models are timed in {', '.join(PROFILE_PRECISIONS)}")

@@ -291,17 +291,20 @@ class CostModel:
         return float(physics.energy_j(device.idle_w, device.tdp_w, busy_s, wall_s))
 
 
-def training_memory_bytes(graph: OpGraph, device: DeviceType | None = None, rules=None) -> float:
+def training_memory_bytes(graph: OpGraph, device: DeviceType | None = None, rules=None, *,
+                          gpu: bool | None = None) -> float:
     """Peak memory to train ``graph`` on one device (:func:`gpualloc.cost.memory.device_memory`: weights,
     gradients, optimizer state, the activations its layers save for the backward
     (:func:`gpualloc.graph.layers.node_saved_act_bytes`, the simulators' rule), the backward's and the loss's
     working sets, fragmentation margin and, given a ``device``, its framework reserve) under ``rules`` (default:
-    fp32, Adam): what the op-level simulator gives a one-device plan of one microbatch."""
-    from gpualloc.cost.memory import MemoryRules, StageShape, device_memory
+    fp32, Adam): what the op-level simulator gives a one-device plan of one microbatch. ``gpu``: whether it trains on
+    a GPU (one-byte dropout masks; default: whether ``device`` is one)."""
+    from gpualloc.cost.memory import MemoryRules, StageShape, bool_masks, device_memory
 
     rules = rules if rules is not None else MemoryRules()
     batch = graph.batch_size or 1
+    on_gpu = bool_masks([device]) if gpu is None and device is not None else bool(gpu)
     shape = StageShape(graph.total_param_bytes, float(graph.param_bytes.max(initial=0.0)),
-                       float(node_saved_act_bytes(graph).sum()) / batch, 0.0, 0.0,
+                       float(node_saved_act_bytes(graph, rules.prec.value_bytes, on_gpu).sum()) / batch, 0.0, 0.0,
                        float(graph.output_bytes.max(initial=0.0)) / batch, float(graph.loss_input_bytes.sum()) / batch)
     return float(device_memory(rules, device, shape, tp=1, dp=1, mb=batch, in_flight=1).peak)

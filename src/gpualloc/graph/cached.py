@@ -19,7 +19,8 @@ from gpualloc.graph.ir import OpGraph
 KIND = "graphs"
 """The cache's sub-folder for captured graphs."""
 
-CAPTURE_SOURCES = ("graph/capture.py", "graph/zoo.py", "graph/activations.py", "graph/ir.py", "graph/schema.py")
+CAPTURE_SOURCES = ("graph/capture.py", "graph/zoo.py", "graph/activations.py", "graph/recipe.py", "graph/ir.py",
+                   "graph/schema.py")
 """The code a captured graph depends on (package-relative)."""
 
 

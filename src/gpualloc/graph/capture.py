@@ -338,7 +338,10 @@ def _record_saved_activations(graph: OpGraph, module: nn.Module, inputs: Any, on
     """The meta keys of the activations autograd saves (:func:`gpualloc.graph.activations.measure_saved_bytes`).
 
     ``saved_act_bytes_per_sample``: per layer (the order of ``layer_of_node``), bytes per sample measured at
-    the batch of ``saved_act_source`` (fp32 and the CPU's kernels for a zoo model); a zoo model built on the
+    the batch of ``saved_act_source`` (fp32 and the CPU's kernels for a zoo model);
+    ``saved_act_unscaled_bytes_per_sample``, the part of them a lower precision keeps at these bytes, and
+    ``saved_act_mask_bytes_per_sample``, the dropout masks' (see :mod:`gpualloc.graph.activations`); a zoo model
+    built on the
     meta device gets real, zero-filled weights (the count depends on shapes, not values). Or, when the
     measurement is skipped or fails (and ``force`` is False), ``saved_act_skipped``: why. A zoo model's
     measurement is kept for the process (captures at both granularities, or several batches, share it).
@@ -382,6 +385,8 @@ def _record_saved_activations(graph: OpGraph, module: nn.Module, inputs: Any, on
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     return {
         "saved_act_bytes_per_sample": [float(x) for x in saved.per_sample(graph)],
+        "saved_act_unscaled_bytes_per_sample": [float(x) for x in saved.per_sample(graph, only="unscaled")],
+        "saved_act_mask_bytes_per_sample": [float(x) for x in saved.per_sample(graph, only="masks")],
         "saved_act_source": {
             "method": "torch.autograd.graph.saved_tensors_hooks: one train-mode forward pass and "
                       "cross-entropy loss on the CPU, storages counted once, weights excluded",

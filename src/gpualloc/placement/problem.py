@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import MemoryRules, StageShape, device_memory, reserve_bytes
+from gpualloc.cost.memory import MemoryRules, StageShape, bool_masks, device_memory, reserve_bytes
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
@@ -171,7 +171,8 @@ class PlacementProblem(OnCluster):
         """Bytes each node saves for its backward over the batch, (n,): the hybrid rule's per-layer count
         (measured with saved-tensor hooks where the graph carries it), shared among a layer's nodes
         (:func:`gpualloc.graph.layers.node_saved_act_bytes`)."""
-        out = node_saved_act_bytes(self.graph)
+        out = node_saved_act_bytes(self.graph, self.rules.prec.value_bytes,
+                                   bool_masks(d.type for d in self.cluster.devices))
         out.setflags(write=False)
         return out
 

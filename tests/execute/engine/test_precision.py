@@ -15,7 +15,7 @@ import torch
 from gpualloc.errors import EngineError
 from gpualloc.execute.engine.loss import loss_for
 from gpualloc.execute.engine.parallelize import MasterWeights
-from gpualloc.graph.runnable import bf16_recipe
+from gpualloc.graph.recipe import bf16_recipe
 from gpualloc.execute.engine.rank import LOW_PRECISION, _grad_error, _reference, _set_precision, _tolerances
 from gpualloc.graph.runnable import build_model
 from gpualloc.placement.hybrid.runnable import PRECISIONS_RUN, SHARDINGS_RUN, reasons

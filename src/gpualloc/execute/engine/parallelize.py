@@ -493,7 +493,7 @@ def wrap_replica(module: nn.Module, dp_mesh: Any, sharding: str, optimizer: str,
     lists the sharded parameters (PyTorch's transform holds them as attributes): :func:`replica_parameters`,
     :func:`full_params` and :func:`full_grads` still find them all.
 
-    ``precision="bf16"`` (the module :func:`~gpualloc.graph.runnable.bf16_recipe` prepared): mixed precision
+    ``precision="bf16"`` (the module :func:`~gpualloc.graph.recipe.bf16_recipe` prepared): mixed precision
     with fp32 master weights.
     Under DDP / ZeRO-1 / no group the module's parameters are bf16 and the optimizer is :class:`MasterWeights`
     (under ZeRO-1 inside ``ZeroRedundancyOptimizer``: the masters of this rank's shard only); DDP all-reduces the

@@ -47,7 +47,7 @@ from gpualloc.execute.engine.record import median_or_none
 from gpualloc.execute.engine.stages import chain, layer_names, original_names
 from gpualloc.execute.engine.topology import RankSpec, Topology, topology
 from gpualloc.execute.measure import MemoryProbe, synchronize
-from gpualloc.graph.runnable import cast_inputs
+from gpualloc.graph.recipe import cast_inputs
 from gpualloc.placement.hybrid.cost import TIED_SHARDINGS
 
 __all__ = ["ENGINE_FORMAT", "EngineArgs", "main", "run_rank"]
@@ -84,7 +84,7 @@ class Tolerances:
 FP32 = Tolerances()
 LOW_PRECISION = Tolerances(loss=1e-3, grad=1e-2, weight=1e-2, output=4e-3)
 """The bf16 recipe (and TF32 matmuls on CUDA): bf16 weights, activations and gradients, fp32 master weights
-(:func:`~gpualloc.graph.runnable.bf16_recipe`): every op's output is rounded to bfloat16's 8-bit
+(:func:`~gpualloc.graph.recipe.bf16_recipe`): every op's output is rounded to bfloat16's 8-bit
 significand (one unit in the last place, ulp, is 2^-8 = 0.39% of the value; TF32 rounds its inputs to 10 bits,
 0.1%). The engine and the unsplit model run the same operators on the same samples, but a weight gradient is
 summed in parts (each local batch's reduction rounded to bfloat16, then added across replicas in bf16), so
@@ -245,11 +245,11 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
                lr: float, rows: slice | None = None, *, precision: str = "fp32") -> _Reference:
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
     outputs on samples ``rows`` (none when None), trained in ``precision``'s recipe as the engine trains: for bf16
-    the model made bf16 by :func:`~gpualloc.graph.runnable.bf16_recipe` (fp32 norms) and stepped
+    the model made bf16 by :func:`~gpualloc.graph.recipe.bf16_recipe` (fp32 norms) and stepped
     through fp32 master weights (:class:`~gpualloc.execute.engine.parallelize.MasterWeights`), the loss taken on
     fp32-cast outputs."""
     from gpualloc.execute.engine.parallelize import OPTIMIZERS, MasterWeights
-    from gpualloc.graph.runnable import bf16_recipe
+    from gpualloc.graph.recipe import bf16_recipe
 
     device = next(module.parameters()).device
     tol = _tolerances(precision, device)
@@ -355,9 +355,9 @@ def _stage_module(args: EngineArgs, top: Topology, me: RankSpec, graph, mesh, bu
                   device: torch.device, precision: str = "fp32", aliases: Mapping[str, str] | None = None) -> nn.Module:
     """This rank's stage on ``device`` (before its replica group is wrapped). A pipeline stage is exported on the
     device itself: an export bakes the device of the tensors it creates (GPT's positions) into the graph. A bf16
-    plan's model is made bf16 first (:func:`~gpualloc.graph.runnable.bf16_recipe`; its parameters left
+    plan's model is made bf16 first (:func:`~gpualloc.graph.recipe.bf16_recipe`; its parameters left
     fp32 where FSDP2 casts them), so the export, the cut and tensor parallelism all see the recipe."""
-    from gpualloc.graph.runnable import bf16_recipe
+    from gpualloc.graph.recipe import bf16_recipe
 
     if precision == "bf16":
         fsdp = top.dp > 1 and top.sharding in ("fsdp", "zero2")

@@ -36,7 +36,7 @@ import numpy as np
 
 from gpualloc.cost import physics
 from gpualloc.cost.links import bus_bandwidth_bytes_per_s
-from gpualloc.cost.memory import MemoryRules, StageShape
+from gpualloc.cost.memory import MemoryRules, StageShape, bool_masks
 from gpualloc.cost.model import CostModel
 from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
@@ -104,7 +104,8 @@ class HybridProblem(OnCluster):
     def layer_act_bytes(self) -> np.ndarray:
         """Activation bytes every layer keeps for its backward, per sample, (L,)
         (:func:`gpualloc.graph.layers.saved_act_bytes`)."""
-        return saved_act_bytes(self.graph, self.layer_of)
+        return saved_act_bytes(self.graph, self.layer_of, self.rules.prec.value_bytes,
+                               bool_masks(self.cluster.device_types))
 
     @cached_property
     def layer_loss_bytes(self) -> np.ndarray:

@@ -44,7 +44,7 @@ SHARDINGS_RUN = ("none", "zero1", "zero2", "fsdp")
 PRECISIONS_RUN = ("fp32", "tf32", "bf16")
 """Training precisions the engine runs: fp32; tf32 (fp32 storage, TF32 matmuls on CUDA, plain fp32 on a CPU); bf16
 (mixed precision as ``cost/memory.py`` charges it: bf16 weights, activations and gradients, fp32 master weights
-and optimizer state; ``graph.runnable.bf16_recipe``). fp16 needs dynamic loss scaling
+and optimizer state; ``graph.recipe.bf16_recipe``). fp16 needs dynamic loss scaling
 (``torch.amp.GradScaler``, its found-inf agreed across the replica and pipeline groups), which the engine does not
 run yet."""
 LAUNCHABLE_FLAG = "--launchable"
