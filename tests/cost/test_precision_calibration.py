@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ H100 = default_catalog().device("H100-SXM")
 CPU_BF16 = dataclasses.replace(default_catalog().device("cpu"), bf16_tflops=2.0)
 """The catalog CPU with a bf16 peak: this machine's CPU trains in bf16, the shipped catalog gives it no peak."""
 CATALOG = Catalog({**default_catalog().devices, "cpu": CPU_BF16}, default_catalog().links)
+SHIPPED_H200 = Path(__file__).resolve().parents[2] / "src/gpualloc/cost/data/calibration-H200.json"
 
 
 def timing(graph: OpGraph, eff: Efficiency, precision: str) -> GraphTiming:
@@ -107,3 +109,14 @@ def test_calibrate_refuses_a_precision_it_cannot_time_in_one_line(cli, tmp_path,
                        "--precisions", precisions, "-o", out)
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_cost_calibration_shows_each_measured_precision():
+    from rich.console import Console
+
+    from gpualloc.reports.costs import calibration_view
+
+    console = Console(record=True, width=200)
+    console.print(calibration_view(Calibration.load(SHIPPED_H200)))
+    text = console.export_text()
+    assert "H200 (bf16)" in text and "0.360" in text

@@ -42,8 +42,10 @@ def estimates_view(graph_name: str, batch: int | None, rows: Sequence, fitted_fr
 def calibration_view(cal) -> Group:
     """A :class:`~gpualloc.cost.model.Calibration`: fitted efficiencies, then each fit's error tables."""
     parts: list[RenderableType] = []
-    table = Table("device", "compute", "memory", "launch us", "fitted from", title="Fitted efficiencies (FP32 peaks)")
-    for name, e in [*cal.devices.items(), ("(other GPUs)", cal.default), ("(cpu)", cal.cpu_default)]:
+    table = Table("device", "compute", "memory", "launch us", "fitted from",
+                  title="Fitted efficiencies (FP32 peaks; a measured precision's of its own peak)")
+    measured_in = [(f"{d} ({p})", e) for d, by in cal.precisions.items() for p, e in by.items()]
+    for name, e in [*cal.devices.items(), *measured_in, ("(other GPUs)", cal.default), ("(cpu)", cal.cpu_default)]:
         table.add_row(name, f"{e.compute:.3f}", f"{e.memory:.3f}", f"{e.launch_s * 1e6:.1f}", e.fitted_from)
     parts.append(table)
     fit = cal.fit
