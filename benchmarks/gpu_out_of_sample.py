@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpualloc.cost.microbench import MATMUL_DTYPES, GraphTiming, fit_efficiency
+from gpualloc.cost.microbench import MATMUL_DTYPES, GraphTiming, fit_efficiency, record_profiles
 from gpualloc.cost.model import Calibration
 from gpualloc.execute.engine.record import predict_run
 from gpualloc.graph.cached import capture_cached
@@ -53,10 +53,6 @@ def _files(archive: Path) -> dict[str, bytes]:
         return {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
-def _profiles(rec: dict, precision: str) -> dict:
-    return rec["profiles"] if precision == "fp32" else rec["precision_fits"][precision]["profiles"]
-
-
 def _timing(model: str, profile: dict, precision: str) -> GraphTiming:
     """A profile as the fit reads it: the graph at the profiled batch, each node's measured times."""
     graph = capture_cached(model, batch=int(profile["batch_size"]))
@@ -71,13 +67,13 @@ def held_out(cal: Calibration, device_type: str, model: str, precision: str) -> 
     other models."""
     rec = json.loads(json.dumps(cal.fit["measured"][device_type]))  # a deep copy
     dt = default_catalog().device(device_type)
-    others = [_timing(m, p, precision) for m, p in _profiles(rec, precision).items() if m != model]
+    others = [_timing(m, p, precision) for m, p in record_profiles(rec, precision).items() if m != model]
     peak = max(p["tflops"] for p in rec["matmul"] if p["dtype"] == MATMUL_DTYPES[precision])
     eff, _ = fit_efficiency(others, dt, peak_tflops=peak,
                             bandwidth_bytes_per_s=rec["copy_bandwidth_bytes_per_s_measured"], precision=precision)
     eff = dataclasses.replace(eff, fitted_from=f"measured, {model} left out")
     for p in ("fp32", *rec.get("precision_fits", {})):
-        _profiles(rec, p).pop(model, None)
+        record_profiles(rec, p).pop(model, None)
     devices, precisions = dict(cal.devices), {k: dict(v) for k, v in cal.precisions.items()}
     if precision == "fp32":
         devices[device_type] = eff

@@ -71,6 +71,7 @@ __all__ = [
     "host_cpu_model",
     "measure_device",
     "merge_calibration",
+    "record_profiles",
     "quick_cache_name",
     "time_graph",
 ]
@@ -713,6 +714,14 @@ def _profiles(timings: Sequence[GraphTiming]) -> dict[str, Any]:
             for t in timings}
 
 
+def record_profiles(rec: dict[str, Any], precision: str = "fp32") -> dict[str, Any]:
+    """The per-model profiles timed in ``precision`` in a device's record (:func:`record`): fp32's at its top,
+    another precision's under ``precision_fits``; empty where none were timed."""
+    if precision == "fp32":
+        return rec.get("profiles", {})
+    return rec.get("precision_fits", {}).get(precision, {}).get("profiles", {})
+
+
 def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, Any],
            device_type: DeviceType, by_precision: dict[str, tuple[Efficiency, dict[str, Any]]] | None = None,
            ) -> dict[str, Any]:
@@ -937,10 +946,7 @@ def apply_profiles(graph: OpGraph, calibration: Calibration, device_types: Seque
     measured = calibration.fit.get("measured", {}) if isinstance(calibration.fit, dict) else {}
     per_type: dict[str, tuple[float, dict[str, list[float]]]] = {}
     for name in dict.fromkeys(device_types):
-        rec = measured.get(name, {})
-        profiles = rec.get("profiles", {}) if precision == "fp32" else \
-            rec.get("precision_fits", {}).get(precision, {}).get("profiles", {})
-        prof = profiles.get(model)
+        prof = record_profiles(measured.get(name, {}), precision).get(model)
         if not prof or not graph.batch_size:
             return None
         ops = prof.get("ops", {})
