@@ -8,7 +8,7 @@
 #   bash scripts/gpu-check.sh            # on the GPU machine: torch there, our deps from .whl/ (see below)
 #   GPU_CHECK_REHEARSE=1 OUT=/tmp/x bash scripts/gpu-check.sh   # here, on the CPU: same steps, tiny models
 #   GPU_CHECK_ONLY="calibrate tests bf16" bash scripts/gpu-check.sh   # some parts only (a second call's budget):
-#       calibrate, tests, fp32 (step 3), telemetry, launch, bf16 (step 6)
+#       calibrate, tests, fp32 (step 3), telemetry, launch, bf16 (step 6), optimizer (step 7)
 #
 # The GPU machine has its own torch (2.11 + CUDA): the pinned 2.13 CPU wheel is not carried. Our package runs
 # from src/ on top of it; what that machine lacks travels as wheels in .whl/ (bash scripts/gpu-wheels.sh).
@@ -26,6 +26,7 @@ export PYTHONUNBUFFERED=1 GPUALLOC_CACHE_DIR=/tmp/gpualloc-cache MPLBACKEND=Agg
 if [ "$REHEARSE" = 1 ]; then
     PY=${PY:-.venv/bin/python}
     DEV=cpu; AS=cpu; MODELS="resnet-tiny:4 bert-tiny:4 gpt-tiny:2"; CAL_MODELS="resnet-tiny:4"; REPEATS=1
+    OPT_MODELS=resnet-tiny,bert-tiny,gpt-tiny
     PRECS=fp32  # the catalog's CPU has no bf16 peak: no bf16 fit or plan there
     CLUSTER1=1xcpu
 else
@@ -37,6 +38,7 @@ else
     fi
     DEV=cuda:0
     MODELS="resnet50:64 bert-base:16 gpt2-small:8"; CAL_MODELS="resnet50:64,bert-base:16,gpt2-small:8"; REPEATS=5
+    OPT_MODELS=resnet50,bert-base,gpt2-small
     PRECS=fp32,bf16
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -48,7 +50,7 @@ print(catalog_type_for('cuda:0').name)" 2> "$RES/as.log" || echo H100-SXM)}
 fi
 GA=("$PY" -m gpualloc.cli.main)
 
-ONLY=" ${GPU_CHECK_ONLY:-calibrate tests fp32 telemetry launch bf16} "
+ONLY=" ${GPU_CHECK_ONLY:-calibrate tests fp32 telemetry launch bf16 optimizer} "
 want() { [[ "$ONLY" == *" $1 "* ]]; }
 DEADLINE=${GPU_CHECK_DEADLINE:-400}  # seconds: a step that would start later is skipped (one call must end in time)
 
@@ -150,5 +152,9 @@ if [ "$REHEARSE" != 1 ] && want bf16; then
             --devices "$DEV" "${CAL[@]}" --json
     done
 fi
+# 7. the optimizer step alone (torch's Adam and SGD, FP32 and BF16 master weights): synthetic parameter sets give
+# its cost per tensor and per byte, the three models' parameters are predicted by the cost model and by that fit
+want optimizer && step optimizer 150 "$PY" benchmarks/optimizer_step.py --device "$DEV" --models "$OPT_MODELS" \
+    --out "$RES/optimizer_step.json"
 pack
 echo "done in $(( $(date +%s) - T0 )) s; results in $OUT/gpu-check.tgz"

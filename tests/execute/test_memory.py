@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gpualloc.errors import EngineError
-from gpualloc.execute.engine.parallelize import OPTIMIZERS, wrap_replica
+from gpualloc.execute.engine.parallelize import wrap_replica
+from gpualloc.graph.recipe import OPTIMIZERS
 from gpualloc.execute.measure import MemoryProbe, malloc_in_use_bytes, optimizer_state_bytes
 
 N = 48 << 20  # bytes: far above glibc's mmap threshold and any allocator noise

@@ -7,13 +7,15 @@ import textwrap
 from collections.abc import Callable
 
 import networkx as nx
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from gpualloc.errors import CaptureError
+from gpualloc.errors import CaptureError, GraphError
 from gpualloc.graph.capture import capture
 from gpualloc.graph.ir import OpGraph
+from gpualloc.graph.layers import ESTIMATED_PARAM_TENSORS, param_tensors
 from gpualloc.graph.zoo import ZOO
 
 TINY = ("resnet-tiny", "bert-tiny", "gpt-tiny")
@@ -153,6 +155,29 @@ def test_tied_weight_is_owned_by_its_first_consumer() -> None:
     layers = capture("gpt-tiny", granularity="layer", saved_activations=False)
     assert [(t.bytes, t.nodes) for t in layers.tied] == [(wte_bytes, ("wte", "lm_head"))]
     assert OpGraph.from_dict(layers.to_dict()).tied == layers.tied
+
+
+@pytest.mark.parametrize("granularity", ["op", "layer"])
+@pytest.mark.parametrize("name", ["resnet-tiny", "gpt-tiny"])
+def test_capture_counts_each_parameter_tensor_once(name: str, granularity: str) -> None:
+    """An optimizer step pays host work per tensor: capture counts every parameter once, at its owner (a tied
+    weight at its first reader), and the count survives the file round trip."""
+    g = capture(name, granularity=granularity, saved_activations=False)
+    counts = param_tensors(g)
+    assert counts.sum() == len(list(ZOO[name].factory().parameters()))
+    assert np.all((counts > 0) == (g.param_bytes > 0))
+    assert np.array_equal(param_tensors(OpGraph.from_dict(g.to_dict())), counts)
+
+
+def test_param_tensors_estimated_without_a_count_and_a_bad_count_is_one_line() -> None:
+    g = capture("resnet-tiny", saved_activations=False)
+    doc = g.to_dict()
+    del doc["meta"]["param_tensors"]
+    bare = OpGraph.from_dict(doc)
+    assert np.array_equal(param_tensors(bare), np.where(g.param_bytes > 0, ESTIMATED_PARAM_TENSORS, 0))
+    doc["meta"]["param_tensors"] = [1, 2]
+    with pytest.raises(GraphError, match="meta.param_tensors: expected .* one per node"):
+        param_tensors(OpGraph.from_dict(doc))
 
 
 def test_untied_models_list_no_tied_weights() -> None:

@@ -77,14 +77,17 @@ def test_one_single_gpu_step_scores_the_same_on_every_path():
     assert est.optimizer_s > 0
 
 
-def test_the_hybrid_planner_keeps_a_single_device_when_dp_is_slower():
-    """Symptom: on a small cluster hybrid picked DP=2 at 2.06 ms over a single device at 1.97 ms."""
+def test_the_hybrid_planner_never_picks_dp_when_dp_is_slower():
+    """Symptom: on a small cluster hybrid picked DP=2 at 2.06 ms over a single device at 1.97 ms. (Since the
+    optimizer step pays host work per tensor, two pipeline stages, each stepping half the tensors on its own rank
+    beside the other's backward, beat both.)"""
     problem = make_problem("bert-tiny", "2xA100-80GB", 1, 8)
     single = place(make_problem("bert-tiny", "1xA100-80GB", 1, 8), "ddp").result.step_time_s
     dp2 = place(problem, "ddp")
     assert "DP=2" in dp2.plan.describe() and dp2.result.step_time_s > single  # the all-reduce costs more than DP saves
     chosen = place(problem, "hybrid")
-    assert chosen.result.step_time_s == pytest.approx(single, rel=1e-9) and len(chosen.plan.devices) == 1
+    assert chosen.result.step_time_s <= single * (1 + 1e-9) and "DP=2" not in chosen.plan.describe()
+    assert chosen.result.step_time_s == pytest.approx(simulate_plan(problem, chosen.plan).step_time_s, rel=1e-9)
 
 
 def test_compare_has_one_bound_for_both_kinds():

@@ -43,6 +43,9 @@ def calibrate_cmd(
                                    help="Precisions to time the models in and fit, comma-separated: fp32 (always), "
                                         "tf32 (GPU), bf16 (the engine's recipe); a plan in one is predicted from "
                                         "its own profiles and efficiency."),
+    optimizers: str = typer.Option("adam,sgd", "--optimizers",
+                                   help="The engine's optimizers whose step is timed on synthetic parameter sets "
+                                        "and fitted (cost per tensor and per byte), comma-separated; '' for none."),
     concurrent: int = typer.Option(1, "--concurrent", max=MAX_DEVICES, min=1,
                                    help="CPU workers that will share the CPU (e.g. 2 for a 2xcpu plan): the "
                                         "others' load runs beside the per-op timings."),
@@ -65,16 +68,18 @@ def calibrate_cmd(
     pairs = _models(models if models is not None else
                     DEFAULT_MODELS if device.strip().lower() == "cpu" else DEFAULT_GPU_MODELS)
     precs = [p.strip().lower() for p in precisions.split(",") if p.strip()]
+    opts = [o.strip().lower() for o in optimizers.split(",") if o.strip()]
     base_cal = Calibration.load(base) if base is not None else None
     with progress_bar() as bar:  # on stderr: stdout stays pure JSON under --json
-        task = bar.add_task("calibrating", total=3 + len(pairs) * len({"fp32", *precs}))
+        steps = len({"fp32", *precs} - {"tf32"}) * len(opts)
+        task = bar.add_task("calibrating", total=3 + len(pairs) * len({"fp32", *precs}) + steps)
 
         def progress(label: str) -> None:
             bar.update(task, description=label, advance=1)
 
         cal, rec = calibrate_device(device, threads=threads, models=pairs, repeats=repeats, base=base_cal,
                                     device_type=device_type, seed=seed, concurrent=concurrent,
-                                    precisions=precs, progress=progress)
+                                    precisions=precs, optimizers=opts, progress=progress)
     cal.save(output)
     if as_json:
         print_json({"output": str(output), **rec})

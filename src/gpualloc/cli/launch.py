@@ -206,7 +206,7 @@ def launch_cmd(
     from gpualloc.placement.document import read_plan
 
     if optimizer is not None:
-        from gpualloc.execute.engine.parallelize import OPTIMIZERS  # imports torch, as the run does anyway
+        from gpualloc.graph.recipe import OPTIMIZERS  # imports torch, as the run does anyway
 
         if optimizer not in OPTIMIZERS:
             raise EngineError(f"--optimizer {optimizer}: expected one of {', '.join(OPTIMIZERS)}")

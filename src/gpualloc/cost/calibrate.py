@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, roofline_s
-from gpualloc.errors import CostModelError
+from gpualloc.cost import physics
+from gpualloc.cost.memory import OPTIMIZER_STATES
+from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, OptimizerCost, roofline_s
+from gpualloc.errors import CostModelError, parse_json
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, Catalog, DeviceType, default_catalog
 
@@ -214,6 +216,79 @@ def _geomean_efficiency(effs: list[Efficiency]) -> Efficiency:
     )
 
 
+def fit_optimizer(rows: Sequence[dict[str, float]], device: DeviceType, optimizer: str, precision: str, *,
+                  asynchronous: bool) -> tuple[OptimizerCost, dict[str, Any]]:
+    """The :class:`~gpualloc.cost.model.OptimizerCost` that best reproduces ``rows`` (:func:`measure_optimizer`):
+    least squares on the relative error, with host and device one after the other and, on an ``asynchronous``
+    device (a GPU), also overlapped; the form with the smaller error is kept. Returns it and the fit's record."""
+    from scipy.optimize import least_squares
+
+    n = np.array([r["tensors"] for r in rows], dtype=np.float64)
+    traffic = physics.optimizer_traffic_bytes(np.array([r["param_bytes"] for r in rows]), OPTIMIZER_STATES[optimizer],
+                                              precision)
+    t = np.array([r["seconds"] for r in rows], dtype=np.float64)
+    bandwidth = float(device.mem_bandwidth_bytes_per_s or 0.0)
+    if bandwidth <= 0 or len(rows) < 3:
+        raise CostModelError(f"optimizer fit on {device.name}: needs the device's bandwidth and three timings")
+    best = None
+    for overlap in ((False, True) if asynchronous else (False,)):
+        def model(x, overlap=overlap):
+            fixed, per_tensor, memory = np.exp(x)
+            host, dev = n * per_tensor, traffic / (bandwidth * memory)
+            return fixed + (np.maximum(host, dev) if overlap else host + dev)
+
+        res = least_squares(lambda x, m=model: m(x) / t - 1.0, np.log([1e-5, 1e-6, 0.5]))
+        rms = float(np.sqrt(np.mean(res.fun ** 2)))
+        if best is None or rms < best[0]:
+            best = (rms, overlap, np.exp(res.x))
+    assert best is not None
+    rms, overlap, (fixed, per_tensor, memory) = best
+    cost = OptimizerCost(float(fixed), float(per_tensor), float(memory), bool(overlap), "measured")
+    return cost, {"rms_relative_error": rms, "rows": list(rows)}
+
+
+OPTIMIZER_TIMINGS = "optimizer_steps.json"
+"""Package data: optimizer steps timed on synthetic parameter sets per device type (``benchmarks/optimizer_step.py
+--record``), fitted into the shipped calibration's ``optimizers`` by :func:`optimizer_costs`."""
+
+
+def optimizer_costs(catalog: Catalog) -> tuple[dict[str, dict[str, dict[str, OptimizerCost]]], dict[str, Any]]:
+    """The shipped calibration's optimizer costs: each device type's timings (:data:`OPTIMIZER_TIMINGS`) fitted
+    (:func:`fit_optimizer`); a GPU without timings gets the geometric mean of the timed GPUs' (host work per tensor
+    as measured, traffic at the same share of its own peak bandwidth), the CPU the timed CPU's. Returns the costs
+    and the record of the fits."""
+    from importlib import resources
+
+    data = parse_json(resources.files("gpualloc.cost").joinpath("data", OPTIMIZER_TIMINGS).read_text(),
+                      CostModelError, OPTIMIZER_TIMINGS)
+    costs: dict[str, dict[str, dict[str, OptimizerCost]]] = {}
+    record: dict[str, Any] = {}
+    for name, rec in data.items():
+        dev = catalog.device(name)
+        cuda = rec["device"].startswith("cuda")
+        for prec, by_opt in rec["timings"].items():
+            for opt, rows in by_opt.items():
+                cost, fit = fit_optimizer(rows, dev, opt, prec, asynchronous=cuda)
+                costs.setdefault(name, {}).setdefault(prec, {})[opt] = cost
+                record.setdefault(name, {"command": rec["command"], "torch": rec["torch"], "host": rec["host"],
+                                         "gpu": rec["gpu"]}).setdefault(prec, {})[opt] = fit["rms_relative_error"]
+    for key, cpu in (("default", False), ("cpu_default", True)):
+        timed = [n for n in data if (catalog.device(n).vendor == "cpu" or n == "cpu") == cpu]
+        merged: dict[str, dict[str, OptimizerCost]] = {}
+        for prec in sorted({p for n in timed for p in costs[n]}):
+            for opt in sorted({o for n in timed for o in costs[n].get(prec, {})}):
+                group = [costs[n][prec][opt] for n in timed if opt in costs[n].get(prec, {})]
+                geo = {f: float(np.exp(np.mean([np.log(max(getattr(c, f), 1e-12)) for c in group])))
+                       for f in ("fixed_s", "per_tensor_s", "memory")}
+                merged.setdefault(prec, {})[opt] = OptimizerCost(
+                    **geo, overlap=sum(c.overlap for c in group) * 2 >= len(group),
+                    fitted_from=f"timed on {', '.join(n for n in timed if opt in costs[n].get(prec, {}))}")
+        if merged:
+            costs[key] = merged
+    return costs, record
+
+
+
 def calibrate(data_root: str | Path, catalog: Catalog | None = None) -> Calibration:
     """Fit the efficiencies from ``data_root`` (the ``shared/data`` folder) and record the errors."""
     from gpualloc.graph.importers import import_pipedream
@@ -266,4 +341,5 @@ def calibrate(data_root: str | Path, catalog: Catalog | None = None) -> Calibrat
         "leave_one_out": loo,
         "command": "gpualloc cost fit --data ../shared/data -o src/gpualloc/cost/data/calibration.json",
     }
-    return Calibration(devices=devices, default=default, cpu_default=CPU_DEFAULT, fit=fit)
+    optimizers, fit["optimizers"] = optimizer_costs(catalog)
+    return Calibration(devices=devices, default=default, cpu_default=CPU_DEFAULT, fit=fit, optimizers=optimizers)

@@ -9,6 +9,7 @@ import numpy as np
 from gpualloc.cost.memory import OPTIMIZER_STATES, bool_masks
 from gpualloc.cost.model import CostModel, peak_ceiling_tflops, training_memory_bytes
 from gpualloc.graph.ir import OpGraph
+from gpualloc.graph.layers import param_tensors
 from gpualloc.hardware.catalog import TERA, DeviceType
 
 
@@ -46,7 +47,8 @@ def estimate(graph: OpGraph, device: DeviceType, model: CostModel | None = None,
     """Cost of one training step of ``graph`` alone on ``device`` (the device busy throughout)."""
     model = model or CostModel()
     fwd, bwd = model.op_times_s(graph, device)
-    opt = model.optimizer_step_s(float(graph.param_bytes.sum()), device, optimizer_states)
+    opt = model.optimizer_step_s(float(graph.param_bytes.sum()), device, optimizer_states,
+                                 tensors=float(param_tensors(graph).sum()))
     step = float(fwd.sum() + bwd.sum()) + opt
     work = graph.total_flops * 3.0  # forward + backward (2x forward)
     mem = training_memory_bytes(graph, gpu=bool_masks([device]))

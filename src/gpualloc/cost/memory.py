@@ -88,8 +88,22 @@ PRECISIONS: dict[str, Precision] = {
 OPTIMIZER_STATES: dict[str, int] = {"adam": 2, "sgd-momentum": 1, "sgd": 0}
 """fp32 state tensors an optimizer keeps per weight (Adam: first and second moments)."""
 
+
+def optimizer_named(states: int) -> str:
+    """The optimizer of :data:`OPTIMIZER_STATES` that keeps ``states`` state tensors a weight."""
+    for name, n in OPTIMIZER_STATES.items():
+        if n == int(states):
+            return name
+    raise CostModelError(f"optimizer_states: no optimizer keeps {states!r} states a weight; expected one of "
+                         f"{sorted(OPTIMIZER_STATES.values())}")
+
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")
 """Nothing sharded; optimizer states (ZeRO-1); and gradients (ZeRO-2); and weights (ZeRO-3 / FSDP)."""
+
+WHOLE_TENSOR_SHARDS = ("zero1",)
+"""The shardings whose replicas each step whole parameter tensors, a share of the list (the engine's ZeRO-1:
+``ZeroRedundancyOptimizer``); under the others (FSDP2's ``fully_shard``, ZeRO-2 and FSDP) each replica steps a
+shard of every tensor. An optimizer step pays host work per tensor it steps."""
 
 FRAGMENTATION = 0.05
 GPU_RESERVE_BYTES = 2.0 * GB

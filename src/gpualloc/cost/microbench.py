@@ -50,7 +50,8 @@ import torch
 
 from gpualloc.cost.memory import PROFILE_VALUE_BYTES
 from gpualloc.cost.memory import precision as get_precision
-from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, roofline_s
+from gpualloc.cost.calibrate import fit_optimizer
+from gpualloc.cost.model import BWD_FACTOR, Calibration, Efficiency, OptimizerCost, roofline_s
 from gpualloc.errors import CostModelError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.catalog import TERA, Catalog, DeviceType, default_catalog
@@ -679,6 +680,67 @@ def measure_device(torch_device: str, device_type: DeviceType, *, threads: int |
                              tuple(mm), tuple(copies), overhead, tuple(graphs), concurrent if not cuda else 1)
 
 
+# ------------------------------------------------------------------------------------------------ optimizer step
+OPTIMIZER_GRIDS = {"cpu": ((8, 1 << 10), (64, 1 << 10), (512, 1 << 10), (8, 1 << 18), (64, 1 << 18), (8, 1 << 21),
+                           (32, 1 << 21)),
+                   "cuda": ((8, 1 << 10), (64, 1 << 10), (512, 1 << 10), (8, 1 << 20), (64, 1 << 20), (512, 1 << 18),
+                            (8, 1 << 24), (32, 1 << 24), (128, 1 << 22))}
+"""Synthetic parameter sets, ``(tensors, elements each)``, an optimizer step is timed on: from many small tensors
+(the host's work per tensor) to few large ones (the memory traffic)."""
+STORAGE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@seeded(to="int", error=CostModelError)
+def time_optimizer_step(params: Sequence[torch.Tensor], optimizer: str, precision: str, *, steps: int = 10,
+                        warmup: int = 3, seed: int = 0) -> float:
+    """Median seconds of one ``step()`` of the engine's ``optimizer`` (:data:`gpualloc.graph.recipe.OPTIMIZERS`;
+    below fp32 through :class:`~gpualloc.graph.recipe.MasterWeights`, as the engine trains) over ``params`` (leaf
+    tensors on one device), random gradients set before each step, outside the timing."""
+    from gpualloc.graph.recipe import OPTIMIZERS, MasterWeights
+
+    params = list(params)
+    device = params[0].device
+    cls = OPTIMIZERS[optimizer]
+    opt: Any = cls(params, lr=1e-3) if precision in ("fp32", "tf32") else MasterWeights(params, cls, lr=1e-3)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    grads = [torch.randn(p.shape, generator=gen, device=device, dtype=p.dtype) for p in params]
+    times = []
+    for i in range(warmup + steps):
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        _sync(device)
+        t0 = time.perf_counter()
+        opt.step()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    for p in params:
+        p.grad = None
+    return statistics.median(times)
+
+
+@seeded(to="int", error=CostModelError)
+def measure_optimizer(torch_device: str, optimizer: str, precision: str, *,
+                      grid: Sequence[tuple[int, int]] | None = None, steps: int = 10, warmup: int = 3,
+                      seed: int = 0) -> list[dict[str, float]]:
+    """:func:`time_optimizer_step` on each synthetic parameter set of ``grid`` (default :data:`OPTIMIZER_GRIDS`):
+    rows of ``tensors``, ``param_bytes`` (fp32 sizes) and ``seconds``."""
+    device = torch.device(torch_device)
+    rows = []
+    for n, size in grid or OPTIMIZER_GRIDS["cuda" if device.type == "cuda" else "cpu"]:
+        params = [torch.zeros(size, dtype=STORAGE[precision], device=device).requires_grad_(True) for _ in range(n)]
+        rows.append({"tensors": n, "param_bytes": 4.0 * n * size,
+                     "seconds": time_optimizer_step(params, optimizer, precision, steps=steps, warmup=warmup,
+                                                    seed=seed)})
+        del params
+    return rows
+
+
 def set_tf32(allowed: bool) -> tuple[bool, bool]:
     """Allow or forbid TF32 in CUDA matmuls and cuDNN convolutions; the flags before, to restore them.
 
@@ -752,9 +814,11 @@ def record(measurement: DeviceMeasurement, eff: Efficiency, report: dict[str, An
 
 
 def merge_calibration(base: Calibration, device_type: str, eff: Efficiency, rec: dict[str, Any],
-                      by_precision: dict[str, Efficiency] | None = None) -> Calibration:
+                      by_precision: dict[str, Efficiency] | None = None,
+                      optimizers: dict[str, dict[str, OptimizerCost]] | None = None) -> Calibration:
     """``base`` with ``device_type``'s efficiencies replaced by measured ones (other devices kept): fp32's, and
-    those of ``by_precision`` (an earlier measurement's other precisions are dropped with it)."""
+    those of ``by_precision`` (an earlier measurement's other precisions are dropped with it); and its optimizer
+    costs by ``optimizers`` (``{precision: {optimizer: cost}}``) where given."""
     fit = dict(base.fit)
     measured = dict(fit.get("measured", {}))
     measured[device_type] = rec
@@ -762,8 +826,11 @@ def merge_calibration(base: Calibration, device_type: str, eff: Efficiency, rec:
     precisions = {k: v for k, v in base.precisions.items() if k != device_type}
     if by_precision:
         precisions[device_type] = dict(by_precision)
+    opt = dict(base.optimizers)
+    if optimizers:
+        opt[device_type] = {p: dict(v) for p, v in optimizers.items()}
     return Calibration(devices={**base.devices, device_type: eff}, default=base.default,
-                       cpu_default=base.cpu_default, fit=fit, precisions=precisions)
+                       cpu_default=base.cpu_default, fit=fit, precisions=precisions, optimizers=opt)
 
 
 @seeded(to="int", error=CostModelError)
@@ -773,7 +840,7 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
                      catalog: Catalog | None = None, seed: int = 0, concurrent: int = 1,
                      matmul_sizes: Sequence[int] | None = None, copy_bytes: int | None = None,
                      matmul_dtypes: Sequence[torch.dtype | str] | None = None,
-                     precisions: Sequence[str] = ("fp32",),
+                     precisions: Sequence[str] = ("fp32",), optimizers: Sequence[str] = ("adam", "sgd"),
                      progress: Progress | None = None) -> tuple[Calibration, dict[str, Any]]:
     """Measure ``torch_device`` and return ``base`` (default: the shipped calibration) with its
     device type's efficiencies fitted on the measurements, and the record of the fit.
@@ -794,9 +861,16 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
             :func:`measure_device`).
         precisions: what the models are timed and fitted in besides fp32 (tf32 on a GPU, bf16): a plan in one
             of them is predicted from its own profiles and efficiency (``Calibration.efficiency``).
+        optimizers: the engine's optimizers whose step is timed and fitted (:func:`measure_optimizer`,
+            :func:`fit_optimizer`) in fp32 and in each of ``precisions`` that stores weights in another type.
         progress: called with a short label before each measurement.
     """
+    from gpualloc.graph.recipe import OPTIMIZERS
+
     cat = catalog or default_catalog()
+    for o in optimizers:
+        if o not in OPTIMIZERS:
+            raise CostModelError(f"--optimizers: {o!r}: the engine trains with {', '.join(OPTIMIZERS)}")
     dt = cat.device(device_type) if device_type else catalog_type_for(torch_device, cat)
     others = [p for p in dict.fromkeys(precisions) if p != "fp32"]
     for p in others:
@@ -809,8 +883,20 @@ def calibrate_device(torch_device: str = "cpu", *, threads: int | None = None,
     eff, report = efficiency_from(measurement, dt, chunks)
     fits = {p: efficiency_from(measurement, dt, chunks, p) for p in others}
     rec = record(measurement, eff, report, dt, fits)
+    opt_costs: dict[str, dict[str, OptimizerCost]] = {}
+    for p in dict.fromkeys(("fp32", *others)):
+        if p == "tf32":  # fp32 storage: fp32's step
+            continue
+        for o in optimizers:
+            if progress:
+                progress(f"optimizer step: {o} in {p}")
+            with torch_threads(None if torch_device.startswith("cuda") else threads):
+                rows = measure_optimizer(torch_device, o, p, seed=seed)
+            cost, fit_rec = fit_optimizer(rows, dt, o, p, asynchronous=torch_device.startswith("cuda"))
+            opt_costs.setdefault(p, {})[o] = cost
+            rec.setdefault("optimizer_fits", {}).setdefault(p, {})[o] = {**dataclasses.asdict(cost), **fit_rec}
     return merge_calibration(base if base is not None else Calibration.load(), dt.name, eff, rec,
-                             {p: e for p, (e, _) in fits.items()}), rec
+                             {p: e for p, (e, _) in fits.items()}, opt_costs), rec
 
 
 def check_profile_precision(precision: str, device_type: DeviceType, torch_device: str) -> None:

@@ -18,6 +18,7 @@ formulas live in :mod:`gpualloc.cost.physics`, which every simulator calls too.
 
 from __future__ import annotations
 
+import functools
 import json
 import weakref
 from collections.abc import Mapping
@@ -69,6 +70,34 @@ class _EfficiencyDoc(BaseModel):
     fitted_from: str = "default"
 
 
+@dataclass(frozen=True)
+class OptimizerCost:
+    """What one optimizer step costs on a device type, in a precision (:func:`gpualloc.cost.physics.optimizer_step_s`):
+    ``fixed_s``, ``per_tensor_s`` of host work for each parameter tensor, and the step's memory traffic at
+    ``memory`` x the device's peak bandwidth; host and device one after the other, or the slower of the two where
+    they ``overlap``. Measured by :func:`gpualloc.cost.microbench.measure_optimizer` (``gpualloc calibrate``)."""
+
+    fixed_s: float
+    per_tensor_s: float
+    memory: float
+    overlap: bool
+    fitted_from: str = "measured"
+
+
+class _OptimizerDoc(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    fixed_s: float = Field(ge=0)
+    per_tensor_s: float = Field(ge=0)
+    memory: float = Field(gt=0)
+    overlap: bool
+    fitted_from: str = "measured"
+
+
+OPTIMIZER_DEFAULTS = ("default", "cpu_default")
+"""The keys of ``Calibration.optimizers`` that hold a GPU's and a CPU's records where a device type has none."""
+
+
 class _CalibrationDoc(BaseModel):
     """A gpualloc-calibration document (what :meth:`Calibration.to_dict` writes)."""
 
@@ -79,6 +108,9 @@ class _CalibrationDoc(BaseModel):
     cpu_default: _EfficiencyDoc
     fit: dict[str, Any] = Field(default_factory=dict)
     precisions: dict[str, dict[Literal["tf32", "bf16", "fp16"], _EfficiencyDoc]] = Field(default_factory=dict)
+    optimizers: dict[str, dict[Literal["fp32", "tf32", "bf16", "fp16"],
+                               dict[Literal["adam", "sgd", "sgd-momentum"], _OptimizerDoc]]] = Field(
+        default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,6 +126,7 @@ class Calibration:
     cpu_default: Efficiency
     fit: Mapping[str, Any] = field(default_factory=dict)
     precisions: Mapping[str, Mapping[str, Efficiency]] = field(default_factory=dict)
+    optimizers: Mapping[str, Mapping[str, Mapping[str, OptimizerCost]]] = field(default_factory=dict)
 
     def efficiency(self, device: DeviceType, precision: str = "fp32") -> Efficiency:
         measured = self.precisions.get(device.name, {}).get(precision)
@@ -101,7 +134,27 @@ class Calibration:
             return measured
         if device.name in self.devices:
             return self.devices[device.name]
-        return self.cpu_default if device.vendor == "cpu" or device.name == "cpu" else self.default
+        return self.cpu_default if _is_cpu(device) else self.default
+
+    def optimizer_cost(self, device: DeviceType, precision: str, optimizer: str) -> OptimizerCost:
+        """The optimizer step's cost on ``device`` (``optimizers[device][precision][optimizer]``): the device type's
+        own record, else the ``default`` (a GPU) or ``cpu_default`` one; in this calibration, else in the shipped
+        one (a calibration file written before optimizers were measured). A precision without a record uses its
+        storage twin's (tf32: fp32; fp16: bf16), then fp32's; SGD with momentum uses SGD's."""
+        fallback = OPTIMIZER_DEFAULTS[1] if _is_cpu(device) else OPTIMIZER_DEFAULTS[0]
+        tables = (self.optimizers, _shipped().optimizers) if self.optimizers else (_shipped().optimizers,)
+        for key in (device.name, fallback):
+            for table in tables:
+                by_precision = table.get(key)
+                if not by_precision:
+                    continue
+                for p in dict.fromkeys((precision, {"tf32": "fp32", "fp16": "bf16"}.get(precision, "fp32"), "fp32")):
+                    for o in dict.fromkeys((optimizer, "sgd" if optimizer == "sgd-momentum" else optimizer)):
+                        found = by_precision.get(p, {}).get(o)
+                        if found is not None:
+                            return found
+        raise CostModelError(f"calibration: no optimizer cost for {optimizer} in {precision} on {device.name}, and "
+                             "no default one")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +166,8 @@ class Calibration:
             "fit": dict(self.fit),
             **({"precisions": {d: {p: asdict(e) for p, e in v.items()} for d, v in self.precisions.items()}}
                if self.precisions else {}),
+            **({"optimizers": {d: {p: {o: asdict(c) for o, c in by_o.items()} for p, by_o in v.items()}
+                               for d, v in self.optimizers.items()}} if self.optimizers else {}),
         }
 
     @classmethod
@@ -126,7 +181,9 @@ class Calibration:
                    default=Efficiency(**doc.default.model_dump()),
                    cpu_default=Efficiency(**doc.cpu_default.model_dump()), fit=doc.fit,
                    precisions={d: {p: Efficiency(**e.model_dump()) for p, e in v.items()}
-                               for d, v in doc.precisions.items()})
+                               for d, v in doc.precisions.items()},
+                   optimizers={d: {p: {o: OptimizerCost(**c.model_dump()) for o, c in by_o.items()}
+                                   for p, by_o in v.items()} for d, v in doc.optimizers.items()})
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
@@ -143,6 +200,16 @@ class Calibration:
         write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
 
 
+def _is_cpu(device: DeviceType) -> bool:
+    return device.vendor == "cpu" or device.name == "cpu"
+
+
+@functools.cache
+def _shipped() -> Calibration:
+    """The calibration shipped with gpualloc (read once)."""
+    return Calibration.load()
+
+
 def peak_ceiling_tflops(device: DeviceType, precision: str = "fp32") -> float | None:
     """The fastest the device can compute in ``precision``, TFLOP/s: that precision's peak, and for fp32 the
     TF32 tensor cores' where it has them (cuDNN runs FP32 convolutions on them by default, which is why the
@@ -154,6 +221,12 @@ def peak_ceiling_tflops(device: DeviceType, precision: str = "fp32") -> float | 
     if precision == "fp32" and device.tf32_tflops is not None:
         return max(peak or 0.0, device.tf32_tflops)
     return peak
+
+
+def _bandwidth(device: DeviceType) -> float:
+    if device.mem_bandwidth_bytes_per_s is None:
+        raise CostModelError(f"device type {device.name!r} has no memory bandwidth for the optimizer step's cost")
+    return float(device.mem_bandwidth_bytes_per_s)
 
 
 def roofline_s(flops: np.ndarray | float, nbytes: np.ndarray | float, device: DeviceType, eff: Efficiency,
@@ -213,13 +286,39 @@ class CostModel:
     def roofline_s(self, flops, nbytes, device: DeviceType, precision: str = "fp32"):
         return roofline_s(flops, nbytes, device, self.efficiency(device, precision), precision)
 
-    def optimizer_step_s(self, param_bytes: float, device: DeviceType, optimizer_states: int) -> float:
-        """One optimizer step over ``param_bytes`` (fp32) of weights on ``device``: memory-bound, reading and
-        writing the weights, gradients and ``optimizer_states`` state tensors (0 without weights)."""
+    def optimizer_step_s(self, param_bytes: float, device: DeviceType, optimizer_states: int, *,
+                         precision: str = "fp32", tensors: float = 0.0) -> float:
+        """One optimizer step over ``param_bytes`` (fp32 sizes) of weights in ``tensors`` parameter tensors on
+        ``device``, training in ``precision`` (0 without weights): :func:`gpualloc.cost.physics.optimizer_step_s` of
+        the step's traffic (:func:`~gpualloc.cost.physics.optimizer_traffic_bytes`) with the calibration's
+        :meth:`Calibration.optimizer_cost` of the device."""
         if param_bytes <= 0:
             return 0.0
-        moved = 2.0 * float(physics.weight_state_bytes(param_bytes, optimizer_states))
-        return float(self.roofline_s(0.0, moved, device))
+        c = self.optimizer_cost(device, optimizer_states, precision)
+        traffic = float(physics.optimizer_traffic_bytes(param_bytes, optimizer_states, precision))
+        return physics.optimizer_step_s(traffic, tensors, c.per_tensor_s, _bandwidth(device) * c.memory, c.fixed_s,
+                                        c.overlap)
+
+    def optimizer_cost(self, device: DeviceType, optimizer_states: int, precision: str = "fp32") -> OptimizerCost:
+        """:meth:`Calibration.optimizer_cost` of the optimizer that keeps ``optimizer_states`` states a weight."""
+        from gpualloc.cost.memory import optimizer_named
+
+        return self.calibration.optimizer_cost(device, precision, optimizer_named(optimizer_states))
+
+    def optimizer_floor_s(self, param_bytes: np.ndarray, tensors: np.ndarray, device: DeviceType,
+                          optimizer_states: int, precision: str = "fp32") -> np.ndarray:
+        """Per-part lower bounds that add up: for any set of the parts (layers) held by one device, their sum is at
+        most :meth:`optimizer_step_s` of the set's weights and tensors. Host and device times where they run one
+        after the other; where they overlap, the larger of the two *over all the parts* (max(h, d) >= h and >= d
+        for every subset). The fixed cost is left out."""
+        p = np.asarray(param_bytes, dtype=np.float64)
+        t = np.asarray(tensors, dtype=np.float64)
+        c = self.optimizer_cost(device, optimizer_states, precision)
+        host = np.where(p > 0, t * c.per_tensor_s, 0.0)  # no weights, no step
+        dev = physics.optimizer_traffic_bytes(p, optimizer_states, precision) / (_bandwidth(device) * c.memory)
+        if not c.overlap:
+            return host + dev
+        return host if host.sum() >= dev.sum() else dev
 
     def op_times_s(self, graph: OpGraph, device: DeviceType, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward time of every node of ``graph`` on ``device`` in ``precision`` (seconds, arrays).

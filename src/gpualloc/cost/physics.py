@@ -43,6 +43,39 @@ def weight_state_bytes(param_bytes: ArrayLike, optimizer_states: int, *, gradien
     return np.asarray(param_bytes, dtype=np.float64) * (1 + int(gradients) + optimizer_states)
 
 
+OPTIMIZER_PASSES: dict[int, float] = {0: 3.0, 1: 8.0, 2: 19.0}
+"""Bytes one optimizer step moves per fp32 weight byte, by the optimizer's state tensors per weight
+(:data:`gpualloc.cost.memory.OPTIMIZER_STATES`), as torch's eager optimizers run (``torch.optim``, foreach or
+per tensor alike; not ``fused=True``), each kernel reading its inputs and writing its output once:
+
+* SGD (0 states): ``p += -lr g``, 3;
+* SGD with momentum (1): ``b *= m``, ``b += g``, ``p += -lr b``: 2 + 3 + 3 = 8;
+* Adam (2): ``m.lerp_(g)`` 3, ``v *= b2`` 2, ``v.addcmul_(g, g)`` 4, ``d = v.sqrt()`` 2, ``d /= c`` 2, ``d += eps`` 2,
+  ``p.addcdiv_(m, d)`` 4: 19 (``_multi_tensor_adam`` / ``_single_tensor_adam`` of torch 2.13, not capturable)."""
+
+MASTER_WEIGHT_PASSES = 3.0
+"""What an fp32 master copy adds per fp32 weight byte in a lower precision (the engine's ``MasterWeights``): the
+gradient cast up (half read, one written) and the weights copied back down (one read, half written)."""
+
+
+def optimizer_traffic_bytes(param_bytes: ArrayLike, optimizer_states: int, precision: str = "fp32") -> np.ndarray:
+    """Memory traffic of one optimizer step over ``param_bytes`` of fp32 weights (:data:`OPTIMIZER_PASSES`,
+    plus :data:`MASTER_WEIGHT_PASSES` when the weights train in a lower ``precision`` than fp32)."""
+    passes = OPTIMIZER_PASSES[int(optimizer_states)] + (0.0 if precision in ("fp32", "tf32") else MASTER_WEIGHT_PASSES)
+    return np.asarray(param_bytes, dtype=np.float64) * passes
+
+
+def optimizer_step_s(traffic_bytes: float, tensors: float, per_tensor_s: float, bandwidth_bytes_per_s: float,
+                     fixed_s: float = 0.0, overlap: bool = False) -> float:
+    """One optimizer step: the host's work on each of ``tensors`` parameter tensors (the optimizer's Python loop and
+    its dispatch) and the device's ``traffic_bytes`` (:func:`optimizer_traffic_bytes`) at ``bandwidth_bytes_per_s``,
+    one after the other, or (``overlap``: a GPU runs the kernels while the host issues the next) the slower of the
+    two, plus ``fixed_s``."""
+    host = float(tensors) * per_tensor_s
+    device = float(traffic_bytes) / bandwidth_bytes_per_s
+    return fixed_s + (max(host, device) if overlap else host + device)
+
+
 def transfer_time_s(nbytes: ArrayLike, latency_s: ArrayLike, bandwidth_bytes_per_s: ArrayLike) -> np.ndarray:
     """Alpha-beta model of one transfer: ``latency + bytes / bandwidth`` (arrays broadcast).
 

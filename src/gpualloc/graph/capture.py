@@ -294,7 +294,8 @@ def capture(
         for o in graph_ops
     ]
     edges = [OpEdge(src, o.id, b) for o in graph_ops for src, b in o.in_bytes.items()]
-    meta: dict[str, Any] = {"source": source, "model": name, "granularity": granularity}
+    meta: dict[str, Any] = {"source": source, "model": name, "granularity": granularity,
+                            "param_tensors": [len(o.owns) for o in graph_ops]}
     if uncounted:
         meta["flops_unknown_ops"] = uncounted  # ops that could not run on meta tensors: counted as 0
     tied = _tied_weights(graph_ops)

@@ -282,12 +282,12 @@ class OpGraph:
                 out.append((nbytes, tuple(held)))
         return out
 
-    def tied_copy_bytes(self, group: np.ndarray, n_groups: int) -> np.ndarray:
+    def tied_copy_bytes(self, group: np.ndarray, n_groups: int, *, count: bool = False) -> np.ndarray:
         """Bytes of the tied-weight copies each group holds beside the parameters its nodes own, (n_groups,): a
-        group running a node of a tied weight whose owner runs elsewhere holds one copy."""
+        group running a node of a tied weight whose owner runs elsewhere holds one copy (``count``: how many)."""
         out = np.zeros(n_groups)
         for nbytes, held in self.tied_holders(group):
-            out[list(held[1:])] += nbytes
+            out[list(held[1:])] += 1.0 if count else nbytes
         return out
 
     @cached_property

@@ -88,6 +88,27 @@ def _per_layer(graph: OpGraph, values, field: str, L: int) -> np.ndarray:
     return out
 
 
+ESTIMATED_PARAM_TENSORS = 2
+"""Parameter tensors assumed for a node with weights where the graph does not count them (a weight and a bias)."""
+
+
+def param_tensors(graph: OpGraph) -> np.ndarray:
+    """Parameter tensors each node owns, (n,): what capture counted (``meta["param_tensors"]``), else
+    :data:`ESTIMATED_PARAM_TENSORS` for each node with weights. An optimizer step pays host work per tensor
+    (:meth:`gpualloc.cost.model.CostModel.optimizer_step_s`)."""
+    counted = graph.meta.get("param_tensors")
+    if counted is None:
+        return np.where(graph.param_bytes > 0, float(ESTIMATED_PARAM_TENSORS), 0.0)
+    try:
+        out = np.asarray(counted, dtype=np.float64)
+    except (TypeError, ValueError):
+        out = np.full(0, np.nan)
+    if out.shape != (len(graph.nodes),) or not np.all(np.isfinite(out)) or np.any(out < 0):
+        raise GraphError(f"graph {graph.name!r}: meta.param_tensors: expected {len(graph.nodes)} counts >= 0, "
+                         "one per node")
+    return out
+
+
 def node_saved_act_bytes(graph: OpGraph, value_bytes: int = 4, bool_masks: bool = False) -> np.ndarray:
     """Bytes each node saves for its backward over the graph's batch, (n,): its layer's
     (:func:`saved_act_bytes`), shared among the layer's nodes in proportion to their outputs (evenly where the

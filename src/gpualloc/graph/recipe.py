@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["NORMS", "bf16_recipe", "cast_inputs"]
+__all__ = ["NORMS", "OPTIMIZERS", "MasterWeights", "bf16_recipe", "cast_inputs"]
 
 
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
@@ -60,3 +60,68 @@ def cast_inputs(inputs: Sequence[torch.Tensor], precision: str) -> tuple[torch.T
     if precision != "bf16":
         return tuple(inputs)
     return tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
+
+
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+"""The optimizers the engine trains with, by name (torch's defaults but the learning rate)."""
+
+
+class MasterWeights:
+    """An optimizer that steps fp32 master copies of low-precision parameters (Micikevicius et al., ICLR 2018).
+
+    ``MasterWeights(params, optimizer_class, **defaults)``: for each bf16 parameter an fp32 copy (an fp32
+    parameter is its own master); ``step`` casts each bf16 gradient to fp32 on its master (freeing the bf16
+    one), steps ``optimizer_class`` over the masters, and copies them back into the bf16 parameters. Built over a
+    ``ZeroRedundancyOptimizer`` partition it keeps masters and optimizer state of that shard only (ZeRO-1, where
+    ``cost/memory.py`` puts them); ZeRO then broadcasts the bf16 parameters."""
+
+    def __init__(self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any) -> None:
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.pairs: list[tuple[Tensor, Tensor]] = []
+        masters = []
+        for g in groups:
+            ms = []
+            for p in g["params"]:
+                m = p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True)
+                self.pairs.append((p, m))
+                ms.append(m)
+            masters.append({**{k: v for k, v in g.items() if k != "params"}, "params": ms})
+        self.optimizer = optimizer_class(masters, **defaults)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p, m in self.pairs:
+            p.grad = None
+            m.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        for p, m in self.pairs:
+            if m is not p:
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+        out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        for p, m in self.pairs:
+            if m is not p:
+                p.copy_(m)
+                m.grad = None
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

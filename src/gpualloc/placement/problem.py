@@ -33,7 +33,7 @@ from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_MICROBATCHES, check_size
 from gpualloc.placement.base import OnCluster
-from gpualloc.graph.layers import node_saved_act_bytes
+from gpualloc.graph.layers import node_saved_act_bytes, param_tensors
 
 if TYPE_CHECKING:
     from gpualloc.placement.hybrid.problem import HybridProblem
@@ -188,8 +188,11 @@ class PlacementProblem(OnCluster):
         a = np.asarray(assignment)
         params = np.bincount(a, weights=self.graph.param_bytes, minlength=self.k)
         params = params + self.graph.tied_copy_bytes(a, self.k)
-        return np.array([self.cost.optimizer_step_s(float(b), d.type, self.optimizer_states)
-                         for b, d in zip(params, self.cluster.devices, strict=True)])
+        tensors = np.bincount(a, weights=param_tensors(self.graph), minlength=self.k)
+        tensors = tensors + self.graph.tied_copy_bytes(a, self.k, count=True)
+        return np.array([self.cost.optimizer_step_s(float(b), d.type, self.optimizer_states,
+                                                    precision=self.rules.precision, tensors=float(t))
+                         for b, t, d in zip(params, tensors, self.cluster.devices, strict=True)])
 
     def transfer_s(self, nbytes: float | np.ndarray, src: int | np.ndarray, dst: int | np.ndarray):
         """Time to move ``nbytes`` from device ``src`` to ``dst`` (0 on the same device)."""

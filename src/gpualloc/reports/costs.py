@@ -108,5 +108,11 @@ def device_calibration_view(name: str, rec: dict, output: object) -> Group:
         parts.append(Text(f"{prec}: compute {e['compute']:.4f}, memory {e['memory']:.4f}, launch "
                           f"{e['launch_s'] * 1e6:.1f} us (of the {prec} peak)"
                           + ("" if runs is None else f"; contiguous runs of ops: median |error| {runs:.1%}")))
+    for prec, by_opt in (rec.get("optimizer_fits") or {}).items():
+        for opt, f in by_opt.items():
+            parts.append(Text(f"optimizer step, {opt} in {prec}: {f['fixed_s'] * 1e6:.0f} us + "
+                              f"{f['per_tensor_s'] * 1e6:.1f} us a tensor "
+                              f"{'overlapping' if f['overlap'] else 'then'} its traffic at {f['memory']:.2f} of the "
+                              f"peak bandwidth (|error| {f['rms_relative_error']:.0%} on {len(f['rows'])} sets)"))
     parts.append(Text(f"wrote {output}; use it with: gpualloc run MODEL --plan plan.json --calibration {output}"))
     return Group(*parts)

@@ -14,7 +14,7 @@ import torch
 
 from gpualloc.errors import EngineError
 from gpualloc.execute.engine.loss import loss_for
-from gpualloc.execute.engine.parallelize import MasterWeights
+from gpualloc.graph.recipe import MasterWeights
 from gpualloc.graph.recipe import bf16_recipe
 from gpualloc.execute.engine.rank import LOW_PRECISION, _grad_error, _reference, _set_precision, _tolerances
 from gpualloc.graph.runnable import build_model

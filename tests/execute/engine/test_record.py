@@ -122,7 +122,8 @@ def test_launch_collect_writes_a_calibration_that_place_reads(planned, tmp_path)
         return json.loads(r.output)["step_time_s"]
 
     shipped, measured = step(), step("--calibration", str(out))
-    assert measured > 2.0 * shipped  # compute is 3x slower; communication is not scaled
+    # compute is 3x slower; communication and the optimizer step (its own calibration) are not scaled
+    assert measured > 1.5 * shipped
 
 
 @pytest.mark.parametrize("breakage, field", [

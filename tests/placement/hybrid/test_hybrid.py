@@ -208,6 +208,20 @@ def test_the_optimizer_step_can_be_the_peak():
     assert cpu.phase == "optimizer step" and cpu.peak == pytest.approx(8 * GB + 2 * 1 * GB)  # two of a layer
 
 
+@pytest.mark.parametrize("sharding", ["none", "zero1", "zero2", "fsdp"])
+def test_the_optimizer_step_pays_each_tensor_a_replica_steps(sharding):
+    """Each replica steps its share of the weights; under ZeRO-1 (whole tensors shared out) a share of the tensors,
+    under FSDP2's shardings a shard of every tensor. A chain's nodes carry no count: two tensors each."""
+    g = chain(6, params=4e6, batch=8)
+    p = HybridProblem(g, load_cluster("2xA100"), 8)
+    plan = one_stage(p, (4, 4), sharding=sharding)
+    tensors = 12 / (2 if sharding == "zero1" else 1)
+    expected = p.cost.optimizer_step_s(6 * 4e6 / (1 if sharding == "none" else 2), p.cluster.device_types[0], 2,
+                                       tensors=tensors)
+    assert plan_costs(p, plan).stages[0].opt_s == pytest.approx(expected)
+    assert p.opt_floor_s(0).sum() <= p.opt_step_s(0, 6 * 4e6, 12) + 1e-15
+
+
 def test_tp_and_overlap_change_the_step_as_they_should():
     g = chain(4, batch=256)
     p = HybridProblem(g, load_cluster("4xA100"), 256)

@@ -62,7 +62,8 @@ def test_speed_scale_makes_a_slowed_device_its_own_type(four_v100):
     fq, bq = q.layer_times_s(1, 8, 1)
     np.testing.assert_allclose(fq, 2 * f)
     np.testing.assert_allclose(bq, 2 * b)
-    assert q.opt_step_s(1, 1e9) == pytest.approx(2 * p.opt_step_s(0, 1e9))
+    assert q.opt_step_s(1, 1e9, 10) == pytest.approx(2 * p.opt_step_s(0, 1e9, 10))
+    np.testing.assert_allclose(q.opt_floor_s(1), 2 * p.opt_floor_s(0))
     assert q.device_speed[1] == pytest.approx(p.device_speed[1] / 2)
     # DDP waits for the slowed GPU; the bound drops by less than a quarter GPU's work
     plan = ddp(p)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpualloc.errors import EngineError
+from gpualloc.graph.recipe import OPTIMIZERS, MasterWeights
 from gpualloc.graph.zoo import GPT, BertLayer, BertModel, BertSelfAttention, Block, CausalSelfAttention
 
 __all__ = ["SHARDINGS", "TP_MODELS", "BertStage", "GPTStage", "MasterWeights", "TPBertSelfAttention",
@@ -378,75 +379,11 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, model_name: str) -> n
 
 
 # ---------------------------------------------------------------------------------------------- replica group
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-"""The optimizers the engine trains with, by name (torch's defaults but the learning rate)."""
-
 
 def _optimizer_class(optimizer: str) -> type[torch.optim.Optimizer]:
     if optimizer not in OPTIMIZERS:
         raise EngineError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     return OPTIMIZERS[optimizer]
-
-
-class MasterWeights:
-    """An optimizer that steps fp32 master copies of low-precision parameters (Micikevicius et al., ICLR 2018).
-
-    ``MasterWeights(params, optimizer_class, **defaults)``: for each bf16 parameter an fp32 copy (an fp32
-    parameter is its own master); ``step`` casts each bf16 gradient to fp32 on its master (freeing the bf16
-    one), steps ``optimizer_class`` over the masters, and copies them back into the bf16 parameters. Built over a
-    ``ZeroRedundancyOptimizer`` partition it keeps masters and optimizer state of that shard only (ZeRO-1, where
-    ``cost/memory.py`` puts them); ZeRO then broadcasts the bf16 parameters."""
-
-    def __init__(self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any) -> None:
-        groups = list(params)
-        if groups and not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
-        self.pairs: list[tuple[Tensor, Tensor]] = []
-        masters = []
-        for g in groups:
-            ms = []
-            for p in g["params"]:
-                m = p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True)
-                self.pairs.append((p, m))
-                ms.append(m)
-            masters.append({**{k: v for k, v in g.items() if k != "params"}, "params": ms})
-        self.optimizer = optimizer_class(masters, **defaults)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p, m in self.pairs:
-            p.grad = None
-            m.grad = None
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        for p, m in self.pairs:
-            if m is not p:
-                m.grad = None if p.grad is None else p.grad.float()
-                p.grad = None
-        out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        for p, m in self.pairs:
-            if m is not p:
-                p.copy_(m)
-                m.grad = None
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
 
 
 def _master_weights(opt_class: type[torch.optim.Optimizer]) -> Callable[..., MasterWeights]:

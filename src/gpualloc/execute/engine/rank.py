@@ -246,9 +246,9 @@ def _reference(module: nn.Module, inputs: Sequence[Tensor], targets: Tensor, los
     """The unsplit model's global-batch mean loss, gradients and weights after one step of ``optimizer``, and its
     outputs on samples ``rows`` (none when None), trained in ``precision``'s recipe as the engine trains: for bf16
     the model made bf16 by :func:`~gpualloc.graph.recipe.bf16_recipe` (fp32 norms) and stepped
-    through fp32 master weights (:class:`~gpualloc.execute.engine.parallelize.MasterWeights`), the loss taken on
+    through fp32 master weights (:class:`~gpualloc.graph.recipe.MasterWeights`), the loss taken on
     fp32-cast outputs."""
-    from gpualloc.execute.engine.parallelize import OPTIMIZERS, MasterWeights
+    from gpualloc.graph.recipe import OPTIMIZERS, MasterWeights
     from gpualloc.graph.recipe import bf16_recipe
 
     device = next(module.parameters()).device
@@ -452,7 +452,7 @@ def _warm_up(device: torch.device, optimizer: str, *, export: bool) -> None:
     0.3 MB after this warm-up), and with ``--no-check`` (no unsplit reference step before the baseline) a first
     backward and optimizer step keep about 4 MB more (``gpt-tiny`` PP2 x DP2, SGD). That is the runtime's, paid
     here once. A GPU's probe counts CUDA tensors only and needs no warm-up."""
-    from gpualloc.execute.engine.parallelize import OPTIMIZERS
+    from gpualloc.graph.recipe import OPTIMIZERS
     from gpualloc.graph.runnable import export_runnable
 
     class _Warm(nn.Module):

@@ -330,7 +330,7 @@ def fit_run(run: EngineRun, rows: Sequence[RankComparison], prediction: Predicti
         measured[name] = rec
     fit["measured"] = measured
     fit["engine_run"] = run_summary(run, rows, prediction, scales=scales, source=source)
-    return Calibration(devices=devices, default=base.default, cpu_default=base.cpu_default, fit=fit)
+    return dataclasses.replace(base, devices=devices, fit=fit)  # its precisions and optimizer steps kept
 
 
 def critical_ranks(rows: Sequence[RankComparison]) -> frozenset[int]:

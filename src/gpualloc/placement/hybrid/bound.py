@@ -77,8 +77,7 @@ def hybrid_bound(problem: HybridProblem) -> HybridBound:
     """Both terms of the bound (see the module docstring)."""
     G = problem.global_batch
     work_tl = problem.min_sample_work_s() * G  # (types, L)
-    opt_tl = np.array([[problem.opt_step_s(ti, 2 * p) - problem.opt_step_s(ti, p) for p in problem.layer_param_bytes]
-                       for ti in range(len(problem.type_names))])
+    opt_tl = np.array([problem.opt_floor_s(ti) for ti in range(len(problem.type_names))])
     c = (work_tl + np.maximum(opt_tl, 0.0))[problem.type_of].T  # (L, k)
     fixed = problem.min_layer_fixed_s()[problem.type_of].T
     load = c.sum(axis=0) + fixed.sum(axis=0)

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpualloc.cost import physics
-from gpualloc.cost.memory import NO_MEMORY, PROFILE_VALUE_BYTES, DeviceMemory, device_memory
+from gpualloc.cost.memory import (NO_MEMORY, PROFILE_VALUE_BYTES, WHOLE_TENSOR_SHARDS, DeviceMemory,
+                                  device_memory)
 from gpualloc.errors import PlacementError
 from gpualloc.placement.hybrid.plan import HybridPlan, replica_microbatch, validate
 from gpualloc.placement.hybrid.problem import HybridProblem
@@ -375,8 +376,11 @@ def plan_costs(problem: HybridProblem, plan: HybridPlan) -> PlanCosts:
         recv, feeds = (None, None) if si == 0 else _p2p(problem, plan, plan.stages[si - 1], stage, splits[si - 1],
                                                         splits[si], shares)
         params = problem.stage_param_bytes(stage.first, stage.last)
-        per_device = params / (len(stage.replicas) if plan.sharding != "none" else 1)
-        opt = max(problem.opt_step_s(ti, per_device / tp)
+        shards = len(stage.replicas) if plan.sharding != "none" else 1
+        # ZeRO-1 shares whole tensors among the replicas; FSDP2 and TP split every tensor, each rank steps them all
+        tensors = (problem.stage_param_tensors(stage.first, stage.last)
+                   / (shards if plan.sharding in WHOLE_TENSOR_SHARDS else 1))
+        opt = max(problem.opt_step_s(ti, params / shards / tp, tensors)
                   for ti, tp in {(int(problem.type_of[d]), rep.tp) for rep in stage.replicas for d in rep.devices})
         stages.append(StageCosts(fwd, bwd, comp, tpc, recv, feeds, sync, buckets, opt, gather))
         _stage_mem(problem, plan, si, splits[si], mem)

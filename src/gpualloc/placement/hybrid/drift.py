@@ -55,8 +55,12 @@ class ScaledHybridProblem(HybridProblem):
         s = self._factor[type_index]
         return tuple(a / s for a in self.base.layer_times_s(int(self._base_type[type_index]), mb, tp))
 
-    def opt_step_s(self, type_index: int, param_bytes: float) -> float:
-        return self.base.opt_step_s(int(self._base_type[type_index]), param_bytes) / float(self._factor[type_index])
+    def opt_step_s(self, type_index: int, param_bytes: float, tensors: float) -> float:
+        return (self.base.opt_step_s(int(self._base_type[type_index]), param_bytes, tensors)
+                / float(self._factor[type_index]))
+
+    def opt_floor_s(self, type_index: int) -> np.ndarray:
+        return self.base.opt_floor_s(int(self._base_type[type_index])) / float(self._factor[type_index])
 
     def min_sample_work_s(self) -> np.ndarray:
         return self.base.min_sample_work_s()[self._base_type] / self._factor[:, None]

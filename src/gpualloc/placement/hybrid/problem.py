@@ -42,7 +42,7 @@ from gpualloc.errors import PlacementError
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
 from gpualloc.limits import MAX_BATCH, check_size
-from gpualloc.graph.layers import layer_of_node, saved_act_bytes
+from gpualloc.graph.layers import layer_of_node, param_tensors, saved_act_bytes
 from gpualloc.placement.base import OnCluster
 
 __all__ = ["HybridProblem"]
@@ -119,13 +119,28 @@ class HybridProblem(OnCluster):
         (:class:`gpualloc.graph.ir.TiedWeight`)."""
         return float(self.layer_param_bytes[first:last + 1].sum() + self.tied_copy_bytes[first, last])
 
+    def stage_param_tensors(self, first: int, last: int) -> float:
+        """Parameter tensors a stage on layers ``first..last`` holds: its layers' own and its tied-weight copies
+        (as :meth:`stage_param_bytes`)."""
+        return float(self.layer_param_tensors[first:last + 1].sum() + self._tied_copies[1][first, last])
+
     @cached_property
+    def layer_param_tensors(self) -> np.ndarray:
+        """Parameter tensors of every layer, (L,) (:func:`gpualloc.graph.layers.param_tensors`)."""
+        return self._per_layer(param_tensors(self.graph))
+
+    @property
     def tied_copy_bytes(self) -> np.ndarray:
         """``out[a, b]``: the tied-weight copies a stage on layers ``a..b`` holds (:meth:`stage_param_bytes`'s
         second term for every range at once), (L, L); 0 where ``b < a``."""
-        out = np.zeros((self.L, self.L))
+        return self._tied_copies[0]
+
+    @cached_property
+    def _tied_copies(self) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes (:attr:`tied_copy_bytes`) and the number of the tied-weight copies of every layer range."""
+        out, count = np.zeros((self.L, self.L)), np.zeros((self.L, self.L))
         if not self.graph.tied:
-            return out
+            return out, count
         a, b = np.meshgrid(np.arange(self.L), np.arange(self.L), indexing="ij")
         for nbytes, nodes in self.graph.tied_index:
             layers = self.layer_of[nodes]
@@ -133,8 +148,10 @@ class HybridProblem(OnCluster):
             reader_in = np.zeros_like(owner_in)
             for r in layers[1:]:
                 reader_in |= (a <= r) & (r <= b)
-            out += np.where(reader_in & ~owner_in, nbytes, 0.0)
-        return out
+            copy = reader_in & ~owner_in
+            out += np.where(copy, nbytes, 0.0)
+            count += copy
+        return out, count
 
     def tied_holders(self, stage_last: list[int]) -> list[tuple[float, tuple[int, ...]]]:
         """The tied weights a pipeline splits, each with its bytes and the stages holding it, the owner's first
@@ -324,16 +341,26 @@ class HybridProblem(OnCluster):
         near = [s for s in sizes if s < mb][-1:] + [s for s in sizes if s > mb][:1]
         return f"{name}: {mb} samples a microbatch at TP {tp} {how} the profiled {' and '.join(map(str, near))}"
 
-    def opt_step_s(self, type_index: int, param_bytes: float) -> float:
-        """Optimizer step over ``param_bytes`` of weights on one device of the type: the profile's
-        measured step scaled by the share of the model's weights, else the memory-bound roofline of reading
-        and writing weights, gradients and optimizer states."""
+    def opt_step_s(self, type_index: int, param_bytes: float, tensors: float) -> float:
+        """Optimizer step over ``param_bytes`` of weights in ``tensors`` parameter tensors on one device of the type:
+        the profile's measured step scaled by the share of the model's weights, else the cost model's
+        (:meth:`gpualloc.cost.model.CostModel.optimizer_step_s`)."""
         if param_bytes <= 0:
             return 0.0
         if self.profile is not None:
             total = float(self.layer_param_bytes.sum()) or 1.0
             return float(self.profile["opt_step_s"].get(self.type_names[type_index], 0.0)) * param_bytes / total
-        return self.cost.optimizer_step_s(param_bytes, self.cluster.device_types[type_index], self.optimizer_states)
+        return self.cost.optimizer_step_s(param_bytes, self.cluster.device_types[type_index], self.optimizer_states,
+                                          precision=self.precision, tensors=tensors)
+
+    def opt_floor_s(self, type_index: int) -> np.ndarray:
+        """Per-layer parts of :meth:`opt_step_s` that add up to at most the step of any set of layers on one device
+        of the type, (L,) (the bound's; :meth:`gpualloc.cost.model.CostModel.optimizer_floor_s`)."""
+        if self.profile is not None:
+            return np.array([self.opt_step_s(type_index, float(p), 0.0) for p in self.layer_param_bytes])
+        return self.cost.optimizer_floor_s(self.layer_param_bytes, self.layer_param_tensors,
+                                           self.cluster.device_types[type_index], self.optimizer_states,
+                                           self.precision)
 
     def min_sample_work_s(self) -> np.ndarray:
         """Least device-seconds one sample of each layer costs on each type, over every microbatch size and
