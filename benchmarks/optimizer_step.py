@@ -91,11 +91,14 @@ def run(args) -> dict[str, Any]:
     return out
 
 
-def record(doc: dict[str, Any], path: Path = RECORD) -> None:
-    """Store ``doc``'s grid timings under its device type in ``path`` (other devices kept)."""
+def record(doc: dict[str, Any], path: Path = RECORD, source: Path | None = None) -> None:
+    """Store ``doc``'s grid timings under its device type in ``path`` (other devices kept); ``source``: the results
+    file they were read from."""
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[doc["as"]] = {k: doc[k] for k in ("device", "torch", "host", "gpu", "threads", "command")} | {
         "timings": {c["precision"]: {} for c in doc["cases"]}}
+    if source is not None:
+        data[doc["as"]]["recorded_from"] = str(source)
     for c in doc["cases"]:
         data[doc["as"]]["timings"][c["precision"]][c["optimizer"]] = c["grid"]
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -139,7 +142,7 @@ def main() -> None:
     ap.add_argument("--record-from", type=Path, help="store a results file's grid timings (a GPU run's) and exit")
     args = ap.parse_args()
     if args.record_from:
-        record(json.loads(args.record_from.read_text()))
+        record(json.loads(args.record_from.read_text()), source=args.record_from)
         print(f"stored the grid of {args.record_from} in {RECORD}")
         return
     args.argv = sys.argv[1:]

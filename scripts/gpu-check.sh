@@ -8,6 +8,7 @@
 #   bash scripts/gpu-check.sh            # on the GPU machine: torch there, our deps from .whl/ (see below)
 #   GPU_CHECK_REHEARSE=1 OUT=/tmp/x bash scripts/gpu-check.sh   # here, on the CPU: same steps, tiny models
 #   GPU_CHECK_ONLY="calibrate tests bf16" bash scripts/gpu-check.sh   # some parts only (a second call's budget):
+#   GPU_CHECK_CALIBRATION=src/gpualloc/cost/data/calibration-H200.json   # plan and predict with it (no calibrate)
 #       calibrate, tests, fp32 (step 3), telemetry, launch, bf16 (step 6), optimizer (step 7)
 #
 # The GPU machine has its own torch (2.11 + CUDA): the pinned 2.13 CPU wheel is not carried. Our package runs
@@ -89,7 +90,8 @@ want calibrate && { step calibrate 180 "${GA[@]}" calibrate --device "$DEV" --as
     --precisions "$PRECS" --repeats "$REPEATS" -o "$RES/calibration.json" --json \
 || step calibrate-small 90 "${GA[@]}" calibrate --device "$DEV" --as "$AS" --models "${CAL_MODELS%%,*}" \
     --precisions "$PRECS" --repeats "$REPEATS" -o "$RES/calibration.json" --json; }
-CAL=()
+CAL=()  # this call's calibration, else GPU_CHECK_CALIBRATION (e.g. the one a previous call shipped)
+[ -n "${GPU_CHECK_CALIBRATION:-}" ] && [ ! -s "$RES/calibration.json" ] && cp "$GPU_CHECK_CALIBRATION" "$RES/calibration.json"
 [ -s "$RES/calibration.json" ] && CAL=(--calibration "$RES/calibration.json")
 
 # 2. the gpu-marked tests (the files by name: collecting whole folders would import the service's modules,

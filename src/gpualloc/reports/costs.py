@@ -48,6 +48,15 @@ def calibration_view(cal) -> Group:
     for name, e in [*cal.devices.items(), *measured_in, ("(other GPUs)", cal.default), ("(cpu)", cal.cpu_default)]:
         table.add_row(name, f"{e.compute:.3f}", f"{e.memory:.3f}", f"{e.launch_s * 1e6:.1f}", e.fitted_from)
     parts.append(table)
+    if cal.optimizers:
+        t = Table("device", "precision", "optimizer", "fixed us", "us a tensor", "traffic (of peak bandwidth)",
+                  "host and device", "fitted from", title="Optimizer step (docs/cost-model.md)")
+        for dev, by_prec in cal.optimizers.items():
+            for prec, by_opt in by_prec.items():
+                for opt, c in by_opt.items():
+                    t.add_row(dev, prec, opt, f"{c.fixed_s * 1e6:.0f}", f"{c.per_tensor_s * 1e6:.1f}",
+                              f"{c.memory:.2f}", "overlapped" if c.overlap else "in turn", c.fitted_from)
+        parts.append(t)
     fit = cal.fit
     if "pipedream" in fit:
         pd = fit["pipedream"]
