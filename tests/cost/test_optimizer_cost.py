@@ -161,3 +161,12 @@ def test_the_floor_never_exceeds_the_step_of_any_set(parts, device, states, prec
     step = cost.optimizer_step_s(float(p[subset].sum()), dev, states, precision=precision,
                                  tensors=float(t[subset].sum()))
     assert floor[subset].sum() <= step * (1 + 1e-12) + 1e-15
+
+
+def test_a_fit_on_unusable_timings_is_one_line():
+    dev = default_catalog().device("H200")
+    rows = [{"tensors": 8, "param_bytes": 4e6, "seconds": s} for s in (1e-3, 0.0, 2e-3)]
+    with pytest.raises(CostModelError, match="three positive timings"):
+        fit_optimizer(rows, dev, "adam", "fp32", asynchronous=True)
+    with pytest.raises(CostModelError, match="three positive timings"):
+        fit_optimizer(rows[:2], dev, "adam", "fp32", asynchronous=True)

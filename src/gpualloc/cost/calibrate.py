@@ -228,8 +228,9 @@ def fit_optimizer(rows: Sequence[dict[str, float]], device: DeviceType, optimize
                                               precision)
     t = np.array([r["seconds"] for r in rows], dtype=np.float64)
     bandwidth = float(device.mem_bandwidth_bytes_per_s or 0.0)
-    if bandwidth <= 0 or len(rows) < 3:
-        raise CostModelError(f"optimizer fit on {device.name}: needs the device's bandwidth and three timings")
+    if bandwidth <= 0 or len(rows) < 3 or not np.all(np.isfinite(t) & (t > 0)):
+        raise CostModelError(f"optimizer fit on {device.name}: needs the device's bandwidth and three positive "
+                             "timings")
     best = None
     for overlap in ((False, True) if asynchronous else (False,)):
         def model(x, overlap=overlap):
@@ -243,6 +244,8 @@ def fit_optimizer(rows: Sequence[dict[str, float]], device: DeviceType, optimize
             best = (rms, overlap, np.exp(res.x))
     assert best is not None
     rms, overlap, (fixed, per_tensor, memory) = best
+    if not np.all(np.isfinite([rms, fixed, per_tensor, memory])):
+        raise CostModelError(f"optimizer fit on {device.name}: {optimizer} in {precision} did not converge")
     cost = OptimizerCost(float(fixed), float(per_tensor), float(memory), bool(overlap), "measured")
     return cost, {"rms_relative_error": rms, "rows": list(rows)}
 

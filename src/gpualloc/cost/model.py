@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from gpualloc.cost import physics
 from gpualloc.errors import CostModelError, parse_json, read_text, write_text
@@ -70,26 +71,17 @@ class _EfficiencyDoc(BaseModel):
     fitted_from: str = "default"
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="ignore", allow_inf_nan=False))
 class OptimizerCost:
     """What one optimizer step costs on a device type, in a precision (:func:`gpualloc.cost.physics.optimizer_step_s`):
     ``fixed_s``, ``per_tensor_s`` of host work for each parameter tensor, and the step's memory traffic at
     ``memory`` x the device's peak bandwidth; host and device one after the other, or the slower of the two where
-    they ``overlap``. Measured by :func:`gpualloc.cost.microbench.measure_optimizer` (``gpualloc calibrate``)."""
+    they ``overlap``. Measured by :func:`gpualloc.cost.microbench.measure_optimizer` (``gpualloc calibrate``).
+    Validated as a calibration file's record is (finite, non-negative times, a positive share)."""
 
-    fixed_s: float
-    per_tensor_s: float
-    memory: float
-    overlap: bool
-    fitted_from: str = "measured"
-
-
-class _OptimizerDoc(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    fixed_s: float = Field(ge=0)
-    per_tensor_s: float = Field(ge=0)
-    memory: float = Field(gt=0)
+    fixed_s: Annotated[float, Field(ge=0)]
+    per_tensor_s: Annotated[float, Field(ge=0)]
+    memory: Annotated[float, Field(gt=0)]
     overlap: bool
     fitted_from: str = "measured"
 
@@ -109,7 +101,7 @@ class _CalibrationDoc(BaseModel):
     fit: dict[str, Any] = Field(default_factory=dict)
     precisions: dict[str, dict[Literal["tf32", "bf16", "fp16"], _EfficiencyDoc]] = Field(default_factory=dict)
     optimizers: dict[str, dict[Literal["fp32", "tf32", "bf16", "fp16"],
-                               dict[Literal["adam", "sgd", "sgd-momentum"], _OptimizerDoc]]] = Field(
+                               dict[Literal["adam", "sgd", "sgd-momentum"], OptimizerCost]]] = Field(
         default_factory=dict)
 
 
@@ -182,8 +174,7 @@ class Calibration:
                    cpu_default=Efficiency(**doc.cpu_default.model_dump()), fit=doc.fit,
                    precisions={d: {p: Efficiency(**e.model_dump()) for p, e in v.items()}
                                for d, v in doc.precisions.items()},
-                   optimizers={d: {p: {o: OptimizerCost(**c.model_dump()) for o, c in by_o.items()}
-                                   for p, by_o in v.items()} for d, v in doc.optimizers.items()})
+                   optimizers=doc.optimizers)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
