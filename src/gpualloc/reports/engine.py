@@ -31,14 +31,18 @@ def engine_run_view(report: dict[str, Any]) -> Group:
                         f"({report.get('world_size')} ranks, {report.get('backend')}, {report.get('schedule')})",
                   drop_first=("predicted reserve", "torch", "batch"), more="--json")
     for col in ("rank", "device", "torch", "stage", "replica", "batch", "step", "measured compute",
-                "predicted compute", "error", "measured peak", "predicted peak", "predicted reserve"):
+                "predicted compute", "error", "optimizer measured / predicted", "measured peak", "predicted peak",
+                "predicted reserve"):
         table.add_column(col, justify="left" if col in ("device", "torch") else "right")
     for r in report["ranks"]:
+        opt = (f"{ms(r['measured_optimizer_s'])} / {ms(r['predicted_optimizer_s'])}"
+               if r.get("predicted_optimizer_s") else "-")
         table.add_row(str(r["rank"]), r["device"], r["torch_device"],
                       ",".join(map(str, r.get("stages") or [r["stage"]])), str(r["replica"]),
                       str(r["local_batch"]), ms(r["measured_step_s"]), ms(r["measured_compute_s"]),
-                      ms(r["predicted_compute_s"]), signed_pct(r["compute_error"]), _bytes(r["measured_peak_bytes"]),
-                      _bytes(r["predicted_peak_bytes"]), _bytes(r["predicted_reserve_bytes"]))
+                      ms(r["predicted_compute_s"]), signed_pct(r["compute_error"]), opt,
+                      _bytes(r["measured_peak_bytes"]), _bytes(r["predicted_peak_bytes"]),
+                      _bytes(r["predicted_reserve_bytes"]))
     cal = report.get("calibration") or {}
     err = report.get("step_error")
     lines = [
@@ -56,4 +60,7 @@ def engine_run_view(report: dict[str, Any]) -> Group:
     for name, scale in (report.get("scale") or {}).items():
         lines.append(f"{name}: measured compute is {scale:.3g} x the prediction; the written calibration scales "
                      f"its efficiency by {1 / scale:.3g}")
+    for name, scale in (report.get("optimizer_scale") or {}).items():
+        lines.append(f"{name}: the measured optimizer step is {scale:.3g} x the prediction; the written calibration "
+                     "scales its optimizer cost to match")
     return Group(table, *lines)

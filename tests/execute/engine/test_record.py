@@ -34,8 +34,9 @@ def planned(tmp_path_factory):
     return path, graph, cluster, outcome.plan
 
 
-def write_run(folder: Path, plan, cluster, busy, *, factor: float, peak: int = 50_000_000) -> Path:
-    """Rank records of a run whose every rank computed ``factor`` x ``busy`` (its predicted compute)."""
+def write_run(folder: Path, plan, cluster, busy, *, factor: float, peak: int = 50_000_000, optimizer=None) -> Path:
+    """Rank records of a run whose every rank computed ``factor`` x ``busy`` (its predicted compute) and stepped
+    its optimizer in ``optimizer[device]`` seconds (default a tenth of that compute)."""
     folder.mkdir(parents=True, exist_ok=True)
     devices = sorted(plan.devices)
     names = []
@@ -47,7 +48,8 @@ def write_run(folder: Path, plan, cluster, busy, *, factor: float, peak: int = 5
         doc = {"rank": rank, "world_size": len(devices), "device": d, "device_type": cluster.devices[d].type.name,
                "torch_device": "cpu", "stage": stage, "replica": replica, "tp_rank": 0, "local_batch": share,
                "microbatches": plan.microbatches, "step_times_s": [1.5 * t, 1.4 * t, 1.6 * t],
-               "stage_forward_s": t / 3, "stage_backward_s": 2 * t / 3, "optimizer_s": 0.1 * t,
+               "stage_forward_s": t / 3, "stage_backward_s": 2 * t / 3,
+               "optimizer_s": 0.1 * t if optimizer is None else optimizer[d],
                "peak_memory_bytes": peak, "peak_reserved_bytes": None, "loss": 1.0 if stage == len(plan.stages) - 1
                else None}
         names.append(f"rank{rank}.json")
@@ -64,7 +66,9 @@ def test_known_times_give_the_expected_efficiency(planned, tmp_path):
     _, graph, cluster, plan = planned
     base = Calibration.load()
     before = predict_run(plan, graph, cluster, base, optimizer="adam")
-    run = read_run(write_run(tmp_path / "run", plan, cluster, before.busy_s, factor=2.0))
+    assert all(before.optimizer_s[d] > 0 for d in plan.devices)
+    run = read_run(write_run(tmp_path / "run", plan, cluster, before.busy_s, factor=2.0,
+                             optimizer=[3.0 * x for x in before.optimizer_s]))
     rows = compare_run(run, before, cluster)
     assert [r.compute_error for r in rows] == pytest.approx([-0.5, -0.5])
     fitted = fit_run(run, rows, before, base, cluster)
@@ -77,11 +81,16 @@ def test_known_times_give_the_expected_efficiency(planned, tmp_path):
     after = predict_run(plan, graph, cluster, fitted, optimizer="adam")
     for d in plan.devices:
         assert after.busy_s[d] == pytest.approx(2.0 * before.busy_s[d], rel=1e-9)
+        # ... and steps the optimizer in what was measured (fitted apart: 3x)
+        assert after.optimizer_s[d] == pytest.approx(3.0 * before.optimizer_s[d], rel=1e-9)
+    assert fitted.fit["measured"]["cpu"]["engine"]["optimizer_scale"] == pytest.approx(3.0)
+    assert "engine run of gpt-tiny" in fitted.optimizer_cost(cpu, "fp32", "adam").fitted_from
     mem = fitted.fit["engine_run"]["memory"]["correction_bytes"]["cpu"]
     assert mem == pytest.approx(50_000_000 - (before.peak_mem_bytes[0] - before.reserve_bytes[0]))
     # the file is a calibration: the one reader takes it back unchanged
     fitted.save(tmp_path / "run.json")
     again = Calibration.load(tmp_path / "run.json")
+    assert again.optimizer_cost(cpu, "fp32", "adam") == fitted.optimizer_cost(cpu, "fp32", "adam")
     assert again.efficiency(cpu) == new and json.loads((tmp_path / "run.json").read_text())["format"] == \
         "gpualloc-calibration"
 

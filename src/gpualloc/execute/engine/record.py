@@ -19,7 +19,9 @@ that plan is the measured one, whichever estimate it uses. (A scale below 1 that
 device's ceiling is clamped by the roofline, so the next prediction is then slower than measured.) Peak memory per
 device is recorded beside the prediction under ``fit.engine_run.memory`` (the probe's peak is above the process's
 baseline, so it is compared with the prediction without its reserve); the difference is the correction to add to
-``place --reserve-gib``. """
+``place --reserve-gib``. The optimizer step is fitted the same way, apart: each type's measured ``optimizer_s``
+over the simulator's optimizer step on the same ranks scales the type's optimizer cost for the run's precision and
+optimizer (:meth:`gpualloc.cost.model.Calibration.optimizer_cost`: host work and traffic time by ``s``). """
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpualloc.cost.model import Calibration, CostModel, Efficiency
+from gpualloc.cost.model import Calibration, CostModel, Efficiency, OptimizerCost
 from gpualloc.errors import EngineError, parse_json, read_text
 from gpualloc.graph.ir import OpGraph
 from gpualloc.hardware.cluster import ClusterSpec
@@ -182,6 +184,7 @@ class Prediction:
         peak_mem_bytes: every device's predicted peak, its reserve included.
         reserve_bytes: the framework reserve inside each device's predicted peak.
         how: ``"profiled ops"`` or ``"roofline"`` (how op times were estimated).
+        optimizer_s: every cluster device's optimizer step (the simulated step's ``O`` events on it).
     """
 
     step_time_s: float
@@ -189,6 +192,7 @@ class Prediction:
     peak_mem_bytes: tuple[float, ...]
     reserve_bytes: tuple[float, ...]
     how: str
+    optimizer_s: tuple[float, ...] = ()
 
 
 def predict_run(plan: Plan, graph: OpGraph, cluster: ClusterSpec, calibration: Calibration | None, *,
@@ -198,7 +202,7 @@ def predict_run(plan: Plan, graph: OpGraph, cluster: ClusterSpec, calibration: C
     ``use_profiles``, per-op profiles of the model in the calibration for every device type used give the op
     times (as ``gpualloc run`` and ``place --calibration`` predict)."""
     from gpualloc.cost.memory import MemoryRules
-    from gpualloc.placement.outcome import simulate_plan
+    from gpualloc.placement.outcome import plan_events, simulate_plan
     from gpualloc.placement.problem import PlacementProblem
 
     cal = calibration if calibration is not None else Calibration.load()
@@ -213,9 +217,13 @@ def predict_run(plan: Plan, graph: OpGraph, cluster: ClusterSpec, calibration: C
     sim = simulate_plan(problem, plan)
     memory = tuple(getattr(sim, "memory", ()) or ())
     reserve = tuple(float(m.reserve) for m in memory) if len(memory) == len(cluster) else (0.0,) * len(cluster)
+    opt = [0.0] * len(cluster)
+    for ev in plan_events(problem, plan):  # the optimizer steps: "O step" (op-level), "O s<stage>" (hybrid)
+        if ev.task.startswith("O ") and ev.resource.startswith("dev:"):
+            opt[int(ev.resource[4:])] += ev.end_s - ev.start_s
     return Prediction(float(sim.step_time_s), tuple(float(x) for x in sim.busy_s),
                       tuple(float(x) for x in sim.peak_mem_bytes), reserve,
-                      "profiled ops" if profiled is not None else "roofline")
+                      "profiled ops" if profiled is not None else "roofline", tuple(opt))
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,8 @@ class RankComparison:
     predicted_reserve_bytes: float
     measured_reserve_bytes: int | None
     stages: tuple[int, ...] = ()
+    measured_optimizer_s: float = 0.0
+    predicted_optimizer_s: float = 0.0
 
     @property
     def compute_error(self) -> float | None:
@@ -272,7 +282,9 @@ def compare_run(run: EngineRun, prediction: Prediction, cluster: ClusterSpec) ->
             measured_step_s=float(statistics.median(r.step_times_s)), measured_compute_s=r.compute_s,
             predicted_compute_s=prediction.busy_s[r.device], measured_peak_bytes=r.peak_memory_bytes,
             predicted_peak_bytes=prediction.peak_mem_bytes[r.device],
-            predicted_reserve_bytes=prediction.reserve_bytes[r.device], measured_reserve_bytes=r.peak_reserved_bytes))
+            predicted_reserve_bytes=prediction.reserve_bytes[r.device], measured_reserve_bytes=r.peak_reserved_bytes,
+            measured_optimizer_s=r.optimizer_s,
+            predicted_optimizer_s=prediction.optimizer_s[r.device] if prediction.optimizer_s else 0.0))
     return tuple(out)
 
 
@@ -299,7 +311,9 @@ def fit_run(run: EngineRun, rows: Sequence[RankComparison], prediction: Predicti
     fit = dict(base.fit)
     measured = dict(fit.get("measured", {}) if isinstance(fit.get("measured"), Mapping) else {})
     devices = dict(base.devices)
+    optimizers = {d: {p: dict(o) for p, o in by.items()} for d, by in base.optimizers.items()}
     scales: dict[str, float] = {}
+    opt_scales: dict[str, float] = {}
     model = str(run.engine.get("model", "?"))
     critical = critical_ranks(rows)
     for name in dict.fromkeys(r.device_type for r in rows):
@@ -327,10 +341,32 @@ def fit_run(run: EngineRun, rows: Sequence[RankComparison], prediction: Predicti
                        "measured_compute_s": meas, "predicted_compute_s": pred,
                        "before": dataclasses.asdict(old)},
         })
+        opt_scale = _fit_optimizer(run, [r for r in rows if r.device_type == name], base,
+                                   cluster.catalog.device(name), optimizers, model)
+        if opt_scale is not None:
+            rec["engine"]["optimizer_scale"] = opt_scales[name] = opt_scale
         measured[name] = rec
     fit["measured"] = measured
-    fit["engine_run"] = run_summary(run, rows, prediction, scales=scales, source=source)
-    return dataclasses.replace(base, devices=devices, fit=fit)  # its precisions and optimizer steps kept
+    fit["engine_run"] = run_summary(run, rows, prediction, scales=scales, optimizer_scales=opt_scales, source=source)
+    return dataclasses.replace(base, devices=devices, fit=fit, optimizers=optimizers)  # its precisions kept
+
+
+def _fit_optimizer(run: EngineRun, rows: Sequence[RankComparison], base: Calibration, device: Any,
+                   optimizers: dict[str, dict[str, dict[str, OptimizerCost]]], model: str) -> float | None:
+    """Scale ``device``'s optimizer cost in ``optimizers`` (in place) by the measured over the predicted optimizer
+    step of its ranks ``rows``, for the run's precision and optimizer; the scale, or None with nothing to fit on."""
+    meas = sum(r.measured_optimizer_s for r in rows if r.predicted_optimizer_s > 0)
+    pred = sum(r.predicted_optimizer_s for r in rows if r.predicted_optimizer_s > 0)
+    if not meas > 0 or not pred > 0:
+        return None
+    scale = meas / pred
+    precision = str(run.engine.get("precision", "fp32"))
+    optimizer = str(run.engine.get("optimizer", "adam"))
+    old = base.optimizer_cost(device, precision, optimizer)
+    optimizers.setdefault(device.name, {}).setdefault(precision, {})[optimizer] = dataclasses.replace(
+        old, fixed_s=old.fixed_s * scale, per_tensor_s=old.per_tensor_s * scale, memory=old.memory / scale,
+        fitted_from=f"engine run of {model}: {1 / scale:.3g} x {old.fitted_from}")
+    return scale
 
 
 def critical_ranks(rows: Sequence[RankComparison]) -> frozenset[int]:
@@ -350,9 +386,10 @@ def median_or_none(values: Sequence[float]) -> float | None:
 
 
 def run_summary(run: EngineRun, rows: Sequence[RankComparison], prediction: Prediction, *,
-                scales: Mapping[str, float] | None = None, source: str = "") -> dict[str, Any]:
-    """The run against its prediction as JSON: the step, each rank's compute and memory, the checks, and
-    (given ``scales``) each device type's fitted scale and memory correction."""
+                scales: Mapping[str, float] | None = None, optimizer_scales: Mapping[str, float] | None = None,
+                source: str = "") -> dict[str, Any]:
+    """The run against its prediction as JSON: the step, each rank's compute, optimizer step and memory, the
+    checks, and (given ``scales``, ``optimizer_scales``) each device type's fitted scales and memory correction."""
     e = run.engine
     measured = run.step_time_s
     corrections: dict[str, float | None] = {}
@@ -372,6 +409,7 @@ def run_summary(run: EngineRun, rows: Sequence[RankComparison], prediction: Pred
                    "local_batch": r.local_batch, "measured_step_s": r.measured_step_s,
                    "measured_compute_s": r.measured_compute_s,
                    "predicted_compute_s": r.predicted_compute_s, "compute_error": r.compute_error,
+                   "measured_optimizer_s": r.measured_optimizer_s, "predicted_optimizer_s": r.predicted_optimizer_s,
                    "measured_peak_bytes": r.measured_peak_bytes, "predicted_peak_bytes": r.predicted_tensor_bytes,
                    "predicted_reserve_bytes": r.predicted_reserve_bytes,
                    "measured_reserve_bytes": r.measured_reserve_bytes, "memory_error": r.memory_error}
@@ -381,4 +419,6 @@ def run_summary(run: EngineRun, rows: Sequence[RankComparison], prediction: Pred
     }
     if scales is not None:
         out["scale"] = dict(scales)
+    if optimizer_scales:
+        out["optimizer_scale"] = dict(optimizer_scales)
     return out
