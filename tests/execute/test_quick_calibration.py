@@ -136,10 +136,11 @@ def test_the_quick_calibration_predicts_far_closer_than_the_shipped_guess(no_cal
     the_plan = read_plan(plan).plan_for(PlacementProblem(graph, cluster))
     shipped = abs(math.log(doc["predicted_step_s"] / doc["measured_step_s"]))
     calibrated = abs(math.log(predict_run(the_plan, graph, cluster, quick).step_time_s / doc["measured_step_s"]))
-    # The shipped CPU guess (a 32-core Xeon at 30 % of peak) is more than 5x too fast for one thread of
-    # this machine; the quick calibration must land within a factor of 3 (a shared 2-core CI machine's
-    # load moves single runs by that much between the calibration and the run) and twice as close in log.
-    assert shipped > math.log(5)
+    # The shipped CPU guess (a 32-core Xeon at 30 % of peak) is several times too fast for one thread of
+    # this machine (its optimizer step, timed on a 2-core VM, is the part it gets right); the quick calibration
+    # must land within a factor of 3 (a shared 2-core CI machine's load moves single runs by that much between
+    # the calibration and the run) and twice as close in log.
+    assert shipped > math.log(3)
     assert calibrated < math.log(3)
     assert calibrated < shipped / 2
 
