@@ -690,11 +690,6 @@ OPTIMIZER_GRIDS = {"cpu": ((8, 1 << 10), (64, 1 << 10), (512, 1 << 10), (8, 1 <<
 STORAGE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @seeded(to="int", error=CostModelError)
 def time_optimizer_step(params: Sequence[torch.Tensor], optimizer: str, precision: str, *, steps: int = 10,
                         warmup: int = 3, seed: int = 0) -> float:
