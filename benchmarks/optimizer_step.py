@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from _args import Parser, guarded
+from _args import Parser, at_least, existing_file, guarded, output, seed
 from gpualloc.cost import physics
 from gpualloc.cost.memory import OPTIMIZER_STATES
 from gpualloc.cost.microbench import (STORAGE, catalog_type_for, fit_optimizer, host_cpu_model, measure_optimizer,
@@ -134,15 +134,19 @@ def main() -> None:
     ap.add_argument("--models", default="resnet-tiny,bert-tiny,gpt-tiny,resnet50")
     ap.add_argument("--optimizers", default="adam,sgd")
     ap.add_argument("--precisions", default="fp32,bf16")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--steps", type=at_least(1), default=10)
+    ap.add_argument("--warmup", type=at_least(0), default=3)
+    ap.add_argument("--seed", type=seed, default=0)
+    ap.add_argument("--out", type=output)
     ap.add_argument("--record", action="store_true", help=f"store the grid's timings in {RECORD.name}")
-    ap.add_argument("--record-from", type=Path, help="store a results file's grid timings (a GPU run's) and exit")
+    ap.add_argument("--record-from", type=existing_file,
+                    help="store a results file's grid timings (a GPU run's) and exit")
     args = ap.parse_args()
     if args.record_from:
-        record(json.loads(args.record_from.read_text()), source=args.record_from)
+        try:
+            record(json.loads(args.record_from.read_text()), source=args.record_from)
+        except (ValueError, KeyError, TypeError) as err:  # not JSON, or not this script's results
+            ap.error(f"--record-from {args.record_from}: not a results file of this script ({err!r})")
         print(f"stored the grid of {args.record_from} in {RECORD}")
         return
     args.argv = sys.argv[1:]
