@@ -86,6 +86,12 @@ def test_cli_calibrate_measures_the_cpu_and_writes_a_calibration_the_cost_model_
     # the published GPU fit is kept, and the shipped default is unchanged
     assert cal.devices["V100-16GB"] == Calibration.load().devices["V100-16GB"]
     assert "cpu" not in Calibration.load().devices
+    # the optimizer step was timed and fitted too (--optimizers adam,sgd by default), and it is what a plan reads
+    for opt in ("adam", "sgd"):
+        fit = rec["optimizer_fits"]["fp32"][opt]
+        assert len(fit["rows"]) >= 3 and all(r["seconds"] > 0 for r in fit["rows"]) and fit["overlap"] is False
+        assert cal.optimizer_cost(CPU, "fp32", opt).per_tensor_s == fit["per_tensor_s"] > 0
+    assert cal.optimizer_cost(CPU, "fp32", "adam") != Calibration.load().optimizer_cost(CPU, "fp32", "adam")
 
 
 def test_profiles_give_measured_op_times_scaled_to_the_batch(calibrated):

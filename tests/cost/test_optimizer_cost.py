@@ -170,3 +170,9 @@ def test_a_fit_on_unusable_timings_is_one_line():
         fit_optimizer(rows, dev, "adam", "fp32", asynchronous=True)
     with pytest.raises(CostModelError, match="three positive timings"):
         fit_optimizer(rows[:2], dev, "adam", "fp32", asynchronous=True)
+
+
+def test_calibrate_refuses_an_optimizer_the_engine_does_not_train_with_before_measuring(cli, tmp_path):
+    code, _, err = cli("calibrate", "--optimizers", "adam,lamb", "-o", str(tmp_path / "c.json"))
+    assert code == 2 and "--optimizers: 'lamb'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "c.json").exists()
